@@ -1,0 +1,17 @@
+"""ninfer: a PyTorch inference engine for Qwen3.5 hybrid models with a hybrid prefix cache."""
+
+from __future__ import annotations
+
+from ninfer.request import Metrics, RequestOutput, SamplingParams, Usage
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "Metrics", "RequestOutput", "SamplingParams", "Usage", "__version__"]
+
+
+def __getattr__(name: str):
+    # LLM pulls in torch and the engine; keep `import ninfer` light for the CLI's --help.
+    if name == "LLM":
+        from ninfer.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'ninfer' has no attribute {name!r}")

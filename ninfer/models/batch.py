@@ -1,0 +1,78 @@
+"""Forward metadata and the state a forward pass reads and writes.
+
+The model knows nothing about requests, the scheduler or the prefix cache: it receives a ragged
+batch (`ForwardBatch`) and the tensors of the engine's memory layout (`ModelCache`), and returns
+logits. Every field is passed explicitly; there are no globals.
+
+Ragged batch layout (R rows, T tokens; rows are prefill chunks or single-token decode rows):
+
+    flat token axis  |<- row 0: q_lens[0] ->|<- row 1 ->|...|<- row R-1 ->|
+    cu_q             0                      q0          q0+q1 ...          T
+    row r covers absolute positions [ctx_lens[r], ctx_lens[r] + q_lens[r])
+
+    pages of row r   block_table[r, 0 .. ceil((ctx_lens[r] + q_lens[r]) / 64))
+    token at absolute position p of row r is written to page block_table[r, p // 64], offset p % 64
+    (slot_mapping holds that as page * 64 + offset for every flat token)
+
+A row with ctx_lens[r] == 0 starts from a zero recurrent and conv state, whatever its state slot
+holds; a row with ctx_lens[r] > 0 continues from the state in its slot (the engine resumed or
+restored it there). After the pass each row's slot holds the state after its last token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+PAGE_SIZE = 64
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, absolute positions
+    q_lens: list[int]  # host, [R]: new tokens per row
+    ctx_lens: list[int]  # host, [R]: tokens already cached for the row before this pass
+    cu_q: torch.Tensor  # [R+1] int32 on the model's device
+    state_slots: torch.Tensor  # [R] int64: each row's slot in the state pool
+    block_table: torch.Tensor  # [R, max_pages] int32 page ids (unused tail entries arbitrary)
+    slot_mapping: torch.Tensor  # [T] int64: page * 64 + offset where each token's K/V goes
+    logits_indices: torch.Tensor  # [N] int64: flat token indices whose logits are returned
+    # Called with the layer index just before that layer runs (Host restores overlapped with
+    # the first prefill pass wait there on the layer's copy event). None: nothing to wait for.
+    before_layer: Callable[[int], None] | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.q_lens))
+
+    @property
+    def is_decode(self) -> bool:
+        """True when every row is a one-token row continuing a cached context."""
+        return all(q == 1 for q in self.q_lens) and all(c > 0 for c in self.ctx_lens)
+
+
+@dataclass(slots=True)
+class ModelCache:
+    """The engine-owned tensors a forward pass reads and writes.
+
+    kv:   one tensor per full-attention layer, FlashInfer NHD: [pages, 2, 64, Hkv, head_dim]
+          (dim 1: 0 = K, 1 = V); dtype = kv dtype. Page ids are shared by all layers.
+    conv: [slots, n_gdn_layers, conv_dim, K - 1] in the model dtype: the last K-1 pre-conv
+          inputs (channel order q | k | v) of every GDN layer, slot-major so that one slot's
+          image is contiguous.
+    ssm:  [slots, n_gdn_layers, Hv, dk, dv] float32 recurrent state, slot-major.
+    k_scale / v_scale: per full-attention layer dequantisation scales (fp8 KV), else None.
+    """
+
+    kv: list[torch.Tensor]
+    conv: torch.Tensor
+    ssm: torch.Tensor
+    k_scale: list[float] | None = None
+    v_scale: list[float] | None = None

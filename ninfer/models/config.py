@@ -1,0 +1,182 @@
+"""Qwen3.5 text-model configuration, normalised from a Hugging Face `config.json`.
+
+Accepts the flat text configs (`qwen3_5_text`, `qwen3_5_moe_text`) and the Hub's multimodal
+wrappers (`qwen3_5`, `qwen3_5_moe`, with a nested `text_config`), `rope_parameters` or the older
+`rope_theta` / `partial_rotary_factor` / `rope_scaling` fields, and `layer_types` or
+`full_attention_interval`. Knows nothing about weights or tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+TEXT_MODEL_TYPES = {"qwen3_5_text", "qwen3_5_moe_text"}
+WRAPPER_MODEL_TYPES = {"qwen3_5", "qwen3_5_moe"}
+
+
+@dataclass(frozen=True, slots=True)
+class Qwen35Config:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    layer_types: tuple[str, ...]  # "linear_attention" | "full_attention" per layer
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int = 4
+    intermediate_size: int = 0  # dense SwiGLU width (0 for MoE)
+    num_experts: int = 0  # 0 = dense
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10_000_000.0
+    partial_rotary_factor: float = 0.25
+    max_position_embeddings: int = 262_144
+    tie_word_embeddings: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    model_type: str = "qwen3_5_text"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def full_layer_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "full_attention")
+
+    @property
+    def gdn_layer_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "linear_attention")
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def key_dim(self) -> int:  # Kd = Hk * dk
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def value_dim(self) -> int:  # Vd = Hv * dv
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def conv_dim(self) -> int:  # C = 2 Kd + Vd
+        return 2 * self.key_dim + self.value_dim
+
+    def kv_bytes_per_token(self, kv_itemsize: int) -> int:
+        """K + V bytes of one token over all full-attention layers."""
+        return len(self.full_layer_ids) * 2 * self.num_key_value_heads * self.head_dim * kv_itemsize
+
+    def state_image_bytes(self, conv_itemsize: int) -> int:
+        """Bytes of one state slot: fp32 recurrent + conv history of every GDN layer."""
+        n = len(self.gdn_layer_ids)
+        ssm = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * 4
+        conv = self.conv_dim * (self.linear_conv_kernel_dim - 1) * conv_itemsize
+        return n * (ssm + conv)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layer_types"] = list(self.layer_types)
+        d["eos_token_ids"] = list(self.eos_token_ids)
+        return d
+
+    # ---- parsing --------------------------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, raw: dict[str, Any]) -> Qwen35Config:
+        model_type = raw.get("model_type", "qwen3_5_text")
+        if model_type in WRAPPER_MODEL_TYPES:
+            if "text_config" not in raw:
+                raise ValueError(f"config.json: model_type {model_type!r} needs text_config")
+            text = dict(raw["text_config"])
+            text.setdefault("model_type", model_type + "_text")
+            for key in ("tie_word_embeddings", "eos_token_id"):
+                if key not in text and key in raw:
+                    text[key] = raw[key]
+            raw = text
+            model_type = raw["model_type"]
+        if model_type not in TEXT_MODEL_TYPES:
+            raise ValueError(
+                f"config.json: model_type {model_type!r} is not a Qwen3.5 model "
+                f"(expected one of {sorted(TEXT_MODEL_TYPES | WRAPPER_MODEL_TYPES)})"
+            )
+        n_layers = _require(raw, "num_hidden_layers")
+        layer_types = raw.get("layer_types")
+        if layer_types is None:
+            interval = int(raw.get("full_attention_interval", 4))
+            layer_types = [
+                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                for i in range(n_layers)
+            ]
+        if len(layer_types) != n_layers:
+            raise ValueError(
+                f"config.json: layer_types has {len(layer_types)} entries, "
+                f"num_hidden_layers is {n_layers}"
+            )
+        bad = {t for t in layer_types if t not in ("full_attention", "linear_attention")}
+        if bad:
+            raise ValueError(f"config.json: unknown layer_types {sorted(bad)}")
+        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise ValueError(f"config.json: rope_type {rope_type!r} is not supported")
+        theta = rope.get("rope_theta", raw.get("rope_theta", 10_000.0))
+        partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25))
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        is_moe = model_type == "qwen3_5_moe_text"
+        head_dim = raw.get("head_dim") or _require(raw, "hidden_size") // _require(
+            raw, "num_attention_heads"
+        )
+        return cls(
+            vocab_size=_require(raw, "vocab_size"),
+            hidden_size=_require(raw, "hidden_size"),
+            num_hidden_layers=n_layers,
+            layer_types=tuple(layer_types),
+            num_attention_heads=_require(raw, "num_attention_heads"),
+            num_key_value_heads=_require(raw, "num_key_value_heads"),
+            head_dim=int(head_dim),
+            linear_num_key_heads=_require(raw, "linear_num_key_heads"),
+            linear_num_value_heads=_require(raw, "linear_num_value_heads"),
+            linear_key_head_dim=_require(raw, "linear_key_head_dim"),
+            linear_value_head_dim=_require(raw, "linear_value_head_dim"),
+            linear_conv_kernel_dim=int(raw.get("linear_conv_kernel_dim", 4)),
+            intermediate_size=0 if is_moe else _require(raw, "intermediate_size"),
+            num_experts=_require(raw, "num_experts") if is_moe else 0,
+            num_experts_per_tok=_require(raw, "num_experts_per_tok") if is_moe else 0,
+            moe_intermediate_size=_require(raw, "moe_intermediate_size") if is_moe else 0,
+            shared_expert_intermediate_size=(
+                _require(raw, "shared_expert_intermediate_size") if is_moe else 0
+            ),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            partial_rotary_factor=float(partial),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            eos_token_ids=eos_ids,
+            model_type=model_type,
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Qwen35Config:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        with open(path, encoding="utf-8") as f:
+            return cls.from_hf_dict(json.load(f))
+
+
+def _require(raw: dict[str, Any], key: str) -> Any:
+    if key not in raw:
+        raise ValueError(f"config.json: missing field {key!r}")
+    return raw[key]

@@ -1,0 +1,132 @@
+"""The op contract between the model and its kernels.
+
+The model calls every non-trivial op through an `Ops` object that it is given, never a global:
+`ninfer.ops.reference.ReferenceOps` (plain PyTorch, CPU and CUDA: the oracle) and
+`ninfer.ops.cuda.CudaOps` (FlashInfer, fla-core / Triton; same signatures, same results within
+the stated tolerances). Linear layers, activations and elementwise glue are plain torch in the
+model. Shapes use T = tokens of the ragged batch, R = rows, see `ninfer.models.batch`.
+
+Ops that take `batch` may read its host lists (q_lens, ctx_lens) and device tensors (cu_q,
+state_slots, block_table, slot_mapping). Ops that update state write in place into the pool
+tensors they are given, at the rows' slots; they never allocate per-slot copies that outlive
+the call.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ninfer.models.batch import ForwardBatch
+
+
+class Ops(Protocol):
+    name: str
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """Zero-centred RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * (1 + w).
+
+        x [..., D] any float dtype (math in fp32, result cast to x.dtype); weight [D].
+        """
+        ...
+
+    def gated_rms_norm(
+        self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """Qwen3.5 GDN output norm: n = x * rsqrt(mean(x^2) + eps) (fp32), cast to x.dtype,
+        y = (w * n) * silu(z.float()), cast to x.dtype. x, z [..., dv]; weight [dv] (not
+        zero-centred)."""
+        ...
+
+    def rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        rotary_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Partial NeoX RoPE on the first `rotary_dim` dims of each head (pairs (i, i + R/2)).
+
+        q [T, Hq, D], k [T, Hkv, D], positions [T] int64, inv_freq [R/2] fp32. cos/sin are
+        computed in fp32 and cast to the q dtype before use (as transformers does). Returns new
+        tensors (q, k) of the same shapes; dims >= rotary_dim pass through.
+        """
+        ...
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> torch.Tensor:
+        """Paged causal attention with KV write.
+
+        q [T, Hq, D], k, v [T, Hkv, D] (k already normed and rotated); kv_cache
+        [pages, 2, 64, Hkv, D]. First writes every token's k, v at batch.slot_mapping (divided
+        by k_scale / v_scale and cast when the cache is fp8), then each row's queries attend,
+        causally, to absolute positions [0, ctx_lens[r] + i] of that row's pages (GQA: q head h
+        uses kv head h // (Hq // Hkv)), softmax in fp32 with `scale`. Returns o [T, Hq, D] in
+        q's dtype.
+        """
+        ...
+
+    def causal_conv(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        conv_state: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """Causal depthwise conv1d (width K, no bias) followed by SiLU, per row, with state.
+
+        x [T, C] pre-conv inputs; weight [C, K] (weight[:, K-1] multiplies the current token);
+        conv_state [slots, C, K-1] (a view of one GDN layer in the pool): row r reads the K-1
+        inputs before its chunk from conv_state[state_slots[r]] (zeros when ctx_lens[r] == 0)
+        and leaves there the last K-1 inputs up to its last token. Returns y [T, C] in x.dtype.
+        """
+        ...
+
+    def gdn(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        state: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """Gated delta rule over each row, with fp32 state.
+
+        q, k [T, Hk, dk] (not yet L2-normalised: the op applies l2norm with eps 1e-6, then
+        q *= scale), v [T, Hv, dv], g [T, Hv] fp32 log-decay (<= 0), beta [T, Hv] (post-sigmoid),
+        state [slots, Hv, dk, dv] fp32 (a view of one GDN layer in the pool). Value head j uses
+        key head j // (Hv // Hk). Per row: S starts at state[slot] (zeros when ctx_lens[r] == 0);
+        per token S = exp(g) S; d = beta (v - S^T k); S += k d^T; o = S^T q. The final S is
+        written back to state[slot]. Returns o [T, Hv, dv] in v.dtype.
+        """
+        ...
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router_weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        top_k: int,
+    ) -> torch.Tensor:
+        """Routed experts of Qwen3.5-MoE (the shared expert is the model's).
+
+        x [N, H]; router_weight [E, H]; gate_up [E, 2I, H] (first I rows gate); down [E, H, I].
+        p = softmax(x @ router^T in fp32); top-k, renormalised, cast to x.dtype;
+        out = sum_j w_j * down_e(silu(gate_e x) * up_e x). Returns [N, H] in x.dtype.
+        """
+        ...
