@@ -1,0 +1,145 @@
+"""Next-token sampling for a batch of rows, each with its own SamplingParams.
+
+Order of operations (as vLLM's V1 sampler): temperature, min-p, top-k, top-p, then one draw
+per row. Greedy rows (temperature 0) take the argmax of the raw logits, exactly. A draw is the
+exponential race argmax(p / E), E ~ Exp(1): one `exponential_` over all unseeded rows from the
+global RNG, and one per seeded row from its own torch.Generator, so a seeded row's tokens do not
+depend on its batch neighbours. Everything stays on the logits' device; the only host copy is for
+the logprobs a request asked for. This module knows nothing about requests or the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.request import SamplingParams
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_ids: torch.Tensor  # [R] int64, on the logits' device
+    logprobs: list[dict[int, float] | None]  # per row: {token: logprob} (top-k + chosen) or None
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """The per-request generator for `SamplingParams.seed` (None: use the global RNG)."""
+    if seed is None:
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+def _row_tensor(values: list[float], logits: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=logits.dtype, device=logits.device).unsqueeze(1)
+
+
+def _filter_mask(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor | None:
+    """Boolean [R, V] mask of the tokens the min-p / top-k / top-p filters remove (None: none).
+
+    `logits` are already divided by the temperature.
+    """
+    vocab = logits.shape[1]
+    remove: torch.Tensor | None = None
+    if any(p.min_p > 0.0 for p in params):
+        probs = logits.softmax(dim=-1)
+        floor = _row_tensor([p.min_p for p in params], logits) * probs.amax(dim=-1, keepdim=True)
+        remove = probs < floor
+        logits = logits.masked_fill(remove, float("-inf"))
+    use_k = any(0 < p.top_k < vocab for p in params)
+    use_p = any(p.top_p < 1.0 for p in params)
+    if not (use_k or use_p):
+        return remove
+    # Stable, so that equal logits keep index order and top_k=1 picks what argmax picks.
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    sorted_remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if use_k:
+        k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        sorted_remove |= ranks >= torch.tensor(k, device=logits.device).unsqueeze(1)
+        sorted_logits = sorted_logits.masked_fill(sorted_remove, float("-inf"))
+    if use_p:
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the better-ranked tokens
+        # 2.0 for rows without top-p: rounding must not cut their tail.
+        top_p = [p.top_p if p.top_p < 1.0 else 2.0 for p in params]
+        sorted_remove |= before > _row_tensor(top_p, logits)
+    top_remove = torch.empty_like(sorted_remove).scatter_(1, order, sorted_remove)
+    return top_remove if remove is None else remove | top_remove
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row: argmax(p / E) with E ~ Exp(1) is a draw from p."""
+    noise = torch.empty_like(probs)
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if len(unseeded) == len(generators):
+        noise.exponential_()
+    else:
+        if unseeded:
+            idx = torch.tensor(unseeded, device=probs.device)
+            noise[idx] = torch.empty_like(noise[idx]).exponential_()
+        for i, gen in enumerate(generators):
+            if gen is not None:
+                noise[i].exponential_(generator=gen)
+    # A zero draw would make 0/0 = nan for a filtered-out token.
+    return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+
+
+def _logprobs(
+    logits: torch.Tensor, chosen: torch.Tensor, params: list[SamplingParams]
+) -> list[dict[int, float] | None]:
+    """Top-k log-probabilities of the raw logits plus the chosen token's, for the rows that ask."""
+    wanted = [p.logprobs for p in params]
+    if all(k is None for k in wanted):
+        return [None] * len(params)
+    logp = logits.float().log_softmax(dim=-1)
+    k_max = min(max(k or 0 for k in wanted), logits.shape[1])
+    top_lp, top_ids = logp.topk(k_max, dim=-1)
+    chosen_lp = logp.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    top_lp, top_ids, chosen_lp, chosen_l = (
+        t.tolist() for t in (top_lp, top_ids, chosen_lp, chosen)
+    )
+    out: list[dict[int, float] | None] = []
+    for r, k in enumerate(wanted):
+        if k is None:
+            out.append(None)
+            continue
+        row = dict(zip(top_ids[r][:k], top_lp[r][:k], strict=True))
+        row[chosen_l[r]] = chosen_lp[r]
+        out.append(row)
+    return out
+
+
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> SampleResult:
+    """Pick one token per row of `logits` [R, V] (fp32) under that row's params.
+
+    `generators[r]` comes from `make_generator(params[r].seed, device)` and is advanced in place.
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(params) or len(generators) != len(params):
+        raise ValueError(
+            f"sample: logits {tuple(logits.shape)} for {len(params)} params, "
+            f"{len(generators)} generators"
+        )
+    greedy = logits.argmax(dim=-1)
+    sampled_rows = [not p.greedy for p in params]
+    if not any(sampled_rows):
+        chosen = greedy
+    else:
+        temps = _row_tensor([p.temperature if not p.greedy else 1.0 for p in params], logits)
+        scaled = logits / temps
+        remove = _filter_mask(scaled, params)
+        if remove is not None:
+            scaled = scaled.masked_fill(remove, float("-inf"))
+        drawn = _draw(scaled.softmax(dim=-1), generators)
+        if all(sampled_rows):
+            chosen = drawn
+        else:
+            mask = torch.tensor(sampled_rows, device=logits.device)
+            chosen = torch.where(mask, drawn, greedy)
+    return SampleResult(token_ids=chosen, logprobs=_logprobs(logits, chosen, params))

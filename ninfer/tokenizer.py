@@ -1,0 +1,231 @@
+"""Text <-> token ids for a checkpoint folder: `tokenizer.json` (Hugging Face `tokenizers`) or,
+when there is none, a sentencepiece `tokenizer.model`.
+
+`Tokenizer.from_dir` also reads `tokenizer_config.json` (special tokens, added tokens, the chat
+template), `chat_template.jinja` (which overrides the config's template, as in transformers),
+`generation_config.json` and `config.json` (extra end-of-sequence ids).
+
+Added tokens (`<|im_start|>`, `<think>`, ...) always encode as single ids: the text is split on
+them before the ordinary model sees it, in both backends. `encode` never adds a BOS token (Qwen
+has none); callers that want one prepend it. This module knows nothing about chat rendering,
+streaming or the model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _token_text(value: Any) -> str | None:
+    """A special-token entry of tokenizer_config.json: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+class _HFBackend:
+    """A `tokenizers.Tokenizer` loaded from tokenizer.json."""
+
+    def __init__(self, path: Path, added: dict[str, bool]) -> None:
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self.tok = HFTokenizer.from_file(str(path))
+        missing = [t for t in added if self.tok.token_to_id(t) is None]
+        self.tok.add_special_tokens([AddedToken(t, special=added[t]) for t in missing])
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def special_ids(self) -> set[int]:
+        return {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.tok.id_to_token(token_id)
+
+
+class _SPBackend:
+    """A sentencepiece model. Text is split on the control pieces and the added tokens of
+    tokenizer_config.json first, so that each encodes as one id (sentencepiece never matches
+    control pieces in text; user-defined pieces it matches by itself)."""
+
+    def __init__(self, path: Path, added: dict[str, bool]) -> None:
+        import sentencepiece as spm
+
+        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        n = self.sp.get_piece_size()
+        self.atomic: dict[str, int] = {}
+        for i in range(n):
+            if self.sp.is_control(i):
+                piece = self.sp.id_to_piece(i)
+                if piece:
+                    self.atomic[piece] = i
+        for t in added:
+            if t not in self.atomic and self.sp.piece_to_id(t) != self.sp.unk_id():
+                self.atomic[t] = self.sp.piece_to_id(t)
+        # Longest first, so that a token that is a prefix of another never wins.
+        alts = sorted(self.atomic, key=len, reverse=True)
+        self.split_re = re.compile("(" + "|".join(map(re.escape, alts)) + ")") if alts else None
+
+    def special_ids(self) -> set[int]:
+        return {i for i in self.atomic.values() if self.sp.is_control(i)}
+
+    def encode(self, text: str) -> list[int]:
+        if self.split_re is None:
+            return self.sp.encode(text)
+        ids: list[int] = []
+        for i, part in enumerate(self.split_re.split(text)):
+            if i % 2:
+                ids.append(self.atomic[part])
+            elif part:
+                ids.extend(self.sp.encode(part))
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        # Control pieces decode to "" in sentencepiece; write their text like tokenizers does.
+        # Ids past the vocabulary (padded embedding rows) decode to nothing, as in tokenizers.
+        n = self.sp.get_piece_size()
+        out: list[str] = []
+        run: list[int] = []
+        for t in ids:
+            if not 0 <= t < n:
+                continue
+            if self.sp.is_control(t):
+                out.append(self.sp.decode(run))
+                out.append(self.sp.id_to_piece(t))
+                run = []
+            else:
+                run.append(t)
+        out.append(self.sp.decode(run))
+        return "".join(out)
+
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def token_to_id(self, token: str) -> int | None:
+        if token in self.atomic:
+            return self.atomic[token]
+        i = self.sp.piece_to_id(token)
+        return i if self.sp.id_to_piece(i) == token else None
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.sp.id_to_piece(token_id) if 0 <= token_id < self.vocab_size() else None
+
+
+class Tokenizer:
+    """A checkpoint's tokenizer plus what tokenizer_config.json says about it.
+
+    Attributes:
+        chat_template: the Jinja template (a string, a dict of named templates, or None).
+        special_tokens: {"bos_token": ..., "eos_token": ..., ...} for the template renderer.
+        special_ids: ids that `decode(..., skip_special_tokens=True)` drops.
+        eos_token_ids: every id that ends generation (config + generation_config + eos_token).
+    """
+
+    def __init__(
+        self,
+        backend: _HFBackend | _SPBackend,
+        tok_config: dict,
+        chat_template: str | dict[str, str] | None,
+        extra_eos: list[int],
+    ) -> None:
+        self._b = backend
+        self.chat_template = chat_template
+        self.special_tokens: dict[str, str] = {}
+        for key in _SPECIAL_KEYS:
+            text = _token_text(tok_config.get(key))
+            if text is not None:
+                self.special_tokens[key] = text
+        special = {t for t in self.special_tokens.values()}
+        special.update(_added_tokens(tok_config, only_special=True))
+        extra = tok_config.get("additional_special_tokens") or []
+        special.update(t for t in map(_token_text, extra) if t)
+        ids = {self.token_to_id(t) for t in special} | backend.special_ids()
+        self.special_ids: frozenset[int] = frozenset(i for i in ids if i is not None)
+        eos: list[int] = []
+        eos_text = self.special_tokens.get("eos_token")
+        eos_id = self.token_to_id(eos_text) if eos_text else None
+        for i in [*extra_eos, *([eos_id] if eos_id is not None else [])]:
+            if i not in eos:
+                eos.append(i)
+        self.eos_token_ids: tuple[int, ...] = tuple(eos)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        """Load `path/tokenizer.json` (preferred) or `path/tokenizer.model`."""
+        path = Path(path)
+        tok_config = _read_json(path / "tokenizer_config.json")
+        added = _added_tokens(tok_config, only_special=False)
+        if (path / "tokenizer.json").is_file():
+            backend: _HFBackend | _SPBackend = _HFBackend(path / "tokenizer.json", added)
+        elif (path / "tokenizer.model").is_file():
+            backend = _SPBackend(path / "tokenizer.model", added)
+        else:
+            raise FileNotFoundError(f"no tokenizer.json or tokenizer.model in {path}")
+        template: str | dict[str, str] | None = tok_config.get("chat_template")
+        if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+            template = {t["name"]: t["template"] for t in template}
+        jinja_file = path / "chat_template.jinja"
+        if jinja_file.is_file():
+            template = jinja_file.read_text(encoding="utf-8")
+        extra_eos: list[int] = []
+        for cfg in (_read_json(path / "generation_config.json"), _read_json(path / "config.json")):
+            for src in (cfg, cfg.get("text_config") or {}):
+                value = src.get("eos_token_id")
+                extra_eos.extend(
+                    value if isinstance(value, list) else [value] * (value is not None)
+                )
+        return cls(backend, tok_config, template, extra_eos)
+
+    # ---- the surface --------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; no BOS/EOS is added. Added tokens in the text become their ids."""
+        return self._b.encode(text)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """Text of `ids`; ids outside the vocabulary (padded embedding rows) are dropped."""
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self.special_ids]
+        return self._b.decode(list(ids))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included (the model's embedding may be larger)."""
+        return self._b.vocab_size()
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._b.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._b.id_to_token(token_id)
+
+
+def _added_tokens(tok_config: dict, only_special: bool) -> dict[str, bool]:
+    """{content: special} from tokenizer_config.json's `added_tokens_decoder`."""
+    out: dict[str, bool] = {}
+    for entry in (tok_config.get("added_tokens_decoder") or {}).values():
+        text = _token_text(entry)
+        special = bool(entry.get("special", False)) if isinstance(entry, dict) else False
+        if text and (special or not only_special):
+            out[text] = special
+    return out
