@@ -81,7 +81,8 @@ class Qwen35Config:
     def state_image_bytes(self, conv_itemsize: int) -> int:
         """Bytes of one state slot: fp32 recurrent + conv history of every GDN layer."""
         n = len(self.gdn_layer_ids)
-        ssm = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * 4
+        ssm = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+        ssm *= 4  # fp32
         conv = self.conv_dim * (self.linear_conv_kernel_dim - 1) * conv_itemsize
         return n * (ssm + conv)
 

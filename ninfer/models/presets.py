@@ -1,0 +1,107 @@
+"""Released Qwen3.5 shapes (no weights) and deterministic random initialisation.
+
+Shapes are from docs/reference qwen35.md §1. `tie_word_embeddings` is confirmed for 0.8B (tied)
+and 9B / 27B / 35B-A3B (untied); 2B and 4B are assumed tied like the small Qwen3 models. Random
+models exist for benchmarks and memory sizing: their outputs are finite and vary with the input,
+nothing more. Knows nothing about checkpoints on disk.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ninfer.models.config import Qwen35Config
+from ninfer.models.qwen3_5 import Qwen35ForCausalLM
+
+_COMMON = dict(
+    vocab_size=248_320,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    rope_theta=10_000_000.0,
+    partial_rotary_factor=0.25,
+    max_position_embeddings=262_144,
+    eos_token_ids=(248_046, 248_044),
+)
+
+
+def _preset(hidden, layers, heads, kv_heads, v_heads, tied, ffn=0, moe=None) -> Qwen35Config:
+    experts, top_k, moe_inter, shared = moe or (0, 0, 0, 0)
+    return Qwen35Config(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        layer_types=tuple(
+            "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)
+        ),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        linear_num_value_heads=v_heads,
+        intermediate_size=ffn,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=moe_inter,
+        shared_expert_intermediate_size=shared,
+        tie_word_embeddings=tied,
+        model_type="qwen3_5_moe_text" if moe else "qwen3_5_text",
+        **_COMMON,
+    )
+
+
+PRESETS: dict[str, Qwen35Config] = {
+    "0.8B": _preset(1024, 24, 8, 2, 16, tied=True, ffn=3584),
+    "2B": _preset(2048, 24, 8, 2, 16, tied=True, ffn=6144),
+    "4B": _preset(2560, 32, 16, 4, 32, tied=True, ffn=9216),
+    "9B": _preset(4096, 32, 16, 4, 32, tied=False, ffn=12288),
+    "27B": _preset(5120, 64, 24, 4, 48, tied=False, ffn=17408),
+    "35B-A3B": _preset(2048, 40, 16, 2, 32, tied=False, moe=(256, 8, 512, 512)),
+}
+
+
+@torch.no_grad()
+def init_random_(model: Qwen35ForCausalLM, seed: int, std: float = 0.02) -> None:
+    """Overwrites every parameter in place, deterministically for a given seed and device type.
+
+    Matrices and embeddings ~ N(0, std); zero-centred norm weights ~ N(0, 0.1) and the gated
+    norm ~ 1 + N(0, 0.1); conv taps ~ N(0, 1/K); GDN decay as in Mamba-2 (A in [1, 16], dt in
+    [1e-3, 1e-1] through dt_bias = softplus^-1(dt)), so the recurrent state keeps a memory.
+    """
+    for i, (name, p) in enumerate(model.named_parameters()):
+        gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + i)
+        if name.endswith("linear_attn.norm.weight"):
+            p.normal_(1.0, 0.1, generator=gen)
+        elif name.endswith("norm.weight"):
+            p.normal_(0.0, 0.1, generator=gen)
+        elif name.endswith("conv1d.weight"):
+            p.normal_(0.0, p.shape[-1] ** -0.5, generator=gen)
+        elif name.endswith("A_log"):
+            p.uniform_(1.0, 16.0, generator=gen).log_()
+        elif name.endswith("dt_bias"):
+            dt = torch.empty(p.shape, device=p.device).uniform_(
+                math.log(1e-3), math.log(1e-1), generator=gen
+            )
+            dt = dt.exp_()
+            p.copy_(dt + torch.log(-torch.expm1(-dt)))
+        else:
+            p.normal_(0.0, std, generator=gen)
+
+
+def build_random_model(
+    config: Qwen35Config,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    seed: int = 0,
+) -> Qwen35ForCausalLM:
+    """A randomly initialised model allocated directly on `device` (nothing on the host)."""
+    model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
+    model.to_empty(device=device)
+    model.tie_weights()
+    model.init_buffers()
+    init_random_(model, seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()

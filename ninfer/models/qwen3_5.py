@@ -1,0 +1,249 @@
+"""Qwen3.5 dense and MoE text models (Gated DeltaNet + gated full attention) over a ragged batch.
+
+Attribute names mirror the checkpoint keys (`model.layers.N.linear_attn.in_proj_qkv.weight`,
+...), so weight loading is a plain name match. Every op with a kernel goes through the `Ops`
+object passed to `forward`; linears, activations and residual adds are plain torch. The forward
+has no host syncs of its own. Knows nothing about requests, scheduling, pages or state slots
+beyond the indices carried by `ForwardBatch`; it never allocates cache memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ninfer.models.batch import ForwardBatch, ModelCache
+from ninfer.models.config import Qwen35Config
+from ninfer.ops.base import Ops
+
+
+class RMSNorm(nn.Module):
+    """Holds a norm weight [D] and its eps; the maths is the op's: `ops.rms_norm` (zero-centred,
+    1 + w, weight starts at 0) or, for `linear_attn.norm`, `ops.gated_rms_norm` (plain w, starts
+    at 1)."""
+
+    def __init__(self, dim: int, eps: float, init: float = 0.0, **factory) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((dim,), init, **factory))
+        self.eps = eps
+
+
+def _linear(n_in: int, n_out: int, factory: dict) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias=False, **factory)
+
+
+class GatedDeltaNet(nn.Module):
+    """`linear_attn`: projections, causal conv, gated delta rule, gated norm, out_proj."""
+
+    def __init__(self, cfg: Qwen35Config, state_index: int, factory: dict) -> None:
+        super().__init__()
+        self.state_index = state_index  # this layer's position in the conv / ssm pools
+        self.cfg = cfg
+        h, hv = cfg.hidden_size, cfg.linear_num_value_heads
+        self.in_proj_qkv = _linear(h, cfg.conv_dim, factory)
+        self.in_proj_z = _linear(h, cfg.value_dim, factory)
+        self.in_proj_b = _linear(h, hv, factory)
+        self.in_proj_a = _linear(h, hv, factory)
+        self.conv1d = nn.Conv1d(
+            cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim, groups=cfg.conv_dim,
+            bias=False, **factory,
+        )  # fmt: skip
+        self.dt_bias = nn.Parameter(torch.ones(hv, **factory))
+        self.A_log = nn.Parameter(torch.zeros(hv, **factory))
+        self.norm = RMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps, init=1.0, **factory)
+        self.out_proj = _linear(cfg.value_dim, h, factory)
+
+    def forward(
+        self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache, ops: Ops
+    ) -> torch.Tensor:
+        cfg, t = self.cfg, x.shape[0]
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        mixed = F.linear(x, self.in_proj_qkv.weight)  # [T, C] = q | k | v
+        z = F.linear(x, self.in_proj_z.weight).view(t, -1, dv)
+        beta = F.linear(x, self.in_proj_b.weight).sigmoid()
+        a = F.linear(x, self.in_proj_a.weight)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+
+        conv_weight = self.conv1d.weight.squeeze(1)  # [C, K]
+        mixed = ops.causal_conv(mixed, conv_weight, cache.conv[:, self.state_index], batch)
+        q, k, v = mixed.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
+        q, k, v = q.view(t, -1, dk), k.view(t, -1, dk), v.view(t, -1, dv)
+        o = ops.gdn(q, k, v, g, beta, cache.ssm[:, self.state_index], batch, dk**-0.5)
+        o = ops.gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
+        return F.linear(o.reshape(t, cfg.value_dim), self.out_proj.weight)
+
+
+class GatedAttention(nn.Module):
+    """`self_attn`: q (with per-head output gate), k, v, q/k norms, partial RoPE, paged
+    attention, sigmoid gate, o_proj."""
+
+    def __init__(self, cfg: Qwen35Config, kv_index: int, factory: dict) -> None:
+        super().__init__()
+        self.kv_index = kv_index  # this layer's entry in cache.kv
+        self.cfg = cfg
+        h, hd = cfg.hidden_size, cfg.head_dim
+        nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.q_proj = _linear(h, nh * hd * 2, factory)
+        self.k_proj = _linear(h, nkv * hd, factory)
+        self.v_proj = _linear(h, nkv * hd, factory)
+        self.o_proj = _linear(nh * hd, h, factory)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, **factory)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, **factory)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        cache: ModelCache,
+        ops: Ops,
+        inv_freq: torch.Tensor,
+    ) -> torch.Tensor:
+        cfg, t, hd = self.cfg, x.shape[0], self.cfg.head_dim
+        # Per head, q_proj rows are [q_h | gate_h] (interleaved, not all q then all gates).
+        q, gate = F.linear(x, self.q_proj.weight).view(t, -1, 2 * hd).chunk(2, dim=-1)
+        k = F.linear(x, self.k_proj.weight).view(t, -1, hd)
+        v = F.linear(x, self.v_proj.weight).view(t, -1, hd)
+        q = ops.rms_norm(q, self.q_norm.weight, cfg.rms_norm_eps)
+        k = ops.rms_norm(k, self.k_norm.weight, cfg.rms_norm_eps)
+        q, k = ops.rope(q, k, batch.positions, inv_freq, cfg.rotary_dim)
+        f = self.kv_index
+        k_scale = cache.k_scale[f] if cache.k_scale is not None else None
+        v_scale = cache.v_scale[f] if cache.v_scale is not None else None
+        o = ops.attention(q, k, v, cache.kv[f], batch, hd**-0.5, k_scale, v_scale)
+        o = o.reshape(t, -1) * gate.reshape(t, -1).sigmoid()
+        return F.linear(o, self.o_proj.weight)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); also the MoE shared expert."""
+
+    def __init__(self, hidden: int, intermediate: int, factory: dict) -> None:
+        super().__init__()
+        self.gate_proj = _linear(hidden, intermediate, factory)
+        self.up_proj = _linear(hidden, intermediate, factory)
+        self.down_proj = _linear(intermediate, hidden, factory)
+
+    def forward(self, x: torch.Tensor, ops: Ops | None = None) -> torch.Tensor:
+        # `ops` is unused: the decoder layer calls a dense MLP and a SparseMoE alike.
+        h = F.silu(F.linear(x, self.gate_proj.weight)) * F.linear(x, self.up_proj.weight)
+        return F.linear(h, self.down_proj.weight)
+
+
+class Experts(nn.Module):
+    """Fused expert weights: gate_up_proj [E, 2I, H] (first I rows gate), down_proj [E, H, I]."""
+
+    def __init__(self, cfg: Qwen35Config, factory: dict) -> None:
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h, **factory))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i, **factory))
+
+
+class SparseMoE(nn.Module):
+    """Routed experts (through `ops.moe`) plus a sigmoid-gated shared expert."""
+
+    def __init__(self, cfg: Qwen35Config, factory: dict) -> None:
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.gate = _linear(cfg.hidden_size, cfg.num_experts, factory)
+        self.experts = Experts(cfg, factory)
+        self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size, factory)
+        self.shared_expert_gate = _linear(cfg.hidden_size, 1, factory)
+
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        routed = ops.moe(
+            x, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k
+        )
+        shared_gate = F.linear(x, self.shared_expert_gate.weight).sigmoid()
+        return routed + shared_gate * self.shared_expert(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen35Config, layer_id: int, factory: dict) -> None:
+        super().__init__()
+        self.is_full = cfg.layer_types[layer_id] == "full_attention"
+        if self.is_full:
+            self.self_attn = GatedAttention(cfg, cfg.full_layer_ids.index(layer_id), factory)
+        else:
+            self.linear_attn = GatedDeltaNet(cfg, cfg.gdn_layer_ids.index(layer_id), factory)
+        if cfg.is_moe:
+            self.mlp = SparseMoE(cfg, factory)
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, factory)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        cache: ModelCache,
+        ops: Ops,
+        inv_freq: torch.Tensor,
+    ) -> torch.Tensor:
+        h = ops.rms_norm(x, self.input_layernorm.weight, self.input_layernorm.eps)
+        if self.is_full:
+            x = x + self.self_attn(h, batch, cache, ops, inv_freq)
+        else:
+            x = x + self.linear_attn(h, batch, cache, ops)
+        h = ops.rms_norm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return x + self.mlp(h, ops)
+
+
+class TextModel(nn.Module):
+    """`model.*`: embed_tokens, layers, norm, and the rotary inv_freq buffer (not a weight)."""
+
+    def __init__(self, cfg: Qwen35Config, factory: dict) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, factory) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+        # set by Qwen35ForCausalLM.init_buffers
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+
+
+class Qwen35ForCausalLM(nn.Module):
+    """Qwen3.5 text model with its LM head. `forward` returns fp32 logits of the tokens at
+    `batch.logits_indices`. State is read from and written to `cache` in place."""
+
+    def __init__(
+        self,
+        config: Qwen35Config,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        factory = {"dtype": dtype, "device": device}
+        self.model = TextModel(config, factory)
+        self.lm_head = _linear(config.hidden_size, config.vocab_size, factory)
+        self.tie_weights()
+        self.init_buffers()
+
+    def tie_weights(self) -> None:
+        """Points lm_head at the embedding when the config ties them (call after replacing the
+        embedding parameter)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def init_buffers(self) -> None:
+        """(Re)computes the non-persistent rotary inv_freq [R/2] fp32 on the embedding's device
+        (needed after building on the meta device)."""
+        r = self.config.rotary_dim
+        device = self.model.embed_tokens.weight.device
+        exponents = torch.arange(0, r, 2, dtype=torch.float32, device=device) / r
+        self.model.inv_freq = 1.0 / (self.config.rope_theta**exponents)
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, cache: ModelCache, ops: Ops) -> torch.Tensor:
+        x = self.model.embed_tokens(batch.input_ids)
+        for i, layer in enumerate(self.model.layers):
+            if batch.before_layer is not None:
+                batch.before_layer(i)
+            x = layer(x, batch, cache, ops, self.model.inv_freq)
+        x = x[batch.logits_indices]
+        x = ops.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
+        return F.linear(x, self.lm_head.weight).float()

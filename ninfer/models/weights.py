@@ -1,0 +1,174 @@
+"""Loading Qwen3.5 safetensors checkpoints into `Qwen35ForCausalLM`.
+
+Accepts one `model.safetensors` or shards listed by `model.safetensors.index.json`; keys under
+`model.` (transformers' text models) or `model.language_model.` (the Hub's multimodal layout);
+MoE experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]) or per expert
+(`mlp.experts.{e}.{gate,up,down}_proj.weight`). The vision tower (`model.visual.*`) and the MTP
+head (`mtp.*`) are skipped. The model is built on the meta device and each tensor is read,
+cast and placed one at a time, so peak memory is the model plus one tensor. Knows nothing about
+tokenizers or the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from ninfer.models.config import Qwen35Config
+from ninfer.models.qwen3_5 import Qwen35ForCausalLM
+
+logger = logging.getLogger("ninfer.models")
+
+INDEX_FILE = "model.safetensors.index.json"
+SKIPPED_PREFIXES = ("model.visual.", "mtp.")
+_PER_EXPERT = re.compile(
+    r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$"
+)
+
+
+def checkpoint_files(path: str | Path) -> list[Path]:
+    """The safetensors files of the checkpoint directory `path`, sorted."""
+    path = Path(path)
+    index = path / INDEX_FILE
+    if index.exists():
+        with open(index, encoding="utf-8") as f:
+            names = set(json.load(f)["weight_map"].values())
+        return sorted(path / n for n in names)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    return files
+
+
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+) -> Qwen35ForCausalLM:
+    """Builds the model described by `path`/config.json and loads its weights in `dtype` on
+    `device` (the config is `model.config`). Raises ValueError naming any missing, unexpected
+    or mis-shaped tensor."""
+    config = Qwen35Config.from_file(path)
+    device = torch.device(device)
+    model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
+    loader = _Loader(model, dtype, device)
+    for file in checkpoint_files(path):
+        with safe_open(file, framework="pt", device=_safetensors_device(device)) as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                loader.add(key, f)
+    loader.finish()
+    if loader.skipped:
+        logger.info(
+            "skipped %d checkpoint tensors of the vision tower / MTP head in %s",
+            loader.skipped,
+            path,
+        )
+    model.tie_weights()
+    model.init_buffers()
+    return model.eval()
+
+
+def _safetensors_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index}"
+    return "cpu"
+
+
+class _Loader:
+    """Places checkpoint tensors into a meta-device model, tracking what is still missing."""
+
+    def __init__(self, model: Qwen35ForCausalLM, dtype: torch.dtype, device: torch.device):
+        self.model, self.dtype, self.device = model, dtype, device
+        self.expected = dict(model.named_parameters())  # tied lm_head is not listed
+        self.loaded: set[str] = set()
+        self.expert_parts: dict[str, set[tuple[int, str]]] = {}
+        self.skipped = 0
+
+    def add(self, key: str, source) -> None:
+        """Places tensor `key` of `source` (an open safetensors file)."""
+        name = _canonical_name(key)
+        if name is None:
+            self.skipped += 1
+            return
+        if name == "lm_head.weight" and self.model.config.tie_word_embeddings:
+            return  # some tied checkpoints still carry a copy of the embedding
+        per_expert = _PER_EXPERT.match(name)
+        if per_expert:
+            self._add_expert(key, per_expert, source)
+            return
+        if name not in self.expected:
+            raise ValueError(f"unexpected tensor {key!r} in the checkpoint")
+        tensor = source.get_tensor(key)
+        _check_shape(key, tuple(tensor.shape), tuple(self.expected[name].shape))
+        self._assign(name, tensor.to(device=self.device, dtype=self.dtype))
+        self.loaded.add(name)
+
+    def _add_expert(self, key: str, match: re.Match, source) -> None:
+        prefix, expert, part = match.group(1), int(match.group(2)), match.group(3)
+        fused = f"{prefix}.down_proj" if part == "down" else f"{prefix}.gate_up_proj"
+        if fused not in self.expected or expert >= self.model.config.num_experts:
+            raise ValueError(f"unexpected tensor {key!r} in the checkpoint")
+        target = self._fused_storage(fused)
+        i = self.model.config.moe_intermediate_size
+        rows = {"gate": slice(0, i), "up": slice(i, 2 * i), "down": slice(None)}[part]
+        dest = target[expert, rows]
+        tensor = source.get_tensor(key)
+        _check_shape(key, tuple(tensor.shape), tuple(dest.shape))
+        dest.copy_(tensor)
+        self.expert_parts.setdefault(fused, set()).add((expert, part))
+
+    def _fused_storage(self, name: str) -> torch.Tensor:
+        """The real parameter for a fused expert tensor, allocated on first use."""
+        param = self.model.get_parameter(name)
+        if param.is_meta:
+            param = torch.empty(param.shape, dtype=self.dtype, device=self.device)
+            self._assign(name, param)
+        return self.model.get_parameter(name)
+
+    def _assign(self, name: str, tensor: torch.Tensor) -> None:
+        module_name, _, attr = name.rpartition(".")
+        module = self.model.get_submodule(module_name)
+        module._parameters[attr] = nn.Parameter(tensor, requires_grad=False)
+
+    def finish(self) -> None:
+        """Raises ValueError naming the first missing tensors, if any."""
+        missing = []
+        for name in self.expected:
+            if name in self.loaded:
+                continue
+            parts = self.expert_parts.get(name)
+            kinds = ("down",) if name.endswith("down_proj") else ("gate", "up")
+            if parts is None:
+                missing.append(name)
+                continue
+            prefix = name.rpartition(".")[0]
+            missing += [
+                f"{prefix}.{e}.{kind}_proj.weight"
+                for e in range(self.model.config.num_experts)
+                for kind in kinds
+                if (e, kind) not in parts
+            ]
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ValueError(f"missing tensors in the checkpoint: {missing[:5]}{more}")
+
+
+def _canonical_name(key: str) -> str | None:
+    """The model's parameter name for a checkpoint key, None for tensors to skip."""
+    if key.startswith(SKIPPED_PREFIXES):
+        return None
+    if key.startswith("model.language_model."):
+        return "model." + key.removeprefix("model.language_model.")
+    return key
+
+
+def _check_shape(key: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
+    if got != want:
+        raise ValueError(f"tensor {key!r} has shape {list(got)}, expected {list(want)}")

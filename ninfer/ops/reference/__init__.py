@@ -1,0 +1,175 @@
+"""`ReferenceOps`: the op contract (`ninfer.ops.base.Ops`) in plain PyTorch, CPU and CUDA.
+
+This is the oracle the CUDA ops are tested against, so it favours obvious code over speed: it
+loops over rows in Python and syncs with the host freely. The pure functions it is built from
+are exported for kernel tests. Knows nothing about the model's structure.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer.models.batch import ForwardBatch
+from ninfer.ops.reference.attention import gather_kv_ref, paged_attention_ref, write_kv_ref
+from ninfer.ops.reference.conv import causal_conv1d_ref, causal_conv1d_update_ref
+from ninfer.ops.reference.dense import (
+    apply_rope_ref,
+    gated_rms_norm_ref,
+    moe_ref,
+    rms_norm_ref,
+    rope_cos_sin,
+    route_ref,
+)
+from ninfer.ops.reference.gdn import (
+    chunk_gated_delta_rule_ref,
+    l2norm,
+    recurrent_gated_delta_rule_ref,
+)
+
+__all__ = [
+    "ReferenceOps",
+    "apply_rope_ref",
+    "causal_conv1d_ref",
+    "causal_conv1d_update_ref",
+    "chunk_gated_delta_rule_ref",
+    "gated_rms_norm_ref",
+    "gather_kv_ref",
+    "l2norm",
+    "moe_ref",
+    "paged_attention_ref",
+    "recurrent_gated_delta_rule_ref",
+    "rms_norm_ref",
+    "rope_cos_sin",
+    "route_ref",
+    "write_kv_ref",
+]
+
+
+def _row_starts(batch: ForwardBatch) -> list[int]:
+    starts, t = [], 0
+    for n in batch.q_lens:
+        starts.append(t)
+        t += n
+    return starts
+
+
+def _read_states(pool: torch.Tensor, batch: ForwardBatch, rows: list[int]) -> torch.Tensor:
+    """The pool entries of `rows` at their slots, zeros for rows starting a sequence."""
+    idx = torch.tensor(rows, device=pool.device)
+    states = pool[batch.state_slots[idx]]
+    fresh = torch.tensor([batch.ctx_lens[r] == 0 for r in rows], device=pool.device)
+    return torch.where(fresh.view(-1, *[1] * (states.dim() - 1)), 0, states)
+
+
+def _write_states(pool: torch.Tensor, batch: ForwardBatch, rows: list[int], new) -> None:
+    idx = torch.tensor(rows, device=pool.device)
+    pool[batch.state_slots[idx]] = new.to(pool.dtype)
+
+
+class ReferenceOps:
+    """Plain-PyTorch `Ops`. Decode rows (q_len == 1) of conv and GDN run batched in their
+    one-step forms; prefill rows run one at a time in the chunked forms."""
+
+    name = "reference"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return rms_norm_ref(x, weight, eps)
+
+    def gated_rms_norm(
+        self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        return gated_rms_norm_ref(x, z, weight, eps)
+
+    def rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        rotary_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = rope_cos_sin(positions, inv_freq, q.dtype)
+        return apply_rope_ref(q, cos, sin, rotary_dim), apply_rope_ref(k, cos, sin, rotary_dim)
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> torch.Tensor:
+        write_kv_ref(k, v, kv_cache, batch.slot_mapping, k_scale, v_scale)
+        return paged_attention_ref(
+            q, kv_cache, batch.block_table, batch.q_lens, batch.ctx_lens, scale, k_scale, v_scale
+        )
+
+    def causal_conv(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        conv_state: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        y = torch.empty_like(x)
+        starts = _row_starts(batch)
+        decode = [r for r, n in enumerate(batch.q_lens) if n == 1]
+        if decode:
+            tok = torch.tensor([starts[r] for r in decode], device=x.device)
+            y[tok], new = causal_conv1d_update_ref(
+                x[tok], weight, _read_states(conv_state, batch, decode)
+            )
+            _write_states(conv_state, batch, decode, new)
+        for r, n in enumerate(batch.q_lens):
+            if n > 1:
+                s = starts[r]
+                init = _read_states(conv_state, batch, [r])[0]
+                y[s : s + n], final = causal_conv1d_ref(x[s : s + n], weight, init)
+                _write_states(conv_state, batch, [r], final[None])
+        return y
+
+    def gdn(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        state: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        o = torch.empty_like(v)
+        starts = _row_starts(batch)
+        decode = [r for r, n in enumerate(batch.q_lens) if n == 1]
+        if decode:
+            tok = torch.tensor([starts[r] for r in decode], device=v.device)
+            step = (x[tok][:, None] for x in (q, k, v, g, beta))  # [N, 1, ...]
+            out, final = recurrent_gated_delta_rule_ref(
+                *step, scale=scale, initial_state=_read_states(state, batch, decode)
+            )
+            o[tok] = out[:, 0]
+            _write_states(state, batch, decode, final)
+        for r, n in enumerate(batch.q_lens):
+            if n > 1:
+                sl = slice(starts[r], starts[r] + n)
+                chunk = (x[sl][None] for x in (q, k, v, g, beta))
+                out, final = chunk_gated_delta_rule_ref(
+                    *chunk, scale=scale, initial_state=_read_states(state, batch, [r])
+                )
+                o[sl] = out[0]
+                _write_states(state, batch, [r], final)
+        return o
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router_weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        top_k: int,
+    ) -> torch.Tensor:
+        return moe_ref(x, router_weight, gate_up, down, top_k)

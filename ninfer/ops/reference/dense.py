@@ -1,0 +1,80 @@
+"""Plain-PyTorch token-wise ops: the two RMSNorms, partial NeoX RoPE and the routed MoE experts.
+
+Dtype behaviour follows transformers' Qwen3.5 modules (fp32 statistics, results in the input
+dtype) so that fp32 and bf16 runs compare like for like. Knows nothing about batches or caches.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm: x [..., D], weight [D] -> x * rsqrt(mean(x^2) + eps) * (1 + w)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (y * (1.0 + weight.float())).to(x.dtype)
+
+
+def gated_rms_norm_ref(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """Norm then SiLU gate: x, z [..., dv]; weight [dv] (plain scale, not zero-centred)."""
+    xf = x.float()
+    n = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+    return ((weight * n) * F.silu(z.float())).to(x.dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, R] for positions [T] and inv_freq [R/2] (fp32 math, cast to dtype)."""
+    freqs = positions.float()[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope_ref(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int
+) -> torch.Tensor:
+    """NeoX rotation of x [T, H, D] on dims [0, rotary_dim) with cos, sin [T, rotary_dim]."""
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.cat([rot * cos + rotated * sin, rest], dim=-1)
+
+
+def route_ref(
+    x: torch.Tensor, router_weight: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax (fp32) top-k routing, renormalised. x [N, H], router_weight [E, H].
+
+    Returns weights [N, top_k] in x.dtype and expert ids [N, top_k] int64.
+    """
+    probs = F.linear(x, router_weight).float().softmax(dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(x.dtype), ids
+
+
+def moe_ref(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+) -> torch.Tensor:
+    """Routed experts: x [N, H]; gate_up [E, 2I, H] (first I rows gate); down [E, H, I].
+
+    Loops over the experts that received tokens (syncs with the host). Returns [N, H] x.dtype.
+    """
+    weights, ids = route_ref(x, router_weight, top_k)
+    out = torch.zeros_like(x)
+    for e in ids.unique().tolist():
+        token, slot = torch.where(ids == e)
+        gate, up = F.linear(x[token], gate_up[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down[e]) * weights[token, slot, None]
+        out.index_add_(0, token, y.to(out.dtype))
+    return out

@@ -1,0 +1,91 @@
+"""ninfer logits equal transformers' Qwen3_5(Moe)ForCausalLM (fp32, eager) within 1e-4, in one
+pass and when the same sequences run as ragged batches of prefill chunks and decode rows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tests.models.hf_util import CONFIGS, hf_logits, ninfer_twin, random_hf_model
+from tests.models.util import ChunkRunner, Row, make_batch, make_cache
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def pair(request):
+    hf = random_hf_model(request.param, seed=len(request.param))
+    return hf, ninfer_twin(hf)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def test_one_pass_matches_transformers(pair, ref_ops):
+    hf, model = pair
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 37), generator=torch.Generator().manual_seed(1)
+    )
+    want = [hf_logits(hf, seq.tolist()) for seq in ids]
+    assert want[0].abs().max() > 1.0  # logits are not degenerate
+    cache = make_cache(model.config, num_pages=4, num_slots=3)
+    rows = [Row(ids[0].tolist(), 0, 2, [3]), Row(ids[1].tolist(), 0, 0, [1])]
+    got = model(make_batch(rows), cache, ref_ops)
+    assert got.dtype == torch.float32 and got.shape == (74, model.config.vocab_size)
+    assert _max_diff(got[:37], want[0]) < TOL
+    assert _max_diff(got[37:], want[1]) < TOL
+
+
+def _random_schedule(lengths: list[int], rng: random.Random) -> list[list[tuple[int, int]]]:
+    """Steps of (sequence, n_tokens): prefill chunks of random size (not multiples of 64),
+    then single-token decode rows, sequences joining and finishing at different steps."""
+    done = [0] * len(lengths)
+    prompt = [max(1, n - rng.randint(0, 4)) for n in lengths]  # the rest is decoded 1 by 1
+    steps = []
+    while any(d < n for d, n in zip(done, lengths, strict=True)):
+        step = []
+        for s, n in enumerate(lengths):
+            if done[s] >= n or rng.random() < 0.3:
+                continue
+            size = min(rng.choice([1, 3, 17, 50, 64, 71]), prompt[s] - done[s])
+            size = size if done[s] < prompt[s] else 1
+            step.append((s, size))
+            done[s] += size
+        if step:
+            rng.shuffle(step)
+            steps.append(step)
+    return steps
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ragged_chunks_match_one_pass(pair, ref_ops, seed):
+    hf, model = pair
+    rng = random.Random(seed)
+    lengths = [150, 97, 1, 5, 66]
+    seqs = [[rng.randrange(model.config.vocab_size) for _ in range(n)] for n in lengths]
+    cache = make_cache(model.config, num_pages=16, num_slots=8)
+    runner = ChunkRunner(model, cache, ref_ops, num_slots=8, seed=seed)
+    for s, tokens in enumerate(seqs):
+        runner.add(s, tokens)
+    got: list[list[torch.Tensor]] = [[] for _ in seqs]
+    for step in _random_schedule(lengths, rng):
+        for s, logits in runner.step(step).items():
+            got[s].append(logits)
+    for s, tokens in enumerate(seqs):
+        assert _max_diff(torch.cat(got[s]), hf_logits(hf, tokens)) < TOL, f"sequence {s}"
+
+
+def test_logits_indices_and_before_layer(pair, ref_ops):
+    _, model = pair
+    ids = list(range(1, 12))
+    cache = make_cache(model.config, num_pages=2, num_slots=1)
+    full = model(make_batch([Row(ids, 0, 0, [1])]), cache, ref_ops)
+    calls = []
+    batch = make_batch([Row(ids, 0, 0, [0])], logits_indices=[10, 3])
+    batch.before_layer = calls.append
+    picked = model(batch, cache, ref_ops)
+    assert calls == list(range(model.config.num_hidden_layers))
+    assert _max_diff(picked, full[[10, 3]]) < 1e-5
