@@ -1,0 +1,130 @@
+"""Paged causal attention on FlashInfer, over the NHD page layout [pages, 2, 64, Hkv, D].
+
+Every forward pass plans once (on the host lists of its `ForwardBatch`) and all attention layers
+of that pass reuse the plan: a decode batch (every row one token after a cached context) runs
+`BatchDecodeWithPagedKVCacheWrapper` with tensor cores, anything else
+`BatchPrefillWithPagedKVCacheWrapper` (fa3 on sm_90 for bf16; fa2 for bf16 q over an fp8 cache).
+K/V are written with one `index_copy_` per tensor (graph-safe). Knows nothing about the model.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ninfer.models.batch import PAGE_SIZE, ForwardBatch
+from ninfer.ops.cuda.host import pinned, to_device
+
+WORKSPACE_BYTES = 256 << 20
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+
+
+def page_metadata(
+    batch: ForwardBatch,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashInfer CSR page metadata of a ragged batch.
+
+    Returns qo_indptr [R+1], kv_indptr [R+1], last_page_len [R] (pinned host int32) and
+    kv_indices [kv_indptr[-1]] (device int32, gathered from batch.block_table).
+
+        row r: kv_len = ctx_lens[r] + q_lens[r]; pages block_table[r, 0 .. ceil(kv_len / 64))
+    """
+    kv_lens = [c + q for c, q in zip(batch.ctx_lens, batch.q_lens, strict=True)]
+    n_pages = [(n + PAGE_SIZE - 1) // PAGE_SIZE for n in kv_lens]
+    rows = [r for r, n in enumerate(n_pages) for _ in range(n)]
+    cols = [j for n in n_pages for j in range(n)]
+    dev = batch.block_table.device
+    indices = batch.block_table[to_device(rows, dev), to_device(cols, dev)].to(torch.int32)
+    return (
+        pinned([0, *itertools.accumulate(batch.q_lens)]),
+        pinned([0, *itertools.accumulate(n_pages)]),
+        pinned([(n - 1) % PAGE_SIZE + 1 for n in kv_lens]),
+        indices,
+    )
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float | None,
+    v_scale: float | None,
+) -> None:
+    """Stores k, v [T, Hkv, D] at slot_mapping [T] (page * 64 + offset) of the contiguous
+    kv_cache [pages, 2, 64, Hkv, D], divided by the scales first when given. In place.
+
+    In the flat view [pages * 2 * 64, Hkv, D], K of (page, off) is row page * 128 + off and V
+    is 64 rows further.
+    """
+    bits = _BITS[kv_cache.element_size()]  # index_copy_ has no fp8 kernel: copy the bits
+    flat = kv_cache.view(bits).view(-1, *kv_cache.shape[-2:])
+    k_rows = slot_mapping + (slot_mapping // PAGE_SIZE) * PAGE_SIZE
+    for rows, x, s in ((k_rows, k, k_scale), (k_rows + PAGE_SIZE, v, v_scale)):
+        x = x.float() / s if s is not None else x
+        flat.index_copy_(0, rows, x.to(kv_cache.dtype).view(bits))
+
+
+class PagedAttention:
+    """The attention op of `CudaOps`: holds the FlashInfer wrappers and the current plan."""
+
+    def __init__(self, device: torch.device) -> None:
+        import flashinfer
+
+        self._flashinfer = flashinfer
+        self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._wrappers: dict[tuple[bool, torch.dtype], object] = {}
+        self._plan_batch: ForwardBatch | None = None
+        self._plan_key: tuple | None = None
+        self._wrapper = None
+
+    def _get_wrapper(self, decode: bool, kv_dtype: torch.dtype):
+        """One wrapper per (decode, kv dtype): a wrapper fixes its backend at its first plan
+        (fa3 for a bf16 cache, which cannot run bf16 queries over an fp8 cache)."""
+        key = (decode, kv_dtype)
+        if key not in self._wrappers:
+            fi = self._flashinfer
+            self._wrappers[key] = (
+                fi.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD", use_tensor_cores=True)
+                if decode
+                else fi.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+            )
+        return self._wrappers[key]
+
+    def _plan(
+        self, batch: ForwardBatch, q: torch.Tensor, kv_cache: torch.Tensor, scale: float
+    ) -> None:
+        """Plans for `batch` unless the last plan was for this very batch and layer shape."""
+        hq, (hkv, dim) = q.shape[1], kv_cache.shape[-2:]
+        key = (tuple(batch.q_lens), tuple(batch.ctx_lens), hq, hkv, dim, q.dtype, kv_cache.dtype)
+        key += (scale,)
+        if batch is self._plan_batch and key == self._plan_key:
+            return
+        qo_indptr, kv_indptr, last_len, indices = page_metadata(batch)
+        dtypes = {"q_data_type": q.dtype, "kv_data_type": kv_cache.dtype, "sm_scale": scale}
+        self._wrapper = self._get_wrapper(batch.is_decode, kv_cache.dtype)
+        if batch.is_decode:
+            self._wrapper.plan(kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE, **dtypes)
+        else:
+            self._wrapper.plan(
+                qo_indptr, kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE, causal=True,
+                **dtypes,
+            )  # fmt: skip
+        self._plan_batch, self._plan_key = batch, key
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> torch.Tensor:
+        """`ninfer.ops.base.Ops.attention`: q [T, Hq, D], k, v [T, Hkv, D] -> o [T, Hq, D]."""
+        write_kv(k, v, kv_cache, batch.slot_mapping, k_scale, v_scale)
+        self._plan(batch, q, kv_cache, scale)
+        return self._wrapper.run(q.contiguous(), kv_cache, k_scale=k_scale, v_scale=v_scale)

@@ -1,0 +1,115 @@
+"""Causal depthwise conv1d + SiLU over ragged rows with a slot-indexed state, in Triton.
+
+Two launches per call: `_conv_out_kernel` computes every token's output, reading the K-1 inputs
+before a row's chunk from the row's state slot; then `_conv_state_kernel` writes each row's last
+K-1 inputs back to its slot (a second launch, so no program overwrites a state that another
+still reads). A decode batch (one token per row, every row continuing) needs no host-built index
+and no host sync, so it can be captured in a CUDA graph. Math in fp32, as the reference.
+Knows nothing about the model.
+
+Inputs of row r (W = K - 1), token i of the row is x[cu_q[r] + i]:
+
+    U_r    | state[slot_r] (W, zeros if fresh) | x of row r (q_r) |
+    y[cu_q[r] + i] = silu(sum_j w[:, j] * U_r[i + j]);  new state[slot_r] = U_r[q_r : q_r + W]
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.models.batch import ForwardBatch
+from ninfer.ops.cuda.host import to_device
+
+BLOCK_T, BLOCK_C = 32, 128
+
+
+@triton.jit
+def _conv_out_kernel(
+    x, w, state, y, tok_row, cu, slots, has_state, n_tok, n_ch,
+    s_xt, s_yt, s_wc, s_st0, s_st1, s_st2,
+    K: tl.constexpr, DECODE: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    t_ok, c_ok = t < n_tok, c < n_ch
+    if DECODE:  # row t, token 0 of its chunk, always with a state
+        row, i, has = t, t * 0, t_ok
+    else:
+        row = tl.load(tok_row + t, mask=t_ok, other=0)
+        i = t - tl.load(cu + row, mask=t_ok, other=0)
+        has = tl.load(has_state + row, mask=t_ok, other=0) != 0
+    slot = tl.load(slots + row, mask=t_ok, other=0).to(tl.int64)
+    acc = tl.zeros((BT, BC), dtype=tl.float32)
+    for j in tl.static_range(K):
+        p = i + j - (K - 1)  # position in the chunk; < 0: from the state
+        m_x = (t_ok & (p >= 0))[:, None] & c_ok[None, :]
+        m_s = (t_ok & (p < 0) & has)[:, None] & c_ok[None, :]
+        xv = tl.load(x + (t + j - (K - 1))[:, None] * s_xt + c[None, :], mask=m_x, other=0.0)
+        sp = state + slot[:, None] * s_st0 + c[None, :] * s_st1 + (i + j)[:, None] * s_st2
+        sv = tl.load(sp, mask=m_s, other=0.0)
+        wj = tl.load(w + c * s_wc + j, mask=c_ok, other=0.0).to(tl.float32)
+        acc += (xv.to(tl.float32) + sv.to(tl.float32)) * wj[None, :]
+    out = acc * tl.sigmoid(acc)
+    tl.store(
+        y + t[:, None] * s_yt + c[None, :],
+        out.to(y.dtype.element_ty),
+        mask=t_ok[:, None] & c_ok[None, :],
+    )
+
+
+@triton.jit
+def _conv_state_kernel(
+    x, state, cu, slots, has_state, n_ch, s_xt, s_st0, s_st1, s_st2,
+    W: tl.constexpr, WP: tl.constexpr, DECODE: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    m = tl.arange(0, WP)
+    if DECODE:
+        start, q_len, has = r, 1, r >= 0
+    else:
+        start = tl.load(cu + r)
+        q_len = tl.load(cu + r + 1) - start
+        has = tl.load(has_state + r) != 0
+    slot = tl.load(slots + r).to(tl.int64)
+    p = q_len + m - W  # position in the chunk of new state column m; < 0: old state column
+    ok = (m < W)[None, :] & (c < n_ch)[:, None]
+    from_x = (p >= 0)[None, :]
+    xv = tl.load(x + (start + p)[None, :] * s_xt + c[:, None], mask=ok & from_x, other=0.0)
+    base = state + slot * s_st0 + c[:, None] * s_st1
+    sv = tl.load(base + (q_len + m)[None, :] * s_st2, mask=ok & ~from_x & has, other=0.0)
+    new = tl.where(from_x, xv.to(state.dtype.element_ty), sv)
+    tl.store(base + m[None, :] * s_st2, new, mask=ok)
+
+
+def causal_conv(
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch
+) -> torch.Tensor:
+    """`ninfer.ops.base.Ops.causal_conv`: x [T, C] (unit channel stride); weight [C, K];
+    conv_state [slots, C, K-1] (any strides) read and written at batch.state_slots, zeros for
+    rows with ctx_lens == 0. Returns y [T, C] in x.dtype."""
+    n_tok, n_ch = x.shape
+    width = weight.shape[1]
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("causal_conv needs unit channel stride in x and weight")
+    decode = batch.is_decode
+    slots, cu = batch.state_slots, batch.cu_q
+    if decode:
+        tok_row = has_state = slots  # unused
+    else:
+        tok_row = to_device([r for r, n in enumerate(batch.q_lens) for _ in range(n)], x.device)
+        has_state = to_device([c > 0 for c in batch.ctx_lens], x.device, torch.int32)
+    y = torch.empty_like(x)
+    grid = (triton.cdiv(n_tok, BLOCK_T), triton.cdiv(n_ch, BLOCK_C))
+    _conv_out_kernel[grid](
+        x, weight, conv_state, y, tok_row, cu, slots, has_state, n_tok, n_ch,
+        x.stride(0), y.stride(0), weight.stride(0), *conv_state.stride(),
+        K=width, DECODE=decode, BT=BLOCK_T, BC=BLOCK_C,
+    )  # fmt: skip
+    _conv_state_kernel[(batch.num_rows, triton.cdiv(n_ch, BLOCK_C))](
+        x, conv_state, cu, slots, has_state, n_ch, x.stride(0), *conv_state.stride(),
+        W=width - 1, WP=triton.next_power_of_2(width - 1), DECODE=decode, BC=BLOCK_C,
+    )  # fmt: skip
+    return y

@@ -1,0 +1,118 @@
+"""Gated delta rule over a slot-indexed fp32 state pool: fla-core chunked prefill and an
+in-place Triton decode step.
+
+Prefill (any batch with a row of more than one token, or a row starting a sequence): the rows'
+states are gathered from the pool (zeros for fresh rows), fla's varlen
+`chunk_gated_delta_rule` runs over all rows at once (cu_seqlens), and the final states are
+scattered back. Decode (every row one token after a cached context): one Triton launch reads
+each row's state from the pool by slot, through the pool's strides, and writes it back in place:
+no per-step gather or scatter copies, no host sync, safe to capture in a CUDA graph.
+Knows nothing about the model or the pool's other layers.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.models.batch import ForwardBatch
+from ninfer.ops.cuda.host import to_device
+
+L2_EPS = 1e-6
+
+
+@triton.jit
+def _gdn_decode_kernel(
+    q, k, v, g, beta, o, state, slots, scale,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_bt, s_ot, s_oh,
+    s_slot, s_h, s_dk, s_dv,
+    GROUP: tl.constexpr, DK: tl.constexpr, BV: tl.constexpr, EPS: tl.constexpr,
+):  # fmt: skip
+    """One program: row r, value head h, value columns [vb * BV, (vb + 1) * BV)."""
+    r, h, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hk = h // GROUP
+    offs_k = tl.arange(0, DK)
+    offs_v = vb * BV + tl.arange(0, BV)
+    bq = tl.load(q + r * s_qt + hk * s_qh + offs_k).to(tl.float32)
+    bk = tl.load(k + r * s_kt + hk * s_kh + offs_k).to(tl.float32)
+    bq = bq * (1.0 / tl.sqrt(tl.sum(bq * bq) + EPS)) * scale
+    bk = bk * (1.0 / tl.sqrt(tl.sum(bk * bk) + EPS))
+    bv = tl.load(v + r * s_vt + h * s_vh + offs_v).to(tl.float32)
+    decay = tl.exp(tl.load(g + r * s_gt + h).to(tl.float32))
+    bb = tl.load(beta + r * s_bt + h).to(tl.float32)
+    slot = tl.load(slots + r).to(tl.int64)
+    ptrs = state + slot * s_slot + h * s_h + offs_k[:, None] * s_dk + offs_v[None, :] * s_dv
+    s = tl.load(ptrs) * decay  # [DK, BV]
+    d = bb * (bv - tl.sum(s * bk[:, None], axis=0))
+    s = s + bk[:, None] * d[None, :]
+    tl.store(ptrs, s)
+    out = tl.sum(s * bq[:, None], axis=0)
+    tl.store(o + r * s_ot + h * s_oh + offs_v, out.to(o.dtype.element_ty))
+
+
+def gdn_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One recurrent step per row, state updated in place at its slot.
+
+    q, k [R, Hk, dk] (not normalised), v [R, Hv, dv], g, beta [R, Hv], state [slots, Hv, dk, dv]
+    fp32 (any strides, e.g. a layer view of the slot-major pool), slots [R] int. The last dim of
+    q, k, v and the head dim of g, beta must have stride 1. Returns o [R, Hv, dv] in v.dtype.
+    """
+    rows, hv, dv = v.shape
+    dk = k.shape[-1]
+    if min(q.stride(-1), k.stride(-1), v.stride(-1), g.stride(-1), beta.stride(-1)) != 1:
+        raise ValueError("gdn_decode needs unit stride along the head dims")
+    o = torch.empty_like(v)
+    bv = min(32, dv)
+    _gdn_decode_kernel[(rows, hv, dv // bv)](
+        q, k, v, g, beta, o, state, slots, scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), beta.stride(0), o.stride(0), o.stride(1), *state.stride(),
+        GROUP=hv // k.shape[1], DK=dk, BV=bv, EPS=L2_EPS, num_warps=4,
+    )  # fmt: skip
+    return o
+
+
+def gdn_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+) -> torch.Tensor:
+    """All rows of a ragged batch through fla's varlen chunked kernel (chunk 64).
+
+    Shapes as `ninfer.ops.base.Ops.gdn`. Reads and writes state[batch.state_slots]; rows with
+    ctx_lens == 0 start from zeros. Returns o [T, Hv, dv] in v.dtype.
+    """
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    slots = batch.state_slots
+    h0 = state[slots]
+    fresh = [c == 0 for c in batch.ctx_lens]
+    if any(fresh):
+        mask = to_device(fresh, h0.device, torch.bool)
+        h0.masked_fill_(mask[:, None, None, None], 0.0)
+    cu_cpu = torch.tensor([0, *itertools.accumulate(batch.q_lens)], dtype=torch.int64)
+    q, k, v, g, beta = (x.contiguous()[None] for x in (q, k, v, g.float(), beta))
+    o, final = chunk_gated_delta_rule(
+        q, k, v, g, beta, scale=scale,
+        initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=batch.cu_q.long(), cu_seqlens_cpu=cu_cpu,
+    )  # fmt: skip
+    state[slots] = final.to(state.dtype)
+    return o[0].to(v.dtype)

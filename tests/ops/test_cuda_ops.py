@@ -1,0 +1,209 @@
+"""GPU tests: `CudaOps` against `ReferenceOps` on random ragged batches.
+
+Batches mix fresh prefill rows, prefill chunks continuing a cached context (start positions
+crossing pages) and decode rows, over shuffled page ids and state slots. Pools are layer views
+of slot-major pools (strided), and every slot or page the batch does not own is poisoned with
+NaN and must stay bit-identical. Errors are ||out - ref|| / ||ref||. Skipped without CUDA or
+without flashinfer / fla / triton.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ninfer.models.batch import PAGE_SIZE, ForwardBatch
+from ninfer.ops.reference import ReferenceOps
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+for _mod in ("triton", "flashinfer", "fla"):
+    pytest.importorskip(_mod)
+
+from ninfer.ops.cuda import CudaOps  # noqa: E402
+
+DEV = torch.device("cuda")
+MIXED = ([(0, 130), (70, 100), (300, 1), (64, 1), (5, 3), (0, 1)], "mixed")
+DECODE = ([(200, 1), (64, 1), (63, 1), (1000, 1), (1, 1)], "decode")
+BATCHES = [pytest.param(rows, id=name) for rows, name in (MIXED, DECODE)]
+
+
+@pytest.fixture(scope="module")
+def ops() -> CudaOps:
+    return CudaOps(DEV)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    assert not out.isnan().any(), "NaN in output"
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def make_batch(rows: list[tuple[int, int]], num_pages: int, num_slots: int) -> ForwardBatch:
+    """rows: (ctx_len, q_len) each; distinct shuffled pages and slots (page 0 left unused)."""
+    rng = random.Random(torch.randint(1 << 30, ()).item())
+    pages, slots = list(range(1, num_pages)), list(range(num_slots))
+    rng.shuffle(pages)
+    rng.shuffle(slots)
+    n_pages = [(c + q + PAGE_SIZE - 1) // PAGE_SIZE for c, q in rows]
+    table = torch.zeros(len(rows), max(n_pages), dtype=torch.int32)
+    positions, slot_map = [], []
+    for r, ((c, q), n) in enumerate(zip(rows, n_pages, strict=True)):
+        table[r, :n] = torch.tensor([pages.pop() for _ in range(n)], dtype=torch.int32)
+        positions += range(c, c + q)
+        slot_map += [
+            int(table[r, p // PAGE_SIZE]) * PAGE_SIZE + p % PAGE_SIZE for p in range(c, c + q)
+        ]
+    cu = torch.tensor([0, *torch.tensor([q for _, q in rows]).cumsum(0).tolist()])
+    t = torch.tensor(positions)
+    return ForwardBatch(
+        input_ids=torch.zeros_like(t, device=DEV),
+        positions=t.to(DEV),
+        q_lens=[q for _, q in rows],
+        ctx_lens=[c for c, _ in rows],
+        cu_q=cu.to(DEV, torch.int32),
+        state_slots=torch.tensor([slots.pop() for _ in rows], device=DEV),
+        block_table=table.to(DEV),
+        slot_mapping=torch.tensor(slot_map, device=DEV),
+        logits_indices=torch.arange(len(positions), device=DEV),
+    )
+
+
+def owned_pages(batch: ForwardBatch, num_pages: int) -> torch.Tensor:
+    """Mask [num_pages] of the pages the batch's rows own."""
+    mask = torch.zeros(num_pages, dtype=torch.bool, device=DEV)
+    for r, (c, q) in enumerate(zip(batch.ctx_lens, batch.q_lens, strict=True)):
+        mask[batch.block_table[r, : (c + q + PAGE_SIZE - 1) // PAGE_SIZE].long()] = True
+    return mask
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("rows", BATCHES)
+def test_attention_matches_reference(ops, rows, kv_dtype) -> None:
+    hq, hkv, dim, num_pages, layers = 24, 4, 256, 64, 2
+    batch = make_batch(rows, num_pages, 16)
+    fp8 = kv_dtype == torch.float8_e4m3fn
+    k_scale, v_scale = (0.5, 2.0) if fp8 else (None, None)
+    tol = 3e-2 if fp8 else 1e-2
+    owned = owned_pages(batch, num_pages)
+    for _ in range(layers):  # the second layer reuses the plan
+        q = torch.randn(batch.num_tokens, hq, dim, device=DEV, dtype=torch.bfloat16)
+        k, v = (
+            torch.randn(batch.num_tokens, hkv, dim, device=DEV, dtype=torch.bfloat16) for _ in "kv"
+        )
+        cache = torch.randn(num_pages, 2, PAGE_SIZE, hkv, dim, device=DEV)
+        cache[~owned] = float("nan")  # a read of a page the row does not own shows up
+        cache = cache.to(kv_dtype)
+        ref_cache = cache.clone()
+        out = ops.attention(q, k, v, cache, batch, dim**-0.5, k_scale, v_scale)
+        ref = ReferenceOps().attention(q, k, v, ref_cache, batch, dim**-0.5, k_scale, v_scale)
+        assert out.shape == ref.shape and out.dtype == q.dtype
+        assert rel_err(out, ref) < tol
+        assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))
+
+
+def gdn_inputs(batch: ForwardBatch, hk: int, hv: int, dtype: torch.dtype):
+    t, dk = batch.num_tokens, 128
+    q, k = (torch.randn(t, hk, dk, device=DEV, dtype=dtype) for _ in "qk")
+    v = torch.randn(t, hv, dk, device=DEV, dtype=dtype)
+    g = -torch.nn.functional.softplus(torch.randn(t, hv, device=DEV)) * 0.5
+    beta = torch.rand(t, hv, device=DEV).to(dtype)
+    return q, k, v, g, beta
+
+
+def poisoned_pool(shape: tuple[int, ...], batch: ForwardBatch, dtype: torch.dtype) -> torch.Tensor:
+    """NaN everywhere except random values at the batch's slots (every layer)."""
+    pool = torch.full(shape, float("nan"), device=DEV, dtype=dtype)
+    pool[batch.state_slots] = torch.randn(batch.num_rows, *shape[1:], device=DEV).to(dtype)
+    return pool
+
+
+def check_untouched(pool: torch.Tensor, before: torch.Tensor, batch: ForwardBatch, layer: int):
+    keep = torch.ones(pool.shape[1], dtype=torch.bool)
+    keep[layer] = False
+    assert torch.equal(pool[:, keep].view(torch.uint8), before[:, keep].view(torch.uint8))
+    other = torch.ones(pool.shape[0], dtype=torch.bool, device=DEV)
+    other[batch.state_slots] = False
+    assert pool[other].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("rows", BATCHES)
+def test_gdn_matches_reference(ops, rows, dtype) -> None:
+    hk, hv, layer, num_slots = 16, 48, 1, 16  # 27B GDN heads (shares fla autotune with bench)
+    batch = make_batch(rows, 256, num_slots)
+    q, k, v, g, beta = gdn_inputs(batch, hk, hv, dtype)
+    pool = poisoned_pool((num_slots, 3, hv, 128, 128), batch, torch.float32)
+    before, ref_pool = pool.clone(), pool.clone()
+    out = ops.gdn(q, k, v, g, beta, pool[:, layer], batch, 128**-0.5)
+    ref = ReferenceOps().gdn(q, k, v, g, beta, ref_pool[:, layer], batch, 128**-0.5)
+    assert out.dtype == v.dtype
+    # fla's chunked kernels use tf32 dots even for fp32 inputs; the decode kernel is pure fp32
+    tol = 1e-2 if dtype == torch.bfloat16 else (1e-5 if batch.is_decode else 5e-3)
+    assert rel_err(out, ref) < tol
+    slots = batch.state_slots
+    assert rel_err(pool[slots, layer], ref_pool[slots, layer]) < tol
+    check_untouched(pool, before, batch, layer)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("rows", BATCHES)
+def test_conv_matches_reference(ops, rows, dtype) -> None:
+    channels, width, layer, num_slots = 1024 + 3 * 128, 4, 2, 16
+    batch = make_batch(rows, 256, num_slots)
+    x = torch.randn(batch.num_tokens, channels, device=DEV, dtype=dtype)
+    weight = torch.randn(channels, width, device=DEV, dtype=dtype)
+    pool = poisoned_pool((num_slots, 3, channels, width - 1), batch, dtype)
+    before, ref_pool = pool.clone(), pool.clone()
+    out = ops.causal_conv(x, weight, pool[:, layer], batch)
+    ref = ReferenceOps().causal_conv(x, weight, ref_pool[:, layer], batch)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert rel_err(out, ref) < tol
+    slots = batch.state_slots
+    assert torch.equal(pool[slots, layer], ref_pool[slots, layer])
+    check_untouched(pool, before, batch, layer)
+
+
+def test_gdn_decode_graph_replay(ops) -> None:
+    """The decode step captured in a CUDA graph gives the eager result on new inputs."""
+    hk, hv, num_slots = 16, 48, 16
+    batch = make_batch(DECODE[0], 256, num_slots)
+    pool = poisoned_pool((num_slots, 1, hv, 128, 128), batch, torch.float32)
+    inputs = gdn_inputs(batch, hk, hv, torch.bfloat16)
+    ops.gdn(*inputs, pool.clone()[:, 0], batch, 0.1)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.gdn(*inputs, pool[:, 0], batch, 0.1)
+    fresh = gdn_inputs(batch, hk, hv, torch.bfloat16)
+    for dst, src in zip(inputs, fresh, strict=True):
+        dst.copy_(src)
+    start = torch.randn_like(pool[batch.state_slots])
+    pool[batch.state_slots] = start
+    ref_pool = pool.clone()
+    graph.replay()
+    ref = ReferenceOps().gdn(*fresh, ref_pool[:, 0], batch, 0.1)
+    assert rel_err(out, ref) < 1e-2
+    assert rel_err(pool[batch.state_slots], ref_pool[batch.state_slots]) < 1e-5
+
+
+def test_conv_decode_graph_replay(ops) -> None:
+    """The conv decode step captured in a CUDA graph gives the eager result on new inputs."""
+    channels, num_slots = 1024, 16
+    batch = make_batch(DECODE[0], 256, num_slots)
+    pool = poisoned_pool((num_slots, 1, channels, 3), batch, torch.bfloat16)
+    x = torch.randn(batch.num_tokens, channels, device=DEV, dtype=torch.bfloat16)
+    weight = torch.randn(channels, 4, device=DEV, dtype=torch.bfloat16)
+    ops.causal_conv(x, weight, pool.clone()[:, 0], batch)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.causal_conv(x, weight, pool[:, 0], batch)
+    x.copy_(torch.randn_like(x))
+    pool[batch.state_slots] = torch.randn_like(pool[batch.state_slots])
+    ref_pool = pool.clone()
+    graph.replay()
+    ref = ReferenceOps().causal_conv(x, weight, ref_pool[:, 0], batch)
+    assert rel_err(out, ref) < 1e-2
+    assert torch.equal(pool[batch.state_slots], ref_pool[batch.state_slots])
