@@ -1,0 +1,143 @@
+"""CPU benchmark of the index's hot paths (spec §6.1, §7.1, §9.3): hashing and matching a long
+prompt against a large tree, planning its taps, Host victim selection among many snapshots.
+
+Pure Python, importable by the CLI (`ninfer bench`) and wrapped by tools/bench_cache.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, ROOT
+from ninfer.cache.cost import CacheCostModel
+from ninfer.cache.index import PrefixIndex
+from ninfer.cache.keys import PromptBlocks, block_hashes, hash_blocks, pack_tokens, split_blocks
+from ninfer.cache.records import CacheConfig, QuoteParams
+from ninfer.cache.taps import HintKind, TapConfig, TapHint, plan_taps
+
+
+def _time(fn: Callable[[], object], repeats: int) -> dict[str, float]:
+    """min / median milliseconds of `repeats` calls, with the cyclic GC paused while timing
+    (a full collection over a million tree nodes would land in whichever call it hits)."""
+    runs = []
+    for _ in range(repeats):
+        gc.disable()
+        t0 = time.perf_counter()
+        fn()
+        runs.append((time.perf_counter() - t0) * 1e3)
+        gc.enable()
+    return {"min_ms": round(min(runs), 4), "median_ms": round(statistics.median(runs), 4)}
+
+
+def build_tree(
+    prompt_data: bytes, tree_blocks: int, snapshots: int, seed: int = 0
+) -> tuple[PrefixIndex, float]:
+    """A Host-only tree of `tree_blocks` nodes: the prompt's own path plus branches hanging off
+    it at random depths, `snapshots` snapshots (some on the prompt path, the rest at branch
+    ends). Returns the index and the build time in seconds."""
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    gc.disable()  # a million long-lived nodes: generational GC would rescan them repeatedly
+    slab = 4096
+    image_slabs = 2
+    main_blocks = len(prompt_data) // BLOCK_BYTES
+    host_slabs = tree_blocks + (snapshots + 1) * (image_slabs + 1)
+    ix = PrefixIndex(
+        CacheConfig(
+            slab_bytes=slab,
+            image_bytes=image_slabs * slab,
+            host_cache_bytes=host_slabs * slab,
+            device_snapshot_slots=9,
+            host_chunk_bytes=1 << 40,
+            taps=TapConfig(),
+        ),
+        CacheCostModel.h200(),
+    )
+    path = []
+    parent = ROOT
+    for b in range(min(main_blocks, tree_blocks)):
+        parent = ix.load_block(parent, prompt_data[b * BLOCK_BYTES : (b + 1) * BLOCK_BYTES])
+        path.append(parent)
+    on_path = max(1, min(snapshots // 20, len(path) // 64))  # one every 4096 tokens or so
+    branches = snapshots - on_path
+    remaining = tree_blocks - len(path)
+    ends = []
+    for i in range(branches):
+        length = remaining // (branches - i)
+        remaining -= length
+        node = path[rng.randrange(len(path))]
+        for _ in range(length):
+            node = ix.load_block(node, rng.randbytes(BLOCK_BYTES))
+        ends.append(node)
+    step = max(1, len(path) // on_path)
+    anchors = [path[min(len(path), (k + 1) * step) - 1] for k in range(on_path)] + ends
+    # unique (a zero-length branch ends on the path), parents first: cheap linking
+    anchors = sorted(dict.fromkeys(anchors), key=lambda nid: ix.tree.nodes[nid].depth)
+    for nid in anchors:
+        ix.load_snapshot(nid, b"", hits=rng.randrange(3))
+    gc.enable()
+    return ix, time.perf_counter() - t0
+
+
+def run_cache_bench(
+    n_tokens: int = 240_000,
+    tree_blocks: int = 1_000_000,
+    snapshots: int = 1_300,
+    repeats: int = 20,
+    seed: int = 0,
+) -> dict:
+    """Measure on this CPU; returns a JSON-able dict of sizes and timings (n_tokens >= 128)."""
+    if n_tokens < 2 * BLOCK_TOKENS:
+        raise ValueError(f"n_tokens must be at least {2 * BLOCK_TOKENS}")
+    rng = random.Random(seed)
+    tokens = [rng.randrange(1, 150_000) for _ in range(n_tokens)]
+    data = pack_tokens(tokens)
+    ix, build_s = build_tree(data, tree_blocks, snapshots, seed)
+    gc.collect()
+    gc.freeze()  # the tree is long-lived: keep it out of later collections (as an engine should)
+    hashes = block_hashes(data)
+    prompt = PromptBlocks(data, n_tokens, hashes)
+    ent = -(-(n_tokens + 4096) // BLOCK_TOKENS)
+    params = QuoteParams(ent, free_pages=ent, total_pages=4 * ent)
+
+    def hash_match_choose():
+        blocks = split_blocks(data)
+        p = PromptBlocks(data, n_tokens, hash_blocks(blocks), blocks=blocks)
+        return ix.quote(p, params)
+
+    q = ix.quote(prompt, params)
+    hints = [TapHint(p, HintKind.MESSAGE) for p in range(1000, n_tokens, 2000)]
+    hints += [TapHint(900, HintKind.STRUCTURAL), TapHint(n_tokens - 40, HintKind.OPENER)]
+    existing = [ix.snapshot(s).frontier for s in q.match.candidates]
+    taps = plan_taps(n_tokens, q.frontier, hints, existing, (), TapConfig())
+
+    def revalue_all():
+        ix.dirty.update(ix.snaps)
+        ix._flush_dirty()
+
+    revalue = _time(revalue_all, max(3, repeats // 4))
+    return {
+        "prompt_tokens": n_tokens,
+        "prompt_blocks": len(hashes),
+        "tree_blocks": len(ix.tree),
+        "snapshots": len(ix.snaps),
+        "build_tree_s": round(build_s, 2),
+        "matched_blocks": len(q.match.path),
+        "candidates": len(q.match.candidates),
+        "chosen_frontier": q.frontier,
+        "pack_tokens": _time(lambda: pack_tokens(tokens), repeats),
+        "split_and_hash": _time(lambda: hash_blocks(split_blocks(data)), repeats),
+        "match": _time(lambda: ix.match(prompt), repeats),
+        "quote_match_and_choice": _time(lambda: ix.quote(prompt, params), repeats),
+        "hash_match_choice": _time(hash_match_choose, repeats),
+        "plan_taps": _time(
+            lambda: plan_taps(n_tokens, q.frontier, hints, existing, (), TapConfig()), repeats
+        ),
+        "taps": [(t.position, t.placement.name, t.priority) for t in taps],
+        "host_victim_scan": _time(ix._host_victim, repeats),
+        "host_revalue_all": revalue,
+    }

@@ -1,0 +1,60 @@
+"""Small shared types of the prefix-cache index: ids, residency, kinds, spans, errors.
+
+Nothing here knows about tensors; every id is a plain int.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+BLOCK_TOKENS = 64
+TOKEN_BYTES = 4  # packed int32 per token id
+BLOCK_BYTES = BLOCK_TOKENS * TOKEN_BYTES  # 256 bytes of token ids per block
+
+ROOT = 0  # node id of the tree root (depth -1, covers no tokens, never evicted)
+
+
+class Residency(enum.IntEnum):
+    """State of one copy (Device or Host) of a node, tail or image."""
+
+    ABSENT = 0
+    RESIDENT = 1
+    FILLING = 2  # a transfer is writing it; readers wait, nobody frees it (§10.6)
+
+
+class SnapshotKind(enum.IntEnum):
+    TAP = 0
+    ENDPOINT = 1
+    BOUNDARY = 2  # a tap at a client breakpoint or structural boundary (§7.1, §9.3)
+
+
+class Span(NamedTuple):
+    """A Vision token span [begin, begin + length)."""
+
+    begin: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.begin + self.length
+
+    def strictly_inside(self, position: int) -> bool:
+        """True when a frontier at `position` would split the span (§6.1.3)."""
+        return self.begin < position < self.begin + self.length
+
+
+class LaneError(RuntimeError):
+    """A lane call out of protocol: unknown/duplicate lane, out-of-order commit, early publish."""
+
+
+class StaleQuoteError(RuntimeError):
+    """The cache changed since the quote was made (cache_epoch differs): quote again."""
+
+
+def floor64(x: int) -> int:
+    return x - x % BLOCK_TOKENS
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

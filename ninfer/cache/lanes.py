@@ -1,0 +1,236 @@
+"""The lane lifecycle of the PrefixIndex: stage -> (begin_restore) -> activate -> commits and
+snapshots -> release, or stage -> cancel_stage (spec §6.4, §7.4, §7.6, §7.7).
+
+A lane pins its path (active_refs) from stage until release; the source snapshot is pinned
+from stage until activate; transfers pin what they read or write until they land.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ninfer.cache.common import (
+    BLOCK_TOKENS,
+    LaneError,
+    Residency,
+    StaleQuoteError,
+)
+from ninfer.cache.device_lru import DeviceEntry, EntryKind
+from ninfer.cache.records import (
+    BlockCopy,
+    BlockWriteBatch,
+    ImageCopy,
+    Lane,
+    Quote,
+    Readiness,
+    ReleaseResult,
+    RestoreBatch,
+    Staged,
+    TailCopy,
+    TransferRecord,
+)
+
+_ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
+
+
+class LaneMixin:
+    # ---- admission transaction (§6.4) ------------------------------------------------------
+
+    def stage(self, quote: Quote, lane: int, free_pages: int) -> Staged:
+        """Open `lane` on the quoted source: pin its path and snapshot, evict for capacity.
+
+        Raises StaleQuoteError (epoch moved: quote again), LaneError (lane already open),
+        ValueError (quote not READY). The memory layer frees `evicted_pages`, then allocates
+        `restore_pages_needed` pages for begin_restore.
+        """
+        if quote.epoch != self.epoch:
+            raise StaleQuoteError(f"quote epoch {quote.epoch}, cache epoch {self.epoch}")
+        if lane in self.lanes:
+            raise LaneError(f"lane {lane} is already open")
+        if quote.readiness != Readiness.READY:
+            raise ValueError(f"cannot stage a {quote.readiness.name} quote")
+        t = self._mutated()
+        f = quote.frontier
+        #   matched path  N_0 ... N_{a-1} | N_a ... N_{k-1}
+        #                 pinned (shared)  | recomputed: touched only (MRU), committed later
+        a = f // BLOCK_TOKENS
+        path = quote.match.path
+        nodes, snaps = self.tree.nodes, self.snaps
+        s = None if quote.source is None else snaps[quote.source]
+        rec = Lane(
+            lane,
+            list(path[:a]),
+            f,
+            quote.source,
+            None if s is None else s.kind,
+            [snaps[sid].frontier for sid in quote.match.candidates],
+            latest_frontier=f,
+        )
+        for nid in rec.path:
+            node = nodes[nid]
+            node.active_refs += 1
+            node.last_access = t
+            self._node_changed(node)
+        for nid in reversed(path[a:]):  # a hit moves the whole path to MRU, deepest first
+            nodes[nid].last_access = t
+            self.lru.touch(DeviceEntry(EntryKind.NODE, nid))
+        st = self.counters
+        st.lookups += 1
+        st.reuse_tokens += f
+        if s is None:
+            tier = "root"
+            st.hits_root += 1
+        else:
+            tier = "host" if quote.restore_bytes else "device"
+            st.hits_host += tier == "host"
+            st.hits_device += tier == "device"
+            s.restore_pins += 1
+            rec.source_pinned = True
+            s.hits += 1
+            s.l_at = self.L
+            s.last_hit = t
+            self._retain(s)  # a hit on a superseded snapshot retains it again (§9.3)
+            self.dirty.add(s.id)
+            self._tail_changed(s)
+        self.lanes[lane] = rec
+        deficit = quote.need_pages - free_pages
+        if deficit > 0:
+            self._evict(deficit)
+        restore = sum(nodes[nid].device_state == _ABSENT for nid in rec.path)
+        restore += bool(s is not None and s.tail and s.tail_device == _ABSENT)
+        image = s is not None and s.device_state == _ABSENT
+        rec.restore_required = bool(restore or image)
+        return Staged(
+            lane=lane,
+            source=quote.source,
+            frontier=f,
+            path=list(rec.path),
+            evicted_pages=self._take_freed(),
+            restore_pages_needed=restore,
+            source_slot=-1 if s is None or s.device_state != _RESIDENT else s.device_slot,
+            source_tail_page=-1 if s is None or s.tail_device != _RESIDENT else s.tail_page,
+            hit_tier=tier,
+            restore_image=image,
+        )
+
+    def begin_restore(self, lane: int, pages: Sequence[int]) -> RestoreBatch | None:
+        """Mark the staged lane's Host-only path blocks (and tail) Filling into `pages`.
+
+        Needs exactly `restore_pages_needed` pages (ValueError otherwise). The batch pins what
+        it writes and the snapshot it reads until on_restore_landed. None if nothing is
+        Host-only.
+        """
+        rec = self._lane(lane, activated=False)
+        nodes = self.tree.nodes
+        todo = [nodes[nid] for nid in rec.path if nodes[nid].device_state == _ABSENT]
+        s = None if rec.source is None else self.snaps[rec.source]
+        tail = s is not None and bool(s.tail) and s.tail_device == _ABSENT
+        image = s is not None and s.device_state == _ABSENT
+        if len(pages) != len(todo) + tail:
+            raise ValueError(f"begin_restore needs {len(todo) + tail} pages, got {len(pages)}")
+        rec.restore_required = False
+        if not todo and not tail and not image:
+            return None
+        self._mutated()
+        slab = self.config.slab_bytes
+        batch = TransferRecord("restore", lane=lane)
+        blocks = []
+        for node, page in zip(todo, pages, strict=False):
+            node.device_page, node.device_state = page, _FILLING
+            node.restore_pins += 1
+            self._node_changed(node)
+            batch.nodes.append(node.id)
+            blocks.append(BlockCopy(node.id, page, node.host_slab))
+        tail_copy = image_copy = None
+        if tail or image:
+            batch.snapshot, batch.tail = s.id, tail
+            s.restore_pins += 1
+        if tail:
+            s.tail_page, s.tail_device = pages[-1], _FILLING
+            tail_copy = TailCopy(s.id, s.tail_page, s.tail_slab)
+        if image:
+            image_copy = ImageCopy(s.id, list(s.host_slabs))
+        nbytes = (len(blocks) + tail) * slab + image * self.config.image_bytes
+        bid = self._new_batch(batch)
+        rec.restore_batch = bid
+        self.counters.restores += 1
+        self.counters.restored_host_bytes += nbytes
+        return RestoreBatch(bid, blocks, tail_copy, image_copy, nbytes)
+
+    def activate(self, lane: int) -> None:
+        """The lane starts (its state was copied or is being restored): drop the stage's
+        snapshot pin. Raises LaneError if Host-only parts were never given to begin_restore."""
+        rec = self._lane(lane, activated=False)
+        if rec.restore_required:
+            raise LaneError(f"lane {lane} has Host-only parts: call begin_restore first")
+        self._mutated()
+        rec.activated = True
+        self._unpin_source(rec)
+
+    def _unpin_source(self, rec: Lane) -> None:
+        if rec.source_pinned:
+            s = self.snaps[rec.source]
+            s.restore_pins -= 1
+            rec.source_pinned = False
+            self._tail_changed(s)
+
+    def cancel_stage(self, lane: int) -> list[int]:
+        """Undo stage before activate. A begun restore must have landed (LaneError
+        otherwise): restored pages stay cached. Returns pages freed (normally none)."""
+        rec = self._lane(lane, activated=False)
+        if rec.restore_batch is not None:
+            raise LaneError(f"lane {lane}: restore batch {rec.restore_batch} has not landed")
+        self._mutated()
+        self._unpin_source(rec)
+        for slot in rec.staging:
+            self.slots.release(slot)
+        for nid in reversed(rec.path):
+            node = self.tree.nodes[nid]
+            node.active_refs -= 1
+            self._node_changed(node)
+        del self.lanes[lane]
+        return self._take_freed()
+
+    # ---- release (§7.6 write-through, §7.7 step 2) -----------------------------------------
+
+    def release(self, lane: int) -> ReleaseResult:
+        """Unpin the lane's path; Device-only nodes get Host slabs (evicting as §9.3 orders)
+        and stay pinned until on_write_through_landed; the others enter the Device LRU in
+        reverse block order. Frees staging slots the lane still holds."""
+        rec = self._lane(lane)
+        t = self._mutated()
+        for slot in rec.staging:
+            self.slots.release(slot)
+        rec.staging.clear()
+        nodes = self.tree.nodes
+        blocks: list[BlockCopy] = []
+        if self.host is not None:
+            # Allocate while the path is still pinned, so eviction cannot touch it.
+            for nid in rec.path:
+                node = nodes[nid]
+                if node.device_state != _RESIDENT or node.host_state != _ABSENT:
+                    continue
+                slabs = self._host_alloc(1)
+                if slabs is None:
+                    break  # Host full of pinned or more valuable data: stays unbacked
+                node.host_slab, node.host_state = slabs[0], _FILLING
+                node.restore_pins += 1
+                if node.retained_below == 1:
+                    self.dirty.add(node.retained_xor)
+                blocks.append(BlockCopy(nid, node.device_page, slabs[0]))
+        added = []
+        for nid in reversed(rec.path):
+            node = nodes[nid]
+            node.active_refs -= 1
+            node.last_access = t
+            self._node_changed(node)
+            if DeviceEntry(EntryKind.NODE, nid) in self.lru:
+                added.append(nid)
+        del self.lanes[lane]
+        write = None
+        if blocks:
+            bid = self._new_batch(TransferRecord("blocks", nodes=[b.node for b in blocks]))
+            nbytes = len(blocks) * self.config.slab_bytes
+            self.counters.write_through_bytes += nbytes
+            write = BlockWriteBatch(bid, blocks, nbytes)
+        return ReleaseResult(write, added, self._take_freed())

@@ -1,0 +1,78 @@
+"""Host-only entries rebuilt without evicting anything (spec §5.5 persistence load), also used
+to build large trees for benchmarks. Parents must be loaded before children."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, TOKEN_BYTES, Residency, SnapshotKind
+from ninfer.cache.keys import block_hash, pack_tokens
+from ninfer.cache.snapshots import Snapshot
+
+_RESIDENT = Residency.RESIDENT
+
+
+class LoadMixin:
+    def load_block(
+        self,
+        parent: int,
+        tokens: Sequence[int] | bytes,
+        extra: int = 0,
+        lookup_hash: int | None = None,
+    ) -> int:
+        """A Host-resident child of `parent` (returns an existing equal node unchanged).
+
+        Takes one free slab; raises ValueError without a Host tier or a free slab.
+        """
+        data = pack_tokens(tokens)
+        if len(data) != BLOCK_BYTES:
+            raise ValueError(f"a block holds {BLOCK_TOKENS} tokens")
+        p = self.tree.nodes[parent]
+        h = block_hash(p.lookup_hash, data, extra) if lookup_hash is None else lookup_hash
+        node = self.tree.find_child(parent, h, data, extra)
+        if node is not None:
+            return node.id
+        slabs = None if self.host is None else self.host.allocate(1)
+        if slabs is None:
+            raise ValueError("no free Host slab to load a block into")
+        self.epoch += 1
+        node = self.tree.insert(parent, h, data, extra)
+        node.host_slab, node.host_state = slabs[0], _RESIDENT
+        self._node_changed(node)
+        self._refresh_dead(p)
+        return node.id
+
+    def load_snapshot(
+        self,
+        anchor: int,
+        tail: Sequence[int] | bytes,
+        kind: SnapshotKind = SnapshotKind.TAP,
+        hits: int = 0,
+    ) -> int:
+        """A Host-only snapshot at `anchor` + `tail` (image and tail slabs from the free pool).
+
+        Raises ValueError without enough free slabs or when (anchor, tail) already exists.
+        """
+        tail_b = pack_tokens(tail)
+        node = self.tree.nodes[anchor]
+        if (anchor, tail_b) in self.snap_by_key:
+            raise ValueError("snapshot already present")
+        k = self.config.image_slabs + bool(tail_b)
+        slabs = None if self.host is None else self.host.allocate(k)
+        if slabs is None:
+            raise ValueError("not enough free Host slabs to load a snapshot")
+        self.epoch += 1
+        frontier = BLOCK_TOKENS * (node.depth + 1) + len(tail_b) // TOKEN_BYTES
+        sid = self._next_sid
+        self._next_sid += 1
+        s = Snapshot(sid, anchor, node.depth, frontier, tail_b, kind, hits=hits, l_at=self.L)
+        s.host_slabs = slabs[: self.config.image_slabs]
+        s.tail_slab = slabs[-1] if tail_b else -1
+        s.host_state = _RESIDENT
+        self.snaps[sid] = s
+        self.snap_by_key[(anchor, tail_b)] = sid
+        node.snapshots.append(sid)
+        self._walk(anchor, +1, +1, sid)
+        self._link(s)
+        self.dirty.add(sid)
+        return sid

@@ -1,0 +1,83 @@
+"""Prefetching the blocked FIFO head (spec §6.6): copy up to 256 of the Host-only path blocks
+its quote would restore into spare Device pages while it waits.
+
+Room comes from free pages and from Host-backed cached blocks, least recently used first: a
+prefetch never drops a block's last copy, never evicts the head's own path, and never waits.
+The prefetched blocks are ordinary cached blocks: Filling (pinned) until the batch lands, then
+at the MRU end of the Device LRU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from ninfer.cache.common import BLOCK_TOKENS, Residency, StaleQuoteError
+from ninfer.cache.device_lru import DeviceEntry, EntryKind
+from ninfer.cache.records import BlockCopy, Quote, RestoreBatch, TransferRecord
+
+_ABSENT, _FILLING = Residency.ABSENT, Residency.FILLING
+
+
+class PrefetchPlan(NamedTuple):
+    evicted_pages: list[int]  # free these first
+    nodes: list[int]  # Host-only path blocks to copy, block order; allocate len(nodes) pages
+
+
+class PrefetchMixin:
+    def prefetch_room(self) -> int:
+        """Pages a prefetch could use besides the free ones: Host-backed evictable entries."""
+        return len(self.lru.backed)
+
+    def plan_prefetch(self, quote: Quote, free_pages: int, max_blocks: int = 256) -> PrefetchPlan:
+        """Choose the head's Host-only path blocks (up to the frontier of the cheapest source
+        the quote considered) and make room for them by evicting only Host-backed entries
+        outside the head's path.
+
+        Raises StaleQuoteError when the cache changed since `quote`. Mutates: evictions only.
+        """
+        if quote.epoch != self.epoch:
+            raise StaleQuoteError(f"quote epoch {quote.epoch}, cache epoch {self.epoch}")
+        self._mutated()
+        nodes = self.tree.nodes
+        # the source admission would choose if room allowed (a blocked quote picks the root)
+        best = min(quote.considered, key=lambda o: (o.cost_s, o.restore_bytes))
+        path = quote.match.path[: best.frontier // BLOCK_TOKENS]
+        todo = [nid for nid in path if nodes[nid].device_state == _ABSENT][:max_blocks]
+        keep = {DeviceEntry(EntryKind.NODE, nid) for nid in quote.match.path}
+        room = free_pages
+        for entry in list(self.lru.backed):
+            if room >= len(todo):
+                break
+            if entry in keep:
+                continue
+            if entry.kind == EntryKind.NODE:
+                self._drop_node_device(nodes[entry.id])
+            else:
+                self._drop_tail_device(self.snaps[entry.id])
+            room += 1
+        return PrefetchPlan(self._take_freed(), todo[: max(0, room)])
+
+    def begin_prefetch(self, nodes: Sequence[int], pages: Sequence[int]) -> RestoreBatch | None:
+        """Make `nodes` (from plan_prefetch, still Host-only) Device Filling into `pages`; the
+        batch pins them until on_restore_landed. ValueError on a length mismatch."""
+        if len(nodes) != len(pages):
+            raise ValueError(f"{len(nodes)} nodes but {len(pages)} pages")
+        if not nodes:
+            return None
+        self._mutated()
+        batch = TransferRecord("restore")
+        blocks = []
+        for nid, page in zip(nodes, pages, strict=True):
+            node = self.tree.nodes[nid]
+            if node.device_state != _ABSENT:
+                raise ValueError(f"node {nid} is not Host-only")
+            node.device_page, node.device_state = page, _FILLING
+            node.restore_pins += 1
+            self._node_changed(node)
+            batch.nodes.append(nid)
+            blocks.append(BlockCopy(nid, page, node.host_slab))
+        nbytes = len(blocks) * self.config.slab_bytes
+        self.counters.prefetched_blocks += len(blocks)
+        self.counters.restored_host_bytes += nbytes
+        return RestoreBatch(self._new_batch(batch), blocks, None, None, nbytes)

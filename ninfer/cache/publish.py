@@ -1,0 +1,171 @@
+"""Publication into the cache (spec §7.4, §7.6, §7.7): a lane's committed blocks become tree
+nodes, its taps and endpoint become snapshots.
+
+Deferral is the engine's: a snapshot is published only once the blocks it anchors on are
+committed by the lane (a frontier inside a block also needs that block; an MTP backend commits
+one token behind). The index checks it and raises LaneError otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ninfer.cache.common import (
+    BLOCK_BYTES,
+    BLOCK_TOKENS,
+    ROOT,
+    TOKEN_BYTES,
+    LaneError,
+    Residency,
+    SnapshotKind,
+)
+from ninfer.cache.device_slots import SlotState
+from ninfer.cache.keys import block_hash, pack_tokens
+from ninfer.cache.records import (
+    CommitKind,
+    CommitResult,
+    PublishResult,
+    SnapshotWrite,
+    TransferRecord,
+)
+from ninfer.cache.snapshots import Snapshot
+
+_ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
+
+
+class PublishMixin:
+    # ---- block commit (§7.6) ---------------------------------------------------------------
+
+    def commit_block(
+        self,
+        lane: int,
+        block_index: int,
+        tokens: Sequence[int] | bytes,
+        page: int,
+        extra: int = 0,
+        lookup_hash: int | None = None,
+    ) -> CommitResult:
+        """Publish the lane's committed block `block_index` (must equal its path length).
+
+        INSERTED: a new node owns `page`. DUPLICATE: a node with a Device copy exists and `page`
+        stays lane-private. ADOPTED: a Host-only node takes `page` as its Device copy. The node
+        is pinned for the lane (active_refs += 1) in every case. Raises LaneError / ValueError.
+        """
+        rec = self._lane(lane)
+        if block_index != len(rec.path):
+            raise LaneError(f"lane {lane} commits block {block_index}, expected {len(rec.path)}")
+        data = pack_tokens(tokens)
+        if len(data) != BLOCK_BYTES:
+            raise ValueError(f"a block holds {BLOCK_TOKENS} tokens, got {len(data) // 4}")
+        t = self._mutated()
+        nodes = self.tree.nodes
+        parent = nodes[rec.path[-1]] if rec.path else self.tree.root
+        h = block_hash(parent.lookup_hash, data, extra) if lookup_hash is None else lookup_hash
+        node = self.tree.find_child(parent.id, h, data, extra)
+        st = self.counters
+        if node is None:
+            node = self.tree.insert(parent.id, h, data, extra)
+            node.device_page, node.device_state = page, _RESIDENT
+            kind = CommitKind.INSERTED
+            st.blocks_inserted += 1
+            self._refresh_dead(parent)
+        elif node.device_state == _ABSENT:
+            node.device_page, node.device_state = page, _RESIDENT
+            kind = CommitKind.ADOPTED
+            st.blocks_adopted += 1
+        else:
+            kind = CommitKind.DUPLICATE
+            st.blocks_duplicate += 1
+        node.active_refs += 1
+        node.last_access = t
+        self._node_changed(node)
+        rec.path.append(node.id)
+        return CommitResult(kind, node.id)
+
+    # ---- snapshots (§7.4, §7.7) ------------------------------------------------------------
+
+    def endpoint_worthwhile(self, lane: int, frontier: int) -> bool:
+        """§7.7: an endpoint at `frontier` is worth publishing only 64+ tokens past the deepest
+        snapshot on the lane's path (its base, its own taps, snapshots met at stage)."""
+        rec = self._lane(lane)
+        deepest = max([rec.latest_frontier, *(f for f in rec.existing if f <= frontier)])
+        return frontier - deepest >= BLOCK_TOKENS
+
+    def publish_snapshot(
+        self,
+        lane: int,
+        frontier: int,
+        slot: int,
+        kind: SnapshotKind,
+        tail_tokens: Sequence[int] | bytes = (),
+        tail_page: int | None = None,
+    ) -> PublishResult:
+        """Publish the image in staging `slot` as a snapshot at `frontier` of `lane`.
+
+        The engine defers the call until the anchor blocks are committed (LaneError before).
+        On a duplicate (same anchor and tail) the index frees the slot and the engine keeps
+        `tail_page`; otherwise the snapshot owns both and Host slabs are sought (GDSF-bounded).
+        """
+        rec = self._lane(lane)
+        if slot not in rec.staging:
+            raise LaneError(f"slot {slot} is not staged by lane {lane}")
+        a, tail_len = divmod(frontier, BLOCK_TOKENS)
+        tail = pack_tokens(tail_tokens)
+        if frontier <= 0 or len(tail) != tail_len * TOKEN_BYTES:
+            raise ValueError(f"frontier {frontier} needs {tail_len} tail tokens")
+        if (tail_page is None) != (tail_len == 0):
+            raise ValueError("tail_page is required exactly when frontier % 64 != 0")
+        committed = len(rec.path)
+        if committed < a or (kind != SnapshotKind.ENDPOINT and tail_len and committed <= a):
+            raise LaneError(f"lane {lane} publishes F={frontier} with {committed} blocks committed")
+        nodes = self.tree.nodes
+        if tail_len and committed > a and not nodes[rec.path[a]].tokens.startswith(tail):
+            raise ValueError("tail tokens differ from the committed block")
+        t = self._mutated()
+        rec.staging.discard(slot)
+        anchor = rec.path[a - 1] if a else ROOT
+        st = self.counters
+        rec.latest_frontier = max(rec.latest_frontier, frontier)
+        dup = self.snap_by_key.get((anchor, tail))
+        if dup is not None:  # §5.3: a duplicate is a no-op that refreshes recency
+            self.slots.release(slot)
+            s = self.snaps[dup]
+            s.last_hit = t
+            if kind != SnapshotKind.ENDPOINT:
+                rec.last_tap = dup
+            st.snapshots_duplicate += 1
+            return PublishResult(dup, True, None, self._take_freed())
+        sid = self._next_sid
+        self._next_sid += 1
+        s = Snapshot(sid, anchor, a - 1, frontier, tail, kind, l_at=self.L, last_hit=t)
+        s.device_slot, s.device_state = slot, _RESIDENT
+        if tail_len:
+            s.tail_page, s.tail_device = tail_page, _RESIDENT
+        self.snaps[sid] = s
+        self.snap_by_key[(anchor, tail)] = sid
+        nodes[anchor].snapshots.append(sid)
+        self.slots.assign(slot, SlotState.SNAPSHOT, sid)
+        self._walk(anchor, +1, +1, sid)
+        self._link(s)
+        self.dirty.add(sid)
+        if kind != SnapshotKind.ENDPOINT:
+            rec.last_tap = sid
+        st.snapshots_published += 1
+        write = None
+        if self.host is not None:
+            self._flush_dirty()  # s.h is the bound: never insert what GDSF would evict next
+            k = self.config.image_slabs + bool(tail_len)
+            slabs = self._host_alloc(k, bound=s.h)
+            if slabs is not None:
+                s.host_slabs = slabs[: self.config.image_slabs]
+                s.tail_slab = slabs[-1] if tail_len else -1
+                s.host_state = _FILLING
+                s.restore_pins += 1
+                nbytes = self.config.image_bytes + bool(tail_len) * self.config.slab_bytes
+                bid = self._new_batch(TransferRecord("snapshot", snapshot=sid))
+                write = SnapshotWrite(
+                    bid, sid, slot, list(s.host_slabs), s.tail_page, s.tail_slab, nbytes
+                )
+                st.write_through_bytes += nbytes
+        self._tail_changed(s)
+        return PublishResult(sid, False, write, self._take_freed())

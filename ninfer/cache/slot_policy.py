@@ -1,0 +1,92 @@
+"""Device snapshot slot policy (spec §9.2), run after the lineage's supersession (§9.3).
+
+A tap or endpoint takes a slot in this order:
+  1. a free slot;
+  2. a superseded owner's slot, oldest supersession first (it keeps its Host copy, or is
+     deleted without one);
+  3. the lowest-H Device-only owner's slot, only if the new snapshot's estimate is at least
+     as high (the owner is lost, L := its H);
+  4. the least recently hit Host-backed owner's slot (it loses only its Device image).
+Otherwise the tap is skipped. Pinned owners are never displaced.
+"""
+
+from __future__ import annotations
+
+from ninfer.cache.common import BLOCK_TOKENS, LaneError, Residency, SnapshotKind
+from ninfer.cache.device_slots import SlotState
+from ninfer.cache.records import Lane, SlotGrant
+
+_ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
+
+
+class SlotPolicyMixin:
+    def _displace_slot(
+        self, rec: Lane, frontier: int, has_tail: bool
+    ) -> tuple[int, int, bool] | None:
+        """Steps 2-4 of §9.2. Returns (slot, displaced id, deleted) or None."""
+        owned = [(slot, self.snaps[sid]) for slot, sid in self.slots.owned_by_snapshots()]
+        owned = [(slot, s) for slot, s in owned if not s.restore_pins]
+        sup = [x for x in owned if x[1].superseded]
+        if sup:
+            _, s = min(sup, key=lambda x: (x[1].superseded_tick, x[1].id))
+            deleted = s.host_state != _RESIDENT
+            if deleted:
+                self._delete_snapshot(s)  # no Host copy: the slot was its last image copy
+            else:
+                self._drop_snapshot_image_device(s)
+            return self.slots.take_free(), s.id, deleted
+        device_only = [x for x in owned if x[1].host_state == _ABSENT]
+        if device_only:
+            self._flush_dirty()
+            _, v = min(device_only, key=lambda x: (x[1].h, x[1].last_hit, x[1].id))
+            if self._estimate_new(rec, frontier, has_tail) >= v.h:
+                self.L = max(self.L, v.h)
+                self._delete_snapshot(v)
+                return self.slots.take_free(), v.id, True
+        backed = [x for x in owned if x[1].host_state == _RESIDENT]
+        if backed:
+            _, v = min(backed, key=lambda x: (x[1].last_hit, x[1].id))
+            self._drop_snapshot_image_device(v)
+            return self.slots.take_free(), v.id, False
+        return None
+
+    def allocate_snapshot_slot(
+        self, lane: int, frontier: int, kind: SnapshotKind
+    ) -> SlotGrant | None:
+        """A staging Device slot for a tap or endpoint at `frontier` of `lane` (§9.2).
+
+        First supersedes the lane's lineage (§9.3: the snapshot it resumed from; its previous
+        tap when the new one is a tap). Returns SlotGrant or None (skip, counted).
+        """
+        rec = self._lane(lane)
+        self._mutated()
+        if rec.source is not None and not rec.source_superseded and frontier > rec.base:
+            s = self.snaps.get(rec.source)
+            if s is not None:
+                self._supersede(s)
+            rec.source_superseded = True
+        if kind != SnapshotKind.ENDPOINT and rec.last_tap is not None:
+            s = self.snaps.get(rec.last_tap)
+            if s is not None and s.frontier < frontier:
+                self._supersede(s)
+        slot = self.slots.take_free()
+        displaced, deleted = None, False
+        if slot is None:
+            got = self._displace_slot(rec, frontier, frontier % BLOCK_TOKENS != 0)
+            if got is None:
+                self.counters.taps_skipped_no_slot += 1
+                return None
+            slot, displaced, deleted = got
+            self.counters.slot_displaced += 1
+        self.slots.assign(slot, SlotState.STAGING, lane)
+        rec.staging.add(slot)
+        return SlotGrant(slot, displaced, deleted, self._take_freed())
+
+    def free_snapshot_slot(self, lane: int, slot: int) -> None:
+        """Return a staging slot the lane will not publish (a dropped tap)."""
+        rec = self._lane(lane, None)
+        if slot not in rec.staging:
+            raise LaneError(f"slot {slot} is not staged by lane {lane}")
+        self._mutated()
+        rec.staging.discard(slot)
+        self.slots.release(slot)

@@ -1,0 +1,177 @@
+"""TapPlanner (spec §7.1): where a prefilling lane snapshots its recurrent state.
+
+Candidates, in priority order:
+
+    prio  source                                   placement
+    1     explicit markers (client breakpoints)    exact      published as Boundary
+    2     final generation opener                  exact      (not tapped after an endpoint resume)
+    3     structural ends (tools, System block)    exact      Boundary unless protocol-automatic
+    4     prompt tail n-1                          flexible
+    5     ladder n - G*2^k, snapped back to a      flexible
+          message boundary within min_gap
+
+Every tap lies in (base, n-1] and never strictly inside a Vision span (a candidate inside one
+moves to the span start). Exact taps keep their token position (a tail snapshot when p % 64 !=
+0, §7.4); flexible taps are 64-aligned targets the engine realizes at a chunk boundary, so they
+are floored to a block boundary here. The plan is a pure function of its inputs.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ninfer.cache.common import BLOCK_TOKENS, Span, floor64
+
+
+class HintKind(enum.IntEnum):
+    EXPLICIT = 1  # client-named breakpoint (explicit evidence)
+    OPENER = 2  # start of the final assistant generation
+    STRUCTURAL = 3  # end of tools / leading System-Developer block
+    AUTOMATIC = 4  # protocol-automatic marker: planned as structural, published as a plain Tap
+    MESSAGE = 5  # a message boundary: only a snap target for ladder taps
+
+
+class Placement(enum.IntEnum):
+    EXACT = 0  # splits the prefill chunk at `position`
+    FLEXIBLE = 1  # taken at a chunk boundary, no split
+
+
+class TapHint(NamedTuple):
+    position: int
+    kind: HintKind
+
+
+class Tap(NamedTuple):
+    position: int  # where the snapshot goes (64-aligned for flexible taps)
+    placement: Placement
+    priority: int
+    boundary: bool  # publish as SnapshotKind.BOUNDARY
+    target: int  # the candidate's own position (n-1, a snapped ladder rung); proximity uses it
+
+
+@dataclass(slots=True, frozen=True)
+class TapConfig:
+    """Spec §14.2 defaults with a Host tier: 8 taps, G = max(4096, 2*chunk),
+    min gap max(1024, chunk)."""
+
+    max_new_taps: int = 8
+    ladder_tokens: int = 4096
+    min_gap_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.max_new_taps < 0 or self.ladder_tokens <= 0 or self.min_gap_tokens < 0:
+            raise ValueError(f"invalid TapConfig {self}")
+
+
+def _out_of_spans(position: int, spans: Sequence[Span], align: bool) -> int:
+    """Move `position` back until it is outside every span (and 64-aligned when `align`).
+
+    Both moves only decrease the position, so the loop ends.
+    """
+    p = floor64(position) if align else position
+    moved = True
+    while moved:
+        moved = False
+        for s in spans:
+            if s.strictly_inside(p):
+                p = floor64(s.begin) if align else s.begin
+                moved = True
+    return p
+
+
+def _semantic_clusters(hints: Iterable[TapHint]) -> list[tuple[int, int, bool]]:
+    """Cluster opener/structural positions closer than 64 tokens; keep each cluster's earliest.
+
+    Returns (position, priority, boundary) per cluster: the best member priority, and Boundary
+    if any member (dropped ones included) was a non-automatic structural boundary.
+    """
+    ordered = sorted(hints, key=lambda h: (h.position, h.kind))
+    clusters: list[tuple[int, int, bool]] = []
+    last = None
+    for h in ordered:
+        prio = 2 if h.kind == HintKind.OPENER else 3
+        boundary = h.kind == HintKind.STRUCTURAL
+        if last is not None and h.position - last < BLOCK_TOKENS:
+            p, q, b = clusters[-1]
+            clusters[-1] = (p, min(q, prio), b or boundary)
+        else:
+            clusters.append((h.position, prio, boundary))
+        last = h.position
+    return clusters
+
+
+def plan_taps(
+    n_tokens: int,
+    base: int,
+    hints: Sequence[TapHint] = (),
+    existing: Sequence[int] = (),
+    vision_spans: Sequence[Span] = (),
+    config: TapConfig = TapConfig(),
+    resumed_from_endpoint: bool = False,
+) -> list[Tap]:
+    """Plan the new taps of a prompt of `n_tokens` prefilled from frontier `base`.
+
+    `existing`: frontiers of snapshots already on this prompt's path. Returns taps sorted by
+    position; at most `config.max_new_taps`, accepted in priority order.
+    """
+    n, last = n_tokens, n_tokens - 1
+    spans = sorted(vision_spans)
+    cands: list[Tap] = []
+
+    explicit = {
+        _out_of_spans(h.position, spans, False) for h in hints if h.kind == HintKind.EXPLICIT
+    }
+    cands += [Tap(p, Placement.EXACT, 1, True, p) for p in sorted(explicit)]
+
+    semantic = []
+    for h in hints:
+        if h.kind == HintKind.OPENER and resumed_from_endpoint:
+            continue  # the lane's own endpoint serves the next turn (§7.1)
+        if h.kind in (HintKind.OPENER, HintKind.STRUCTURAL, HintKind.AUTOMATIC):
+            p = _out_of_spans(h.position, spans, False)
+            if base < p <= last:
+                semantic.append(TapHint(p, h.kind))
+    clusters = sorted(_semantic_clusters(semantic), key=lambda c: (c[1], c[0]))
+    cands += [Tap(p, Placement.EXACT, prio, b, p) for p, prio, b in clusters]
+
+    def flexible(target: int, priority: int) -> Tap:
+        target = _out_of_spans(target, spans, False)
+        return Tap(_out_of_spans(target, spans, True), Placement.FLEXIBLE, priority, False, target)
+
+    cands.append(flexible(last, 4))
+
+    # Ladder: n - G*2^k for k = 0, 1, ... while above the base, each snapped back to the latest
+    # message boundary within min_gap below it:
+    #
+    #   base        n-8G           n-4G       n-2G    n-G   n
+    #   |------------|--------------|----------|-------|-----|
+    messages = sorted(h.position for h in hints if h.kind == HintKind.MESSAGE)
+    g, gap = config.ladder_tokens, config.min_gap_tokens
+    step = g
+    while n - step > base:
+        q = n - step
+        snapped = [m for m in messages if q - gap <= m <= q]
+        cands.append(flexible(snapped[-1] if snapped else q, 5))
+        step *= 2
+
+    accepted: list[Tap] = []
+    fixed = [base, *existing]
+    for c in cands:
+        if len(accepted) >= config.max_new_taps:
+            break
+        p, x = c.position, c.target
+        if not base < p <= last or p in fixed or any(p == a.position for a in accepted):
+            continue  # out of range, or a snapshot is already planned or present there
+        near = fixed + [a.target for a in accepted]
+        if c.priority == 5:  # ladder: min_gap on both sides
+            redundant = any(abs(x - y) < gap for y in near)
+        elif c.priority > 1:  # explicit taps are only deduplicated
+            redundant = any(0 <= x - y <= BLOCK_TOKENS for y in near)
+        else:
+            redundant = False
+        if not redundant:
+            accepted.append(c)
+    return sorted(accepted)

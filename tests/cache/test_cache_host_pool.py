@@ -1,0 +1,89 @@
+"""Spec §13.1 HostSlabPool: exhaustion, reuse, chunked allocation, no slab crosses a chunk."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ninfer.cache import CacheConfig, CacheCostModel, CopyRun, HostSlabPool, PrefixIndex
+
+
+def test_fresh_slabs_ascending_then_exhaustion_changes_nothing():
+    pool = HostSlabPool(host_cache_bytes=5 * 4096, slab_bytes=4096)
+    assert pool.n_slabs == 5
+    assert pool.allocate(2) == [0, 1]
+    assert pool.allocate(3) == [2, 3, 4]
+    assert pool.allocate(1) is None  # exhausted: all-or-nothing
+    assert pool.free_slabs == 0
+    pool.check_invariants()
+
+
+def test_freed_slabs_are_reused_lifo():
+    pool = HostSlabPool(8 * 4096, 4096)
+    assert pool.allocate(4) == [0, 1, 2, 3]
+    pool.free([1, 3])
+    assert pool.allocate(3) == [3, 1, 4]
+    with pytest.raises(ValueError):
+        pool.free([1, 1])
+    pool.check_invariants()
+
+
+def test_allocation_that_does_not_fit_leaves_the_pool_unchanged():
+    pool = HostSlabPool(3 * 4096, 4096)
+    assert pool.allocate(2) == [0, 1]
+    assert pool.allocate(2) is None
+    assert pool.allocate(1) == [2]
+
+
+def test_chunks_hold_whole_slabs_only():
+    # 10 KiB chunks hold two 4 KiB slabs; 7 slabs -> chunks of 2, 2, 2, 1
+    pool = HostSlabPool(7 * 4096 + 100, 4096, max_chunk_bytes=10 * 1024)
+    assert (pool.n_slabs, pool.slabs_per_chunk, pool.n_chunks) == (7, 2, 4)
+    assert [pool.chunk_bytes(c) for c in range(4)] == [8192, 8192, 8192, 4096]
+    assert [pool.slab_location(s) for s in (0, 1, 2, 5, 6)] == [
+        (0, 0),
+        (0, 4096),
+        (1, 0),
+        (2, 4096),
+        (3, 0),
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    slab=st.integers(1 << 10, 1 << 20),
+    chunk=st.integers(1, 1 << 24),
+    total=st.integers(0, 1 << 26),
+)
+def test_no_slab_crosses_a_chunk(slab, chunk, total):
+    if chunk < slab:
+        with pytest.raises(ValueError):
+            HostSlabPool(total, slab, chunk)
+        return
+    pool = HostSlabPool(total, slab, chunk)
+    assert sum(pool.chunk_bytes(c) for c in range(pool.n_chunks)) == pool.n_slabs * slab
+    for s in {0, pool.n_slabs - 1, pool.slabs_per_chunk - 1, pool.slabs_per_chunk}:
+        if 0 <= s < pool.n_slabs:
+            loc = pool.slab_location(s)
+            assert loc.offset_bytes + slab <= pool.chunk_bytes(loc.chunk) <= chunk
+
+
+def test_copy_runs_coalesce_but_split_at_chunk_and_gaps():
+    pool = HostSlabPool(8 * 4096, 4096, max_chunk_bytes=4 * 4096)  # chunks: slabs 0-3, 4-7
+    pairs = [(10, 1), (11, 2), (12, 3), (13, 4), (14, 5), (20, 6), (21, 0)]
+    assert pool.copy_runs(pairs) == [
+        CopyRun(10, 1, 3),  # slab 4 is in the next chunk
+        CopyRun(13, 4, 2),
+        CopyRun(20, 6, 1),  # page gap
+        CopyRun(21, 0, 1),  # slab not consecutive
+    ]
+
+
+def test_host_budget_smaller_than_one_snapshot_plus_one_block_is_rejected():
+    cfg = dict(slab_bytes=4096, image_bytes=3 * 4096, device_snapshot_slots=2)
+    with pytest.raises(ValueError, match="one snapshot plus one block"):
+        PrefixIndex(CacheConfig(host_cache_bytes=4 * 4096, **cfg), CacheCostModel.cpu())
+    ix = PrefixIndex(CacheConfig(host_cache_bytes=5 * 4096, **cfg), CacheCostModel.cpu())
+    assert ix.host.n_slabs == 5
+    assert PrefixIndex(CacheConfig(host_cache_bytes=0, **cfg), CacheCostModel.cpu()).host is None
