@@ -1,0 +1,255 @@
+"""Engine configuration: the user's options and the frozen, fully resolved configuration.
+
+`EngineOptions` mirrors the `LLM(...)` keyword arguments (spec/API.md) as given. `resolve()` is a
+pure function of the options, the model configuration and a few device facts: it computes every
+derived value of spec §14.2 and ADAPTATION.md once, validates them, and returns the frozen
+`EngineConfig` that every component reads its part from. Nothing here touches tensors; the only
+impure helper, `probe_device()`, gathers the device facts that `resolve()` consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ninfer.models.batch import PAGE_SIZE
+from ninfer.models.config import Qwen35Config
+
+MIB = 1 << 20
+GIB = 1 << 30
+CPU_AUTO_KV_CAP_BYTES = 256 * MIB  # "auto" on the CPU: a modest pool, not the whole RAM
+CUDA_RESERVE_BYTES = 4 * GIB  # kept free on CUDA for activations, workspaces and graphs
+DEFAULT_HOST_CACHE_MIB = 8192
+DTYPES = ("bfloat16", "float16", "float32")
+KV_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """The `LLM(...)` keyword arguments, unresolved (None / "auto" mean "derive it")."""
+
+    model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    kv_dtype: str = "auto"
+    max_concurrency: int = 8
+    prefill_chunk: int | None = None
+    max_model_len: int | None = None
+    kv_capacity: int | str = "auto"
+    host_cache_mib: int = DEFAULT_HOST_CACHE_MIB
+    device_snapshot_slots: int | None = None
+    cache_taps_per_request: int | None = None
+    cache_tap_ladder: int | None = None
+    cache_tap_min_gap: int | None = None
+    prefix_cache_file: str | None = None
+    prefix_reuse: bool = True
+    concurrent_prefill: bool = False
+    compile: bool = True
+    cuda_graphs: bool = True
+    seed: int = 0
+    check_invariants: bool = False  # debug: check cache + memory invariants after every step
+    # The Host tier (ninfer.memory.host_transfer) is new: until the lead turns it on by default,
+    # host_cache_mib > 0 runs the cache Device-only unless this is set (reported by describe()).
+    enable_host_tier: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    """What `resolve()` needs to know about the machine (see `probe_device`)."""
+
+    device: str  # "cpu" | "cuda" | "cuda:N"
+    free_bytes: int  # free device memory (CPU: available RAM, informational)
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Every resolved engine value. Frozen; components receive the fields they need."""
+
+    model: str | None
+    device: str
+    dtype: str
+    kv_dtype: str
+    max_concurrency: int
+    prefill_chunk: int
+    max_model_len: int
+    kv_pages: int  # Device KV page pool size (pages of 64 tokens, shared by all FA layers)
+    kv_page_bytes: int  # one page over every full-attention layer, K + V
+    state_image_bytes: int  # one state slot over every GDN layer
+    host_cache_bytes: int  # requested Host tier budget (0 = Device only)
+    host_tier: bool  # whether a Host tier is actually constructed
+    device_snapshot_slots: int
+    cache_taps_per_request: int
+    cache_tap_ladder: int
+    cache_tap_min_gap: int
+    prefix_cache_file: str | None
+    prefix_reuse: bool
+    concurrent_prefill: bool
+    compile: bool
+    cuda_graphs: bool
+    seed: int
+    check_invariants: bool
+
+    @property
+    def state_slots(self) -> int:
+        """Physical state slots: C active + D snapshot (any slot may play either role)."""
+        return self.max_concurrency + self.device_snapshot_slots
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv_pages * PAGE_SIZE
+
+    @property
+    def max_pages_per_lane(self) -> int:
+        return -(-self.max_model_len // PAGE_SIZE)
+
+    def describe(self) -> dict:
+        """Every resolved value plus the derived byte sizes, for `ninfer info` and logs."""
+        d = asdict(self)
+        d["state_slots"] = self.state_slots
+        d["kv_capacity_tokens"] = self.kv_capacity_tokens
+        d["kv_pool_bytes"] = self.kv_pages * self.kv_page_bytes
+        d["state_pool_bytes"] = self.state_slots * self.state_image_bytes
+        return d
+
+
+def probe_device(device: str) -> DeviceFacts:
+    """Resolve "auto" and read free/total memory of the chosen device (impure)."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: CUDA is not available on this machine")
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return DeviceFacts(device=device, free_bytes=int(free), total_bytes=int(total))
+    if device != "cpu":
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    total = _cpu_total_bytes()
+    return DeviceFacts(device="cpu", free_bytes=total, total_bytes=total)
+
+
+def _cpu_total_bytes() -> int:
+    try:
+        import os
+
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * GIB
+
+
+def _itemsize(dtype: str) -> int:
+    return {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1}[dtype]
+
+
+def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be in {lo}..{hi}, got {value!r}")
+    return value
+
+
+def resolve_dtypes(opts: EngineOptions, on_cuda: bool) -> tuple[str, str]:
+    """(dtype, kv_dtype) names: "auto" is bfloat16 on CUDA, float32 on the CPU."""
+    dtype = opts.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if on_cuda else "float32"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {DTYPES}, got {opts.dtype!r}")
+    kv_dtype = dtype if opts.kv_dtype == "auto" else opts.kv_dtype
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be 'auto' or one of {KV_DTYPES}, got {opts.kv_dtype!r}")
+    if kv_dtype == "fp8_e4m3" and not on_cuda:
+        raise ValueError("kv_dtype='fp8_e4m3' needs a CUDA device (device resolved to 'cpu')")
+    return dtype, kv_dtype
+
+
+def _resolve_pages(
+    opts: EngineOptions, facts: DeviceFacts, page_bytes: int, state_bytes: int, c: int, len_cfg: int
+) -> int:
+    """Device KV pages: an explicit token cap, or "auto" (free memory becomes block cache)."""
+    if opts.kv_capacity != "auto":
+        tokens = _check_int("kv_capacity", opts.kv_capacity, PAGE_SIZE)
+        return tokens // PAGE_SIZE
+    if facts.device.startswith("cuda"):
+        budget = facts.free_bytes - max(CUDA_RESERVE_BYTES, facts.total_bytes // 10) - state_bytes
+    else:
+        # CPU: room for every lane at full length plus as much again as cache, kept modest.
+        want = (c + 1) * len_cfg * (page_bytes // PAGE_SIZE)
+        budget = min(want, CPU_AUTO_KV_CAP_BYTES, facts.free_bytes // 4)
+    pages = budget // page_bytes
+    if pages < 2:
+        raise ValueError(
+            f"kv_capacity='auto': not enough free memory on {facts.device} for KV pages "
+            f"({facts.free_bytes} B free); pass kv_capacity=<tokens>"
+        )
+    return int(pages)
+
+
+def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> EngineConfig:
+    """Compute every derived value (spec §14.2, ADAPTATION.md defaults). Pure; raises ValueError
+    naming the offending field."""
+    on_cuda = facts.device.startswith("cuda")
+    c = _check_int("max_concurrency", opts.max_concurrency, 1, 8)
+    dtype, kv_dtype = resolve_dtypes(opts, on_cuda)
+    chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
+    chunk = _check_int("prefill_chunk", chunk, 16)
+    host_mib = _check_int("host_cache_mib", opts.host_cache_mib, 0)
+    page_bytes = model.kv_bytes_per_token(_itemsize(kv_dtype)) * PAGE_SIZE
+    state_bytes = model.state_image_bytes(_itemsize(dtype))
+    host_bytes = host_mib * MIB
+    if host_bytes and host_bytes < state_bytes + page_bytes:
+        raise ValueError(
+            f"host_cache_mib={host_mib} is smaller than one snapshot ({state_bytes} B) plus one "
+            f"block ({page_bytes} B); use 0 to disable the Host tier"
+        )
+    host_tier = bool(host_bytes) and opts.enable_host_tier and opts.prefix_reuse
+    slots = opts.device_snapshot_slots
+    slots = (c + 1 if host_tier else c + 2) if slots is None else slots
+    slots = _check_int("device_snapshot_slots", slots, 1)
+    taps = opts.cache_taps_per_request
+    taps = (8 if host_tier else 2) if taps is None else taps
+    taps = _check_int("cache_taps_per_request", taps, 0)
+    ladder = opts.cache_tap_ladder if opts.cache_tap_ladder is not None else max(4096, 2 * chunk)
+    ladder = _check_int("cache_tap_ladder", ladder, PAGE_SIZE)
+    gap = opts.cache_tap_min_gap if opts.cache_tap_min_gap is not None else max(1024, chunk)
+    gap = _check_int("cache_tap_min_gap", gap, PAGE_SIZE)
+    len_cfg = model.max_position_embeddings
+    if opts.max_model_len is not None:
+        _check_int("max_model_len", opts.max_model_len, 2, len_cfg)
+        len_cfg = opts.max_model_len
+    pages = _resolve_pages(opts, facts, page_bytes, state_bytes * (c + slots), c, len_cfg)
+    max_len = min(len_cfg, pages * PAGE_SIZE)
+    if opts.max_model_len is not None and max_len < opts.max_model_len:
+        raise ValueError(
+            f"kv_capacity holds {pages * PAGE_SIZE} tokens, less than max_model_len="
+            f"{opts.max_model_len}: one max-length request must fit"
+        )
+    if opts.prefix_cache_file is not None and not host_bytes:
+        raise ValueError("prefix_cache_file needs a Host tier (host_cache_mib > 0)")
+    return EngineConfig(
+        model=opts.model,
+        device=facts.device,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        max_concurrency=c,
+        prefill_chunk=chunk,
+        max_model_len=max_len,
+        kv_pages=pages,
+        kv_page_bytes=page_bytes,
+        state_image_bytes=state_bytes,
+        host_cache_bytes=host_bytes,
+        host_tier=host_tier,
+        device_snapshot_slots=slots,
+        cache_taps_per_request=taps,
+        cache_tap_ladder=ladder,
+        cache_tap_min_gap=gap,
+        prefix_cache_file=opts.prefix_cache_file,
+        prefix_reuse=bool(opts.prefix_reuse),
+        concurrent_prefill=bool(opts.concurrent_prefill),
+        compile=bool(opts.compile) and on_cuda,
+        cuda_graphs=bool(opts.cuda_graphs) and on_cuda,
+        seed=int(opts.seed),
+        check_invariants=bool(opts.check_invariants),
+    )

@@ -1,0 +1,230 @@
+"""The engine's side of the hybrid prefix cache: the index plus the memory it decides about.
+
+`CacheBridge` owns the Device KV pool, the state pool, the streams, the Host transfer seam, the
+page budget and (unless `prefix_reuse=False`) the `PrefixIndex`. Admission (`admission.py`) and
+block commit / taps / release (`publication.py`) are functions over it. Everything here runs on
+the engine thread only.
+
+With `prefix_reuse=False` there is no index: every page is a lane's private page, no node or
+snapshot is ever made (spec §7.7, §10.8).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ninfer.config import EngineConfig
+from ninfer.engine import admission, publication
+from ninfer.engine.lane import Job, Lane
+from ninfer.engine.pages import PageBudget
+from ninfer.memory.kv_pool import KVPool
+from ninfer.memory.state_pool import StatePool
+from ninfer.memory.streams import Streams
+from ninfer.memory.transfer_seam import DeviceOnlyTransfer, Transfer
+
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _DTYPES[name]
+
+
+def slab_bytes(page_bytes: int) -> int:
+    """One Host slab = one block bundle (every FA layer's page) rounded up to 4 KiB."""
+    return -(-page_bytes // 4096) * 4096
+
+
+class CacheBridge:
+    def __init__(self, cfg: EngineConfig, model_config, device: torch.device) -> None:
+        self.cfg = cfg
+        mc = model_config
+        self.streams = Streams(device)
+        self.kv = KVPool(
+            cfg.kv_pages,
+            len(mc.full_layer_ids),
+            mc.num_key_value_heads,
+            mc.head_dim,
+            torch_dtype(cfg.kv_dtype),
+            device,
+        )
+        self.states = StatePool(
+            cfg.max_concurrency,
+            cfg.device_snapshot_slots,
+            len(mc.gdn_layer_ids),
+            mc.conv_dim,
+            mc.linear_conv_kernel_dim,
+            mc.linear_num_value_heads,
+            mc.linear_key_head_dim,
+            mc.linear_value_head_dim,
+            torch_dtype(cfg.dtype),
+            device,
+        )
+        self.transfer: Transfer = DeviceOnlyTransfer()
+        self.index = None
+        if cfg.prefix_reuse:
+            self.index = self._build_index(cfg, model_config, device)
+        self.budget = PageBudget(self.kv, self._evictable, self._evict, cfg.max_model_len)
+        self._lane_ids = itertools.count(1)
+        self.coalesced_waits = 0  # FIFO heads that waited for a prefilling sibling (§12.2)
+
+    def _build_index(self, cfg: EngineConfig, model_config, device: torch.device):
+        """The PrefixIndex, and with a Host tier the pinned slabs and their Transfer, sized
+        from one geometry so that slab ids mean the same on both sides."""
+        from ninfer.cache.cost import CacheCostModel
+        from ninfer.cache.index import PrefixIndex
+        from ninfer.cache.records import CacheConfig
+        from ninfer.cache.taps import TapConfig
+
+        cost = CacheCostModel.cpu(cfg.prefill_chunk)
+        if device.type == "cuda":
+            cost = CacheCostModel.h200(cfg.prefill_chunk)
+        taps = TapConfig(
+            max_new_taps=cfg.cache_taps_per_request,
+            ladder_tokens=cfg.cache_tap_ladder,
+            min_gap_tokens=cfg.cache_tap_min_gap,
+        )
+        slabs = None
+        if cfg.host_tier:
+            from ninfer.memory.host_slabs import HostSlabs
+
+            slabs = HostSlabs.for_pools(
+                self.kv.kv, self.states.conv, self.states.ssm, cfg.host_cache_bytes >> 20
+            )
+        if slabs is None:
+            config = CacheConfig(
+                slab_bytes=slab_bytes(cfg.kv_page_bytes),
+                image_bytes=cfg.state_image_bytes,
+                host_cache_bytes=0,
+                device_snapshot_slots=cfg.device_snapshot_slots,
+                taps=taps,
+            )
+            return PrefixIndex(config, cost)
+        g = slabs.geometry
+        config = CacheConfig(
+            slab_bytes=g.slab_bytes,
+            image_bytes=g.image_bytes,
+            host_cache_bytes=g.total_bytes,
+            device_snapshot_slots=cfg.device_snapshot_slots,
+            host_chunk_bytes=g.slabs_per_chunk * g.slab_bytes,
+            taps=taps,
+        )
+        index = PrefixIndex(config, cost)
+        from ninfer.memory.host_transfer import HostTierTransfer
+
+        self.transfer = HostTierTransfer(
+            slabs,
+            self.kv.kv,
+            self.states.conv,
+            self.states.ssm,
+            model_config.layer_types,
+            self.streams,
+            index.host,
+        )
+        return index
+
+    # ---- hooks for the page budget ------------------------------------------------------------
+    def _evictable(self) -> int:
+        return 0 if self.index is None else len(self.index.lru)
+
+    def _evict(self, n: int) -> None:
+        if self.index is None:
+            raise RuntimeError("no cache to evict from")
+        self.kv.free(self.index.evict_device_pages(n))
+
+    def next_lane_id(self) -> int:
+        return next(self._lane_ids)
+
+    # ---- the engine's calls ----------------------------------------------------------------
+    def try_admit(self, job: Job, now: float, lanes: list[Lane]) -> admission.Verdict:
+        return admission.try_admit(self, job, now, lanes)
+
+    def before_chunk(self, lane: Lane, start: int, end: int) -> None:
+        if self.index is not None:
+            publication.before_chunk(self, lane, start, end)
+
+    def after_advance(self, lane: Lane) -> None:
+        if self.index is not None:
+            publication.after_advance(self, lane)
+
+    def release(self, lane: Lane) -> None:
+        publication.release(self, lane)
+
+    def poll(self, wait: bool = False) -> None:
+        """Report landed Host copies to the index (no-op without a Host tier); `wait` drains
+        every outstanding copy first (shutdown)."""
+        landed = self.transfer.drain() if wait else self.transfer.poll()
+        if self.index is not None:
+            for batch in landed.restores:
+                self.index.on_restore_landed(batch)
+            for batch in landed.writes:
+                self.index.on_write_through_landed(batch)
+
+    # ---- introspection ---------------------------------------------------------------------
+    def cached_pages(self) -> list[int]:
+        """Device pages the index owns: node copies and snapshot tails (O(cache): debug)."""
+        if self.index is None:
+            return []
+        from ninfer.cache.common import ROOT, Residency
+
+        nodes = self.index.tree.nodes.values()
+        pages = [
+            n.device_page for n in nodes if n.id != ROOT and n.device_state != Residency.ABSENT
+        ]
+        return pages + [s.tail_page for s in self.index.snaps.values() if s.tail_page >= 0]
+
+    def check_invariants(self, lanes: list[Lane]) -> None:
+        """Cache §10 invariants plus the memory partition: every page exactly one of free /
+        active (a lane's private page or a pending tap tail) / cached (index-owned); every
+        state slot exactly one of free / a lane's / a snapshot slot's image."""
+        active = [p for lane in lanes for p in lane.private_pages()]
+        active += [t.tail_page for lane in lanes for t in lane.pending if t.tail_page is not None]
+        if self.index is not None:
+            self.index.check_invariants()
+        self.kv.check_partition(active=active, cached=self.cached_pages())
+        self.states.check_invariants(lane.slot for lane in lanes)
+        outstanding = sum(lane.entitled_pages for lane in lanes)
+        if outstanding != self.budget.reserved:
+            raise AssertionError(f"page budget: reserved {self.budget.reserved} != {outstanding}")
+        if self.budget.reserved > self.kv.num_free + self._evictable():
+            raise AssertionError("page budget: reservations exceed free + evictable pages")
+        for lane in lanes:
+            if len(lane.pages) != len(lane.private):
+                raise AssertionError("lane: pages and private flags differ in length")
+            if any(lane.private[: lane.committed_blocks]) and self.index is None:
+                raise AssertionError("disabled lane committed blocks")
+
+    def stats(self):
+        """The index's CacheStats (a zeroed one when the cache is disabled)."""
+        from ninfer.cache.stats import CacheStats
+
+        if self.index is None:
+            return CacheStats()
+        return self.index.stats()
+
+    def ledger(self) -> dict:
+        return {
+            "kv_pages": self.kv.num_pages,
+            "kv_page_bytes": self.cfg.kv_page_bytes,
+            "kv_bytes": self.kv.bytes,
+            "kv_pages_free": self.kv.num_free,
+            "kv_pages_cached": len(self.cached_pages()),
+            "state_slots_active": self.states.active_slots,
+            "state_slots_snapshot": self.states.snapshot_slots,
+            "state_image_bytes": self.states.image_bytes,
+            "state_bytes": self.states.total_slots * self.states.image_bytes,
+            "host_tier": self.cfg.host_tier,
+            "host_cache_bytes_requested": self.cfg.host_cache_bytes,
+            "host_bytes": self.transfer.host_bytes,
+            "host_slabs": 0
+            if self.index is None or self.index.host is None
+            else self.index.host.n_slabs,
+            "prefix_reuse": self.cfg.prefix_reuse,
+            "coalesced_waits": self.coalesced_waits,
+        }

@@ -1,0 +1,273 @@
+"""The engine: one loop, on one background thread, owns every cache and memory object.
+
+Other threads only `submit` jobs, flag cancellations and read each job's sink queue; `call`
+runs a function on the loop (for stats and ledgers). One step is
+
+    reap cancelled -> admit (FIFO, quote/stage/activate) -> plan rows -> forward + sample
+    -> advance frontiers (commit blocks, taps, publication) -> emit deltas / finish lanes
+
+The engine knows nothing about text beyond feeding generated ids to each lane's Detokenizer.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import torch
+
+from ninfer.config import EngineConfig
+from ninfer.engine import outputs
+from ninfer.engine.cache_bridge import CacheBridge
+from ninfer.engine.lane import Job, Lane
+from ninfer.engine.runner import Row, Runner
+from ninfer.engine.scheduler import Slice, may_admit, plan_step
+from ninfer.models.batch import ModelCache
+
+logger = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, model_config, model, ops, tokenizer, sampler, make_gen):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.eos = tuple(model_config.eos_token_ids) + tuple(
+            getattr(tokenizer, "eos_token_ids", ()) or ()
+        )
+        self.make_gen = make_gen
+        self.device = torch.device(cfg.device)
+        self.bridge = CacheBridge(cfg, model_config, self.device)
+        mem = self.bridge
+        cache = ModelCache(kv=mem.kv.kv, conv=mem.states.conv, ssm=mem.states.ssm)
+        self.runner = Runner(model, ops, cache, self.device, sampler)
+        self.waiting: deque[Job] = deque()
+        self.lanes: list[Lane] = []
+        self.steps = 0
+        self.on_step = None  # test hook: called with the engine at the start of every step
+        self._inbox: queue.Queue = queue.Queue()
+        self._gen_counter = 0
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
+        self._thread.start()
+
+    # ---- the thread-safe surface --------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        if self._failure is not None:
+            raise RuntimeError("the engine has failed") from self._failure
+        if not self._thread.is_alive():
+            raise RuntimeError("the engine is closed")
+        job.t_submit = time.perf_counter()
+        self._inbox.put(("job", job))
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled.set()
+        self._inbox.put(("wake", None))
+
+    def call(self, fn):
+        """Run fn() on the engine thread and return its result (re-raising its exception)."""
+        fut: Future = Future()
+        self._inbox.put(("call", (fn, fut)))
+        while True:
+            try:
+                return fut.result(timeout=0.5)
+            except FutureTimeout:
+                if not self._thread.is_alive() and not fut.done():
+                    raise RuntimeError("the engine is closed") from None
+
+    def next_event(self, job: Job):
+        """The job's next StreamDelta or final RequestOutput (blocking). If the engine thread
+        is gone without answering, an "abort" output instead of waiting forever."""
+        while True:
+            try:
+                return job.sink.get(timeout=0.5)
+            except queue.Empty:
+                if not self._thread.is_alive() and job.sink.empty():
+                    return outputs.error_output(job, "engine closed", reason="abort")
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(("stop", None))
+            self._thread.join()
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        with torch.no_grad():
+            self._serve()
+
+    def _serve(self) -> None:
+        try:
+            while self._drain_inbox(block=not self.lanes):
+                if self.lanes or self.waiting:
+                    self.step()
+        except BaseException as e:  # engine-wide failure: answer everyone, then stop
+            self._failure = e
+            for job in [*self.waiting, *(lane.job for lane in self.lanes)]:
+                job.sink.put(outputs.error_output(job, f"engine failure: {e!r}"))
+            self.waiting.clear()
+            self.lanes.clear()
+            self._answer_inbox(f"engine failure: {e!r}")
+            logger.exception("ninfer engine failed; every request was answered with an error")
+            return
+        for job in self.waiting:
+            job.sink.put(outputs.error_output(job, "engine closed", reason="abort"))
+        self.waiting.clear()
+        for lane in list(self.lanes):
+            lane.finish_reason = "abort"
+            self._finish(lane)
+        self.bridge.poll(wait=True)
+        self._answer_inbox("engine closed")
+
+    def _answer_inbox(self, message: str) -> None:
+        """After the loop ends: answer whatever is still queued so no caller waits forever."""
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "job":
+                item.sink.put(outputs.error_output(item, message, reason="abort"))
+            elif kind == "call":
+                item[1].set_exception(RuntimeError(message))
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Move submitted work into the engine; False once asked to stop."""
+        while True:
+            try:
+                kind, item = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if kind == "stop":
+                return False
+            if kind == "job":
+                if item.error is not None:
+                    item.sink.put(outputs.error_output(item, item.error))
+                else:
+                    self.waiting.append(item)
+            elif kind == "call":
+                fn, fut = item
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # handed to the caller
+                    fut.set_exception(e)
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.on_step is not None:
+            self.on_step(self)
+        self._reap_cancelled()
+        self._admit()
+        if self.lanes:
+            self._run(plan_step(self.lanes, self.cfg.prefill_chunk))
+        self.bridge.poll()
+        if self.cfg.check_invariants:
+            self.bridge.check_invariants(self.lanes)
+
+    # ---- admission ----------------------------------------------------------------------------
+    def _admit(self) -> None:
+        while self.waiting and may_admit(
+            self.lanes, self.cfg.max_concurrency, self.cfg.concurrent_prefill
+        ):
+            job = self.waiting[0]
+            verdict = self.bridge.try_admit(job, time.perf_counter(), self.lanes)
+            if verdict.lane is None and verdict.error is None:
+                return  # TemporarilyBlocked: the FIFO head is never overtaken
+            self.waiting.popleft()
+            if verdict.error is not None:
+                job.sink.put(outputs.error_output(job, verdict.error))
+                continue
+            lane = verdict.lane
+            lane.detok = outputs.new_detokenizer(self.tokenizer, job)
+            lane.generator = self._generator(job)
+            if job.params.logprobs is not None:
+                lane.logprobs = []
+            self.lanes.append(lane)
+
+    def _generator(self, job: Job) -> torch.Generator | None:
+        if job.params.greedy:
+            return None
+        self._gen_counter += 1
+        seed = job.params.seed
+        if seed is None:
+            seed = (self.cfg.seed * 1_000_003 + self._gen_counter) & 0x7FFF_FFFF_FFFF_FFFF
+        return self.make_gen(seed, self.device)
+
+    def _reap_cancelled(self) -> None:
+        for job in [j for j in self.waiting if j.cancelled.is_set()]:
+            self.waiting.remove(job)
+            job.sink.put(outputs.error_output(job, "cancelled", reason="abort"))
+        for lane in [ln for ln in self.lanes if ln.job.cancelled.is_set()]:
+            lane.finish_reason = "abort"
+            self._finish(lane)
+
+    # ---- one forward step ---------------------------------------------------------------------
+    def _run(self, slices: list[Slice]) -> None:
+        rows: list[Row] = []
+        runnable: list[Slice] = []
+        for s in slices:
+            if not self.bridge.budget.grow(s.lane, s.end):
+                s.lane.finish_reason = "length"  # bounded completion (§9.5)
+                continue
+            self.bridge.before_chunk(s.lane, s.start, s.end)
+            lane = s.lane
+            rows.append(
+                Row(
+                    token_ids=lane.tokens[s.start : s.end],
+                    ctx_len=s.start,
+                    slot=lane.slot,
+                    pages=lane.pages,
+                    sample=lane.job.params if s.samples else None,
+                    generator=lane.generator,
+                    before_layer=lane.restore_ticket.hook() if lane.restore_ticket else None,
+                )
+            )
+            lane.restore_ticket = None  # later passes are stream-ordered behind this one
+            runnable.append(s)
+        result = self.runner.step(rows) if rows else None
+        now = time.perf_counter()
+        for i, s in enumerate(runnable):
+            lane = s.lane
+            lane.computed = s.end
+            self.bridge.after_advance(lane)
+            token = result.tokens[i]
+            if token is None:
+                continue
+            if lane.prefilling is False and not lane.prefill_done_t:
+                lane.prefill_done_t = now
+            self._append(lane, token, result.logprobs[i], now)
+        for lane in [ln for ln in self.lanes if ln.finish_reason is not None]:
+            self._finish(lane)
+        for lane in self.lanes:
+            if lane.job.stream:
+                delta = outputs.stream_delta(lane)
+                if delta is not None:
+                    lane.job.sink.put(delta)
+
+    def _append(self, lane: Lane, token: int, logprobs, now: float) -> None:
+        if not lane.t_first:
+            lane.t_first = now
+        lane.tokens.append(token)
+        if lane.logprobs is not None:
+            lane.logprobs.append(logprobs or {})
+        stopped = outputs.add_text(lane, token)
+        reason = "stop" if stopped else None
+        reason = reason or outputs.check_finish(lane, token, self.eos, self.cfg.max_model_len)
+        lane.finish_reason = reason
+
+    def _finish(self, lane: Lane) -> None:
+        """Terminal settlement: publish (endpoint), release, answer. Idempotent per lane."""
+        if lane not in self.lanes:
+            return
+        self.lanes.remove(lane)
+        self.bridge.release(lane)
+        outputs.flush_text(lane)
+        if lane.job.stream:
+            delta = outputs.stream_delta(lane)
+            if delta is not None:
+                lane.job.sink.put(delta)
+        lane.job.sink.put(outputs.final_output(lane, time.perf_counter()))

@@ -1,0 +1,107 @@
+"""A submitted request (`Job`) and an active request (`Lane`): plain data, no tensors.
+
+A Lane is what admission builds from a Job: a physical state slot, a block table (`pages`),
+and the frontier `computed` (tokens whose KV is in the pages and whose state is in the slot).
+
+    tokens     |<------------- prompt (prompt_len) ------------->|<- generated ->|
+    computed   0 ........ resumed ........ F ..... prefilled .... ^ frontier
+    pages      [p0][p1][p2] ...   page b holds positions [64b, 64b + 64)
+    committed  blocks [0, committed_blocks) are index nodes the lane pins (0 when disabled);
+               `private[b]` says the lane owns pages[b] (a growth page, the partial tail, or a
+               recomputed duplicate, spec §7.5), otherwise the index owns it
+
+Mutated only by the engine thread (admission, publication, the step loop).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ninfer.request import RequestOutput, SamplingParams
+
+
+@dataclass(slots=True)
+class PromptHints:
+    """Tap hints of one prompt (token positions), spec §7.1."""
+
+    explicit: list[int] = field(default_factory=list)  # client breakpoints, cache_control
+    structural: list[int] = field(default_factory=list)  # end of tools / system block
+    opener: int | None = None  # start of the final assistant generation opener
+    message_starts: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Job:
+    """A request as submitted to the engine. `sink` receives StreamDelta events (when
+    `stream`) and then exactly one final RequestOutput."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    hints: PromptHints
+    sink: queue.Queue
+    stream: bool = False
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    t_submit: float = 0.0
+    error: str | None = None  # set before submission: finish at once with this error
+    blocks: Any = None  # ninfer.cache.keys.PromptBlocks (None when the cache is disabled)
+    coalesced: bool = False  # waited at least once for a prefilling sibling (§12.2)
+
+
+@dataclass(slots=True)
+class PendingTap:
+    """A captured snapshot waiting for its anchoring blocks to commit (spec §7.4)."""
+
+    frontier: int
+    snap_slot: int  # logical snapshot slot holding the image
+    kind: str  # "tap" | "boundary"
+    tail_page: int | None = None  # cache-owned copy of the partial block (frontier % 64 != 0)
+
+
+@dataclass(slots=True)
+class Lane:
+    job: Job
+    lane_id: int  # the prefix index's lane handle (unique per admission)
+    slot: int  # physical state slot
+    tokens: list[int]  # prompt + generated
+    prompt_len: int
+    computed: int  # frontier: KV and state cover tokens[:computed]
+    pages: list[int] = field(default_factory=list)
+    private: list[bool] = field(default_factory=list)  # parallel to pages
+    committed_blocks: int = 0  # blocks [0, committed_blocks) are index nodes the lane pins
+    entitled_pages: int = 0  # reservation: pages this lane may still take without a check
+    cached_tokens: int = 0  # frontier resumed from (usage.cached_tokens)
+    cached_prefix_tokens: int = 0
+    restored_host_bytes: int = 0
+    restore_ticket: Any = None  # Host restore the lane's first pass waits on, layer by layer
+    resumed_endpoint: bool = False
+    taps: list[tuple[int, bool]] = field(default_factory=list)  # (position, exact), ascending
+    boundary_taps: set[int] = field(default_factory=set)  # tap positions published as Boundary
+    pending: list[PendingTap] = field(default_factory=list)
+    last_snapshot: int = 0  # frontier of the deepest snapshot on the lane's path
+    output: RequestOutput | None = None
+    detok: Any = None  # incremental detokenizer state (ninfer.detokenizer)
+    generator: torch.Generator | None = None
+    logprobs: list[dict[int, float]] | None = None
+    text: str = ""  # detokenized text not yet streamed
+    streamed_tokens: int = 0
+    t_admit: float = 0.0
+    t_first: float = 0.0
+    prefill_done_t: float = 0.0
+    finish_reason: str | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.prompt_len
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    def private_pages(self) -> list[int]:
+        return [p for p, mine in zip(self.pages, self.private, strict=True) if mine]

@@ -1,0 +1,103 @@
+"""Turning a lane's progress into public events: stream deltas, stop checks, final outputs.
+
+Knows the detokenizer and the stop rules of SamplingParams; knows nothing about the cache.
+Mutates only the lane's text / stream bookkeeping and finish_reason.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ninfer.detokenizer import Detokenizer
+from ninfer.engine.lane import Job, Lane
+from ninfer.request import Metrics, RequestOutput, StreamDelta, Usage
+
+
+def new_detokenizer(tokenizer, job: Job):
+    """The lane's incremental detokenizer (None without a tokenizer: ids only, no text)."""
+    if tokenizer is None:
+        return None
+    return Detokenizer(tokenizer, job.prompt, job.params.stop)
+
+
+def add_text(lane: Lane, token: int) -> bool:
+    """Detokenize a new token into the lane's unstreamed text; True when a stop string hit."""
+    if lane.detok is None:
+        return False
+    piece, stopped = lane.detok.feed([token])
+    lane.text += piece
+    return stopped
+
+
+def flush_text(lane: Lane) -> None:
+    """At finish: release text held back for stop-string matching."""
+    if lane.detok is not None:
+        lane.text += lane.detok.flush()
+
+
+def check_finish(lane: Lane, token: int, eos: tuple[int, ...], max_model_len: int) -> str | None:
+    """The finish reason after `token` was appended to the lane (text already checked)."""
+    p = lane.job.params
+    if not p.ignore_eos and token in eos:
+        return "stop"
+    if p.stop_token_ids and token in p.stop_token_ids:
+        return "stop"
+    if len(lane.tokens) - lane.prompt_len >= p.max_tokens or len(lane.tokens) >= max_model_len:
+        return "length"
+    return None
+
+
+def stream_delta(lane: Lane) -> StreamDelta | None:
+    """New tokens and text since the previous delta, or None if nothing is new."""
+    gen = lane.generated
+    if len(gen) == lane.streamed_tokens and not lane.text:
+        return None
+    delta = StreamDelta(
+        request_id=lane.job.request_id, token_ids=gen[lane.streamed_tokens :], text=lane.text
+    )
+    lane.streamed_tokens = len(gen)
+    lane.text = ""
+    return delta
+
+
+def final_output(lane: Lane, now: float) -> RequestOutput:
+    job = lane.job
+    gen = list(lane.generated)
+    first = lane.t_first or now
+    prefill_s = max(lane.prefill_done_t or first, lane.t_admit) - lane.t_admit
+    decode_s = max(now - first, 0.0)
+    n_dec = max(len(gen) - 1, 0)
+    return RequestOutput(
+        request_id=job.request_id,
+        prompt_token_ids=list(job.prompt),
+        token_ids=gen,
+        text=lane.detok.text if lane.detok is not None else "",
+        finish_reason=lane.finish_reason,  # type: ignore[arg-type]
+        error=None,
+        logprobs=lane.logprobs,
+        usage=Usage(
+            prompt_tokens=lane.prompt_len,
+            completion_tokens=len(gen),
+            cached_tokens=lane.cached_tokens,
+            cached_prefix_tokens=lane.cached_prefix_tokens,
+            restored_host_bytes=lane.restored_host_bytes,
+        ),
+        metrics=Metrics(
+            queued_s=max(lane.t_admit - job.t_submit, 0.0),
+            ttft_s=max(first - job.t_submit, 0.0) if gen else 0.0,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            decode_tokens_per_s=n_dec / decode_s if decode_s > 0 and n_dec else 0.0,
+        ),
+    )
+
+
+def error_output(job: Job, message: str, reason: str = "error") -> RequestOutput:
+    return RequestOutput(
+        request_id=job.request_id,
+        prompt_token_ids=list(job.prompt),
+        finish_reason=reason,  # type: ignore[arg-type]
+        error=message if reason == "error" else None,
+        usage=Usage(prompt_tokens=len(job.prompt)),
+        metrics=Metrics(queued_s=max(time.perf_counter() - job.t_submit, 0.0)),
+    )

@@ -1,0 +1,97 @@
+"""Device page accounting of active lanes: entitlements, growth, bounded completion (§6.3, §9.5).
+
+A lane is admitted with an entitlement: the pages it may take without a further check, i.e.
+its remaining prompt plus a bounded output window (and one page for a COW'd tail). The sum of
+the entitlements not yet drawn is `reserved`; admission of a new lane needs
+
+    need(new) <= free + evictable - reserved          (evictable: unpinned Device cache pages)
+
+so every active lane can always draw its entitlement (cached pages never count against it:
+taking a page may evict cache, never an active lane). Beyond its entitlement a lane grows one
+page at a time while `free + evictable - reserved > 0`; when that fails it ends with bounded
+completion (finish_reason "length").
+
+Mutates: the lane's `pages` / `private` / `entitled_pages`, the KV pool's free list, and (via
+`evict`) the prefix index's Device LRU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ninfer.engine.lane import Lane
+from ninfer.memory.kv_pool import KVPool
+from ninfer.models.batch import PAGE_SIZE
+
+OUTPUT_WINDOW = 512  # tokens of output an admission reserves pages for
+
+
+def pages_for(tokens: int) -> int:
+    return -(-tokens // PAGE_SIZE)
+
+
+class PageBudget:
+    """Page reservations of the active lanes over the KV pool plus the cache's evictable pages.
+
+    `evictable()` counts unpinned Device cache pages; `evict(n)` drops at least n of them from
+    the cache (Device LRU order) and returns their page ids to the pool.
+    """
+
+    def __init__(
+        self,
+        pool: KVPool,
+        evictable: Callable[[], int],
+        evict: Callable[[int], None],
+        max_model_len: int,
+    ) -> None:
+        self.pool = pool
+        self.evictable = evictable
+        self.evict = evict
+        self.max_model_len = max_model_len
+        self.reserved = 0
+
+    def entitlement(self, prompt_len: int, max_tokens: int, mapped_pages: int) -> int:
+        """Private pages a lane resuming with `mapped_pages` shared pages is entitled to."""
+        total = min(prompt_len + min(max_tokens, OUTPUT_WINDOW), self.max_model_len)
+        return max(pages_for(total) - mapped_pages, 1)
+
+    def headroom(self) -> int:
+        """Pages a new admission or an over-entitlement growth may take."""
+        return self.pool.num_free + self.evictable() - self.reserved
+
+    def take(self, n: int) -> list[int] | None:
+        """Take n pages from the pool, evicting Device cache as needed; None (nothing taken)
+        if eviction comes up short (an unbacked entry whose subtree is pinned cannot go)."""
+        short = n - self.pool.num_free
+        if short > 0:
+            self.evict(short)
+        if self.pool.num_free < n:
+            return None
+        return self.pool.alloc(n)
+
+    def reserve(self, lane: Lane, pages: int) -> None:
+        lane.entitled_pages += pages
+        self.reserved += pages
+
+    def unreserve(self, lane: Lane) -> None:
+        self.reserved -= lane.entitled_pages
+        lane.entitled_pages = 0
+
+    def grow(self, lane: Lane, upto: int) -> bool:
+        """Map pages so that `lane.pages` covers positions [0, upto). Returns False (mapping
+        nothing new) when the pool cannot extend the lane: bounded completion."""
+        need = pages_for(upto) - len(lane.pages)
+        if need <= 0:
+            return True
+        from_entitlement = min(need, lane.entitled_pages)
+        extra = need - from_entitlement
+        if extra > 0 and self.headroom() < extra:
+            return False
+        pages = self.take(need)
+        if pages is None:
+            return False
+        lane.entitled_pages -= from_entitlement
+        self.reserved -= from_entitlement
+        lane.pages.extend(pages)
+        lane.private.extend([True] * need)
+        return True

@@ -1,0 +1,315 @@
+"""The public facade (spec/API.md): `LLM(...)`, generate / chat / stream / cache_stats / close.
+
+`LLM` turns user inputs into engine jobs and waits on their sinks; it knows nothing about
+scheduling or the cache. Validation errors of a single request raise ValueError; inside a batch
+they become that request's output with finish_reason "error".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import logging
+import queue
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from ninfer.cache.keys import prepare_prompt
+from ninfer.config import EngineConfig, EngineOptions, probe_device, resolve, resolve_dtypes
+from ninfer.engine import prompts as forms
+from ninfer.engine.cache_bridge import torch_dtype
+from ninfer.engine.engine import Engine
+from ninfer.engine.lane import Job
+from ninfer.request import RequestOutput, SamplingParams, StreamDelta
+
+logger = logging.getLogger(__name__)
+
+
+def _sampler(logits, params, generators):
+    from ninfer.sampling import sample
+
+    result = sample(logits, params, generators)
+    return result.token_ids.tolist(), result.logprobs
+
+
+def _load(options: EngineOptions, device: str):
+    """(model config, tokenizer, chat template or None, weights builder)."""
+    from ninfer.chat_template import ChatTemplate
+    from ninfer.models.config import Qwen35Config
+    from ninfer.tokenizer import Tokenizer
+
+    if options.model is None:
+        from ninfer.demo import DEMO_DIR, demo_config, demo_weights_seed
+        from ninfer.models.presets import build_random_model
+
+        config, path = demo_config(), DEMO_DIR
+
+        def build(dtype):
+            return build_random_model(config, dtype, device, seed=demo_weights_seed)
+    else:
+        from ninfer.models.weights import load_model
+
+        path = Path(options.model)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model: {str(path)!r} is not a checkpoint folder (no config.json)")
+        config = Qwen35Config.from_file(path)
+
+        def build(dtype):
+            return load_model(path, dtype, device)
+
+    tokenizer = Tokenizer.from_dir(path)
+    template = ChatTemplate(tokenizer) if tokenizer.chat_template is not None else None
+    return config, tokenizer, template, build
+
+
+def _ops(device: torch.device):
+    if device.type == "cuda":
+        try:
+            from ninfer.ops.cuda import CudaOps
+
+            return CudaOps()
+        except ImportError:
+            pass
+    from ninfer.ops.reference import ReferenceOps
+
+    return ReferenceOps()
+
+
+def _check_cache_file(path: str | None) -> None:
+    if path is None:
+        return
+    p = Path(path).expanduser().resolve()
+    if p.is_dir():
+        raise ValueError(f"prefix_cache_file: {str(p)!r} is a directory")
+    if not p.parent.is_dir():
+        raise ValueError(f"prefix_cache_file: directory {str(p.parent)!r} does not exist")
+
+
+class LLM:
+    """An inference engine over one Qwen3.5 checkpoint (None: the embedded demo model)."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        kv_dtype: str = "auto",
+        max_concurrency: int = 8,
+        prefill_chunk: int | None = None,
+        max_model_len: int | None = None,
+        kv_capacity: int | str = "auto",
+        host_cache_mib: int = 8192,
+        device_snapshot_slots: int | None = None,
+        cache_taps_per_request: int | None = None,
+        cache_tap_ladder: int | None = None,
+        cache_tap_min_gap: int | None = None,
+        prefix_cache_file: str | None = None,
+        prefix_reuse: bool = True,
+        concurrent_prefill: bool = False,
+        compile: bool = True,
+        cuda_graphs: bool = True,
+        seed: int = 0,
+        check_invariants: bool = False,
+        enable_host_tier: bool = False,
+    ) -> None:
+        kwargs = dict(locals())
+        del kwargs["self"], kwargs["model"]
+        options = _options(model, kwargs)
+        facts = probe_device(options.device)
+        config, tokenizer, template, build = _load(options, facts.device)
+        self._init(options, facts, config, tokenizer, template, build)
+
+    @classmethod
+    def from_model(cls, model, tokenizer=None, chat_template=None, **kwargs) -> LLM:
+        """An LLM over an already built `Qwen35ForCausalLM` (tests, benchmarks); its dtype and
+        device must match the resolved options."""
+        self = cls.__new__(cls)
+        options = _options(None, kwargs)
+        facts = probe_device(options.device)
+        self._init(options, facts, model.config, tokenizer, chat_template, lambda _dtype: model)
+        return self
+
+    def _init(self, options, facts, config, tokenizer, template, build) -> None:
+        _check_cache_file(options.prefix_cache_file)
+        resolve(options, config, facts)  # validate every option before loading weights
+        dtype, _ = resolve_dtypes(options, facts.device.startswith("cuda"))
+        model = build(torch_dtype(dtype))
+        got = next(model.parameters()).dtype
+        if got != torch_dtype(dtype):
+            raise ValueError(f"dtype: the engine resolved {dtype}, the model's weights are {got}")
+        # Free memory is measured with the weights in place: "auto" KV takes what is left.
+        self._cfg: EngineConfig = resolve(options, config, probe_device(facts.device))
+        if self._cfg.host_cache_bytes and not self._cfg.host_tier:
+            logger.info(
+                "host_cache_mib=%d requested, but the Host tier is not built yet: the prefix "
+                "cache runs Device-only",
+                options.host_cache_mib,
+            )
+        self._model_config = config
+        self._tokenizer = tokenizer
+        self._template = template
+        device = torch.device(self._cfg.device)
+        from ninfer.sampling import make_generator
+
+        self._engine = Engine(
+            self._cfg, config, model, _ops(device), tokenizer, _sampler, make_generator
+        )
+        self._ids = itertools.count()
+
+    # ---- properties -------------------------------------------------------------------------
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self._cfg
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def memory_ledger(self) -> dict:
+        """KV pages and bytes, state slots, Host slabs and bytes (for `ninfer info`)."""
+        return self._engine.call(self._engine.bridge.ledger)
+
+    def cache_stats(self):
+        """A copy of the prefix cache's CacheStats (all zero when prefix_reuse=False)."""
+        return self._engine.call(lambda: copy.copy(self._engine.bridge.stats()))
+
+    # ---- requests ---------------------------------------------------------------------------
+    def _job(self, prompt: forms.PromptInput | None, params, error: str | None, stream=False):
+        ids = prompt.token_ids if prompt is not None else []
+        hints = prompt.hints if prompt is not None else forms.PromptHints()
+        job = Job(
+            request_id=f"req-{next(self._ids)}",
+            prompt=ids,
+            params=params,
+            hints=hints,
+            sink=queue.Queue(),
+            stream=stream,
+            error=error,
+        )
+        job.blocks = prepare_prompt(ids) if error is None and self._cfg.prefix_reuse else None
+        return job
+
+    def _prepare(self, make_input, params: SamplingParams, single: bool, stream=False) -> Job:
+        try:
+            params.validate()
+            prompt = make_input()
+            forms.validate(prompt, self._model_config.vocab_size, self._cfg.max_model_len)
+        except ValueError as e:
+            if single:
+                raise
+            return self._job(None, params, str(e), stream)
+        return self._job(prompt, params, None, stream)
+
+    def _run_batch(self, jobs: list[Job], single: bool) -> list[RequestOutput]:
+        for job in jobs:
+            self._engine.submit(job)
+        outs = [self._wait_final(job) for job in jobs]
+        if single and outs[0].finish_reason == "error":
+            raise ValueError(outs[0].error)
+        return outs
+
+    def generate(self, prompts, sampling_params=None) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. A single prompt that cannot be served raises
+        ValueError naming the field; inside a list it comes back with finish_reason "error"."""
+        single = forms.is_single_prompt(prompts)
+        items = [prompts] if single else list(prompts)
+        params = _params_list(sampling_params, len(items))
+        jobs = [
+            self._prepare(lambda it=it: forms.from_prompt(it, self._tokenizer), p, single)
+            for it, p in zip(items, params, strict=True)
+        ]
+        return self._run_batch(jobs, single)
+
+    def chat(
+        self, conversations, sampling_params=None, tools=None, enable_thinking: bool = True
+    ) -> list[RequestOutput]:
+        single = forms.is_conversation(conversations)
+        items = [conversations] if single else list(conversations)
+        params = _params_list(sampling_params, len(items))
+        jobs = [
+            self._prepare(lambda c=c: self._render(c, tools, enable_thinking), p, single)
+            for c, p in zip(items, params, strict=True)
+        ]
+        return self._run_batch(jobs, single)
+
+    def _render(self, messages, tools, enable_thinking) -> forms.PromptInput:
+        return forms.from_conversation(messages, self._template, tools, enable_thinking)
+
+    def stream(
+        self, prompt_or_messages, sampling_params=None, tools=None, enable_thinking: bool = True
+    ) -> Iterator[StreamDelta | RequestOutput]:
+        """Token deltas, then the final RequestOutput. Closing the iterator early cancels the
+        request (finish_reason "abort"); what it committed stays cached."""
+        params = sampling_params or SamplingParams()
+        if forms.is_conversation(prompt_or_messages):
+            job = self._prepare(
+                lambda: self._render(prompt_or_messages, tools, enable_thinking), params, True, True
+            )
+        else:
+            job = self._prepare(
+                lambda: forms.from_prompt(prompt_or_messages, self._tokenizer), params, True, True
+            )
+        return self._stream(job)
+
+    def _stream(self, job: Job) -> Iterator[StreamDelta | RequestOutput]:
+        self._engine.submit(job)
+        done = False
+        try:
+            while True:
+                event = self._engine.next_event(job)
+                if isinstance(event, RequestOutput):
+                    done = True
+                    if event.finish_reason == "error":
+                        raise ValueError(event.error)
+                    yield event
+                    return
+                yield event
+        finally:
+            if not done:
+                self._engine.cancel(job)
+                self._wait_final(job)  # settled (published, released) before close() returns
+
+    def _wait_final(self, job: Job) -> RequestOutput:
+        while True:
+            event = self._engine.next_event(job)
+            if isinstance(event, RequestOutput):
+                return event
+
+    # ---- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _options(model: str | None, kwargs: dict) -> EngineOptions:
+    names = {f.name for f in fields(EngineOptions)} - {"model"}
+    unknown = set(kwargs) - names
+    if unknown:
+        raise TypeError(f"LLM() got unexpected keyword arguments {sorted(unknown)}")
+    return EngineOptions(model=model, **kwargs)
+
+
+def _params_list(sampling_params, n: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams() for _ in range(n)]
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    params = list(sampling_params)
+    if len(params) != n:
+        raise ValueError(f"sampling_params: {len(params)} given for {n} prompts")
+    return params

@@ -1,0 +1,58 @@
+"""resolve(): the derived values of spec §14.2 / ADAPTATION.md and the validation messages."""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import TINY
+
+from ninfer.config import DeviceFacts, EngineOptions, resolve
+
+CPU = DeviceFacts("cpu", 64 << 30, 64 << 30)
+CUDA = DeviceFacts("cuda", 100 << 30, 140 << 30)
+
+
+def test_cpu_defaults():
+    cfg = resolve(EngineOptions(host_cache_mib=0), TINY, CPU)
+    assert (cfg.dtype, cfg.kv_dtype, cfg.prefill_chunk) == ("float32", "float32", 256)
+    assert cfg.device_snapshot_slots == 8 + 2 and cfg.cache_taps_per_request == 2
+    assert cfg.cache_tap_ladder == 4096 and cfg.cache_tap_min_gap == 1024
+    assert cfg.max_model_len == TINY.max_position_embeddings
+    assert cfg.kv_pages * 64 >= 9 * TINY.max_position_embeddings  # C lanes + cache
+    assert not cfg.compile and not cfg.cuda_graphs and not cfg.host_tier
+    assert cfg.state_slots == 18 and cfg.describe()["state_slots"] == 18
+
+
+def test_cuda_defaults_and_derived_ladder():
+    cfg = resolve(EngineOptions(prefill_chunk=4096), TINY, CUDA)
+    assert (cfg.dtype, cfg.kv_dtype) == ("bfloat16", "bfloat16")
+    assert cfg.cache_tap_ladder == 8192 and cfg.cache_tap_min_gap == 4096
+    assert cfg.kv_pages * cfg.kv_page_bytes <= CUDA.free_bytes
+    assert cfg.compile and cfg.cuda_graphs
+    assert resolve(EngineOptions(kv_dtype="fp8_e4m3"), TINY, CUDA).kv_dtype == "fp8_e4m3"
+
+
+def test_int_kv_capacity_caps_max_model_len():
+    cfg = resolve(EngineOptions(kv_capacity=1000), TINY, CPU)
+    assert cfg.kv_pages == 15 and cfg.max_model_len == 960
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        (dict(max_concurrency=0), "max_concurrency"),
+        (dict(max_concurrency=9), "max_concurrency"),
+        (dict(kv_dtype="fp8_e4m3"), "kv_dtype"),
+        (dict(dtype="int8"), "dtype"),
+        (dict(prefill_chunk=0), "prefill_chunk"),
+        (dict(kv_capacity=10), "kv_capacity"),
+        (dict(kv_capacity=640, max_model_len=1024), "kv_capacity"),
+        (dict(max_model_len=10**9), "max_model_len"),
+        (dict(device_snapshot_slots=0), "device_snapshot_slots"),
+        (dict(cache_tap_ladder=8), "cache_tap_ladder"),
+        (dict(host_cache_mib=-1), "host_cache_mib"),
+        (dict(host_cache_mib=0, prefix_cache_file="/tmp/x"), "prefix_cache_file"),
+    ],
+)
+def test_bad_options_name_the_field(options, field):
+    with pytest.raises(ValueError, match=field):
+        resolve(EngineOptions(**options), TINY, CPU)

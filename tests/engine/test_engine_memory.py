@@ -1,0 +1,59 @@
+"""The memory layer on its own: page pool partition, state-slot roles and the endpoint swap."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.memory.kv_pool import KVPool
+from ninfer.memory.state_pool import StatePool
+
+
+def test_kv_pool_alloc_free_partition():
+    pool = KVPool(8, 2, 1, 4, torch.float32, torch.device("cpu"))
+    a = pool.alloc(3)
+    assert pool.num_free == 5 and len(set(a)) == 3
+    pool.check_partition(active=a[:2], cached=a[2:])
+    with pytest.raises(AssertionError, match="leaked"):
+        pool.check_partition(active=a[:2], cached=[])
+    with pytest.raises(AssertionError, match="both"):
+        pool.check_partition(active=a, cached=a[:1])
+    pool.free(a)
+    with pytest.raises(RuntimeError, match="twice"):
+        pool.free(a[:1])
+    with pytest.raises(RuntimeError):
+        pool.alloc(9)
+
+
+def test_kv_copy_prefix_copies_every_layer():
+    pool = KVPool(4, 3, 1, 2, torch.float32, torch.device("cpu"))
+    for layer in pool.kv:
+        layer[1].normal_()
+    pool.copy_prefix(1, 2, 10)
+    for layer in pool.kv:
+        assert torch.equal(layer[2, :, :10], layer[1, :, :10])
+        assert not layer[2, :, 10:].any()
+
+
+def _pool() -> StatePool:
+    return StatePool(2, 3, 2, 6, 4, 2, 3, 3, torch.float32, torch.device("cpu"))
+
+
+def test_tap_resume_and_endpoint_swap_keep_a_partition():
+    pool = _pool()
+    lane = pool.acquire()
+    pool.conv[lane].fill_(1.0)
+    pool.ssm[lane].fill_(2.0)
+    pool.tap(lane, 0)
+    other = pool.acquire()
+    pool.resume(0, other)
+    assert torch.equal(pool.ssm[other], pool.ssm[lane])
+    pool.check_invariants([lane, other])
+    phys_before = pool.snap_phys[1]
+    freed = pool.adopt_endpoint(lane, 1)  # the lane's image becomes snapshot slot 1's
+    assert pool.snap_phys[1] == lane and freed == phys_before
+    pool.release(freed)
+    pool.check_invariants([other])
+    assert float(pool.ssm[pool.snap_phys[1]].mean()) == 2.0
+    with pytest.raises(RuntimeError):
+        pool.release(pool.snap_phys[2])
