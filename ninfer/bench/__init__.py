@@ -1,0 +1,1 @@
+"""Benchmarks as library functions returning dicts (prefill, decode, TTFT, restore, cache)."""

@@ -1,0 +1,95 @@
+"""Multi-turn TTFT with and without the prefix cache, on a seeded workload trace.
+
+The trace is replayed once on an engine with the cache (prefix_reuse=True), recording every
+conversation it sends; the very same conversations are then sent to an engine built with
+prefix_reuse=False. Both engines run one after the other (never two models in memory), one
+request at a time, greedy, so TTFT is prefill (and restore) time with no queueing. The first
+request of each engine is an unrelated warm-up and is not counted.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+from ninfer.bench.bounds import release_memory
+from ninfer.bench.workloads import TRACES, Session, replay
+
+
+def _chat(llm, conv: list[dict], max_tokens: int):
+    from ninfer import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    out = llm.chat([conv], params, enable_thinking=False)[0]
+    if out.error:
+        raise RuntimeError(f"bench ttft: request failed: {out.error}")
+    return out
+
+
+def _warm_up(llm) -> None:
+    _chat(llm, [{"role": "user", "content": "warm up"}], 2)
+
+
+def bench_ttft(
+    make_llm: Callable[..., object], sessions: list[Session], max_tokens: int = 8
+) -> dict:
+    """`make_llm(**overrides)` builds an engine (used as a context manager)."""
+    sent, cached = _replay_cached(make_llm, sessions, max_tokens)
+    release_memory()  # the cached engine's pools go before the cold engine takes its own
+    cold = _send_cold(make_llm, [conv for _, _, conv in sent], max_tokens)
+    release_memory()
+    rows = []
+    for (name, turn, _), hot, base in zip(sent, cached, cold, strict=True):
+        rows.append({
+            "session": name,
+            "turn": turn,
+            "prompt_tokens": hot.usage.prompt_tokens,
+            "cached_tokens": hot.usage.cached_tokens,
+            "ttft_cached_s": hot.metrics.ttft_s,
+            "ttft_cold_s": base.metrics.ttft_s,
+            "speedup": base.metrics.ttft_s / hot.metrics.ttft_s if hot.metrics.ttft_s else None,
+        })  # fmt: skip
+    prompt = sum(r["prompt_tokens"] for r in rows)
+    return {
+        "turns": rows,
+        "summary": {
+            "requests": len(rows),
+            "cache_hit_rate": sum(r["cached_tokens"] for r in rows) / prompt if prompt else 0.0,
+            "ttft_cached_total_s": sum(r["ttft_cached_s"] for r in rows),
+            "ttft_cold_total_s": sum(r["ttft_cold_s"] for r in rows),
+        },
+    }
+
+
+def _replay_cached(make_llm, sessions: list[Session], max_tokens: int):
+    sent: list[tuple[str, int, list[dict]]] = []
+    outs: list = []
+    with make_llm(prefix_reuse=True) as llm:
+        _warm_up(llm)
+        for session in sessions:
+
+            def respond(conv: list[dict], step, name=session.name) -> str:
+                out = _chat(llm, conv, max_tokens)
+                sent.append((name, sum(s[0] == name for s in sent), conv))
+                outs.append(out)
+                return out.text
+
+            for _ in replay(session, respond):
+                pass
+    return sent, outs
+
+
+def _send_cold(make_llm, convs: list[list[dict]], max_tokens: int) -> list:
+    with make_llm(prefix_reuse=False) as llm:
+        _warm_up(llm)
+        return [_chat(llm, conv, max_tokens) for conv in convs]
+
+
+def trace_sessions(name: str, seed: int, turns: int, prompt_tokens: int) -> list[Session]:
+    """A named trace (workloads.TRACES) with `turns` turns per session, its shared prefix about
+    `prompt_tokens` tokens (a word is about two tokens; each turn adds a sixth of that)."""
+    factory = TRACES[name]
+    accepted = inspect.signature(factory).parameters
+    words = max(8, prompt_tokens // 2)
+    sizes = {"system_words": words, "preamble_words": words, "turn_words": max(4, words // 6)}
+    return factory(seed=seed, turns=turns, **{k: v for k, v in sizes.items() if k in accepted})

@@ -1,0 +1,76 @@
+"""`ninfer bench [prefill|decode|ttft|restore|cache|all]`: run `ninfer.bench` and print it.
+
+Each figure is printed beside its physical bound (decode: bytes per step over the measured
+memory bandwidth; prefill: FLOPs over the measured matmul peak; restore: bytes over the measured
+copy bandwidth). `--json` writes every number; `--profile DIR` writes Chrome traces;
+`--compare-hf` adds transformers on the same weights; `--plot` draws TTFT per turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from ninfer.bench.suite import PARTS, BenchSpec, run_suite
+from ninfer.cli.bench_view import print_results
+from ninfer.cli.main import engine_kwargs
+
+PRESET_NAMES = ("0.8B", "2B", "4B", "9B", "27B", "35B-A3B")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("part", nargs="?", default="all", choices=[*PARTS, "all"])
+    p.add_argument("--preset", choices=PRESET_NAMES, help="released shape, random weights")
+    p.add_argument("--prompt-tokens", type=_ints, default=[512, 2048], help="e.g. 512,2048")
+    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 8], help="e.g. 1,4,8")
+    p.add_argument("--turns", type=int, default=4, help="turns per session in the TTFT trace "
+                   "(its shared prefix is about the largest --prompt-tokens)")  # fmt: skip
+    p.add_argument("--trace", default="chat", help="chat | agent | subagents | edits | retries")
+    p.add_argument("--cache-prompt-tokens", type=int, help="cache bookkeeping: prompt length")
+    p.add_argument("--cache-tree-blocks", type=int, help="cache bookkeeping: tree size")
+    p.add_argument("--json", type=Path, help="write the results as JSON")
+    p.add_argument("--profile", type=Path, metavar="DIR", help="torch.profiler traces")
+    p.add_argument("--compare-hf", action="store_true", help="also run transformers")
+    p.add_argument("--plot", type=Path, metavar="PNG", help="TTFT per turn, cold vs cached")
+
+
+def run(args: argparse.Namespace) -> int:
+    engine = engine_kwargs(args)
+    if args.preset and "model" in engine:
+        raise ValueError("give --preset or --model, not both")
+    spec = BenchSpec(
+        parts=list(PARTS) if args.part == "all" else [args.part],
+        preset=args.preset,
+        model=engine.get("model"),
+        prompt_tokens=args.prompt_tokens,
+        decode_tokens=args.decode_tokens,
+        batch_sizes=args.batch_sizes,
+        turns=args.turns,
+        trace=args.trace,
+        seed=engine.get("seed", 0),
+        engine=engine,
+        profile_dir=args.profile,
+        compare_hf=args.compare_hf,
+        cache_prompt_tokens=args.cache_prompt_tokens,
+        cache_tree_blocks=args.cache_tree_blocks,
+    )
+    console = Console()
+    results = run_suite(spec, log=lambda m: console.print(f"[dim]{m}[/]"))
+    print_results(console, results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+        console.print(f"results written to {args.json}")
+    if args.plot and "ttft" in results:
+        from ninfer.bench.plot import plot_ttft
+
+        plot_ttft(results["ttft"], args.plot, title=results["meta"]["model"])
+        console.print(f"plot written to {args.plot}")
+    return 0

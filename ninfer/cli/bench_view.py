@@ -1,0 +1,159 @@
+"""Tables for `ninfer bench`: every figure beside its bound (results come from ninfer.bench)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from rich.console import Console
+from rich.table import Table
+
+
+def rate(x: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {prefix}{unit}"
+    return f"{x:.2f} {unit}"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
+    t = Table(title=title, header_style="bold", title_justify="left")
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def header(r: dict) -> str:
+    meta, b = r["meta"], r["bounds"]
+    return (
+        f"[bold]{meta['model']}[/] on {meta['device']} ({meta['dtype']}, KV {meta['kv_dtype']}), "
+        f"{meta['params'] / 1e6:.1f} M params · copy {rate(b['copy_bytes_per_s'], 'B/s')} · "
+        f"matmul {rate(b['matmul_flops_per_s'], 'FLOP/s')}"
+    )
+
+
+def prefill(rows: list[dict]) -> Table:
+    cols = ["prompt", "time", "tokens/s", "achieved", "bound", "of bound"]
+    return table(
+        "prefill (bound: FLOPs / measured matmul peak)",
+        cols,
+        [
+            [
+                str(x["prompt_tokens"]),
+                ms(x["seconds"]),
+                rate(x["tokens_per_s"], "tok/s"),
+                rate(x["flops_per_s"], "FLOP/s"),
+                ms(x["bound_seconds"]),
+                pct(x["fraction_of_bound"]),
+            ]
+            for x in rows
+        ],  # fmt: skip
+    )
+
+
+def decode(rows: list[dict]) -> Table:
+    cols = ["batch", "tokens/s", "bytes/step", "bound", "of bound"]
+    return table(
+        "decode (bound: weights + KV + state bytes per step / measured memory bandwidth)",
+        cols,
+        [
+            [
+                str(x["batch"]),
+                rate(x["tokens_per_s"], "tok/s"),
+                rate(x["step_bytes"], "B"),
+                rate(x["bound_tokens_per_s"], "tok/s"),
+                pct(x["fraction_of_bound"]),
+            ]
+            for x in rows
+        ],  # fmt: skip
+    )
+
+
+def hf(h: dict) -> Table:
+    rows = [
+        [f"prefill {x['prompt_tokens']}", rate(x["tokens_per_s"], "tok/s")] for x in h["prefill"]
+    ]
+    rows += [[f"decode batch {x['batch']}", rate(x["tokens_per_s"], "tok/s")] for x in h["decode"]]
+    g = h["greedy"]
+    rows.append(["greedy agreement with ninfer", f"{g['agreeing_prefix']}/{g['tokens']} tokens"])
+    return table("transformers, same weights", ["", "value"], rows)
+
+
+def ttft(t: dict) -> Table:
+    cols = ["turn", "prompt", "cached", "cold", "cached", "speedup"]
+    return table(
+        f"TTFT per turn, cold vs cached (cache hit rate {t['summary']['cache_hit_rate']:.0%})",
+        cols,
+        [
+            [
+                f"{x['session']} #{x['turn']}",
+                str(x["prompt_tokens"]),
+                str(x["cached_tokens"]),
+                ms(x["ttft_cold_s"]),
+                ms(x["ttft_cached_s"]),
+                "-" if x["speedup"] is None else f"{x['speedup']:.2f}x",
+            ]
+            for x in t["turns"]
+        ],  # fmt: skip
+    )
+
+
+def restore(r: dict) -> Table:
+    cols = ["copy", "bytes", "time", "rate", "bound", "of bound"]
+    return table(
+        "restore and tap copies (bound: measured copy bandwidth; >100%: cache-resident sizes)",
+        cols,
+        [
+            [
+                name,
+                rate(x["bytes"], "B"),
+                f"{x['seconds'] * 1e6:.0f} us",
+                rate(x["bytes_per_s"], "B/s"),
+                rate(x["bound_bytes_per_s"], "B/s"),
+                pct(x["fraction_of_bound"]),
+            ]
+            for name, x in r.items()
+            if "bytes_per_s" in x
+        ],  # fmt: skip
+    )
+
+
+def _flatten(d: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def cache(c: dict) -> Table:
+    rows = [[k, v if isinstance(v, str) else json.dumps(v)] for k, v in _flatten(c)]
+    return table("cache bookkeeping (ninfer.cache.bench)", ["", "value"], rows)
+
+
+def profile(name: str, prof: dict) -> Table:
+    rows = [[e["name"][:60], f"{e['self_us'] / 1e3:.2f} ms", str(e["calls"])] for e in prof["top"]]
+    return table(f"{name}: top kernels ({prof['trace']})", ["kernel", "self time", "calls"], rows)
+
+
+def print_results(console: Console, r: dict) -> None:
+    console.print(header(r))
+    for name, draw in (("prefill", prefill), ("decode", decode)):
+        if name in r:
+            console.print(draw(r[name]["rows"]))
+    for name, draw in (("hf", hf), ("ttft", ttft), ("restore", restore), ("cache", cache)):
+        if name in r:
+            console.print(draw(r[name]))
+    for name in ("prefill", "decode", "restore"):
+        if "profile" in r.get(name, {}):
+            console.print(profile(name, r[name]["profile"]))

@@ -1,0 +1,103 @@
+"""`ninfer` command line: sub-commands and the engine flags they share.
+
+Every engine option of `LLM(...)` (spec/API.md) is a flag; `engine_kwargs` is the one place that
+maps flags to keyword arguments. A flag left out is not passed, so `LLM`'s own defaults (and the
+derived values of spec §14.2) stay the single source of truth. The sub-command modules import
+torch and the engine lazily, so `ninfer --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+# (flag, LLM keyword, argparse options); store_false flags map `--no-x` to `x=False`.
+ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
+    ("--model", "model", dict(metavar="PATH", help="checkpoint folder (default: the demo)")),
+    ("--device", "device", dict(help='"auto" (default), "cuda", "cuda:N" or "cpu"')),
+    ("--dtype", "dtype", dict(help='"auto", "bfloat16", "float16" or "float32"')),
+    ("--kv-dtype", "kv_dtype", dict(help='"auto" (= dtype), "bfloat16" or "fp8_e4m3"')),
+    ("--max-concurrency", "max_concurrency", dict(type=int, metavar="N", help="lanes, 1..8")),
+    ("--prefill-chunk", "prefill_chunk", dict(type=int, metavar="TOKENS")),
+    ("--max-model-len", "max_model_len", dict(type=int, metavar="TOKENS")),
+    ("--kv-capacity", "kv_capacity", dict(metavar="TOKENS", help='or "auto" (free memory)')),
+    ("--host-cache-mib", "host_cache_mib", dict(type=int, metavar="MIB", help="0: Device only")),
+    ("--device-snapshot-slots", "device_snapshot_slots", dict(type=int, metavar="N")),
+    ("--cache-taps-per-request", "cache_taps_per_request", dict(type=int, metavar="N")),
+    ("--cache-tap-ladder", "cache_tap_ladder", dict(type=int, metavar="TOKENS")),
+    ("--cache-tap-min-gap", "cache_tap_min_gap", dict(type=int, metavar="TOKENS")),
+    ("--prefix-cache-file", "prefix_cache_file", dict(metavar="PATH", help="persist the cache")),
+    ("--no-prefix-reuse", "prefix_reuse", dict(action="store_false", help="disable the cache")),
+    ("--concurrent-prefill", "concurrent_prefill", dict(action="store_true")),
+    ("--no-compile", "compile", dict(action="store_false", help="no torch.compile")),
+    ("--no-cuda-graphs", "cuda_graphs", dict(action="store_false")),
+    ("--seed", "seed", dict(type=int)),
+]
+
+COMMANDS = {
+    "chat": ("ninfer.cli.chat", "interactive terminal chat"),
+    "generate": ("ninfer.cli.generate", "batch generation from a JSONL file"),
+    "bench": ("ninfer.cli.bench", "benchmarks: prefill, decode, TTFT, restore, cache"),
+    "info": ("ninfer.cli.info", "resolved configuration and memory ledger"),
+}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine (spec/API.md; left out = LLM's default)")
+    for flag, dest, opts in ENGINE_FLAGS:
+        group.add_argument(flag, dest=dest, default=argparse.SUPPRESS, **opts)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The `LLM(...)` keyword arguments of the engine flags given on the command line."""
+    kwargs = {dest: getattr(args, dest) for _, dest, _ in ENGINE_FLAGS if hasattr(args, dest)}
+    capacity = kwargs.get("kv_capacity", "auto")
+    if capacity != "auto":
+        if not capacity.isdigit():
+            raise ValueError(
+                f'--kv-capacity must be "auto" or a number of tokens, got {capacity!r}'
+            )
+        kwargs["kv_capacity"] = int(capacity)
+    return kwargs
+
+
+def open_llm(args: argparse.Namespace, **overrides: Any):
+    """Build the engine from the command line (flags first, then the sub-command's overrides)."""
+    from ninfer import LLM
+
+    return LLM(**{**engine_kwargs(args), **overrides})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="ninfer", description="Qwen3.5 inference with a hybrid prefix cache."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(sub)
+        add_engine_flags(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import importlib
+
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        engine_kwargs(args)  # a malformed flag fails before anything is built
+        return int(module.run(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:  # bad configuration or input: no traceback
+        print(f"ninfer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Helpers for the command-line tests: run `python -m ninfer` in a subprocess or a pseudo-terminal.
+
+Everything runs the real engine on the embedded demo model (CPU, tiny), with a small Host tier.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+_FLAGS = "--device cpu --host-cache-mib 64 --max-concurrency 4 --kv-capacity 8192"
+ENGINE_FLAGS = _FLAGS.split()
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\r")
+
+
+def ninfer(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run(
+        [sys.executable, "-m", "ninfer", *args],
+        capture_output=True, text=True, timeout=timeout, env=env, **kw,
+    )  # fmt: skip
+
+
+class Terminal:
+    """A child process on a pseudo-terminal; `expect` waits for a regex in its (ANSI-stripped)
+    output after what earlier `expect` calls consumed."""
+
+    def __init__(self, argv: list[str], rows: int = 50, cols: int = 120) -> None:
+        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols)}
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the pty is its controlling terminal
+            os.execvpe(argv[0], argv, env)
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.text, self.pos, self.status = "", 0, None
+
+    def _read(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return True
+        try:
+            data = os.read(self.fd, 65536)
+        except OSError:  # the child closed the terminal
+            return False
+        if not data:
+            return False
+        self.text += ANSI.sub("", data.decode("utf-8", "replace"))
+        return True
+
+    def expect(self, pattern: str, timeout: float = 60) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.compile(pattern).search(self.text, self.pos)
+            if m:
+                self.pos = m.end()
+                return m
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._read(min(left, 0.2)) and not self._alive():
+                raise AssertionError(f"no {pattern!r} in output:\n{self.text[self.pos :]}")
+
+    def send(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def line(self, text: str) -> None:
+        self.send(text + "\r")
+
+    def _alive(self) -> bool:
+        if self.status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+        return self.status is None
+
+    def wait(self, timeout: float = 30) -> int:
+        deadline = time.monotonic() + timeout
+        while self._alive():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"still running; output:\n{self.text[self.pos :]}")
+            self._read(0.1)
+        return self.status
+
+    def close(self) -> None:
+        if self._alive():
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        os.close(self.fd)

@@ -1,0 +1,100 @@
+"""`ninfer info` and `ninfer bench` on the demo model (tiny sizes), run in this process
+(`ninfer.cli.main.main`, the console script's function) to spare interpreter start-ups."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ninfer.cli.main import main
+from tests.cli.cli_util import ENGINE_FLAGS
+
+
+class Run:
+    def __init__(self, rc: int, captured) -> None:
+        self.returncode, self.stdout, self.stderr = rc, captured.out, captured.err
+
+
+@pytest.fixture
+def ninfer(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+
+    def run(*args: str, **_) -> Run:
+        rc = main(list(args))
+        return Run(rc, capsys.readouterr())
+
+    return run
+
+
+SPEC_14_2 = {  # describe() keys carrying the derived values of spec §14.2
+    "host_cache_bytes", "device_snapshot_slots", "cache_taps_per_request", "cache_tap_ladder",
+    "cache_tap_min_gap", "kv_pages", "kv_capacity_tokens", "prefill_chunk", "max_model_len",
+    "dtype", "kv_dtype", "max_concurrency",
+}  # fmt: skip
+
+
+def test_info_json_has_every_derived_value_and_the_ledger(ninfer):
+    run = ninfer("info", "--json", "--prefill-chunk", "64", "--cache-tap-min-gap", "128",
+                 *ENGINE_FLAGS)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    info = json.loads(run.stdout)
+    config, ledger = info["config"], info["memory_ledger"]
+    assert set(config) >= SPEC_14_2
+    assert config["prefill_chunk"] == 64 and config["cache_tap_min_gap"] == 128
+    assert config["max_concurrency"] == 4 and config["host_cache_bytes"] == 64 << 20
+    assert config["cache_tap_ladder"] == 4096  # max(4096, 2 * chunk)
+    assert {"kv_pages", "kv_bytes", "state_slots_active", "host_bytes"} <= set(ledger)
+
+
+def test_info_tables(ninfer):
+    run = ninfer("info", *ENGINE_FLAGS)
+    assert run.returncode == 0, run.stderr
+    for words in ("engine configuration", "memory ledger", "tap_ladder_tokens", "max_new_taps",
+                  "host_cache_budget_bytes", "64.0 MiB", "flag"):  # fmt: skip
+        assert words in run.stdout
+
+
+def test_bad_configuration_is_one_clear_line(ninfer):
+    run = ninfer("info", "--max-concurrency", "99")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].startswith("ninfer info: error: max_concurrency")
+
+
+def test_bench_all_on_the_demo_model(ninfer, tmp_path):
+    out, png, prof = tmp_path / "b.json", tmp_path / "ttft.png", tmp_path / "prof"
+    run = ninfer(
+        "bench", "all", "--prompt-tokens", "16,160", "--decode-tokens", "4", "--batch-sizes",
+        "1,2", "--turns", "2", "--json", str(out), "--plot", str(png), "--profile", str(prof),
+        "--compare-hf", "--cache-prompt-tokens", "4096", "--cache-tree-blocks", "2000",
+        *ENGINE_FLAGS,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr + run.stdout
+    r = json.loads(out.read_text())
+    assert set(r) >= {"meta", "bounds", "prefill", "decode", "ttft", "restore", "cache", "hf"}
+    assert r["bounds"]["copy_bytes_per_s"] > 0 and r["bounds"]["matmul_flops_per_s"] > 0
+    assert [row["prompt_tokens"] for row in r["prefill"]["rows"]] == [16, 160]
+    for row in r["prefill"]["rows"]:
+        assert row["tokens_per_s"] > 0 and row["bound_seconds"] > 0
+    assert [row["batch"] for row in r["decode"]["rows"]] == [1, 2]
+    for row in r["decode"]["rows"]:
+        assert row["tokens_per_s"] > 0 and row["bound_tokens_per_s"] > 0 and not row["errors"]
+    turns = r["ttft"]["turns"]
+    assert len(turns) == 4  # 2 sessions x 2 turns
+    assert all(t["ttft_cold_s"] > 0 and t["ttft_cached_s"] > 0 for t in turns)
+    assert any(t["cached_tokens"] > 0 for t in turns)  # the shared system prompt is reused
+    assert {"tap", "resume", "kv_offload", "kv_restore"} <= set(r["restore"])
+    assert r["hf"]["greedy"]["agreeing_prefix"] == r["hf"]["greedy"]["tokens"]
+    assert r["cache"]["tree_blocks"] == 2000
+    assert png.stat().st_size > 0
+    assert (prof / "decode.json").stat().st_size > 0 and r["decode"]["profile"]["top"]
+    for words in ("of bound", "TTFT per turn", "transformers, same weights", "top kernels"):
+        assert words in run.stdout
+
+
+def test_info_over_a_checkpoint_folder(ninfer, demo_checkpoint):
+    run = ninfer("info", "--json", "--model", str(demo_checkpoint), *ENGINE_FLAGS)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["config"]["model"] == str(demo_checkpoint)
+    missing = ninfer("info", "--model", str(demo_checkpoint / "nowhere"))
+    assert missing.returncode == 2 and "not a checkpoint folder" in missing.stderr

@@ -1,0 +1,106 @@
+"""The flag <-> LLM keyword mapping and the small pieces the REPL draws with (no engine)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from ninfer.cli.chat_view import ReasoningSplitter, stats_table
+from ninfer.cli.main import ENGINE_FLAGS, build_parser, engine_kwargs
+from ninfer.request import Metrics, RequestOutput, Usage
+
+_FLAG_LIST = (
+    "--model --device --dtype --kv-dtype --max-concurrency --prefill-chunk --max-model-len "
+    "--kv-capacity --host-cache-mib --device-snapshot-slots --cache-taps-per-request "
+    "--cache-tap-ladder --cache-tap-min-gap --prefix-cache-file --no-prefix-reuse "
+    "--concurrent-prefill --no-compile --no-cuda-graphs --seed"
+)
+API_FLAGS = _FLAG_LIST.split()
+
+
+def test_every_llm_option_is_a_flag_and_every_flag_an_option():
+    from ninfer.llm import LLM
+
+    assert sorted(f for f, _, _ in ENGINE_FLAGS) == sorted(API_FLAGS)
+    params = set(inspect.signature(LLM.__init__).parameters) - {"self"}
+    assert {dest for _, dest, _ in ENGINE_FLAGS} <= params
+
+
+@pytest.mark.parametrize("command", ["chat", "generate", "bench", "info"])
+def test_each_subcommand_takes_the_engine_flags(command):
+    extra = ["-i", "a", "-o", "b"] if command == "generate" else []
+    argv = [command, *extra, "--max-concurrency", "2", "--no-prefix-reuse", "--kv-capacity",
+            "4096", "--no-compile", "--cache-tap-ladder", "512", "--dtype", "float32"]  # fmt: skip
+    kwargs = engine_kwargs(build_parser().parse_args(argv))
+    assert kwargs == {"max_concurrency": 2, "prefix_reuse": False, "kv_capacity": 4096,
+                      "compile": False, "cache_tap_ladder": 512, "dtype": "float32"}  # fmt: skip
+
+
+def test_flags_left_out_are_not_passed():
+    assert engine_kwargs(build_parser().parse_args(["info"])) == {}
+    args = build_parser().parse_args(["info", "--kv-capacity", "auto", "--concurrent-prefill"])
+    assert engine_kwargs(args) == {"kv_capacity": "auto", "concurrent_prefill": True}
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 5, 8])
+def test_reasoning_splitter_handles_tags_split_across_deltas(cut):
+    text = "plan the answer</think>\n\nThe answer<think>more</think> end"
+    split = ReasoningSplitter(thinking=True)
+    segments = []
+    for i in range(0, len(text), cut):
+        segments += split.feed(text[i : i + cut])
+    segments += split.flush()
+    reasoning = "".join(s for s, r in segments if r)
+    answer = "".join(s for s, r in segments if not r)
+    assert reasoning == "plan the answermore"
+    assert answer == "The answer end"
+    assert split.message() == {
+        "role": "assistant", "content": "The answer end", "reasoning_content": "plan the answermore"
+    }  # fmt: skip
+
+
+def test_reasoning_splitter_without_thinking_keeps_partial_tag_text():
+    split = ReasoningSplitter(thinking=False)
+    assert split.feed("a <thi") == [("a ", False)]
+    assert split.flush() == [("<thi", False)]
+    assert split.message() == {"role": "assistant", "content": "a <thi"}
+
+
+def test_stats_table_puts_tiers_side_by_side():
+    from dataclasses import dataclass
+
+    from rich.console import Console
+
+    @dataclass
+    class Stats:
+        nodes: int = 5
+        nodes_device: int = 4
+        nodes_host: int = 1
+        hits_device: int = 2
+        write_through_bytes: int = 2048
+
+    console = Console(width=100, record=True)
+    console.print(stats_table(Stats()))
+    text = console.export_text()
+    assert "Device" in text and "Host" in text
+    row = next(line for line in text.splitlines() if line.strip("│ ").startswith("nodes"))
+    assert row.replace("│", " ").split() == ["nodes", "4", "1", "5"]
+    assert "2.0 KiB" in text
+
+
+def test_turn_line_has_the_four_figures():
+    from ninfer.cli.chat_view import turn_line
+
+    out = RequestOutput("r", [1], [2, 3], "x", "stop", usage=Usage(120, 2, 64),
+                        metrics=Metrics(ttft_s=0.0123, decode_tokens_per_s=45.67))  # fmt: skip
+    assert turn_line(out) == (
+        "prompt 120 tok · cached 64 · TTFT 12 ms · decode 45.7 tok/s · 2 tok (stop)"
+    )
+
+
+def test_malformed_kv_capacity_is_a_clear_error(capsys):
+    from ninfer.cli.main import main
+
+    assert main(["info", "--kv-capacity", "lots"]) == 2
+    assert '--kv-capacity must be "auto" or a number of tokens' in capsys.readouterr().err
