@@ -2,8 +2,13 @@
 
 Knows nothing about requests, lanes or the prefix cache: a `Row` says which tokens to feed,
 from which context length, into which state slot and pages, and whether its last token's logits
-are sampled. Index arithmetic is vectorised on the device; the only host sync of a step is the
-one `.tolist()` of the sampled tokens (`StepResult`).
+are sampled. Index arithmetic is done on the host and sent as ONE pinned, non-blocking copy; the
+only host sync of a step is the one `.tolist()` of the sampled tokens (`StepResult`).
+
+A pure-decode step replays a captured CUDA graph when `graphs` (`ninfer.engine.graphs`) is set
+and serves it; every other step (prefill chunks, mixed steps, Host restores, `cuda_graphs=False`)
+runs the model eagerly. `warm_up()` (called by `ninfer.engine.backend` before serving) runs the
+JIT / autotune / compile paths once and captures the graphs.
 
     flat tokens  |<- row 0 ->|<- row 1 ->| ...       position p of row r = ctx_lens[r] + i
     slot_mapping[t] = block_table[row(t), p // 64] * 64 + p % 64
@@ -11,6 +16,7 @@ one `.tolist()` of the sampled tokens (`StepResult`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,46 +56,103 @@ class Runner:
         self.cache = cache
         self.device = device
         self.sampler = sampler  # callable(logits, params, generators) -> (tokens, logprobs)
+        self.graphs = None  # a DecodeGraphs once captured (ninfer.engine.backend)
+        self.startup: dict[str, float] = {}  # warm-up figures (seconds)
 
     def build_batch(self, rows: list[Row]) -> ForwardBatch:
         q_lens = [len(r.token_ids) for r in rows]
         ctx_lens = [r.ctx_len for r in rows]
-        flat = [t for r in rows for t in r.token_ids]
+        n_rows, n_tok = len(rows), sum(q_lens)
         width = max(len(r.pages) for r in rows)
-        table = [r.pages + [0] * (width - len(r.pages)) for r in rows]
         want = [i for i, r in enumerate(rows) if r.sample is not None]
-        dev = self.device
-        input_ids = torch.tensor(flat, dtype=torch.int64).to(dev, non_blocking=True)
+        # one int64 host buffer: ids | positions | slot_mapping | cu_q | slots | logits idx | table
+        sizes = [n_tok, n_tok, n_tok, n_rows + 1, n_rows, len(want), n_rows * width]
+        host = torch.zeros(sum(sizes), dtype=torch.int64)
+        ids, pos, smap, cu, slots, lidx, table = host.split(sizes)
+        ids.copy_(torch.tensor([t for r in rows for t in r.token_ids], dtype=torch.int64))
         q_t = torch.tensor(q_lens, dtype=torch.int64)
-        cu = torch.zeros(len(rows) + 1, dtype=torch.int64)
         torch.cumsum(q_t, 0, out=cu[1:])
         ctx_t = torch.tensor(ctx_lens, dtype=torch.int64)
-        if len(flat) == len(rows):  # decode-only step: one token per row
-            row_of = torch.arange(len(rows))
+        if n_tok == n_rows:  # decode-only step: one token per row
+            row_of = torch.arange(n_rows)
         else:
-            row_of = torch.repeat_interleave(torch.arange(len(rows)), q_t, output_size=len(flat))
-        positions = torch.arange(len(flat)) - cu[:-1][row_of] + ctx_t[row_of]
-        block_table = torch.tensor(table, dtype=torch.int32)
-        page = block_table[row_of, positions // PAGE_SIZE].to(torch.int64)
-        slot_mapping = page * PAGE_SIZE + positions % PAGE_SIZE
-        logits_indices = cu[1:][torch.tensor(want, dtype=torch.int64)] - 1
+            row_of = torch.repeat_interleave(torch.arange(n_rows), q_t, output_size=n_tok)
+        torch.add(torch.arange(n_tok) - cu[:-1][row_of], ctx_t[row_of], out=pos)
+        table2d = table.view(n_rows, width)
+        for i, r in enumerate(rows):
+            table2d[i, : len(r.pages)] = torch.tensor(r.pages, dtype=torch.int64)
+        page = table2d[row_of, pos // PAGE_SIZE]
+        torch.add(page * PAGE_SIZE, pos % PAGE_SIZE, out=smap)
+        slots.copy_(torch.tensor([r.slot for r in rows], dtype=torch.int64))
+        lidx.copy_(cu[1:][torch.tensor(want, dtype=torch.int64)] - 1)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        dev = host.to(self.device, non_blocking=True)
+        ids, pos, smap, cu, slots, lidx, table = dev.split(sizes)
         return ForwardBatch(
-            input_ids=input_ids,
-            positions=positions.to(dev, non_blocking=True),
+            input_ids=ids,
+            positions=pos,
             q_lens=q_lens,
             ctx_lens=ctx_lens,
-            cu_q=cu.to(torch.int32).to(dev, non_blocking=True),
-            state_slots=torch.tensor([r.slot for r in rows], dtype=torch.int64).to(dev),
-            block_table=block_table.to(dev, non_blocking=True),
-            slot_mapping=slot_mapping.to(dev, non_blocking=True),
-            logits_indices=logits_indices.to(dev, non_blocking=True),
+            cu_q=cu.to(torch.int32),
+            state_slots=slots,
+            block_table=table.view(n_rows, width).to(torch.int32),
+            slot_mapping=smap,
+            logits_indices=lidx,
             before_layer=_join_hooks([r.before_layer for r in rows if r.before_layer]),
         )
 
+    def forward(self, rows: list[Row]) -> torch.Tensor:
+        """Logits [N, vocab] fp32 of the rows that sample: a graph replay for a pure-decode
+        step the captured graphs serve, else the eager model."""
+        if self.graphs is not None and self.graphs.can_run(rows):
+            return self.graphs.run(rows)
+        return self.model(self.build_batch(rows), self.cache, self.ops)
+
+    @torch.no_grad()
+    def warm_up(
+        self, pages: list[int], slots: list[int], capture: bool, max_pages_per_row: int
+    ) -> dict[str, float]:
+        """Runs every kernel path once before serving (JIT builds, Triton autotune,
+        torch.compile): a fresh two-row prefill, a continuing chunk mixed with decode rows,
+        one eager decode per batch size, then (capture=True, CUDA) the decode graphs.
+        `pages` (>= 3) and `slots` (one per row, max batch = len(slots)) are free pool entries
+        that are overwritten. Returns (and keeps in `startup`) the seconds per phase."""
+        t0 = time.perf_counter()
+        n = len(slots)
+        greedy = SamplingParams(temperature=0.0)
+        p = pages[:3]
+        rows = [Row(list(range(1, 100)), 0, slots[0], p[:2], greedy)]
+        if n > 1:
+            rows.append(Row(list(range(1, 18)), 0, slots[1], [p[2]], greedy))
+        self.step(rows)
+        rows = [Row(list(range(1, 40)), 99, slots[0], p[:3], greedy)]
+        rows += [Row([5], 17 + i, slots[1], [p[2]], greedy) for i in range(min(n - 1, 1))]
+        self.step(rows)
+        self._sync()
+        t1 = time.perf_counter()
+        for bs in range(1, n + 1):
+            self.step([Row([7], 20, slots[i], [p[2]], greedy) for i in range(bs)])
+        self._sync()
+        t2 = time.perf_counter()
+        self.startup = {"warm_prefill_s": t1 - t0, "warm_decode_s": t2 - t1, "capture_s": 0.0}
+        if capture and self.device.type == "cuda":
+            from ninfer.engine.graphs import DecodeGraphs
+
+            graphs = DecodeGraphs(
+                self.model, self.ops, self.cache, self.device, n, max_pages_per_row
+            )
+            self.startup["capture_s"] = graphs.capture(p[2], slots)
+            self.graphs = graphs
+        return self.startup
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def step(self, rows: list[Row]) -> StepResult:
         """Run one ragged forward pass and sample every row that asks for it."""
-        batch = self.build_batch(rows)
-        logits = self.model(batch, self.cache, self.ops)
+        logits = self.forward(rows)
         want = [r for r in rows if r.sample is not None]
         result = StepResult(tokens=[None] * len(rows), logprobs=[None] * len(rows))
         if not want:

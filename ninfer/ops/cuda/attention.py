@@ -5,6 +5,13 @@ of that pass reuse the plan: a decode batch (every row one token after a cached 
 `BatchDecodeWithPagedKVCacheWrapper` with tensor cores, anything else
 `BatchPrefillWithPagedKVCacheWrapper` (fa3 on sm_90 for bf16; fa2 for bf16 q over an fp8 cache).
 K/V are written with one `index_copy_` per tensor (graph-safe). Knows nothing about the model.
+
+CUDA-graph decode (`ninfer.engine.graphs`) uses two hooks: `graph_wrapper(bs, kv_dtype, ...)`
+makes a decode wrapper with `use_cuda_graph=True` over fixed metadata buffers (one per captured
+batch size), and `plan(...)` plans a given wrapper for a batch from metadata the caller built
+(pinned host indptr / last_page_len, device indices), OUTSIDE the graph, before every capture
+and replay. While `frozen` is set (during capture) the forward never plans: every layer runs the
+wrapper planned last.
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ class PagedAttention:
         self._plan_batch: ForwardBatch | None = None
         self._plan_key: tuple | None = None
         self._wrapper = None
+        self.frozen = False  # set by the graph runner while capturing: never plan in the forward
 
     def _get_wrapper(self, decode: bool, kv_dtype: torch.dtype):
         """One wrapper per (decode, kv dtype): a wrapper fixes its backend at its first plan
@@ -92,18 +100,33 @@ class PagedAttention:
             )
         return self._wrappers[key]
 
-    def _plan(
-        self, batch: ForwardBatch, q: torch.Tensor, kv_cache: torch.Tensor, scale: float
+    def graph_wrapper(self, bs: int, kv_dtype: torch.dtype, indices_buf: torch.Tensor):
+        """A decode wrapper for exactly `bs` rows, capturable in a CUDA graph: its indptr and
+        last_page_len buffers are its own, `indices_buf` (int32, on the device) may be shared by
+        the wrappers of every batch size. `kv_dtype` is recorded for the caller only."""
+        dev = self._workspace.device
+        return self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self._workspace, "NHD", use_cuda_graph=True, use_tensor_cores=True,
+            paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+            paged_kv_indices_buffer=indices_buf,
+            paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev),
+        )  # fmt: skip
+
+    def plan(
+        self,
+        batch: ForwardBatch,
+        shape: tuple[int, int, int, torch.dtype, torch.dtype, float],
+        wrapper=None,
+        metadata: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
-        """Plans for `batch` unless the last plan was for this very batch and layer shape."""
-        hq, (hkv, dim) = q.shape[1], kv_cache.shape[-2:]
-        key = (tuple(batch.q_lens), tuple(batch.ctx_lens), hq, hkv, dim, q.dtype, kv_cache.dtype)
-        key += (scale,)
-        if batch is self._plan_batch and key == self._plan_key:
-            return
-        qo_indptr, kv_indptr, last_len, indices = page_metadata(batch)
-        dtypes = {"q_data_type": q.dtype, "kv_data_type": kv_cache.dtype, "sm_scale": scale}
-        self._wrapper = self._get_wrapper(batch.is_decode, kv_cache.dtype)
+        """Plans `batch` now. shape = (Hq, Hkv, head_dim, q dtype, kv dtype, scale).
+        `wrapper`: a `graph_wrapper` (decode batches only) instead of the eager one;
+        `metadata`: (qo_indptr, kv_indptr, last_page_len, kv_indices) as `page_metadata`
+        returns them (host lists pinned, indices on the device), else built from `batch`."""
+        hq, hkv, dim, q_dtype, kv_dtype, scale = shape
+        qo_indptr, kv_indptr, last_len, indices = metadata or page_metadata(batch)
+        dtypes = {"q_data_type": q_dtype, "kv_data_type": kv_dtype, "sm_scale": scale}
+        self._wrapper = wrapper or self._get_wrapper(batch.is_decode, kv_dtype)
         if batch.is_decode:
             self._wrapper.plan(kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE, **dtypes)
         else:
@@ -111,7 +134,21 @@ class PagedAttention:
                 qo_indptr, kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE, causal=True,
                 **dtypes,
             )  # fmt: skip
-        self._plan_batch, self._plan_key = batch, key
+        self._plan_batch = batch
+        self._plan_key = (tuple(batch.q_lens), tuple(batch.ctx_lens), *shape)
+
+    def _plan(
+        self, batch: ForwardBatch, q: torch.Tensor, kv_cache: torch.Tensor, scale: float
+    ) -> None:
+        """Plans for `batch` unless the last plan was for this very batch and layer shape."""
+        if self.frozen:  # capturing: the graph runner planned this batch before the capture
+            return
+        hq, (hkv, dim) = q.shape[1], kv_cache.shape[-2:]
+        shape = (hq, hkv, dim, q.dtype, kv_cache.dtype, scale)
+        key = (tuple(batch.q_lens), tuple(batch.ctx_lens), *shape)
+        if batch is self._plan_batch and key == self._plan_key:
+            return
+        self.plan(batch, shape)
 
     def __call__(
         self,

@@ -1,18 +1,60 @@
 """`CudaOps`: the op contract (`ninfer.ops.base.Ops`) on FlashInfer, fla-core and Triton.
 
 Attention (FlashInfer), GDN (fla-core prefill, own Triton decode) and the causal conv (own
-Triton) have fast paths; norms, RoPE and MoE are the reference's torch code for now
-(torch.compile of the model's dense parts is the plan for those). The kernel modules import
-triton / flashinfer / fla, so they are imported when a `CudaOps` is built, not when this module
-is.
+Triton) have fast paths; the routed MoE is a sync-free grouped GEMM (`moe.py`, capturable);
+norms and RoPE are the reference's torch code, optionally through `torch.compile` (one compiled
+function per helper, dynamic shapes, so that a CUDA graph can capture the compiled kernels once
+they have been warmed up for its batch size). The kernel modules import triton / flashinfer /
+fla, so they are imported when a `CudaOps` is built, not when this module is.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ninfer.models.batch import ForwardBatch
+from ninfer.ops.cuda.moe import moe_grouped
 from ninfer.ops.reference import ReferenceOps
+from ninfer.ops.reference.dense import (
+    apply_rope_ref,
+    gated_rms_norm_ref,
+    rms_norm_ref,
+    rope_cos_sin,
+)
+
+
+def _rope(q, k, positions, inv_freq, rotary_dim: int):
+    cos, sin = rope_cos_sin(positions, inv_freq, q.dtype)
+    return apply_rope_ref(q, cos, sin, rotary_dim), apply_rope_ref(k, cos, sin, rotary_dim)
+
+
+logger = logging.getLogger(__name__)
+
+
+class _Compiled:
+    """`torch.compile(fn, dynamic=True)`, falling back to `fn` for good (one warning) if
+    compiling fails. Compilation happens at the first call per shape class (the engine's
+    warm-up, never inside a CUDA-graph capture)."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.compiled = fn, torch.compile(fn, dynamic=True)
+
+    def __call__(self, *args):
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args)
+            except Exception as e:  # noqa: BLE001 - any compiler failure: run eagerly
+                if torch.cuda.is_current_stream_capturing():
+                    raise
+                logger.warning("torch.compile of %s failed (%r): eager", self.fn.__name__, e)
+                self.compiled = None
+        return self.fn(*args)
+
+
+def _compiled(fn, enabled: bool):
+    return _Compiled(fn) if enabled else fn
 
 
 class CudaOps(ReferenceOps):
@@ -21,12 +63,50 @@ class CudaOps(ReferenceOps):
 
     name = "cuda"
 
-    def __init__(self, device: torch.device | str = "cuda") -> None:
+    def __init__(self, device: torch.device | str = "cuda", compile: bool = False) -> None:
         from ninfer.ops.cuda import conv, gdn
         from ninfer.ops.cuda.attention import PagedAttention
 
         self._attention = PagedAttention(torch.device(device))
         self._conv, self._gdn = conv, gdn
+        self.compiled = compile
+        self._rms_norm = _compiled(rms_norm_ref, compile)
+        self._gated_rms_norm = _compiled(gated_rms_norm_ref, compile)
+        self._rope = _compiled(_rope, compile)
+
+    @property
+    def attention_planner(self):
+        """The FlashInfer attention op, for the CUDA-graph runner (`graph_wrapper`, `plan`,
+        `frozen`)."""
+        return self._attention
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self._rms_norm(x, weight, eps)
+
+    def gated_rms_norm(
+        self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        return self._gated_rms_norm(x, z, weight, eps)
+
+    def rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        rotary_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._rope(q, k, positions, inv_freq, rotary_dim)
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router_weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        top_k: int,
+    ) -> torch.Tensor:
+        return moe_grouped(x, router_weight, gate_up, down, top_k)
 
     def attention(
         self,

@@ -1,0 +1,76 @@
+"""The one place that picks the op set and prepares the runner before serving.
+
+    CPU                                   -> ReferenceOps
+    CUDA, flashinfer + fla + triton import -> CudaOps (torch.compile of norms / RoPE if compile)
+    CUDA, a kernel library missing        -> ReferenceOps, with one warning saying which
+
+`prepare_runner` runs the kernel warm-up (JIT, autotune, compile: one prefill, one decode per
+batch size) and, with `cuda_graphs` on a CudaOps engine, captures the decode graphs; it logs the
+startup time. Warm-up writes into pool pages and state slots that it borrows free from the pools
+and gives back, so it is safe whenever the pools hold nothing else in those entries.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+
+import torch
+
+from ninfer.models.batch import PAGE_SIZE
+
+logger = logging.getLogger(__name__)
+
+
+def select_ops(device: torch.device, compile: bool = False):
+    """The op set for `device` (see the module docstring)."""
+    from ninfer.ops.reference import ReferenceOps
+
+    if device.type != "cuda":
+        return ReferenceOps()
+    missing = [m for m in ("flashinfer", "fla", "triton") if importlib.util.find_spec(m) is None]
+    if missing:
+        logger.warning(
+            "ninfer: CUDA device but %s not importable: using the slow ReferenceOps",
+            ", ".join(missing),
+        )
+        return ReferenceOps()
+    try:
+        from ninfer.ops.cuda import CudaOps
+
+        return CudaOps(device, compile=compile)
+    except ImportError as e:  # a kernel library present but broken
+        logger.warning("ninfer: CudaOps unavailable (%r): using the slow ReferenceOps", e)
+        return ReferenceOps()
+
+
+def prepare_runner(runner, cfg, bridge) -> dict[str, float]:
+    """Warm-up (and decode-graph capture) of `runner` before the engine serves. Borrows 3 free
+    pages and max_concurrency free active state slots from the bridge's pools and returns them.
+    Returns the startup figures (seconds), also kept in `runner.startup`; nothing on the CPU
+    (no kernel to build)."""
+    if runner.device.type != "cuda":
+        return {}
+    t0 = time.perf_counter()
+    capture = bool(cfg.cuda_graphs) and getattr(runner.ops, "name", "") == "cuda"
+    pages = bridge.kv.alloc(3)
+    slots = [bridge.states.acquire() for _ in range(cfg.max_concurrency)]
+    try:
+        max_pages = -(-cfg.max_model_len // PAGE_SIZE)
+        figures = runner.warm_up(pages, slots, capture, max_pages)
+    finally:  # in reverse, so the free lists end as they were
+        for s in reversed(slots):
+            bridge.states.release(s)
+        bridge.kv.free(reversed(pages))
+    figures["warm_up_s"] = time.perf_counter() - t0
+    logger.info(
+        "ninfer: %s ops, warm-up %.2f s (prefill %.2f, decode %.2f, graphs %.2f: %s)",
+        runner.ops.name,
+        figures["warm_up_s"],
+        figures["warm_prefill_s"],
+        figures["warm_decode_s"],
+        figures["capture_s"],
+        f"batch 1..{cfg.max_concurrency}" if runner.graphs is not None else "off",
+    )
+    return figures

@@ -1,0 +1,201 @@
+"""CPU checks of the CUDA-graph decode metadata (`ninfer.engine.graphs.DecodeGraphs._fill`):
+the static buffers and the FlashInfer CSR it plans with equal what the eager path builds
+(`Runner.build_batch` + `page_metadata`) for the same decode rows. Capture itself needs CUDA
+(tests/engine/test_engine_cuda.py)."""
+
+from __future__ import annotations
+
+import torch
+from engine_helpers import TINY
+
+from ninfer.engine.graphs import DecodeGraphs
+from ninfer.engine.runner import Row, Runner
+from ninfer.models.batch import PAGE_SIZE, ModelCache
+from ninfer.models.presets import build_random_model
+from ninfer.ops.cuda.attention import page_metadata
+from ninfer.ops.reference import ReferenceOps
+from ninfer.request import SamplingParams
+
+
+class _Planner:
+    def __init__(self) -> None:
+        self.planned = []
+
+    def graph_wrapper(self, bs, kv_dtype, indices_buf):
+        return f"wrapper-{bs}"
+
+    def plan(self, batch, shape, wrapper, metadata):
+        self.planned.append((batch, shape, wrapper, [m.clone() for m in metadata]))
+
+
+class _Ops(ReferenceOps):
+    def __init__(self) -> None:
+        self.attention_planner = _Planner()
+
+
+def test_fill_matches_eager_batch():
+    model = build_random_model(TINY, torch.float32, "cpu", seed=3)
+    cache = ModelCache(kv=[torch.zeros(40, 2, PAGE_SIZE, 1, 32)], conv=None, ssm=None)
+    ops = _Ops()
+    graphs = DecodeGraphs(model, ops, cache, torch.device("cpu"), 4, max_pages_per_row=8)
+    greedy = SamplingParams(temperature=0.0)
+    rows = [
+        Row([11], 63, 2, [5, 9], greedy),
+        Row([12], 64, 0, [7, 3, 8], greedy),
+        Row([13], 200, 3, [1, 2, 4, 6, 30], greedy),
+    ]
+    assert graphs.can_run(rows) is False  # nothing captured yet
+    graphs.graphs[3] = object()
+    assert graphs.can_run(rows)
+    assert not graphs.can_run([Row([1, 2], 63, 2, [5, 9], greedy)])
+    assert not graphs.can_run([Row([1], 0, 2, [5], greedy)])
+    assert not graphs.can_run([Row([1], 63, 2, [5], None)])
+
+    batch = graphs._fill([(r.token_ids[0], r.ctx_len, r.slot, r.pages) for r in rows])
+    eager = Runner(model, ops, cache, torch.device("cpu"), None).build_batch(rows)
+    for name in ("input_ids", "positions", "slot_mapping", "state_slots", "cu_q"):
+        assert torch.equal(getattr(batch, name).long(), getattr(eager, name).long()), name
+    assert torch.equal(batch.logits_indices, eager.logits_indices)
+    assert batch.ctx_lens == eager.ctx_lens and batch.q_lens == eager.q_lens
+    assert batch.is_decode
+    _, shape, wrapper, (qo, indptr, last, indices) = ops.attention_planner.planned[-1]
+    assert wrapper == "wrapper-3"
+    assert shape[:3] == (TINY.num_attention_heads, TINY.num_key_value_heads, TINY.head_dim)
+    ref_qo, ref_indptr, ref_last, ref_indices = page_metadata(eager)
+    assert torch.equal(indptr, ref_indptr) and torch.equal(last, ref_last)
+    assert torch.equal(qo, ref_qo) and torch.equal(indices, ref_indices)
+
+
+def test_build_batch_layout():
+    """The packed single-copy build_batch keeps the documented ragged layout."""
+    model = build_random_model(TINY, torch.float32, "cpu", seed=3)
+    runner = Runner(model, ReferenceOps(), None, torch.device("cpu"), None)
+    rows = [
+        Row([1, 2, 3], 62, 1, [4, 5], SamplingParams(temperature=0.0)),
+        Row([9], 10, 0, [7], None),
+        Row([8, 7], 0, 2, [6], SamplingParams(temperature=0.0)),
+    ]
+    b = runner.build_batch(rows)
+    assert b.input_ids.tolist() == [1, 2, 3, 9, 8, 7]
+    assert b.positions.tolist() == [62, 63, 64, 10, 0, 1]
+    assert b.slot_mapping.tolist() == [4 * 64 + 62, 4 * 64 + 63, 5 * 64, 7 * 64 + 10, 6 * 64, 385]
+    assert b.cu_q.tolist() == [0, 3, 4, 6] and b.cu_q.dtype == torch.int32
+    assert b.state_slots.tolist() == [1, 0, 2]
+    assert b.logits_indices.tolist() == [2, 5]
+    assert b.block_table.tolist() == [[4, 5], [7, 0], [6, 0]]
+    assert b.block_table.dtype == torch.int32
+
+
+# ---- the graph decode path end to end on the CPU, with a CSR-reading stand-in for FlashInfer ----
+
+
+class _CsrWrapper:
+    """Stand-in for FlashInfer's paged wrappers: attention computed from exactly the CSR
+    metadata (indptr / indices / last_page_len) a plan() received, as the real kernels do."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.graph = kwargs.get("use_cuda_graph", False)
+
+    def plan(self, *args, **kw):
+        if len(args) == 7:  # decode: indptr, indices, last_page_len, Hq, Hkv, D, page
+            self.qo = torch.arange(len(args[2]) + 1)
+            indptr, indices, last = args[:3]
+        else:  # prefill: qo_indptr, indptr, indices, last_page_len, ...
+            self.qo, indptr, indices, last = args[:4]
+        self.indptr, self.indices, self.last = indptr.clone(), indices.clone(), last.clone()
+        self.scale = kw["sm_scale"]
+
+    def run(self, q, kv, k_scale=None, v_scale=None):
+        out = torch.empty_like(q)
+        hq, hkv = q.shape[1], kv.shape[-2]
+        for r in range(len(self.last)):
+            pages = self.indices[self.indptr[r] : self.indptr[r + 1]].long()
+            n = (len(pages) - 1) * PAGE_SIZE + int(self.last[r])
+            k = kv[pages, 0].reshape(-1, hkv, kv.shape[-1])[:n].repeat_interleave(hq // hkv, 1)
+            v = kv[pages, 1].reshape(-1, hkv, kv.shape[-1])[:n].repeat_interleave(hq // hkv, 1)
+            a, b = int(self.qo[r]), int(self.qo[r + 1])
+            for i in range(a, b):
+                pos = n - (b - a) + (i - a)
+                s = torch.einsum("hd,thd->ht", q[i].float(), k[: pos + 1].float()) * self.scale
+                out[i] = torch.einsum("ht,thd->hd", s.softmax(-1), v[: pos + 1].float())
+        return out
+
+
+class _Graph:
+    """Replays the forward on the static batch with planning frozen (what the capture holds)."""
+
+    def __init__(self, graphs: DecodeGraphs, bs: int) -> None:
+        self.graphs, self.bs = graphs, bs
+
+    def replay(self) -> None:
+        g = self.graphs
+        g.attn.frozen = True
+        try:
+            g.logits[self.bs] = g.model(g.batches[self.bs], g.cache, g.ops)
+        finally:
+            g.attn.frozen = False
+
+
+def _csr_ops(monkeypatch):
+    import sys
+    import types
+
+    from ninfer.ops.cuda.attention import PagedAttention
+
+    fake = types.ModuleType("flashinfer")
+    fake.BatchDecodeWithPagedKVCacheWrapper = _CsrWrapper
+    fake.BatchPrefillWithPagedKVCacheWrapper = _CsrWrapper
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setattr("ninfer.ops.cuda.attention.WORKSPACE_BYTES", 16)
+
+    class CsrOps(ReferenceOps):
+        name = "csr"
+
+        def __init__(self) -> None:
+            self._attention = PagedAttention(torch.device("cpu"))
+
+        @property
+        def attention_planner(self):
+            return self._attention
+
+        def attention(self, q, k, v, kv_cache, batch, scale, k_scale=None, v_scale=None):
+            return self._attention(q, k, v, kv_cache, batch, scale, k_scale, v_scale)
+
+    return CsrOps
+
+
+def _tiny_cache(slots: int = 6, pages: int = 24) -> ModelCache:
+    n_gdn = len(TINY.gdn_layer_ids)
+    return ModelCache(
+        kv=[torch.zeros(pages, 2, PAGE_SIZE, 1, 32) for _ in TINY.full_layer_ids],
+        conv=torch.zeros(slots, n_gdn, TINY.conv_dim, TINY.linear_conv_kernel_dim - 1),
+        ssm=torch.zeros(slots, n_gdn, 2, 16, 16),
+    )
+
+
+def test_graph_decode_path_matches_eager(monkeypatch):
+    """Prefill, then decode steps of 3 then 2 rows: the static-buffer path (plan from the
+    pinned mirrors, frozen forward on the static batch) gives the eager logits."""
+    csr_ops = _csr_ops(monkeypatch)
+    model = build_random_model(TINY, torch.float32, "cpu", seed=5)
+    greedy = SamplingParams(temperature=0.0)
+    eager = Runner(model, csr_ops(), _tiny_cache(), torch.device("cpu"), None)
+    ref = Runner(model, ReferenceOps(), _tiny_cache(), torch.device("cpu"), None)
+    graph = Runner(model, csr_ops(), _tiny_cache(), torch.device("cpu"), None)
+    graph.graphs = DecodeGraphs(model, graph.ops, graph.cache, torch.device("cpu"), 4, 8)
+    for bs in range(1, 5):
+        graph.graphs.graphs[bs] = _Graph(graph.graphs, bs)
+    prompts = [list(range(3, 73)), list(range(100, 163)), [9] * 5]
+    slots, pages = [4, 0, 2], [[3, 7, 1], [5, 6, 2], [9, 8, 10]]
+    rows = [Row(p, 0, s, pg, greedy) for p, s, pg in zip(prompts, slots, pages, strict=True)]
+    ctx = [len(p) for p in prompts]
+    for step in range(8):
+        outs = [r.forward(rows) for r in (eager, graph, ref)]
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(outs[0], outs[2], rtol=1e-4, atol=1e-4)
+        ids = outs[0].argmax(-1).tolist()
+        n = 3 if step < 4 else 2
+        grid = zip(ids[:n], ctx[:n], slots[:n], pages[:n], strict=True)
+        rows = [Row([t], c, s, pg, greedy) for t, c, s, pg in grid]
+        ctx = [c + 1 for c in ctx[:n]]
+    assert graph.graphs.replays == 7

@@ -1,0 +1,330 @@
+"""End-to-end engine figures on one GPU: decode tokens/s (CUDA-graph replay through the runner,
+sampling and the per-step host work included) beside the HBM bound, prefill tokens/s and MFU,
+the state-image tap copy, and a profile of one decode step.
+
+Self-contained: each preset of `ninfer.models.presets` is built with random bf16 weights on the
+GPU (one at a time, freed after), over pools sized for the run, and driven through
+`ninfer.engine.runner.Runner` directly (warm-up + graph capture as the engine does it).
+
+    decode bound  = (weights read per step + KV read + GDN state read and written) / copy BW
+                    weights: all matrices except an untied embedding (only bs rows read); MoE:
+                    shared part + the expected distinct experts touched by bs * top_k uniform
+                    picks, E * (1 - (1 - k/E)^bs), per layer
+    prefill MFU   = (2 * non-embedding params * L + 2 * L^2 * Hq * head_dim * full layers) / t
+                    / measured bf16 matmul peak (GDN chunk FLOPs not counted: < 1 % here)
+
+Usage (device machine, repo root, PYTHONPATH with the carried wheels):
+    python3 tools/device/bench_engine.py [--models 0.8B,4B,9B,27B,35B-A3B] [--batches 1,4,8]
+        [--prefill 9B:8192,27B:8192] [--compile-check 0.8B] [--profile DIR] [--compare-hf]
+        [--out bench_engine.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+import traceback
+
+import torch
+
+from ninfer.engine.runner import Row, Runner
+from ninfer.models.batch import PAGE_SIZE, ModelCache
+from ninfer.models.presets import PRESETS, build_random_model
+from ninfer.request import SamplingParams
+
+DEV = torch.device("cuda")
+BF16 = torch.bfloat16
+GREEDY = SamplingParams(temperature=0.0)
+RESULTS: list[dict] = []
+
+
+def emit(**row) -> None:
+    RESULTS.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def greedy_sampler(logits, params, generators):
+    return logits.argmax(-1).tolist(), None
+
+
+def cuda_ms(fn, reps: int = 10) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy bandwidth B/s counting read + write, bf16 matmul FLOP/s), measured here."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    bw = 2 * src.numel() / (cuda_ms(lambda: dst.copy_(src)) / 1e3)
+    x = torch.randn(8192, 8192, dtype=BF16, device=DEV)
+    y = torch.randn(8192, 8192, dtype=BF16, device=DEV)
+    flops = 2 * 8192**3 / (cuda_ms(lambda: x @ y, reps=20) / 1e3)
+    emit(kind="ceiling", copy_TBps=round(bw / 1e12, 3), bf16_matmul_TFLOPs=round(flops / 1e12, 1))
+    return bw, flops
+
+
+def make_cache(cfg, slots: int, pages: int) -> ModelCache:
+    n_gdn = len(cfg.gdn_layer_ids)
+    kv = [
+        torch.zeros(pages, 2, PAGE_SIZE, cfg.num_key_value_heads, cfg.head_dim, dtype=BF16,
+                    device=DEV)
+        for _ in cfg.full_layer_ids
+    ]  # fmt: skip
+    conv = torch.zeros(
+        slots, n_gdn, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=BF16, device=DEV
+    )
+    ssm = torch.zeros(
+        slots, n_gdn, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim, device=DEV,
+    )  # fmt: skip
+    return ModelCache(kv=kv, conv=conv, ssm=ssm)
+
+
+def weight_bytes(model, bs: int) -> float:
+    """Bytes of weights read by one decode step of bs rows."""
+    cfg = model.config
+    read = 0.0
+    emb = model.model.embed_tokens.weight
+    for name, p in model.named_parameters():
+        n = p.numel() * p.element_size()
+        if "experts." in name and "shared_expert" not in name:
+            e, k = cfg.num_experts, cfg.num_experts_per_tok
+            read += n * (1 - (1 - k / e) ** bs)
+        elif p is emb and not cfg.tie_word_embeddings:
+            read += bs * p.shape[1] * p.element_size()
+        else:
+            read += n
+    return read
+
+
+def active_params(model) -> float:
+    """Parameters multiplied per token (MoE: shared + top_k experts; lm_head once)."""
+    cfg = model.config
+    n = 0.0
+    for name, p in model.named_parameters():
+        if name == "model.embed_tokens.weight":
+            continue
+        if "experts." in name and "shared_expert" not in name:
+            n += p.numel() * cfg.num_experts_per_tok / cfg.num_experts
+        else:
+            n += p.numel()
+    if cfg.tie_word_embeddings:
+        n += model.lm_head.weight.numel()
+    return n
+
+
+def state_image_bytes(cache: ModelCache) -> int:
+    return (cache.ssm[0].numel() * 4) + cache.conv[0].numel() * cache.conv.element_size()
+
+
+def kv_token_bytes(cfg) -> int:
+    return len(cfg.full_layer_ids) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
+
+
+def build(name: str, compile: bool, slots: int, pages: int, max_pages_row: int):
+    from ninfer.ops.cuda import CudaOps
+
+    cfg = PRESETS[name]
+    t0 = time.perf_counter()
+    model = build_random_model(cfg, BF16, DEV, seed=0)
+    cache = make_cache(cfg, slots, pages)
+    runner = Runner(model, CudaOps(DEV, compile=compile), cache, DEV, greedy_sampler)
+    t1 = time.perf_counter()
+    warm = runner.warm_up([pages - 3, pages - 2, pages - 1], list(range(8)), True, max_pages_row)
+    emit(kind="startup", model=name, compile=compile, build_s=round(t1 - t0, 2),
+         **{k: round(v, 2) for k, v in warm.items()})  # fmt: skip
+    return model, cache, runner
+
+
+def decode_rows(bs: int, ctx: int, pages_per_row: int) -> list[Row]:
+    return [
+        Row([11 + i], ctx, i, list(range(i * pages_per_row, (i + 1) * pages_per_row)), GREEDY)
+        for i in range(bs)
+    ]
+
+
+def bench_decode(name, model, cache, runner, batches, ctx, steps, bw, ppr, tag="") -> None:
+    cfg = model.config
+    for bs in batches:
+        rows = decode_rows(bs, ctx, ppr)
+
+        def advance(rows=rows):
+            out = runner.step(rows)
+            for r, t in zip(rows, out.tokens, strict=True):
+                r.token_ids, r.ctx_len = [t], r.ctx_len + 1
+
+        for _ in range(3):
+            advance()
+        replays = runner.graphs.replays
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            advance()
+        dt = (time.perf_counter() - t0) / steps
+        assert runner.graphs.replays - replays == steps, "decode did not replay graphs"
+        mean_ctx = ctx + 3 + steps / 2
+        wb = weight_bytes(model, bs)
+        kvb = bs * mean_ctx * kv_token_bytes(cfg)
+        stb = bs * 2 * state_image_bytes(cache)
+        bound = (wb + kvb + stb) / bw
+        emit(kind="decode", model=name, bs=bs, ctx=ctx, tag=tag, step_ms=round(dt * 1e3, 3),
+             tok_s=round(bs / dt, 1), bound_ms=round(bound * 1e3, 3),
+             bound_tok_s=round(bs / bound, 1), of_bound=round(bound / dt, 3),
+             GB_per_step=round((wb + kvb + stb) / 1e9, 3))  # fmt: skip
+
+
+def bench_prefill(name, model, runner, lengths, peak) -> None:
+    cfg = model.config
+    n_act = active_params(model)
+    hq, hd, n_full = cfg.num_attention_heads, cfg.head_dim, len(cfg.full_layer_ids)
+    for length in lengths:
+        rows = [Row(list(range(5, 5 + length)), 0, 0, list(range(-(-length // PAGE_SIZE))),
+                    GREEDY)]  # fmt: skip
+        runner.step(rows)  # first: autotune for this length
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            runner.step(rows)
+            times.append(time.perf_counter() - t0)
+        dt = min(times)
+        flops = 2 * n_act * length + 2 * length**2 * hq * hd * n_full
+        emit(kind="prefill", model=name, tokens=length, s=round(dt, 4),
+             tok_s=round(length / dt, 1), TFLOPs=round(flops / dt / 1e12, 1),
+             mfu=round(flops / dt / peak, 3))  # fmt: skip
+
+
+def bench_tap(name, cache, bw) -> None:
+    img = state_image_bytes(cache)
+
+    def tap():
+        cache.ssm[7].copy_(cache.ssm[6])
+        cache.conv[7].copy_(cache.conv[6])
+
+    ms = cuda_ms(tap, reps=20)
+    bound = 2 * img / bw * 1e3
+    emit(kind="tap", model=name, image_MiB=round(img / 2**20, 1), ms=round(ms, 4),
+         bound_ms=round(bound, 4), of_bound=round(bound / ms, 3))  # fmt: skip
+
+
+def profile_decode(name, runner, ppr, out_dir: str) -> None:
+    """Chrome trace of one graph-replayed decode step; host syncs inside the forward?"""
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    rows = decode_rows(8, 1024, ppr)
+    runner.step(rows)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("ninfer.decode_forward"):
+            logits = runner.forward(rows)
+        with record_function("ninfer.sample"):
+            runner.sampler(logits, [GREEDY] * 8, [None] * 8)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    trace = f"{out_dir}/decode_{name}_bs8.json"
+    prof.export_chrome_trace(trace)
+    events = prof.events()
+    spans = {e.name: e.time_range for e in events if e.name.startswith("ninfer.")}
+    sync_names = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+    def syncs(span):
+        return sorted(
+            {
+                e.name
+                for e in events
+                if (e.name in sync_names or e.name == "cudaMemcpy")
+                and span.start <= e.time_range.start <= span.end
+            }
+        )
+
+    d2h = sorted({e.name for e in events if "DtoH" in e.name or "Device -> P" in e.name})
+    emit(kind="profile", model=name, trace=trace,
+         syncs_in_forward=syncs(spans["ninfer.decode_forward"]),
+         syncs_in_sample=syncs(spans["ninfer.sample"]), d2h_copies_in_step=d2h,
+         forward_cpu_us=round(spans["ninfer.decode_forward"].elapsed_us(), 1))  # fmt: skip
+
+
+def compare_hf(name: str, batches) -> None:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        emit(kind="hf", model=name, skipped="transformers not installed on the device")
+        return
+    emit(kind="hf", model=name, skipped="not implemented in this run")
+
+
+def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool:
+    ppr = -(-(args.ctx + args.steps + 8) // PAGE_SIZE)
+    longest = max(prefill.get(name, [0]))
+    pages = max(8 * ppr, -(-longest // PAGE_SIZE)) + 3
+    max_row = max(ppr, -(-longest // PAGE_SIZE))
+    tag = "compile" if compile else "eager-dense"
+    model, cache, runner = build(name, compile, 8, pages, max_row)
+    try:
+        bench_decode(name, model, cache, runner, batches, args.ctx, args.steps, bw, ppr, tag)
+        if compile == args.compile:
+            if name in prefill:
+                bench_prefill(name, model, runner, prefill[name], peak)
+            if name == args.tap:
+                bench_tap(name, cache, bw)
+            if args.profile and not profiled:
+                profile_decode(name, runner, ppr, args.profile)
+                profiled = True
+    finally:
+        runner.graphs = None
+    return profiled
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="0.8B,4B,9B,27B,35B-A3B")
+    ap.add_argument("--batches", default="1,4,8")
+    ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--prefill", default="9B:8192,27B:8192")
+    ap.add_argument("--compile", action="store_true", help="torch.compile norms / RoPE")
+    ap.add_argument("--compile-check", default="0.8B", help="models also run with compile")
+    ap.add_argument("--tap", default="27B")
+    ap.add_argument("--profile", default=None, help="DIR: trace one decode step (first model)")
+    ap.add_argument("--compare-hf", action="store_true")
+    ap.add_argument("--out", default="bench_engine.json")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    prefill: dict[str, list[int]] = {}
+    for item in filter(None, args.prefill.split(",")):
+        m, n = item.split(":")
+        prefill.setdefault(m, []).append(int(n))
+    checks = set(filter(None, args.compile_check.split(",")))
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    bw, peak = ceilings()
+    profiled = False
+    for name in args.models.split(","):
+        t_model = time.perf_counter()
+        for compile in sorted({args.compile, name in checks and not args.compile}):
+            try:
+                profiled = run_model(name, compile, args, batches, prefill, bw, peak, profiled)
+            except Exception as e:  # noqa: BLE001 - report and go on with the next preset
+                traceback.print_exc()
+                emit(kind="error", model=name, compile=compile, error=repr(e)[:300])
+            gc.collect()
+            torch.cuda.empty_cache()
+        if args.compare_hf and name == "0.8B":
+            compare_hf(name, batches)
+        print(f"# {name} done in {time.perf_counter() - t_model:.1f} s", flush=True)
+    with open(args.out, "w") as f:
+        json.dump(RESULTS, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
