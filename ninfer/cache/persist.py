@@ -1,0 +1,414 @@
+"""The prefix cache file's tables (spec §5.5): what a save writes, what a load may restore.
+
+Pure Python (no torch): this module chooses *which* blocks and snapshots go into the file,
+encodes and decodes the header and tables, plans a partial restore into a smaller Host tier and
+rebuilds the chosen entries Host-only in a `PrefixIndex`. The slab bytes themselves are moved
+by `ninfer.memory.persist_file`; `ninfer.engine.persistence` glues both to the engine.
+
+File layout (format 1; all integers little-endian):
+
+    offset 0        fixed header  "<8sIIQQQQ": magic, format version, flags (0),
+                                   meta_len, tables_len, n_slabs, payload_offset
+                    meta          meta_len bytes of JSON: {"fingerprint": {...},
+                                   "geometry": {...}}
+                    tables        "<II" n_blocks, n_snapshots
+                                   block table     n_blocks x ("<iIQ" parent, slab, extra
+                                                   + 256 bytes of tokens), parents first
+                                   snapshot table  n_snapshots x ("<iIIiHB" anchor, frontier,
+                                                   hits, tail_slab, tail_len, kind
+                                                   + image_slabs x "<I" image slabs in order
+                                                   + tail_len x "<i" tail tokens)
+                                   slab checksums  n_slabs x "<Q" (xxh3_64 of each slab)
+                    checksum      "<Q" xxh3_64 of fixed header + meta + tables
+                    zero padding to payload_offset (a multiple of 4 KiB)
+    payload_offset  slab bytes    n_slabs x slab_bytes: file slab i at payload_offset +
+                                   i * slab_bytes (its n_fa cells in layer order)
+    end             file size == payload_offset + n_slabs * slab_bytes
+
+`parent` and `anchor` are block-table indices (-1 = the root). A slab index is a file slab:
+every file slab belongs to exactly one block, image position or tail. The header and tables
+come before any slab byte, so a loader decides what to restore before it reads slabs.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+import xxhash
+
+from ninfer.cache.common import (
+    BLOCK_BYTES,
+    BLOCK_TOKENS,
+    ROOT,
+    TOKEN_BYTES,
+    Residency,
+    SnapshotKind,
+)
+
+MAGIC = b"NINFHPC\x00"
+FORMAT_VERSION = 1
+PAYLOAD_ALIGN = 4096
+
+_FIXED = struct.Struct("<8sIIQQQQ")
+_COUNTS = struct.Struct("<II")
+_BLOCK = struct.Struct("<iIQ")
+_SNAP = struct.Struct("<iIIiHB")
+_SUM = struct.Struct("<Q")
+_RESIDENT = Residency.RESIDENT
+
+
+class PersistError(ValueError):
+    """The file cannot be used; the message says why (damaged or foreign)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The Host geometry a file's slabs were cut with; a load needs it equal."""
+
+    n_fa_layers: int
+    cell_bytes: int
+    slab_bytes: int
+    image_bytes: int
+    image_slabs: int
+
+    def as_dict(self) -> dict:
+        return {
+            "n_fa_layers": self.n_fa_layers,
+            "cell_bytes": self.cell_bytes,
+            "slab_bytes": self.slab_bytes,
+            "image_bytes": self.image_bytes,
+            "image_slabs": self.image_slabs,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRecord:
+    parent: int  # block-table index, -1 = root
+    slab: int  # file slab
+    extra: int
+    tokens: bytes  # 256 bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    anchor: int  # block-table index, -1 = root
+    frontier: int
+    hits: int
+    kind: int
+    tail: bytes  # packed tail tokens
+    tail_slab: int  # file slab, -1 without a tail
+    image_slabs: tuple[int, ...]  # file slabs, in image order
+
+    @property
+    def n_slabs(self) -> int:
+        return len(self.image_slabs) + (self.tail_slab >= 0)
+
+
+@dataclass(slots=True)
+class Tables:
+    """Decoded header and tables of one file (or the tables a save is about to write)."""
+
+    meta: dict
+    blocks: list[BlockRecord]
+    snapshots: list[SnapshotRecord]
+    slab_sums: list[int]  # per file slab
+    payload_offset: int = 0
+
+    @property
+    def n_slabs(self) -> int:
+        return len(self.slab_sums)
+
+
+@dataclass(slots=True)
+class SaveSet:
+    """What a save writes: the tables (checksums still zero) and, per file slab, the index's
+    Host slab its bytes come from."""
+
+    tables: Tables
+    sources: list[int]  # index Host slab of each file slab
+
+    @property
+    def n_slabs(self) -> int:
+        return len(self.sources)
+
+
+@dataclass(slots=True)
+class RestorePlan:
+    """The blocks and snapshots a load restores (table indices, file order)."""
+
+    blocks: list[int]
+    snapshots: list[int]
+    slabs: int  # file slabs they need
+    complete: bool  # every snapshot of the file
+    file_slabs: int  # slabs the whole file needs
+    min_slabs: int = 0  # the smallest single snapshot's need (with its path)
+    dropped: list[int] = field(default_factory=list)  # snapshots left out
+
+
+# ---- save side ----------------------------------------------------------------------------
+
+
+def collect(index, meta: dict) -> SaveSet:
+    """Every retained Host-resident snapshot whose anchor path is Host-resident, and exactly
+    those paths, parents first (spec §5.5). Call with every Host write landed."""
+    nodes = index.tree.nodes
+    chosen: list = []
+    needed: set[int] = set()
+    for s in index.snaps.values():
+        if s.superseded or s.host_state != _RESIDENT:
+            continue
+        path = []
+        node = nodes[s.anchor]
+        while node.id != ROOT and node.host_state == _RESIDENT:
+            path.append(node.id)
+            node = nodes[node.parent]
+        if node.id != ROOT:
+            continue  # a path block without a landed Host copy
+        chosen.append(s)
+        needed.update(path)
+    order = sorted(needed, key=lambda nid: (nodes[nid].depth, nid))  # parents first
+    pos = {ROOT: -1}
+    blocks: list[BlockRecord] = []
+    sources: list[int] = []
+    for nid in order:
+        n = nodes[nid]
+        pos[nid] = len(blocks)
+        blocks.append(BlockRecord(pos[n.parent], len(sources), n.extra, n.tokens))
+        sources.append(n.host_slab)
+    snaps: list[SnapshotRecord] = []
+    for s in sorted(chosen, key=lambda s: (s.frontier, s.id)):
+        image = tuple(range(len(sources), len(sources) + len(s.host_slabs)))
+        sources.extend(s.host_slabs)
+        tail_slab = -1
+        if s.tail:
+            tail_slab = len(sources)
+            sources.append(s.tail_slab)
+        snaps.append(
+            SnapshotRecord(pos[s.anchor], s.frontier, s.hits, int(s.kind), s.tail, tail_slab, image)
+        )
+    return SaveSet(Tables(meta, blocks, snaps, [0] * len(sources)), sources)
+
+
+def encode(tables: Tables) -> bytes:
+    """Fixed header + meta + tables + checksum + padding: the bytes before the payload.
+    Sets `tables.payload_offset`; its length never depends on the checksum values."""
+    meta = json.dumps(tables.meta, sort_keys=True).encode()
+    parts = [_COUNTS.pack(len(tables.blocks), len(tables.snapshots))]
+    for b in tables.blocks:
+        parts += [_BLOCK.pack(b.parent, b.slab, b.extra), b.tokens]
+    for s in tables.snapshots:
+        tail_len = len(s.tail) // TOKEN_BYTES
+        parts.append(_SNAP.pack(s.anchor, s.frontier, s.hits, s.tail_slab, tail_len, s.kind))
+        parts += [struct.pack(f"<{len(s.image_slabs)}I", *s.image_slabs), s.tail]
+    parts.append(struct.pack(f"<{len(tables.slab_sums)}Q", *tables.slab_sums))
+    body = b"".join(parts)
+    head_len = _FIXED.size + len(meta) + len(body) + _SUM.size
+    offset = -(-head_len // PAYLOAD_ALIGN) * PAYLOAD_ALIGN
+    tables.payload_offset = offset
+    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, 0, len(meta), len(body), tables.n_slabs, offset)
+    digest = xxhash.xxh3_64_intdigest(fixed + meta + body)
+    return fixed + meta + body + _SUM.pack(digest) + bytes(offset - head_len)
+
+
+# ---- load side ----------------------------------------------------------------------------
+
+
+def decode(f: BinaryIO, file_size: int) -> Tables:
+    """Read and check the header and tables (not the payload). Raises PersistError naming
+    what is wrong: bad magic or version, a truncated file, a bad checksum, bad tables."""
+    raw = f.read(_FIXED.size)
+    if len(raw) < _FIXED.size:
+        raise PersistError("truncated header")
+    magic, version, _flags, meta_len, tables_len, n_slabs, offset = _FIXED.unpack(raw)
+    if magic != MAGIC:
+        raise PersistError("not a ninfer prefix cache file (bad magic)")
+    if version != FORMAT_VERSION:
+        raise PersistError(f"format version {version}, this ninfer reads {FORMAT_VERSION}")
+    head_len = _FIXED.size + meta_len + tables_len + _SUM.size
+    if head_len > offset or offset > file_size:
+        raise PersistError("truncated tables")
+    rest = f.read(meta_len + tables_len + _SUM.size)
+    if len(rest) < meta_len + tables_len + _SUM.size:
+        raise PersistError("truncated tables")
+    meta_b, body = rest[:meta_len], rest[meta_len : meta_len + tables_len]
+    (digest,) = _SUM.unpack(rest[meta_len + tables_len :])
+    if xxhash.xxh3_64_intdigest(raw + meta_b + body) != digest:
+        raise PersistError("table checksum mismatch (damaged file)")
+    try:
+        meta = json.loads(meta_b)
+        tables = _parse_body(meta, body, n_slabs)
+        slab_bytes = int(meta["geometry"]["slab_bytes"])
+    except (ValueError, KeyError, TypeError, struct.error) as e:
+        raise PersistError(f"bad tables: {e!r}") from None
+    tables.payload_offset = offset
+    if file_size != offset + n_slabs * slab_bytes:
+        raise PersistError(
+            f"size {file_size} B does not match its tables ({offset + n_slabs * slab_bytes} B): "
+            "truncated or extended"
+        )
+    return tables
+
+
+def _parse_body(meta: dict, body: bytes, n_slabs: int) -> Tables:
+    k = int(meta["geometry"]["image_slabs"])
+    n_blocks, n_snaps = _COUNTS.unpack_from(body, 0)
+    off = _COUNTS.size
+    blocks, depth = [], []
+    for i in range(n_blocks):
+        parent, slab, extra = _BLOCK.unpack_from(body, off)
+        off += _BLOCK.size
+        tokens = body[off : off + BLOCK_BYTES]
+        off += BLOCK_BYTES
+        if not -1 <= parent < i or len(tokens) != BLOCK_BYTES:
+            raise ValueError(f"block {i}: parent {parent} is not an earlier block")
+        depth.append(0 if parent < 0 else depth[parent] + 1)
+        blocks.append(BlockRecord(parent, slab, extra, tokens))
+    snaps, keys = [], set()
+    for i in range(n_snaps):
+        anchor, frontier, hits, tail_slab, tail_len, kind = _SNAP.unpack_from(body, off)
+        off += _SNAP.size
+        image = struct.unpack_from(f"<{k}I", body, off)
+        off += 4 * k
+        tail = body[off : off + tail_len * TOKEN_BYTES]
+        off += tail_len * TOKEN_BYTES
+        d = -1 if anchor < 0 else depth[anchor]
+        if not -1 <= anchor < n_blocks or frontier != BLOCK_TOKENS * (d + 1) + tail_len:
+            raise ValueError(f"snapshot {i}: anchor {anchor} / frontier {frontier} disagree")
+        if tail_len >= BLOCK_TOKENS or (tail_slab >= 0) != (tail_len > 0) or kind > 2:
+            raise ValueError(f"snapshot {i}: bad tail or kind")
+        if (anchor, tail) in keys:
+            raise ValueError(f"snapshot {i}: duplicate (anchor, tail)")
+        keys.add((anchor, tail))
+        SnapshotKind(kind)
+        snaps.append(SnapshotRecord(anchor, frontier, hits, kind, tail, tail_slab, image))
+    sums = list(struct.unpack_from(f"<{n_slabs}Q", body, off))
+    if off + 8 * n_slabs != len(body):
+        raise ValueError("table length disagrees with its counts")
+    used = [b.slab for b in blocks]
+    for s in snaps:
+        used += [*s.image_slabs, *([s.tail_slab] if s.tail_slab >= 0 else [])]
+    if sorted(used) != list(range(n_slabs)):
+        raise ValueError("file slabs are not each used exactly once")
+    return Tables(meta, blocks, snaps, sums)
+
+
+def check_compatible(tables: Tables, fingerprint: dict, geometry: Geometry) -> None:
+    """PersistError naming what differs when the file was made by another checkpoint, dtype,
+    RoPE setting, ninfer version or Host geometry."""
+    theirs = tables.meta.get("fingerprint", {})
+    diff = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
+    if diff:
+        raise PersistError(f"made for another engine ({', '.join(diff)} differ)")
+    g = tables.meta.get("geometry", {})
+    gdiff = sorted(k for k, v in geometry.as_dict().items() if g.get(k) != v)
+    if gdiff:
+        raise PersistError(f"another Host geometry ({', '.join(gdiff)} differ)")
+
+
+# ---- partial restore (spec §5.5 plan_host_restore) ----------------------------------------
+
+
+def snapshot_paths(tables: Tables) -> list[list[int]]:
+    """Per snapshot, the block-table indices of its anchor path, root first."""
+    out = []
+    for s in tables.snapshots:
+        path, b = [], s.anchor
+        while b >= 0:
+            path.append(b)
+            b = tables.blocks[b].parent
+        out.append(path[::-1])
+    return out
+
+
+def density(
+    s: SnapshotRecord,
+    path_blocks: int,
+    geometry: Geometry,
+    prefill_seconds: Callable[[int, int], float],
+    restore_seconds: Callable[[int], float],
+) -> float:
+    """§9.3's GDSF priority without its time-dependent base L: (1 + hits) x the prefill a
+    restore saves from the root, per byte of image, tail and anchor path."""
+    saved = max(0.0, prefill_seconds(0, s.frontier) - restore_seconds(geometry.image_bytes))
+    nbytes = geometry.image_bytes + geometry.slab_bytes * ((s.tail_slab >= 0) + path_blocks)
+    return (1 + s.hits) * saved / nbytes
+
+
+def plan_restore(
+    tables: Tables,
+    capacity_slabs: int,
+    geometry: Geometry,
+    prefill_seconds: Callable[[int, int], float],
+    restore_seconds: Callable[[int], float],
+) -> RestorePlan:
+    """All of the file when it fits; else whole snapshots greedily by `density`, each with the
+    path blocks it needs and no others (a snapshot that no longer fits is skipped, smaller
+    ones after it may still go in)."""
+    paths = snapshot_paths(tables)
+    needs = [s.n_slabs + len(p) for s, p in zip(tables.snapshots, paths, strict=True)]
+    min_slabs = min(needs, default=0)
+    total = tables.n_slabs
+    if total <= capacity_slabs:
+        every = list(range(len(tables.snapshots)))
+        return RestorePlan(list(range(len(tables.blocks))), every, total, True, total, min_slabs)
+    order = sorted(
+        range(len(tables.snapshots)),
+        key=lambda i: (
+            -density(
+                tables.snapshots[i], len(paths[i]), geometry, prefill_seconds, restore_seconds
+            ),
+            i,
+        ),
+    )
+    taken_blocks: set[int] = set()
+    kept, dropped, used = [], [], 0
+    for i in order:
+        new = [b for b in paths[i] if b not in taken_blocks]
+        need = tables.snapshots[i].n_slabs + len(new)
+        if used + need <= capacity_slabs:
+            used += need
+            taken_blocks.update(new)
+            kept.append(i)
+        else:
+            dropped.append(i)
+    return RestorePlan(
+        sorted(taken_blocks), sorted(kept), used, False, total, min_slabs, sorted(dropped)
+    )
+
+
+def rebuild(index, tables: Tables, plan: RestorePlan) -> list[tuple[int, int]]:
+    """Load the plan's entries Host-only (parents before children, never evicting) and return
+    (file slab, index Host slab) pairs, sorted by file slab, for the byte copy."""
+    nid = {-1: ROOT}
+    pairs: list[tuple[int, int]] = []
+    for b in plan.blocks:  # ascending table order = parents first
+        rec = tables.blocks[b]
+        nid[b] = index.load_block(nid[rec.parent], rec.tokens, rec.extra)
+        pairs.append((rec.slab, index.node(nid[b]).host_slab))
+    for i in plan.snapshots:
+        rec = tables.snapshots[i]
+        sid = index.load_snapshot(nid[rec.anchor], rec.tail, SnapshotKind(rec.kind), rec.hits)
+        snap = index.snapshot(sid)
+        pairs += list(zip(rec.image_slabs, snap.host_slabs, strict=True))
+        if rec.tail_slab >= 0:
+            pairs.append((rec.tail_slab, snap.tail_slab))
+    pairs.sort()
+    return pairs
+
+
+def needed_mib(slabs: int, slab_bytes: int) -> int:
+    """MiB of Host tier that hold `slabs` slabs."""
+    return -(-slabs * slab_bytes // (1 << 20))
+
+
+def describe_plan(plan: RestorePlan, tables: Tables, slab_bytes: int) -> str:
+    return (
+        f"kept {len(plan.snapshots)} of {len(tables.snapshots)} snapshots and "
+        f"{len(plan.blocks)} of {len(tables.blocks)} blocks ({plan.slabs} of {plan.file_slabs} "
+        f"slabs); the whole file needs a Host tier of {needed_mib(plan.file_slabs, slab_bytes)} "
+        "MiB"
+    )
