@@ -19,6 +19,7 @@ GIB = 1 << 30
 CPU_AUTO_KV_CAP_BYTES = 256 * MIB  # "auto" on the CPU: a modest pool, not the whole RAM
 CUDA_RESERVE_BYTES = 4 * GIB  # kept free on CUDA for activations, workspaces and graphs
 DEFAULT_HOST_CACHE_MIB = 8192
+DEFAULT_PENDING_TIMEOUT_S = 60.0
 DTYPES = ("bfloat16", "float16", "float32")
 KV_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
 
@@ -35,6 +36,8 @@ class EngineOptions:
     prefill_chunk: int | None = None
     max_model_len: int | None = None
     kv_capacity: int | str = "auto"
+    # > 0 builds the Host tier (pinned on CUDA; torch.empty, so untouched slabs cost no memory
+    # on the CPU either); 0 = Device only. An explicit or default value is honoured as given.
     host_cache_mib: int = DEFAULT_HOST_CACHE_MIB
     device_snapshot_slots: int | None = None
     cache_taps_per_request: int | None = None
@@ -46,10 +49,11 @@ class EngineOptions:
     compile: bool = True
     cuda_graphs: bool = True
     seed: int = 0
+    # Queue timeout budget (seconds). In-flight coalescing (§12.2) lets the FIFO head wait for a
+    # prefilling sibling only while twice the sibling's predicted prefill up to the shared
+    # target is within half of it; 0 disables coalescing. No request is ever failed for waiting.
+    pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S
     check_invariants: bool = False  # debug: check cache + memory invariants after every step
-    # The Host tier (ninfer.memory.host_transfer) is new: until the lead turns it on by default,
-    # host_cache_mib > 0 runs the cache Device-only unless this is set (reported by describe()).
-    enable_host_tier: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +80,8 @@ class EngineConfig:
     kv_page_bytes: int  # one page over every full-attention layer, K + V
     state_image_bytes: int  # one state slot over every GDN layer
     host_cache_bytes: int  # requested Host tier budget (0 = Device only)
-    host_tier: bool  # whether a Host tier is actually constructed
+    host_tier: bool  # a Host tier is built: host_cache_bytes > 0 and prefix_reuse
+    host_slabs: int  # slabs of the Host tier (0 without one): floor(budget / kv_page_bytes)
     device_snapshot_slots: int
     cache_taps_per_request: int
     cache_tap_ladder: int
@@ -84,6 +89,7 @@ class EngineConfig:
     prefix_cache_file: str | None
     prefix_reuse: bool
     concurrent_prefill: bool
+    pending_timeout_s: float
     compile: bool
     cuda_graphs: bool
     seed: int
@@ -187,6 +193,19 @@ def _resolve_pages(
     return int(pages)
 
 
+def _host_slabs(host_mib: int, model: Qwen35Config, page_bytes: int, state_bytes: int) -> int:
+    """Slabs of a `host_mib` Host tier (0 for 0), by the memory layer's own rule
+    (`plan_slab_geometry`): a nonzero budget smaller than one snapshot (image slabs + tail)
+    plus one block raises ValueError naming host_cache_mib. Allocates nothing."""
+    from ninfer.memory.host_slabs import plan_slab_geometry
+
+    n_fa = len(model.full_layer_ids)
+    if not host_mib or not n_fa:
+        return 0
+    geometry = plan_slab_geometry(host_mib, n_fa, page_bytes // n_fa, state_bytes)
+    return geometry.num_slabs
+
+
 def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> EngineConfig:
     """Compute every derived value (spec §14.2, ADAPTATION.md defaults). Pure; raises ValueError
     naming the offending field."""
@@ -199,12 +218,11 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
     page_bytes = model.kv_bytes_per_token(_itemsize(kv_dtype)) * PAGE_SIZE
     state_bytes = model.state_image_bytes(_itemsize(dtype))
     host_bytes = host_mib * MIB
-    if host_bytes and host_bytes < state_bytes + page_bytes:
-        raise ValueError(
-            f"host_cache_mib={host_mib} is smaller than one snapshot ({state_bytes} B) plus one "
-            f"block ({page_bytes} B); use 0 to disable the Host tier"
-        )
-    host_tier = bool(host_bytes) and opts.enable_host_tier and opts.prefix_reuse
+    host_slabs = _host_slabs(host_mib, model, page_bytes, state_bytes)
+    host_tier = bool(host_bytes) and bool(opts.prefix_reuse)
+    timeout = opts.pending_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise ValueError(f"pending_timeout_s must be a number >= 0, got {timeout!r}")
     slots = opts.device_snapshot_slots
     slots = (c + 1 if host_tier else c + 2) if slots is None else slots
     slots = _check_int("device_snapshot_slots", slots, 1)
@@ -241,6 +259,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         state_image_bytes=state_bytes,
         host_cache_bytes=host_bytes,
         host_tier=host_tier,
+        host_slabs=host_slabs if host_tier else 0,
         device_snapshot_slots=slots,
         cache_taps_per_request=taps,
         cache_tap_ladder=ladder,
@@ -248,6 +267,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         prefix_cache_file=opts.prefix_cache_file,
         prefix_reuse=bool(opts.prefix_reuse),
         concurrent_prefill=bool(opts.concurrent_prefill),
+        pending_timeout_s=float(timeout),
         compile=bool(opts.compile) and on_cuda,
         cuda_graphs=bool(opts.cuda_graphs) and on_cuda,
         seed=int(opts.seed),

@@ -12,8 +12,9 @@ import copy
 import itertools
 import logging
 import queue
+import time
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ import torch
 from ninfer.cache.keys import prepare_prompt
 from ninfer.config import EngineConfig, EngineOptions, probe_device, resolve, resolve_dtypes
 from ninfer.engine import prompts as forms
+from ninfer.engine.backend import select_ops
 from ninfer.engine.cache_bridge import torch_dtype
 from ninfer.engine.engine import Engine
 from ninfer.engine.lane import Job
@@ -66,27 +68,14 @@ def _load(options: EngineOptions, device: str):
     return config, tokenizer, template, build
 
 
-def _ops(device: torch.device):
-    if device.type == "cuda":
-        try:
-            from ninfer.ops.cuda import CudaOps
+def _check_cache_file(options: EngineOptions) -> EngineOptions:
+    """`prefix_cache_file` made absolute; ValueError for a directory or a missing parent."""
+    if options.prefix_cache_file is None:
+        return options
+    from ninfer.engine.persistence import resolve_path
 
-            return CudaOps()
-        except ImportError:
-            pass
-    from ninfer.ops.reference import ReferenceOps
-
-    return ReferenceOps()
-
-
-def _check_cache_file(path: str | None) -> None:
-    if path is None:
-        return
-    p = Path(path).expanduser().resolve()
-    if p.is_dir():
-        raise ValueError(f"prefix_cache_file: {str(p)!r} is a directory")
-    if not p.parent.is_dir():
-        raise ValueError(f"prefix_cache_file: directory {str(p.parent)!r} does not exist")
+    path = str(resolve_path(options.prefix_cache_file))
+    return replace(options, prefix_cache_file=path)
 
 
 class LLM:
@@ -113,8 +102,8 @@ class LLM:
         compile: bool = True,
         cuda_graphs: bool = True,
         seed: int = 0,
+        pending_timeout_s: float = 60.0,
         check_invariants: bool = False,
-        enable_host_tier: bool = False,
     ) -> None:
         kwargs = dict(locals())
         del kwargs["self"], kwargs["model"]
@@ -130,11 +119,22 @@ class LLM:
         self = cls.__new__(cls)
         options = _options(None, kwargs)
         facts = probe_device(options.device)
-        self._init(options, facts, model.config, tokenizer, chat_template, lambda _dtype: model)
+        from ninfer.engine.persistence import model_identity
+
+        self._init(
+            options,
+            facts,
+            model.config,
+            tokenizer,
+            chat_template,
+            lambda _dtype: model,
+            identity=lambda: model_identity(model),
+        )
         return self
 
-    def _init(self, options, facts, config, tokenizer, template, build) -> None:
-        _check_cache_file(options.prefix_cache_file)
+    def _init(self, options, facts, config, tokenizer, template, build, identity=None) -> None:
+        t_start = time.perf_counter()
+        options = _check_cache_file(options)
         resolve(options, config, facts)  # validate every option before loading weights
         dtype, _ = resolve_dtypes(options, facts.device.startswith("cuda"))
         model = build(torch_dtype(dtype))
@@ -143,21 +143,27 @@ class LLM:
             raise ValueError(f"dtype: the engine resolved {dtype}, the model's weights are {got}")
         # Free memory is measured with the weights in place: "auto" KV takes what is left.
         self._cfg: EngineConfig = resolve(options, config, probe_device(facts.device))
-        if self._cfg.host_cache_bytes and not self._cfg.host_tier:
-            logger.info(
-                "host_cache_mib=%d requested, but the Host tier is not built yet: the prefix "
-                "cache runs Device-only",
-                options.host_cache_mib,
-            )
         self._model_config = config
         self._tokenizer = tokenizer
         self._template = template
         device = torch.device(self._cfg.device)
+        from ninfer.engine.persistence import for_engine
         from ninfer.sampling import make_generator
 
+        ops = select_ops(device, self._cfg.compile)
+        self._persist = for_engine(self._cfg, config, ops, identity)  # spec §5.5, or None
         self._engine = Engine(
-            self._cfg, config, model, _ops(device), tokenizer, _sampler, make_generator
+            self._cfg,
+            config,
+            model,
+            ops,
+            tokenizer,
+            _sampler,
+            make_generator,
+            persistence=self._persist,
         )
+        self.startup_s = time.perf_counter() - t_start  # weights, pools, warm-up, graphs
+        logger.info("ninfer: engine ready in %.2f s", self.startup_s)
         self._ids = itertools.count()
 
     # ---- properties -------------------------------------------------------------------------
@@ -280,10 +286,28 @@ class LLM:
                 return event
 
     # ---- lifetime ---------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, save: bool = True) -> None:
+        """Orderly stop: running and queued requests end as "abort", their committed blocks are
+        written through, then with `prefix_cache_file` (and `save`) the Host tier is saved
+        (spec §5.5). Blocks until the save ended; idempotent."""
         engine = getattr(self, "_engine", None)
         if engine is not None:
-            engine.close()
+            engine.close(save=save)
+
+    def abandon_save(self, wait_s: float | None = None) -> bool:
+        """Thread-safe (a second Ctrl+C): a save not begun never begins; a running one stops
+        before its next slab batch or its rename and deletes its temporary file, so the previous
+        file stays. Waits up to `wait_s` seconds (None: not at all) for the engine to stop;
+        True once it has stopped."""
+        persist = getattr(self, "_persist", None)
+        if persist is not None:
+            persist.abandon()
+        engine = getattr(self, "_engine", None)
+        if engine is None:
+            return True
+        if wait_s is not None:
+            engine._thread.join(wait_s)
+        return not engine._thread.is_alive()
 
     def __enter__(self) -> LLM:
         return self

@@ -163,8 +163,14 @@ class PrefixIndex(
         st.snapshots_device = sum(s.device_state != _ABSENT for s in self.snaps.values())
         st.snapshots_host = sum(s.host_state != _ABSENT for s in self.snaps.values())
         st.snapshots_superseded = len(self.superseded)
-        st.device_cached_pages = st.nodes_device + sum(
-            s.tail_page >= 0 for s in self.snaps.values()
+        st.snapshot_tails_device = sum(s.tail_page >= 0 for s in self.snaps.values())
+        st.device_cached_pages = st.nodes_device + st.snapshot_tails_device
+        slab = self.config.slab_bytes
+        st.host_block_bytes = st.nodes_host * slab
+        st.host_snapshot_bytes = slab * sum(
+            len(s.host_slabs) + (s.tail_slab >= 0)
+            for s in self.snaps.values()
+            if s.host_state != _ABSENT
         )
         st.device_evictable_pages = len(self.lru)
         st.host_slabs_free = self.host.free_slabs if self.host else 0

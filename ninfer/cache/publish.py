@@ -151,6 +151,7 @@ class PublishMixin:
         if kind != SnapshotKind.ENDPOINT:
             rec.last_tap = sid
         st.snapshots_published += 1
+        st.taps_published += kind != SnapshotKind.ENDPOINT
         write = None
         if self.host is not None:
             self._flush_dirty()  # s.h is the bound: never insert what GDSF would evict next

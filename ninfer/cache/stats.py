@@ -1,4 +1,12 @@
-"""CacheStats: counters of the prefix-cache index plus gauges filled in by PrefixIndex.stats()."""
+"""CacheStats: what `LLM.cache_stats()` reports (README "Cache statistics" documents every field).
+
+Three kinds of field:
+  - gauges recounted over the whole tree by `PrefixIndex.stats()` (O(tree): on demand only);
+  - counters the index bumps as it decides (monotonic since construction);
+  - engine fields (marked "engine"), which the index leaves at 0 and `CacheBridge.stats()`
+    fills from the memory layer and the engine's own counters: Device bytes and page states
+    need the KV page size and the lanes, which the index does not know.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +23,21 @@ class CacheStats:
     snapshots_device: int = 0
     snapshots_host: int = 0
     snapshots_superseded: int = 0
+    snapshot_tails_device: int = 0  # snapshot tail pages held on the Device
     device_cached_pages: int = 0  # node pages + snapshot tail pages owned by the cache
     device_evictable_pages: int = 0  # in the Device LRU
     host_slabs_free: int = 0
     host_slabs_total: int = 0
+    host_block_bytes: int = 0  # slabs of Host-resident blocks
+    host_snapshot_bytes: int = 0  # slabs of Host-resident snapshot images and tails
     gdsf_l: float = 0.0
+    # engine gauges (CacheBridge.stats())
+    device_block_bytes: int = 0  # Device KV bytes of cached blocks
+    device_snapshot_bytes: int = 0  # Device state images in snapshot slots + tail pages
+    pages_total: int = 0
+    pages_free: int = 0
+    pages_active: int = 0  # lanes' private pages and pending tap tails
+    pages_cached: int = 0  # owned by the index (cached or Filling)
     # counters
     lookups: int = 0
     hits_device: int = 0
@@ -30,6 +48,7 @@ class CacheStats:
     blocks_duplicate: int = 0
     blocks_adopted: int = 0
     snapshots_published: int = 0
+    taps_published: int = 0  # Tap and Boundary snapshots (snapshots_published minus endpoints)
     snapshots_duplicate: int = 0
     taps_planned: int = 0
     taps_skipped_no_slot: int = 0
@@ -46,8 +65,14 @@ class CacheStats:
     host_alloc_failures: int = 0
     write_through_bytes: int = 0
     restores: int = 0
-    restored_host_bytes: int = 0
+    restored_host_bytes: int = 0  # admission restores and prefetches
     prefetched_blocks: int = 0
+    # engine counters (CacheBridge.stats())
+    taps_skipped_no_page: int = 0  # a non-aligned tap found no page for its tail copy
+    taps_dropped: int = 0  # captured but the lane ended before its blocks committed
+    prefetches: int = 0  # prefetch batches issued for a blocked FIFO head (§6.6)
+    coalesced_waits: int = 0  # FIFO heads that waited for a prefilling sibling (§12.2)
+    prefill_tokens: int = 0  # prompt tokens run through prefill passes (not resumed ones)
 
     def as_dict(self) -> dict[str, int | float]:
         return asdict(self)

@@ -82,15 +82,16 @@ def try_admit(bridge: CacheBridge, job: Job, now: float, lanes: list[Lane]) -> V
 
 def _admit_cached(bridge, job: Job, now: float, entitlement: int, free: int, lanes: list[Lane]):
     index = bridge.index
+    bridge.prefetcher.settle()  # a landing prefetch of this path must not be skipped (§6.6)
     quote = index.quote(job.blocks, QuoteParams(entitlement, max(free, 0), bridge.kv.num_pages))
     if quote.readiness == Readiness.PERMANENTLY_INFEASIBLE:
         return Verdict(error=_infeasible(bridge, job, quote.need_pages))
     if quote.readiness != Readiness.READY:
         return Verdict()
-    if wait_for_sibling(job, quote.frontier, lanes, PAGE_SIZE):
+    if wait_for_sibling(job, quote.frontier, lanes, index.cost, bridge.cfg.pending_timeout_s):
         if not job.coalesced:
             job.coalesced = True
-            bridge.coalesced_waits += 1
+            bridge.counters.coalesced_waits += 1
         return Verdict()
     lane = _new_lane(bridge, job, now, bridge.states.acquire())
     staged = index.stage(quote, lane.lane_id, max(free, 0))

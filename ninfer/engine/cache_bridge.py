@@ -11,7 +11,9 @@ snapshot is ever made (spec §7.7, §10.8).
 
 from __future__ import annotations
 
+import copy
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +21,7 @@ from ninfer.config import EngineConfig
 from ninfer.engine import admission, publication
 from ninfer.engine.lane import Job, Lane
 from ninfer.engine.pages import PageBudget
+from ninfer.engine.prefetch import Prefetcher
 from ninfer.memory.kv_pool import KVPool
 from ninfer.memory.state_pool import StatePool
 from ninfer.memory.streams import Streams
@@ -34,6 +37,16 @@ _DTYPES = {
 
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    """Cache-related counters only the engine sees (merged into CacheStats by `stats()`)."""
+
+    taps_skipped_no_page: int = 0  # a non-aligned tap found no page for its tail copy
+    taps_dropped: int = 0  # captured, but the lane ended before its blocks committed
+    coalesced_waits: int = 0  # FIFO heads that waited for a prefilling sibling (§12.2)
+    prefill_tokens: int = 0  # tokens run through prefill passes
 
 
 def slab_bytes(page_bytes: int) -> int:
@@ -67,12 +80,14 @@ class CacheBridge:
             device,
         )
         self.transfer: Transfer = DeviceOnlyTransfer()
+        self.host_slabs = None  # the Host tier's HostSlabs (read by engine/persistence.py)
         self.index = None
         if cfg.prefix_reuse:
             self.index = self._build_index(cfg, model_config, device)
         self.budget = PageBudget(self.kv, self._evictable, self._evict, cfg.max_model_len)
         self._lane_ids = itertools.count(1)
-        self.coalesced_waits = 0  # FIFO heads that waited for a prefilling sibling (§12.2)
+        self.counters = EngineCounters()
+        self.prefetcher = Prefetcher(self)
 
     def _build_index(self, cfg: EngineConfig, model_config, device: torch.device):
         """The PrefixIndex, and with a Host tier the pinned slabs and their Transfer, sized
@@ -97,6 +112,7 @@ class CacheBridge:
             slabs = HostSlabs.for_pools(
                 self.kv.kv, self.states.conv, self.states.ssm, cfg.host_cache_bytes >> 20
             )
+        self.host_slabs = slabs
         if slabs is None:
             config = CacheConfig(
                 slab_bytes=slab_bytes(cfg.kv_page_bytes),
@@ -163,6 +179,7 @@ class CacheBridge:
         if self.index is not None:
             for batch in landed.restores:
                 self.index.on_restore_landed(batch)
+                self.prefetcher.landed(batch)
             for batch in landed.writes:
                 self.index.on_write_through_landed(batch)
 
@@ -200,13 +217,31 @@ class CacheBridge:
             if any(lane.private[: lane.committed_blocks]) and self.index is None:
                 raise AssertionError("disabled lane committed blocks")
 
+    def prefetch_head(self, job: Job) -> int:
+        """The FIFO head stays blocked: prefetch its Host-only path (§6.6); blocks copied."""
+        return self.prefetcher.maybe_prefetch(job)
+
     def stats(self):
-        """The index's CacheStats (a zeroed one when the cache is disabled)."""
+        """A CacheStats copy: the index's gauges and counters (O(tree): on demand only; zero
+        when the cache is disabled) plus the engine's fields (Device bytes, page states,
+        EngineCounters, prefetch batches)."""
         from ninfer.cache.stats import CacheStats
 
-        if self.index is None:
-            return CacheStats()
-        return self.index.stats()
+        st = CacheStats() if self.index is None else copy.copy(self.index.stats())
+        page, image = self.cfg.kv_page_bytes, self.states.image_bytes
+        st.device_block_bytes = st.nodes_device * page
+        st.device_snapshot_bytes = st.snapshots_device * image + st.snapshot_tails_device * page
+        st.pages_total = self.kv.num_pages
+        st.pages_free = self.kv.num_free
+        st.pages_cached = st.device_cached_pages
+        st.pages_active = st.pages_total - st.pages_free - st.pages_cached
+        c = self.counters
+        st.taps_skipped_no_page = c.taps_skipped_no_page
+        st.taps_dropped = c.taps_dropped
+        st.coalesced_waits = c.coalesced_waits
+        st.prefill_tokens = c.prefill_tokens
+        st.prefetches = self.prefetcher.batches
+        return st
 
     def ledger(self) -> dict:
         return {
@@ -226,5 +261,5 @@ class CacheBridge:
             if self.index is None or self.index.host is None
             else self.index.host.n_slabs,
             "prefix_reuse": self.cfg.prefix_reuse,
-            "coalesced_waits": self.coalesced_waits,
+            "coalesced_waits": self.counters.coalesced_waits,
         }

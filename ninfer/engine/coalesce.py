@@ -9,14 +9,36 @@ so an estimate can only cost a wait, never a wrong resume.
     head      |=============== shared ===============|--- head's own ---|
     sibling   |=============== shared ===============|--- sibling's ----|
               0                 F (cache now)        d                 t = floor64(min(d, n-1))
-    the head waits (holding no pins) while sibling.computed < t; the sibling gets an exact tap
-    at t (published as a Boundary snapshot), and the head resumes there once it is published.
+
+Target, per sibling (first that applies):
+  1. a snapshot the sibling captured in (F, d] but has not published yet (it publishes within
+     the sibling's next chunk): no split;
+  2. the sibling's deepest planned exact tap p <= d, when p >= t, or when prefilling t - p
+     tokens costs no more than one chunk's fixed cost: no split;
+  3. t itself, planted as an exact Boundary tap: it may split one chunk (one chunk's fixed
+     cost).
+The head waits (holding no pins, staying in the FIFO) only when
+    prefill_seconds(F -> n) - prefill_seconds(target -> n) > split cost
+                                                  (the prefill it saves exceeds the split), and
+    2 * prefill_seconds(sibling.computed -> target) <= pending_timeout_s / 2
+(other lanes' decode rounds interleave with the sibling's chunks, hence the factor 2). It stops
+waiting once the sibling passes the target, finishes or is cancelled: every sibling chunk
+re-arms admission. pending_timeout_s = 0 disables coalescing.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from ninfer.cache.cost import CacheCostModel
 from ninfer.engine.lane import Job, Lane
 from ninfer.models.batch import PAGE_SIZE
+
+
+class _Target(NamedTuple):
+    position: int  # the snapshot frontier the head will resume from
+    plant: bool  # add an exact Boundary tap at `position` to the sibling's plan
+    split_s: float  # the chunk split the wait may add
 
 
 def _shared_blocks(a: list[int], b: list[int]) -> int:
@@ -28,28 +50,55 @@ def _shared_blocks(a: list[int], b: list[int]) -> int:
     return k
 
 
-def wait_for_sibling(job: Job, frontier: int, lanes: list[Lane], min_gain: int) -> bool:
+def _target(lane: Lane, frontier: int, d: int, cost: CacheCostModel) -> _Target | None:
+    """The sibling snapshot the head would resume from (see the module docstring), or None."""
+    captured = [p.frontier for p in lane.pending if frontier < p.frontier <= d]
+    if captured:
+        return _Target(max(captured), False, 0.0)
+    t = d - d % PAGE_SIZE
+    if lane.computed >= t or t <= lane.last_snapshot:
+        return None  # passed (or snapshotted) already: nothing left to wait for
+    exact = [p for p, is_exact in lane.taps if is_exact and lane.computed < p <= d]
+    if exact:
+        p = max(exact)
+        if p >= t or cost.prefill_seconds(p, t - p) <= cost.chunk_s:
+            return _Target(p, False, 0.0)
+    return _Target(t, True, cost.chunk_s)
+
+
+def wait_for_sibling(
+    job: Job, frontier: int, lanes: list[Lane], cost: CacheCostModel, timeout_s: float
+) -> bool:
     """True when the head should wait for a prefilling sibling; plants the sibling's tap.
 
-    Waits only when the snapshot would save more than `min_gain` prefill tokens over what the
-    cache serves now (`frontier`). Mutates the chosen sibling's planned taps.
+    `frontier`: what the cache serves the head now. Mutates the chosen sibling's planned taps
+    (an exact Boundary tap at the target) when rule 3 applies.
     """
+    if timeout_s <= 0 or job.blocks is None:
+        return False
     n = len(job.prompt)
-    best: tuple[int, Lane] | None = None
+    best: tuple[int, Lane, _Target] | None = None
     for lane in lanes:
-        if not lane.prefilling or lane.job.blocks is None:
+        if not lane.prefilling or lane.job.blocks is None or lane.job is job:
             continue
         d = _shared_blocks(job.blocks.hashes, lane.job.blocks.hashes) * PAGE_SIZE
-        t = min(d, n - 1, lane.prompt_len - 1)
-        t -= t % PAGE_SIZE
-        if t - frontier <= min_gain or lane.computed >= t or t <= lane.last_snapshot:
+        d = min(d, n - 1, lane.prompt_len - 1)
+        target = _target(lane, frontier, d, cost) if d > frontier else None
+        if target is None or target.position <= frontier:
             continue
-        if best is None or t > best[0]:
-            best = (t, lane)
+        p = target.position
+        saved = cost.prefill_seconds(frontier, n - frontier) - cost.prefill_seconds(p, n - p)
+        if saved <= target.split_s:
+            continue
+        remaining = max(target.position - lane.computed, 0)
+        if 2 * cost.prefill_seconds(lane.computed, remaining) > timeout_s / 2:
+            continue
+        if best is None or target.position > best[0]:
+            best = (target.position, lane, target)
     if best is None:
         return False
-    t, lane = best
-    if (t, True) not in lane.taps:
+    t, lane, target = best
+    if target.plant and (t, True) not in lane.taps:
         lane.taps = sorted([*(tap for tap in lane.taps if tap[0] != t), (t, True)])
         lane.boundary_taps.add(t)
     return True

@@ -22,7 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import torch
 
 from ninfer.config import EngineConfig
-from ninfer.engine import outputs
+from ninfer.engine import backend, outputs
 from ninfer.engine.cache_bridge import CacheBridge
 from ninfer.engine.lane import Job, Lane
 from ninfer.engine.runner import Row, Runner
@@ -33,7 +33,17 @@ logger = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig, model_config, model, ops, tokenizer, sampler, make_gen):
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        model_config,
+        model,
+        ops,
+        tokenizer,
+        sampler,
+        make_gen,
+        persistence=None,
+    ):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.eos = tuple(model_config.eos_token_ids) + tuple(
@@ -45,6 +55,7 @@ class Engine:
         mem = self.bridge
         cache = ModelCache(kv=mem.kv.kv, conv=mem.states.conv, ssm=mem.states.ssm)
         self.runner = Runner(model, ops, cache, self.device, sampler)
+        self.startup = backend.prepare_runner(self.runner, cfg, self.bridge)  # CUDA warm-up
         self.waiting: deque[Job] = deque()
         self.lanes: list[Lane] = []
         self.steps = 0
@@ -52,6 +63,11 @@ class Engine:
         self._inbox: queue.Queue = queue.Queue()
         self._gen_counter = 0
         self._failure: BaseException | None = None
+        # spec §5.5: the Host tier is restored before any request and saved at the orderly stop
+        self.persistence = persistence  # engine/persistence.PrefixCacheFile or None
+        self._save_on_stop = True
+        if persistence is not None:
+            persistence.load(self.bridge)
         self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
         self._thread.start()
 
@@ -89,9 +105,11 @@ class Engine:
                 if not self._thread.is_alive() and job.sink.empty():
                     return outputs.error_output(job, "engine closed", reason="abort")
 
-    def close(self) -> None:
+    def close(self, save: bool = True) -> None:
+        """Orderly stop: running and queued requests end as "abort", every Host write lands,
+        then (with a prefix_cache_file and `save`) the Host tier is saved. Blocks until done."""
         if self._thread.is_alive():
-            self._inbox.put(("stop", None))
+            self._inbox.put(("stop", save))
             self._thread.join()
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -101,7 +119,9 @@ class Engine:
 
     def _serve(self) -> None:
         try:
-            while self._drain_inbox(block=not self.lanes):
+            # Block for new work only when idle: a waiting head with no lanes (the last lane
+            # just finished) must be retried, not left until the next submission.
+            while self._drain_inbox(block=not self.lanes and not self.waiting):
                 if self.lanes or self.waiting:
                     self.step()
         except BaseException as e:  # engine-wide failure: answer everyone, then stop
@@ -121,6 +141,8 @@ class Engine:
             self._finish(lane)
         self.bridge.poll(wait=True)
         self._answer_inbox("engine closed")
+        if self.persistence is not None and self._save_on_stop:
+            self.persistence.save(self.bridge)  # after every answer: no request waits for it
 
     def _answer_inbox(self, message: str) -> None:
         """After the loop ends: answer whatever is still queued so no caller waits forever."""
@@ -143,6 +165,7 @@ class Engine:
                 return True
             block = False
             if kind == "stop":
+                self._save_on_stop = item is None or bool(item)
                 return False
             if kind == "job":
                 if item.error is not None:
@@ -162,6 +185,8 @@ class Engine:
             self.on_step(self)
         self._reap_cancelled()
         self._admit()
+        if self.waiting:  # the FIFO head stays blocked: prefetch its Host-only path (§6.6)
+            self.bridge.prefetch_head(self.waiting[0])
         if self.lanes:
             self._run(plan_step(self.lanes, self.cfg.prefill_chunk))
         self.bridge.poll()
@@ -228,6 +253,8 @@ class Engine:
             )
             lane.restore_ticket = None  # later passes are stream-ordered behind this one
             runnable.append(s)
+            if s.start < lane.prompt_len:
+                self.bridge.counters.prefill_tokens += s.end - s.start
         result = self.runner.step(rows) if rows else None
         now = time.perf_counter()
         for i, s in enumerate(runnable):

@@ -79,6 +79,7 @@ def _capture(bridge: CacheBridge, lane: Lane, f: int, kind: int) -> None:
         got = bridge.budget.take(1) if bridge.budget.headroom() >= 1 else None
         if got is None:
             bridge.index.free_snapshot_slot(lane.lane_id, grant.slot)
+            bridge.counters.taps_skipped_no_page += 1
             return
         tail = got[0]
         bridge.kv.copy_prefix(lane.pages[f // PAGE_SIZE], tail, f % PAGE_SIZE)
@@ -118,6 +119,7 @@ def _publish_ready(bridge: CacheBridge, lane: Lane) -> None:
 
 
 def _drop_pending(bridge: CacheBridge, lane: Lane) -> None:
+    bridge.counters.taps_dropped += len(lane.pending)
     for tap in lane.pending:
         bridge.index.free_snapshot_slot(lane.lane_id, tap.snap_slot)
         if tap.tail_page is not None:

@@ -8,11 +8,23 @@ of: an active lane (private), the prefix index (a cached node or a snapshot tail
 transfer; those owners keep their own sets and `check_partition` verifies, in debug mode, that
 free + active + cached + filling is a partition of all pages.
 
+Allocation hands out consecutive ids where it can, ascending: `alloc(n)` takes the lowest run
+of n consecutive free pages when one exists (a C-speed search of the free flags), else the n
+lowest free pages (a min-heap). So the pages a lane grows into, and hence the blocks it writes
+through at release, and the pages a restore fills, are mostly consecutive: `copy_runs` joins
+consecutive pages (and slabs) into one copy per layer, which runs at full PCIe speed (54 GB/s
+on the H200 against 27-29 GB/s for scattered pages).
+
+Free-list invariant: `_flags[p]` is 1 iff page p is free and `_num_free` counts them; every free
+page is in `_heap` (entries of allocated pages are stale and skipped when popped; the heap is
+rebuilt when stale entries outnumber live ones).
+
 Mutates: `alloc` / `free` change the Free list; `copy_prefix` writes page contents.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 
 import torch
@@ -33,31 +45,47 @@ class KVPool:
         self.num_pages = num_pages
         shape = (num_pages, 2, PAGE_SIZE, num_kv_heads, head_dim)
         self.kv = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        # LIFO free stack: recently freed pages are reused first (warm in L2 on CUDA).
-        self._free: list[int] = list(range(num_pages - 1, -1, -1))
-        self._is_free = [True] * num_pages
+        self._flags = bytearray(b"\x01") * num_pages  # 1 = free
+        self._heap: list[int] = list(range(num_pages))  # a sorted list is a valid min-heap
+        self._num_free = num_pages
 
     # ---- allocation -----------------------------------------------------------------------
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     def alloc(self, n: int) -> list[int]:
-        """Take `n` free pages. Raises RuntimeError if fewer are free (callers check first)."""
-        if n > len(self._free):
-            raise RuntimeError(f"KV pool: asked for {n} pages, {len(self._free)} free")
-        pages = [self._free.pop() for _ in range(n)]
-        for p in pages:
-            self._is_free[p] = False
+        """Take n free pages, ascending: the lowest run of n consecutive free pages if there is
+        one, else the n lowest free pages. Raises RuntimeError if fewer are free (callers
+        check first)."""
+        if n > self._num_free:
+            raise RuntimeError(f"KV pool: asked for {n} pages, {self._num_free} free")
+        flags = self._flags
+        start = flags.find(b"\x01" * n) if n > 1 else -1
+        if start >= 0:
+            pages = list(range(start, start + n))
+            flags[start : start + n] = bytes(n)
+        else:
+            pages, heap, pop = [], self._heap, heapq.heappop
+            while len(pages) < n:
+                p = pop(heap)
+                if flags[p]:
+                    flags[p] = 0
+                    pages.append(p)
+        self._num_free -= n
+        if len(self._heap) > 2 * self._num_free + 1024:  # drop stale entries
+            self._heap = [p for p, f in enumerate(flags) if f]
         return pages
 
     def free(self, pages: Iterable[int]) -> None:
         """Return pages to the Free list. Raises on a double free."""
+        flags, heap = self._flags, self._heap
         for p in pages:
-            if self._is_free[p]:
+            if flags[p]:
                 raise RuntimeError(f"KV pool: page {p} freed twice")
-            self._is_free[p] = True
-            self._free.append(p)
+            flags[p] = 1
+            heapq.heappush(heap, p)
+            self._num_free += 1
 
     # ---- contents -------------------------------------------------------------------------
     def copy_prefix(self, src: int, dst: int, tokens: int) -> None:
@@ -75,14 +103,16 @@ class KVPool:
         self, active: Iterable[int], cached: Iterable[int], filling: Iterable[int] = ()
     ) -> None:
         """Assert every page is exactly one of free / active / cached / filling (spec §10.1)."""
-        seen: dict[int, str] = {p: "free" for p in self._free}
-        if len(seen) != len(self._free):
-            raise AssertionError("KV pool: a page is on the free list twice")
+        seen: dict[int, str] = {p: "free" for p, f in enumerate(self._flags) if f}
+        if len(seen) != self._num_free:
+            raise AssertionError("KV pool: free count and free flags differ")
+        if not seen.keys() <= set(self._heap):
+            raise AssertionError("KV pool: a free page is missing from the heap")
         for role, pages in (("active", active), ("cached", cached), ("filling", filling)):
             for p in pages:
                 if p in seen:
                     raise AssertionError(f"KV pool: page {p} is both {seen[p]} and {role}")
-                if self._is_free[p]:
+                if self._flags[p]:
                     raise AssertionError(f"KV pool: {role} page {p} is marked free")
                 seen[p] = role
         if len(seen) != self.num_pages:

@@ -69,6 +69,13 @@ class RestoreTicket:
         """Before releasing a lane that never ran: its slot and pages may still be targets."""
         self._wait(self._last(), compute_stream)
 
+    def synchronize(self) -> None:
+        """Block the calling thread until every copy has landed (a prefetch the next quote
+        must see settled, spec §6.6). No-op on the CPU, when empty, or once retired."""
+        last = self._last()
+        if last is not None and not self.retired:
+            last.synchronize()
+
     def hook(self, compute_stream: Stream = None) -> Callable[[int], None]:
         """A `ForwardBatch.before_layer` callable for this ticket."""
         return lambda layer: self.wait_layer(layer, compute_stream)

@@ -41,7 +41,7 @@ def test_two_siblings_lower_density_loses_host_copy():
     s1 = ix.snapshot(1)
     assert s1.host_state == Residency.ABSENT and s1.device_slot == 0  # still restorable
     assert ix.snapshot(2).host_state == Residency.RESIDENT
-    assert ix.snapshot(3).host_slabs == [1, 0]
+    assert ix.snapshot(3).host_slabs == [0, 1]  # lowest free slabs, ascending
     assert pytest.approx(127 / 12288, rel=1e-12) == ix.L
     assert ix.counters.host_gdsf_evicted == 1
     ix.check_invariants()
@@ -61,7 +61,7 @@ def test_nested_descendant_is_valued_against_its_ancestor():
     tap_only(d, 2, tokens(2, 257), 256)
     assert ix.snapshot(2).host_state == Residency.ABSENT
     assert ix.snapshot(1).host_state == Residency.RESIDENT
-    assert ix.snapshot(3).host_slabs == [3, 2]
+    assert ix.snapshot(3).host_slabs == [2, 3]  # lowest free slabs, ascending
     ix.check_invariants()
 
 
@@ -110,7 +110,7 @@ def test_victim_exclusive_path_becomes_dead_and_goes_first():
     res = ix.publish_snapshot(3, 256, 0, SnapshotKind.TAP)
     ix.on_write_through_landed(res.write.batch_id)
     # s1 was Host-only, so GDSF deleted it; node 2 (its exclusive path) is now dead KV
-    assert 1 not in ix.snaps and res.write.slabs == [1, 0]
+    assert 1 not in ix.snaps and res.write.slabs == [0, 1]
     assert list(ix.dead) == [2]
     rel = d.release(3)  # 4 blocks to write: dead KV first (node 2's slab 3)
     assert rel.write.blocks[0].slab == 3 and ix.node(2).host_state == Residency.ABSENT

@@ -72,6 +72,17 @@ class Terminal:
     def line(self, text: str) -> None:
         self.send(text + "\r")
 
+    def key_at_prompt(self, key: str, timeout: float = 10) -> None:
+        """Sends a control key once the prompt's line editor owns the terminal.
+
+        readline switches the terminal out of canonical mode when it starts reading; a Ctrl+D
+        typed before that is consumed by the canonical line discipline and lost (a race no
+        person at a keyboard can hit), so wait for ICANON to go off first."""
+        deadline = time.monotonic() + timeout
+        while termios.tcgetattr(self.fd)[3] & termios.ICANON and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.send(key)
+
     def _alive(self) -> bool:
         if self.status is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)

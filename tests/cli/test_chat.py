@@ -40,7 +40,7 @@ def test_chat_turns_stats_reset_and_ctrl_d(terminal):
     after_reset = term.expect(STATS)
     assert int(after_reset[1]) < int(second[1])  # the history is gone, the system prompt stays
     term.expect(PROMPT)
-    term.send("\x04")  # Ctrl+D at the prompt leaves
+    term.key_at_prompt("\x04")  # Ctrl+D at the prompt leaves
     term.expect("bye")
     assert term.wait() == 0
 
@@ -64,9 +64,9 @@ def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(terminal):
 def test_ctrl_c_twice_at_the_prompt_leaves(terminal):
     term = terminal("chat", *ENGINE_FLAGS)
     term.expect(PROMPT)
-    term.send("\x03")
+    term.key_at_prompt("\x03")
     term.expect(r"Ctrl\+C again or Ctrl\+D to leave")
     term.expect(PROMPT)
-    term.send("\x03")
+    term.key_at_prompt("\x03")
     term.expect("bye")
     assert term.wait() == 0

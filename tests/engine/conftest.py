@@ -39,7 +39,7 @@ def make_llm(tiny_model, demo_text):
             prefill_chunk=64,
             max_concurrency=4,
             kv_capacity=16384,
-            host_cache_mib=0,
+            host_cache_mib=16,  # every engine test runs with a (small) Host tier
             check_invariants=True,
         )
         opts.update(kwargs)

@@ -161,7 +161,8 @@ def test_ledger_and_config(llm):
     ledger = llm.memory_ledger()
     cfg = llm.engine_config
     assert ledger["kv_pages"] == cfg.kv_pages == 256
-    assert ledger["state_slots_active"] == 4 and ledger["state_slots_snapshot"] == 6
-    assert ledger["host_tier"] is False
+    # with a Host tier (the fixture's 16 MiB): D = C + 1, 8 taps (spec §14.2)
+    assert ledger["state_slots_active"] == 4 and ledger["state_slots_snapshot"] == 5
+    assert ledger["host_tier"] is True and ledger["host_bytes"] == 16 << 20
     info = cfg.describe()
-    assert info["device_snapshot_slots"] == 6 and info["cache_taps_per_request"] == 2
+    assert info["device_snapshot_slots"] == 5 and info["cache_taps_per_request"] == 8

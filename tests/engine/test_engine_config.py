@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from engine_helpers import TINY
 
@@ -50,9 +52,30 @@ def test_int_kv_capacity_caps_max_model_len():
         (dict(device_snapshot_slots=0), "device_snapshot_slots"),
         (dict(cache_tap_ladder=8), "cache_tap_ladder"),
         (dict(host_cache_mib=-1), "host_cache_mib"),
+        (dict(pending_timeout_s=-1), "pending_timeout_s"),
         (dict(host_cache_mib=0, prefix_cache_file="/tmp/x"), "prefix_cache_file"),
     ],
 )
 def test_bad_options_name_the_field(options, field):
     with pytest.raises(ValueError, match=field):
         resolve(EngineOptions(**options), TINY, CPU)
+
+
+def test_host_tier_is_on_by_default():
+    cfg = resolve(EngineOptions(), TINY, CPU)
+    assert cfg.host_tier and cfg.host_cache_bytes == 8192 << 20
+    assert cfg.host_slabs == (8192 << 20) // cfg.kv_page_bytes
+    assert cfg.device_snapshot_slots == 8 + 1 and cfg.cache_taps_per_request == 8
+    assert cfg.pending_timeout_s == 60.0
+    off = resolve(EngineOptions(host_cache_mib=0), TINY, CPU)
+    assert not off.host_tier and off.host_slabs == 0 and off.device_snapshot_slots == 8 + 2
+    disabled = resolve(EngineOptions(prefix_reuse=False), TINY, CPU)
+    assert not disabled.host_tier and disabled.host_slabs == 0
+
+
+def test_host_budget_below_one_snapshot_plus_one_block_is_rejected():
+    # the slab geometry's own rule: image slabs + tail slab + one block slab
+    wide = dataclasses.replace(TINY, num_key_value_heads=64, head_dim=256)  # 8 MiB pages
+    with pytest.raises(ValueError, match="host_cache_mib=16 holds 2 slabs"):
+        resolve(EngineOptions(host_cache_mib=16), wide, CPU)
+    assert resolve(EngineOptions(host_cache_mib=24), wide, CPU).host_slabs == 3

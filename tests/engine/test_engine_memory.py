@@ -57,3 +57,22 @@ def test_tap_resume_and_endpoint_swap_keep_a_partition():
     assert float(pool.ssm[pool.snap_phys[1]].mean()) == 2.0
     with pytest.raises(RuntimeError):
         pool.release(pool.snap_phys[2])
+
+
+def test_alloc_prefers_the_lowest_consecutive_run():
+    import torch
+
+    from ninfer.memory.kv_pool import KVPool
+
+    pool = KVPool(16, 1, 1, 8, torch.float32, torch.device("cpu"))
+    assert pool.alloc(4) == [0, 1, 2, 3]
+    assert pool.alloc(4) == [4, 5, 6, 7]
+    pool.free([6, 1, 2])
+    assert pool.alloc(2) == [1, 2]  # the lowest free run of 2
+    assert pool.alloc(3) == [8, 9, 10]  # no run of 3 below 8
+    pool.free([3, 5])
+    assert pool.alloc(1) == [3]  # single pages: lowest first
+    assert pool.alloc(3) == [11, 12, 13]
+    assert pool.alloc(4) == [5, 6, 14, 15]  # no run of 4: the lowest free pages, ascending
+    assert pool.num_free == 0
+    pool.check_partition(active=range(16), cached=())

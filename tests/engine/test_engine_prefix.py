@@ -179,7 +179,7 @@ def test_stream_close_cancels_and_leaks_no_pin(make_llm, cold):
 
 def test_pressure_active_growth_evicts_cache(make_llm):
     rng = random.Random(8)
-    llm = make_llm(kv_capacity=16 * 64, max_concurrency=2)
+    llm = make_llm(kv_capacity=16 * 64, max_concurrency=2, host_cache_mib=0)  # unbacked
     roomy = make_llm(kv_capacity=200 * 64, max_concurrency=2, prefix_reuse=False)
     for _ in range(3):
         run(llm, rand_tokens(rng, 200), 10)
@@ -196,7 +196,7 @@ def test_pressure_active_growth_evicts_cache(make_llm):
 
 def test_bounded_completion_when_pool_cannot_extend(make_llm):
     rng = random.Random(9)
-    llm = make_llm(kv_capacity=20 * 64, max_concurrency=2)
+    llm = make_llm(kv_capacity=20 * 64, max_concurrency=2, host_cache_mib=0)  # unbacked
     roomy = make_llm(kv_capacity=200 * 64, max_concurrency=2, prefix_reuse=False)
     prompts_ = [rand_tokens(rng, 100), rand_tokens(rng, 100)]
     outs = llm.generate(prompts_, greedy(700))
