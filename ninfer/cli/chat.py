@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ninfer.cli.chat_view import ReasoningSplitter, stats_table, stopped_line, turn_line
-from ninfer.cli.main import open_llm
+from ninfer.cli.main import open_llm, serving
 from ninfer.cli.terminal import StopOnInterrupt, read_message
 
 HELP = """\
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     )
     console.print("[dim]Type a message; /help lists the commands.[/]")
     system, messages, interrupted = args.system, _fresh(args.system), False
-    with llm:
+    with serving(llm):
         while True:
             try:
                 text = read_message(console)

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ninfer.cli.jsonl import Job, done_ids, error_record, id_key, output_record, read_jobs
-from ninfer.cli.main import open_llm
+from ninfer.cli.main import open_llm, serving
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             writer.write(error_record(job.id, job.error))
         good = [j for j in pending if not j.error]
         if good:
-            with open_llm(args) as llm:
+            with serving(open_llm(args)) as llm:
                 _run_streams(llm, good, writer, args.max_in_flight)
     console.print(
         f"{writer.done} lines written to {args.output} ({writer.errors} errors, "

@@ -9,8 +9,12 @@ torch and the engine lazily, so `ninfer --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 # (flag, LLM keyword, argparse options); store_false flags map `--no-x` to `x=False`.
@@ -34,6 +38,11 @@ ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--no-compile", "compile", dict(action="store_false", help="no torch.compile")),
     ("--no-cuda-graphs", "cuda_graphs", dict(action="store_false")),
     ("--seed", "seed", dict(type=int)),
+    (
+        "--pending-timeout-s",
+        "pending_timeout_s",
+        dict(type=float, metavar="S", help="queue timeout bounding coalescing waits"),
+    ),
 ]
 
 COMMANDS = {
@@ -70,6 +79,34 @@ def open_llm(args: argparse.Namespace, **overrides: Any):
     return LLM(**{**engine_kwargs(args), **overrides})
 
 
+@contextlib.contextmanager
+def serving(llm) -> Iterator:
+    """Runs a sub-command on `llm`, then stops it in order (spec §5.5).
+
+    SIGTERM leaves the body like an exception, so the stop below runs and, with
+    --prefix-cache-file, saves the Host tier. A Ctrl+C while that stop is saving abandons the
+    save (the previous file stays), waits up to 2 s for the engine, and exits at once.
+    """
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    def on_second_interrupt(_signum: int, _frame: object) -> None:
+        llm.abandon_save(wait_s=2.0)
+        os._exit(130)
+
+    previous_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield llm
+    finally:
+        previous_int = signal.signal(signal.SIGINT, on_second_interrupt)
+        try:
+            llm.close()
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous_term)
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
@@ -88,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import importlib
 
     args = build_parser().parse_args(argv)
+    # the engine's own progress lines (startup time, prefix cache load and save) on stderr
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("ninfer").setLevel(logging.INFO)
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         engine_kwargs(args)  # a malformed flag fails before anything is built

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 from tests.cli.cli_util import ENGINE_FLAGS
@@ -70,3 +72,24 @@ def test_ctrl_c_twice_at_the_prompt_leaves(terminal):
     term.key_at_prompt("\x03")
     term.expect("bye")
     assert term.wait() == 0
+
+
+def test_sigterm_saves_the_prefix_cache_and_the_next_chat_loads_it(terminal, tmp_path):
+    path = tmp_path / "prefix.cache"
+    flags = ("chat", "--max-tokens", "8", "--system", SYSTEM, "--prefix-cache-file", str(path))
+    term = terminal(*flags, *ENGINE_FLAGS)
+    term.expect(PROMPT)
+    term.line("hello, what is a prefix cache?")
+    term.expect(STATS)
+    term.expect(PROMPT)
+    os.kill(term.pid, signal.SIGTERM)  # an orderly stop: the Host tier is saved
+    term.expect(r"prefix cache saved \| ")
+    assert term.wait() != 0 and path.stat().st_size > 0
+    term = terminal(*flags, *ENGINE_FLAGS)
+    term.expect(r"prefix cache read \| ")
+    term.expect(PROMPT)
+    term.line("hello, what is a prefix cache?")
+    again = term.expect(STATS)
+    assert int(again[2]) > 0  # the same conversation resumes from the restored tier
+    term.line("/exit")
+    term.expect("bye")
