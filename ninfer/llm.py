@@ -177,7 +177,7 @@ class LLM:
 
     def memory_ledger(self) -> dict:
         """KV pages and bytes, state slots, Host slabs and bytes (for `ninfer info`)."""
-        return self._engine.call(self._engine.bridge.ledger)
+        return self._engine.call(lambda: self._engine.bridge.ledger())
 
     def cache_stats(self):
         """A copy of the prefix cache's CacheStats (all zero when prefix_reuse=False)."""

@@ -111,6 +111,11 @@ class Engine:
         if self._thread.is_alive():
             self._inbox.put(("stop", save))
             self._thread.join()
+        # the pools, graphs and model go with the loop, so the process can build another engine
+        # in the freed device memory (later calls raise "the engine is closed")
+        self.runner = self.bridge = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ---- the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:

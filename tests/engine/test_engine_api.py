@@ -141,6 +141,10 @@ def test_close_and_context_manager(make_llm):
         llm.generate([[5, 6, 7]], greedy(2))
     with pytest.raises(RuntimeError, match="closed"):
         llm.cache_stats()
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.memory_ledger()
+    # the pools, graphs and model are dropped with the loop, so their memory can be reused
+    assert llm._engine.bridge is None and llm._engine.runner is None
 
 
 def test_engine_failure_answers_everyone(make_llm):
