@@ -38,7 +38,7 @@ class AdmissionMixin:
     def match(self, prompt: PromptBlocks) -> MatchResult:
         """§6.1 lookup. Mutates nothing."""
         path, cands, _ = self._walk_prompt(prompt)
-        return MatchResult(path, [s.id for s, _ in cands], BLOCK_TOKENS * len(path))
+        return _match_result(path, cands)
 
     def _walk_prompt(self, prompt: PromptBlocks):
         """Walk the tree along the prompt; returns (path, [(snapshot, stats at its anchor)]
@@ -119,6 +119,7 @@ class AdmissionMixin:
         """§6.2-§6.3: choose the source and classify readiness. Mutates nothing, pins nothing."""
         n, ent = prompt.n_tokens, params.entitlement_pages
         path, cands, root_stats = self._walk_prompt(prompt)
+        match = _match_result(path, cands)
         s_star = s_dev = None
         for s, st in cands:  # deepest first
             if st.filling or (s.tail and s.tail_device == _FILLING):
@@ -160,13 +161,17 @@ class AdmissionMixin:
             restore_tail=pick.restore_tail,
             restore_image=pick.restore_image,
             restore_bytes=pick.restore_bytes,
-            cached_prefix_tokens=BLOCK_TOKENS * len(path),
+            cached_prefix_tokens=match.cached_prefix_tokens,
             cost_s=pick.cost_s,
             epoch=self.epoch,
             prompt=prompt,
-            match=MatchResult(path, [s.id for s, _ in cands], BLOCK_TOKENS * len(path)),
+            match=match,
             considered=options,
         )
+
+
+def _match_result(path: list[int], cands: list) -> MatchResult:
+    return MatchResult(path, [s.id for s, _ in cands], BLOCK_TOKENS * len(path))
 
 
 def _unique(items: list[SourceCost | None]) -> list[SourceCost]:

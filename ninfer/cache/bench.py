@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, ROOT
+from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, ROOT, ceil_div
 from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.index import PrefixIndex
 from ninfer.cache.keys import PromptBlocks, block_hashes, hash_blocks, pack_tokens, split_blocks
@@ -101,7 +101,7 @@ def run_cache_bench(
     gc.freeze()  # the tree is long-lived: keep it out of later collections (as an engine should)
     hashes = block_hashes(data)
     prompt = PromptBlocks(data, n_tokens, hashes)
-    ent = -(-(n_tokens + 4096) // BLOCK_TOKENS)
+    ent = ceil_div(n_tokens + 4096, BLOCK_TOKENS)
     params = QuoteParams(ent, free_pages=ent, total_pages=4 * ent)
 
     def hash_match_choose():

@@ -85,13 +85,11 @@ class GdsfMixin:
 
     def _sweep_dead_one(self) -> bool:
         """§9.3 step 1: reclaim one dead-KV slab (leaves first). False when none is dead."""
-        for nid in self.dead:
-            node = self.tree.nodes[nid]
-            break
-        else:
+        nid = next(iter(self.dead), None)
+        if nid is None:
             return False
         self.counters.host_dead_kv_reclaimed += 1
-        self._drop_node_host(node)
+        self._drop_node_host(self.tree.nodes[nid])
         return True
 
     def _host_alloc(self, k: int, bound: float | None = None) -> list[int] | None:

@@ -18,6 +18,8 @@ import heapq
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from ninfer.cache.common import ceil_div
+
 
 class SlabLocation(NamedTuple):
     chunk: int
@@ -36,7 +38,7 @@ class HostSlabPool:
     """Fixed-size slab allocator over a min-heap of free slab ids.
 
     Invariants (check_invariants):
-      - every slab index in [0, n_slabs) is either on the free stack (exactly once) or allocated;
+      - every slab index in [0, n_slabs) is either on the free heap (exactly once) or allocated;
       - allocation is all-or-nothing: `allocate(k)` returns k distinct slabs or None;
       - a slab's bytes [offset, offset + slab_bytes) lie inside one chunk.
     `allocate` hands out the lowest free slabs, ascending (O(k log n), not the spec's O(1)
@@ -64,7 +66,7 @@ class HostSlabPool:
 
     @property
     def n_chunks(self) -> int:
-        return -(-self.n_slabs // self.slabs_per_chunk)
+        return ceil_div(self.n_slabs, self.slabs_per_chunk)
 
     def chunk_bytes(self, chunk: int) -> int:
         """Bytes the memory layer pins for `chunk` (whole slabs only)."""
@@ -86,7 +88,7 @@ class HostSlabPool:
         return out
 
     def free(self, slabs: Iterable[int]) -> None:
-        """Return slabs to the stack (mutates). Raises ValueError on a slab not allocated."""
+        """Return slabs to the free heap (mutates). Raises ValueError on a slab not allocated."""
         for s in slabs:
             if not 0 <= s < self.n_slabs or not self._allocated[s]:
                 raise ValueError(f"slab {s} is not allocated")
@@ -115,7 +117,7 @@ class HostSlabPool:
 
     def check_invariants(self) -> None:
         free = self._free
-        assert len(set(free)) == len(free), "slab on the free stack twice"
+        assert len(set(free)) == len(free), "slab on the free heap twice"
         for s in free:
             assert not self._allocated[s], f"slab {s} both free and allocated"
         assert len(free) + sum(self._allocated) == self.n_slabs, "slab neither free nor allocated"

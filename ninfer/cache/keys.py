@@ -33,10 +33,6 @@ def pack_tokens(tokens: Sequence[int] | bytes | bytearray) -> bytes:
     return struct.pack(f"<{len(tokens)}i", *tokens)
 
 
-def unpack_tokens(data: bytes) -> list[int]:
-    return list(struct.unpack(f"<{len(data) // 4}i", data))
-
-
 def block_hash(parent_hash: int, block: bytes | memoryview, extra: int = 0) -> int:
     """lookup_hash of one block given its parent's hash (HASH_SEED for block 0)."""
     if extra:
@@ -124,9 +120,6 @@ class PromptBlocks:
     def __post_init__(self) -> None:
         if not self.blocks:
             self.blocks = split_blocks(self.data)
-
-    def block(self, b: int) -> bytes:
-        return self.blocks[b]
 
     def extra(self, b: int) -> int:
         return self.extras[b] if self.extras else 0

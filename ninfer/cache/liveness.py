@@ -117,15 +117,10 @@ class LivenessMixin:
             return False
         if t.anchor == s.anchor:
             return t.tail.startswith(s.tail)
-        tree = self.tree
-        t_anchor = tree.nodes[t.anchor]
-        x = tree.at_depth(t_anchor, s.anchor_depth)
-        if x is None or x.id != s.anchor:
-            return False
-        if not s.tail:
-            return True
-        y = tree.at_depth(t_anchor, s.anchor_depth + 1)
-        return y is not None and y.tokens.startswith(s.tail)
+        # t's path block just below s's anchor: its parent must be the anchor, and its tokens
+        # must start with s's tail (trivially true without a tail).
+        y = self.tree.at_depth(self.tree.nodes[t.anchor], s.anchor_depth + 1)
+        return y is not None and y.parent == s.anchor and y.tokens.startswith(s.tail)
 
     def _link(self, s: Snapshot) -> None:
         """Insert s between its nearest ancestor and the ancestor's dependents below s."""

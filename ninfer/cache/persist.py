@@ -47,6 +47,7 @@ from ninfer.cache.common import (
     TOKEN_BYTES,
     Residency,
     SnapshotKind,
+    ceil_div,
 )
 
 MAGIC = b"NINFHPC\x00"
@@ -207,7 +208,7 @@ def encode(tables: Tables) -> bytes:
     parts.append(struct.pack(f"<{len(tables.slab_sums)}Q", *tables.slab_sums))
     body = b"".join(parts)
     head_len = _FIXED.size + len(meta) + len(body) + _SUM.size
-    offset = -(-head_len // PAYLOAD_ALIGN) * PAYLOAD_ALIGN
+    offset = ceil_div(head_len, PAYLOAD_ALIGN) * PAYLOAD_ALIGN
     tables.payload_offset = offset
     fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, 0, len(meta), len(body), tables.n_slabs, offset)
     digest = xxhash.xxh3_64_intdigest(fixed + meta + body)
@@ -402,7 +403,7 @@ def rebuild(index, tables: Tables, plan: RestorePlan) -> list[tuple[int, int]]:
 
 def needed_mib(slabs: int, slab_bytes: int) -> int:
     """MiB of Host tier that hold `slabs` slabs."""
-    return -(-slabs * slab_bytes // (1 << 20))
+    return ceil_div(slabs * slab_bytes, 1 << 20)
 
 
 def describe_plan(plan: RestorePlan, tables: Tables, slab_bytes: int) -> str:

@@ -10,6 +10,7 @@ at the MRU end of the Device LRU.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 from typing import NamedTuple
 
 from ninfer.cache.common import BLOCK_TOKENS, Residency, StaleQuoteError
@@ -46,7 +47,10 @@ class PrefetchMixin:
         todo = [nid for nid in path if nodes[nid].device_state == _ABSENT][:max_blocks]
         keep = {DeviceEntry(EntryKind.NODE, nid) for nid in quote.match.path}
         room = free_pages
-        for entry in list(self.lru.backed):
+        # Each drop removes exactly one backed entry (a backed copy is never the last), so the
+        # loop reads at most the drops it needs plus the path's entries: O(path), not O(LRU).
+        scan = max(0, len(todo) - room) + len(keep)
+        for entry in list(islice(self.lru.backed, scan)):
             if room >= len(todo):
                 break
             if entry in keep:

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ninfer.cache.common import SnapshotKind
+from ninfer.cache.common import SnapshotKind, ceil_div
 from ninfer.cache.keys import PromptBlocks
 from ninfer.cache.taps import TapConfig
 
@@ -29,7 +29,7 @@ class CacheConfig:
 
     @property
     def image_slabs(self) -> int:
-        return -(-self.image_bytes // self.slab_bytes)
+        return ceil_div(self.image_bytes, self.slab_bytes)
 
 
 class Readiness(enum.IntEnum):

@@ -54,19 +54,11 @@ class Snapshot:
         return len(self.tail) // TOKEN_BYTES
 
     @property
-    def has_tail(self) -> bool:
-        return bool(self.tail)
-
-    @property
     def device_complete(self) -> bool:
         """Image in a Device slot and tail (if any) Device-resident: restorable without Host."""
         return self.device_state == Residency.RESIDENT and (
             not self.tail or self.tail_device == Residency.RESIDENT
         )
-
-    @property
-    def host_resident(self) -> bool:
-        return self.host_state == Residency.RESIDENT
 
     def image_has_copy(self) -> bool:
         return self.device_state != Residency.ABSENT or self.host_state != Residency.ABSENT

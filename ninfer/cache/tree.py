@@ -71,7 +71,9 @@ class BlockTree:
     def __len__(self) -> int:
         return len(self.nodes) - 1  # the root is not a block
 
-    def find_child(self, parent: int, lookup_hash: int, tokens: bytes, extra: int):
+    def find_child(
+        self, parent: int, lookup_hash: int, tokens: bytes, extra: int
+    ) -> BlockNode | None:
         """The child of `parent` with exactly these tokens and extra key, or None."""
         node = self._by_hash.get(lookup_hash)
         if node is None:

@@ -124,7 +124,8 @@ class HostSlabs:
 
     chunks[c]: uint8 [n_fa, geometry.chunk_slabs[c], cell_bytes]; `row(c, fa)` is its flat,
     contiguous layer row. Contents are unspecified until written. Owns no policy; never
-    mutated except by the copies `Transfer` issues (and persistence, through `slab_view`).
+    mutated except by the copies `Transfer` issues and by a persistence load
+    (`persist_file.read_payload`, through `chunks`).
     """
 
     def __init__(self, geometry: SlabGeometry, *, pin: bool) -> None:
