@@ -126,10 +126,9 @@ def sample(
             f"sample: logits {tuple(logits.shape)} for {len(params)} params, "
             f"{len(generators)} generators"
         )
-    greedy = logits.argmax(dim=-1)
     sampled_rows = [not p.greedy for p in params]
     if not any(sampled_rows):
-        chosen = greedy
+        chosen = logits.argmax(dim=-1)
     else:
         temps = _row_tensor([p.temperature if not p.greedy else 1.0 for p in params], logits)
         scaled = logits / temps
@@ -141,5 +140,5 @@ def sample(
             chosen = drawn
         else:
             mask = torch.tensor(sampled_rows, device=logits.device)
-            chosen = torch.where(mask, drawn, greedy)
+            chosen = torch.where(mask, drawn, logits.argmax(dim=-1))
     return SampleResult(token_ids=chosen, logprobs=_logprobs(logits, chosen, params))

@@ -64,7 +64,7 @@ def link_bandwidth(device: torch.device, mib: int = 256, iters: int = 5) -> floa
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None) -> float:
-    """FLOP/s of an n x n x n matmul in `dtype` (fp32 on CPU unless asked)."""
+    """FLOP/s of an n x n x n matmul in `dtype` (n: 8192 on CUDA, 1024 on a CPU)."""
     n = n or (8192 if device.type == "cuda" else 1024)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import torch
 
+from ninfer.bench import PARTS as PARTS  # re-exported
 from ninfer.bench import bounds as bounds_mod
 from ninfer.bench.bounds import release_memory
 from ninfer.bench.model_math import param_counts
 from ninfer.bench.restore import bench_restore
 from ninfer.bench.throughput import bench_decode, bench_prefill, random_prompts
 from ninfer.bench.ttft import bench_ttft, trace_sessions
-
-PARTS = ("prefill", "decode", "ttft", "restore", "cache")
 
 
 @dataclass(slots=True)

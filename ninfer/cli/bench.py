@@ -14,7 +14,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ninfer.bench.suite import PARTS, BenchSpec, run_suite
+from ninfer.bench import PARTS
+from ninfer.bench.workloads import TRACES
 from ninfer.cli.bench_view import print_results
 from ninfer.cli.main import engine_kwargs
 
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 8], help="e.g. 1,4,8")
     p.add_argument("--turns", type=int, default=4, help="turns per session in the TTFT trace "
                    "(its shared prefix is about the largest --prompt-tokens)")  # fmt: skip
-    p.add_argument("--trace", default="chat", help="chat | agent | subagents | edits | retries")
+    p.add_argument("--trace", default="chat", help=" | ".join(TRACES))
     p.add_argument("--cache-prompt-tokens", type=int, help="cache bookkeeping: prompt length")
     p.add_argument("--cache-tree-blocks", type=int, help="cache bookkeeping: tree size")
     p.add_argument("--json", type=Path, help="write the results as JSON")
@@ -43,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ninfer.bench.suite import BenchSpec, run_suite  # imports torch: not at --help time
+
     engine = engine_kwargs(args)
     if args.preset and "model" in engine:
         raise ValueError("give --preset or --model, not both")

@@ -128,16 +128,17 @@ def restore(r: dict) -> Table:
     )
 
 
-def _flatten(d: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
+def flatten(d: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted key, leaf value) pairs of a nested dict."""
     for k, v in d.items():
         if isinstance(v, dict):
-            yield from _flatten(v, f"{prefix}{k}.")
+            yield from flatten(v, f"{prefix}{k}.")
         else:
             yield f"{prefix}{k}", v
 
 
 def cache(c: dict) -> Table:
-    rows = [[k, v if isinstance(v, str) else json.dumps(v)] for k, v in _flatten(c)]
+    rows = [[k, v if isinstance(v, str) else json.dumps(v)] for k, v in flatten(c)]
     return table("cache bookkeeping (ninfer.cache.bench)", ["", "value"], rows)
 
 

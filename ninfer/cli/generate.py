@@ -1,11 +1,12 @@
 """`ninfer generate -i in.jsonl -o out.jsonl`: batch generation with a progress bar.
 
-Every pending line is submitted to the engine at once (one `LLM.stream` per line, each read on
-its own worker thread; the engine's FIFO admits them in input order and batches them, so
-concurrency and cache reuse apply). Output lines are appended and flushed as requests complete,
-so they come in completion order. Line formats: `ninfer.cli.jsonl`. Re-running with the same
-output file skips every id already there (errors included: delete a line to retry it). Ctrl+C
-cancels what is still running; what was written stays.
+Pending lines are submitted to the engine together, up to `--max-in-flight` at a time (one
+`LLM.stream` per line, each read on its own worker thread; the engine's FIFO admits them in
+input order and batches them, so concurrency and cache reuse apply). Output lines are appended
+and flushed as requests complete, so they come in completion order. Line formats:
+`ninfer.cli.jsonl`. Re-running with the same output file skips every id already there (errors
+included: delete a line to retry it). Ctrl+C cancels what is still running; what was written
+stays.
 """
 
 from __future__ import annotations

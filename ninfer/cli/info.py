@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ninfer.cli.bench_view import flatten
 from ninfer.cli.chat_view import human_bytes
 from ninfer.cli.main import engine_kwargs, open_llm
 
@@ -75,17 +76,6 @@ def ledger_table(ledger: dict) -> Table:
     table = Table(title="memory ledger", header_style="bold")
     table.add_column("item", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
-    for name, value in _flatten(ledger):
+    for name, value in flatten(ledger):
         table.add_row(name, _value(name, value))
     return table
-
-
-def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    rows = []
-    for key, value in d.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            rows += _flatten(value, name + ".")
-        else:
-            rows.append((name, value))
-    return rows

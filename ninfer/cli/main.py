@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -108,8 +109,6 @@ def serving(llm) -> Iterator:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import importlib
-
     parser = argparse.ArgumentParser(
         prog="ninfer", description="Qwen3.5 inference with a hybrid prefix cache."
     )
@@ -122,8 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import importlib
-
     args = build_parser().parse_args(argv)
     # the engine's own progress lines (startup time, prefix cache load and save) on stderr
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
