@@ -8,7 +8,6 @@ they become that request's output with finish_reason "error".
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import logging
 import queue
@@ -181,7 +180,7 @@ class LLM:
 
     def cache_stats(self):
         """A copy of the prefix cache's CacheStats (all zero when prefix_reuse=False)."""
-        return self._engine.call(lambda: copy.copy(self._engine.bridge.stats()))
+        return self._engine.call(lambda: self._engine.bridge.stats())  # already a copy
 
     # ---- requests ---------------------------------------------------------------------------
     def _job(self, prompt: forms.PromptInput | None, params, error: str | None, stream=False):
@@ -251,15 +250,13 @@ class LLM:
         """Token deltas, then the final RequestOutput. Closing the iterator early cancels the
         request (finish_reason "abort"); what it committed stays cached."""
         params = sampling_params or SamplingParams()
-        if forms.is_conversation(prompt_or_messages):
-            job = self._prepare(
-                lambda: self._render(prompt_or_messages, tools, enable_thinking), params, True, True
-            )
-        else:
-            job = self._prepare(
-                lambda: forms.from_prompt(prompt_or_messages, self._tokenizer), params, True, True
-            )
-        return self._stream(job)
+        item = prompt_or_messages
+        make = (
+            (lambda: self._render(item, tools, enable_thinking))
+            if forms.is_conversation(item)
+            else (lambda: forms.from_prompt(item, self._tokenizer))
+        )
+        return self._stream(self._prepare(make, params, True, True))
 
     def _stream(self, job: Job) -> Iterator[StreamDelta | RequestOutput]:
         self._engine.submit(job)

@@ -61,29 +61,35 @@ def _new_lane(bridge: CacheBridge, job: Job, now: float, slot: int) -> Lane:
     )
 
 
+def quote_params(bridge: CacheBridge, job: Job) -> QuoteParams:
+    """What `job` asks of the Device pool now: its whole entitlement, the unreserved free
+    pages (clamped at 0) and the pool size (admission and the prefetcher quote alike)."""
+    budget, kv = bridge.budget, bridge.kv
+    entitlement = budget.entitlement(len(job.prompt), job.params.max_tokens, 0)
+    return QuoteParams(entitlement, max(kv.num_free - budget.reserved, 0), kv.num_pages)
+
+
 def try_admit(bridge: CacheBridge, job: Job, now: float, lanes: list[Lane]) -> Verdict:
     """Quote, stage and activate the FIFO head, or report why not. A free active state slot is
     guaranteed by the scheduler (fewer lanes than max_concurrency). `lanes` are the active
     lanes, for in-flight coalescing (§12.2)."""
-    n = len(job.prompt)
-    budget = bridge.budget
-    entitlement = budget.entitlement(n, job.params.max_tokens, 0)
-    free = bridge.kv.num_free - budget.reserved
+    params = quote_params(bridge, job)
     if bridge.index is None:
-        if entitlement > bridge.kv.num_pages:
+        entitlement = params.entitlement_pages
+        if entitlement > params.total_pages:
             return Verdict(error=_infeasible(bridge, job, entitlement))
-        if entitlement > free:
+        if entitlement > params.free_pages:
             return Verdict()
         lane = _new_lane(bridge, job, now, bridge.states.acquire())
-        budget.reserve(lane, entitlement)
+        bridge.budget.reserve(lane, entitlement)
         return Verdict(lane=lane)
-    return _admit_cached(bridge, job, now, entitlement, free, lanes)
+    return _admit_cached(bridge, job, now, params, lanes)
 
 
-def _admit_cached(bridge, job: Job, now: float, entitlement: int, free: int, lanes: list[Lane]):
+def _admit_cached(bridge, job: Job, now: float, params: QuoteParams, lanes: list[Lane]):
     index = bridge.index
     bridge.prefetcher.settle()  # a landing prefetch of this path must not be skipped (§6.6)
-    quote = index.quote(job.blocks, QuoteParams(entitlement, max(free, 0), bridge.kv.num_pages))
+    quote = index.quote(job.blocks, params)
     if quote.readiness == Readiness.PERMANENTLY_INFEASIBLE:
         return Verdict(error=_infeasible(bridge, job, quote.need_pages))
     if quote.readiness != Readiness.READY:
@@ -94,7 +100,7 @@ def _admit_cached(bridge, job: Job, now: float, entitlement: int, free: int, lan
             bridge.counters.coalesced_waits += 1
         return Verdict()
     lane = _new_lane(bridge, job, now, bridge.states.acquire())
-    staged = index.stage(quote, lane.lane_id, max(free, 0))
+    staged = index.stage(quote, lane.lane_id, params.free_pages)
     bridge.kv.free(staged.evicted_pages)
     tail_src = staged.source_tail_page
     if staged.hit_tier == "host":
@@ -126,7 +132,7 @@ def _admit_cached(bridge, job: Job, now: float, entitlement: int, free: int, lan
             lane.private.append(True)
         lane.resumed_endpoint = index.snapshot(staged.source).kind == SnapshotKind.ENDPOINT
     index.activate(lane.lane_id)
-    bridge.budget.reserve(lane, max(entitlement - len(lane.pages), 0))
+    bridge.budget.reserve(lane, max(params.entitlement_pages - len(lane.pages), 0))
     _plan_taps(bridge, lane)
     return Verdict(lane=lane)
 

@@ -50,7 +50,9 @@ class EngineCounters:
 
 
 def slab_bytes(page_bytes: int) -> int:
-    """One Host slab = one block bundle (every FA layer's page) rounded up to 4 KiB."""
+    """The index's slab size without a Host tier (no slab exists; it sizes GDSF scores): one
+    block bundle (every FA layer's page) rounded up to 4 KiB. A Host tier's slabs are exactly
+    one block bundle (`HostSlabs.geometry.slab_bytes`)."""
     return -(-page_bytes // 4096) * 4096
 
 
@@ -214,7 +216,7 @@ class CacheBridge:
         for lane in lanes:
             if len(lane.pages) != len(lane.private):
                 raise AssertionError("lane: pages and private flags differ in length")
-            if any(lane.private[: lane.committed_blocks]) and self.index is None:
+            if self.index is None and lane.committed_blocks:
                 raise AssertionError("disabled lane committed blocks")
 
     def prefetch_head(self, job: Job) -> int:

@@ -170,7 +170,7 @@ class Engine:
                 return True
             block = False
             if kind == "stop":
-                self._save_on_stop = item is None or bool(item)
+                self._save_on_stop = bool(item)
                 return False
             if kind == "job":
                 if item.error is not None:
@@ -269,7 +269,7 @@ class Engine:
             token = result.tokens[i]
             if token is None:
                 continue
-            if lane.prefilling is False and not lane.prefill_done_t:
+            if not lane.prefilling and not lane.prefill_done_t:
                 lane.prefill_done_t = now
             self._append(lane, token, result.logprobs[i], now)
         for lane in [ln for ln in self.lanes if ln.finish_reason is not None]:

@@ -49,20 +49,19 @@ def check_finish(lane: Lane, token: int, eos: tuple[int, ...], max_model_len: in
 
 def stream_delta(lane: Lane) -> StreamDelta | None:
     """New tokens and text since the previous delta, or None if nothing is new."""
-    gen = lane.generated
-    if len(gen) == lane.streamed_tokens and not lane.text:
+    n = len(lane.tokens) - lane.prompt_len  # generated so far (no copy: this runs every step)
+    if n == lane.streamed_tokens and not lane.text:
         return None
-    delta = StreamDelta(
-        request_id=lane.job.request_id, token_ids=gen[lane.streamed_tokens :], text=lane.text
-    )
-    lane.streamed_tokens = len(gen)
+    new = lane.tokens[lane.prompt_len + lane.streamed_tokens :]
+    delta = StreamDelta(request_id=lane.job.request_id, token_ids=new, text=lane.text)
+    lane.streamed_tokens = n
     lane.text = ""
     return delta
 
 
 def final_output(lane: Lane, now: float) -> RequestOutput:
     job = lane.job
-    gen = list(lane.generated)
+    gen = lane.generated  # a fresh list
     first = lane.t_first or now
     prefill_s = max(lane.prefill_done_t or first, lane.t_admit) - lane.t_admit
     decode_s = max(now - first, 0.0)

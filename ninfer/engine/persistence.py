@@ -137,7 +137,7 @@ class PrefixCacheFile:
     def load(self, bridge) -> int:
         """Restore what fits of the file into the empty Host tier; returns snapshots restored.
         Never raises for a bad file: it logs one warning and restores nothing."""
-        index, slabs = bridge.index, getattr(bridge, "host_slabs", None)
+        index, slabs = bridge.index, bridge.host_slabs
         if index is None or index.host is None or slabs is None:
             logger.warning(
                 "prefix_cache_file %s: no Host tier is running, the file is neither read nor saved",
@@ -219,7 +219,7 @@ class PrefixCacheFile:
         """Write every retained Host-resident snapshot with its Host-resident path (call after
         every lane was released and every Host write drained). None when there is no Host tier,
         the save was abandoned, or it failed (logged; the previous file stays)."""
-        index, slabs = bridge.index, getattr(bridge, "host_slabs", None)
+        index, slabs = bridge.index, bridge.host_slabs
         if index is None or index.host is None or slabs is None:
             return None
         if self.abandoned:

@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ninfer.cache.records import QuoteParams, Readiness
+from ninfer.cache.records import Readiness
+from ninfer.engine.admission import quote_params
 
 if TYPE_CHECKING:
     from ninfer.engine.cache_bridge import CacheBridge
@@ -79,9 +80,7 @@ class Prefetcher:
     def _prefetch(self, job: Job, room: int) -> int:
         b = self.bridge
         index, kv = b.index, b.kv
-        entitlement = b.budget.entitlement(len(job.prompt), job.params.max_tokens, 0)
-        free = max(kv.num_free - b.budget.reserved, 0)
-        quote = index.quote(job.blocks, QuoteParams(entitlement, free, kv.num_pages))
+        quote = index.quote(job.blocks, quote_params(b, job))
         if quote.readiness == Readiness.PERMANENTLY_INFEASIBLE:
             return 0
         plan = index.plan_prefetch(quote, kv.num_free, max_blocks=min(MAX_PREFETCH_BLOCKS, room))

@@ -51,7 +51,7 @@ class StatePool:
 
     @property
     def image_bytes(self) -> int:
-        return (self.conv[0].numel() * self.conv.element_size()) + self.ssm[0].numel() * 4
+        return sum(t[0].numel() * t.element_size() for t in (self.conv, self.ssm))
 
     # ---- active slots ---------------------------------------------------------------------
     @property

@@ -58,7 +58,3 @@ class Streams:
     def on(self, stream: torch.cuda.Stream | None):
         """Context manager making `stream` current (CPU: nothing)."""
         return torch.cuda.stream(stream) if self.is_cuda and stream is not None else nullcontext()
-
-    def synchronize(self) -> None:
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)

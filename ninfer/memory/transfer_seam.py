@@ -4,7 +4,7 @@ The engine hands every copy list the prefix index produces to a `Transfer`: rest
 admission, block write-through at release, snapshot image writes at publication. It calls
 `poll()` once per step and reports what landed back to the index. `DeviceOnlyTransfer` is the
 implementation without a Host tier: the index never produces Host copies then, so receiving one
-is a logic error. The Host-tier implementation (`ninfer.memory.transfer`) replaces it.
+is a logic error. The Host-tier implementation (`ninfer.memory.host_transfer`) replaces it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class Transfer(Protocol):
 
     def restore(self, batch: Any, lane_slot: int) -> Any:
         """Queue a RestoreBatch: block slabs -> pages, tail slab -> page, image -> lane_slot.
-        Returns a ticket with wait_prelude() / wait_all() / hook() (per-layer waits)."""
+        Returns a ticket with wait_prelude() / wait_all() / hook() (per-layer waits) and
+        synchronize() (host wait, for a prefetch)."""
         ...
 
     def write_blocks(self, batch: Any) -> None:
