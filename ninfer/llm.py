@@ -19,7 +19,15 @@ from pathlib import Path
 import torch
 
 from ninfer.cache.keys import prepare_prompt
-from ninfer.config import EngineConfig, EngineOptions, probe_device, resolve, resolve_dtypes
+from ninfer.config import (
+    DEFAULT_HOST_CACHE_MIB,
+    DEFAULT_PENDING_TIMEOUT_S,
+    EngineConfig,
+    EngineOptions,
+    probe_device,
+    resolve,
+    resolve_dtypes,
+)
 from ninfer.engine import prompts as forms
 from ninfer.engine.backend import select_ops
 from ninfer.engine.cache_bridge import torch_dtype
@@ -90,7 +98,7 @@ class LLM:
         prefill_chunk: int | None = None,
         max_model_len: int | None = None,
         kv_capacity: int | str = "auto",
-        host_cache_mib: int = 8192,
+        host_cache_mib: int = DEFAULT_HOST_CACHE_MIB,
         device_snapshot_slots: int | None = None,
         cache_taps_per_request: int | None = None,
         cache_tap_ladder: int | None = None,
@@ -101,7 +109,7 @@ class LLM:
         compile: bool = True,
         cuda_graphs: bool = True,
         seed: int = 0,
-        pending_timeout_s: float = 60.0,
+        pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
         check_invariants: bool = False,
     ) -> None:
         kwargs = dict(locals())
