@@ -75,9 +75,18 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def open_llm(args: argparse.Namespace, **overrides: Any):
     """Build the engine from the command line (flags first, then the sub-command's overrides)."""
-    from ninfer import LLM
+    # A thread starts with the signal mask of the thread that starts it. Building the engine (its
+    # loop, torch's worker pools) with SIGINT and SIGTERM blocked makes the kernel deliver them to
+    # the main thread alone: delivered to a worker, they would leave the main thread asleep in
+    # the line editor until the next key press.
+    stopping = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+    try:
+        from ninfer import LLM  # importing torch may start its first worker threads
 
-    return LLM(**{**engine_kwargs(args), **overrides})
+        return LLM(**{**engine_kwargs(args), **overrides})
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextlib.contextmanager

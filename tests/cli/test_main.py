@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 from ninfer.cli.chat_view import ReasoningSplitter, stats_table
-from ninfer.cli.main import ENGINE_FLAGS, build_parser, engine_kwargs
+from ninfer.cli.main import ENGINE_FLAGS, build_parser, engine_kwargs, open_llm
 from ninfer.request import Metrics, RequestOutput, Usage
 
 _FLAG_LIST = (
@@ -105,3 +105,19 @@ def test_malformed_kv_capacity_is_a_clear_error(capsys):
 
     assert main(["info", "--kv-capacity", "lots"]) == 2
     assert '--kv-capacity must be "auto" or a number of tokens' in capsys.readouterr().err
+
+
+def test_the_engine_thread_leaves_sigint_and_sigterm_to_the_main_thread():
+    import signal
+    import threading
+
+    llm = open_llm(build_parser().parse_args(["info", "--device", "cpu"]))
+    try:
+        (engine,) = [t for t in threading.enumerate() if t.name == "ninfer-engine"]
+        with open(f"/proc/self/task/{engine.native_id}/status") as f:
+            blocked = int(next(x for x in f if x.startswith("SigBlk")).split()[1], 16)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            assert blocked & (1 << (sig - 1)), sig
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    finally:
+        llm.close()
