@@ -13,27 +13,11 @@ import torch
 from ninfer.demo import DEMO_DIR
 from ninfer.engine.persistence import checkpoint_identity
 from ninfer.llm import LLM
-from ninfer.models.config import Qwen35Config
 from ninfer.models.presets import build_random_model
 from ninfer.request import RequestOutput, SamplingParams
 from ninfer.tokenizer import Tokenizer
+from tests.engine.engine_helpers import TINY
 
-TINY = Qwen35Config(
-    vocab_size=2560,
-    hidden_size=64,
-    num_hidden_layers=4,
-    layer_types=("linear_attention",) * 3 + ("full_attention",),
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-    linear_num_key_heads=1,
-    linear_num_value_heads=2,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    intermediate_size=128,
-    max_position_embeddings=4096,
-    eos_token_ids=(3,),
-)
 _RNG = random.Random(5)
 PROMPT = [_RNG.randrange(4, 2500) for _ in range(260)]
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
