@@ -190,6 +190,12 @@ class LLM:
         """A copy of the prefix cache's CacheStats (all zero when prefix_reuse=False)."""
         return self._engine.call(lambda: self._engine.bridge.stats())  # already a copy
 
+    def settle(self) -> None:
+        """Block until every Host copy in flight (write-through, restores, prefetches) has
+        landed and the cache knows it: what was served is then on the Host tier. Requests keep
+        being served meanwhile; only the caller waits (benchmarks, tests, before a measurement)."""
+        self._engine.call(lambda: self._engine.bridge.poll(wait=True))
+
     # ---- requests ---------------------------------------------------------------------------
     def _job(self, prompt: forms.PromptInput | None, params, error: str | None, stream=False):
         ids = prompt.token_ids if prompt is not None else []

@@ -79,13 +79,19 @@ class Usage:
 
 @dataclass(slots=True)
 class Metrics:
-    """Timings of one request, in seconds."""
+    """Timings of one request, in seconds.
+
+    restore_s: how long the request's Host restore ran on the restore stream, from its first
+    copy to its last (CUDA only; 0.0 on the CPU or without a Host hit). It overlaps the first
+    prefill pass, so it is part of ttft_s, not added to it.
+    """
 
     queued_s: float = 0.0
     ttft_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     decode_tokens_per_s: float = 0.0
+    restore_s: float = 0.0
 
 
 @dataclass(slots=True)

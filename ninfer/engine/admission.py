@@ -109,6 +109,7 @@ def _admit_cached(bridge, job: Job, now: float, params: QuoteParams, lanes: list
         if batch is not None:
             # Never waited for here: the lane's first pass waits per layer (§6.5).
             lane.restore_ticket = bridge.transfer.restore(batch, lane.slot)
+            lane.restore_timing = lane.restore_ticket
             lane.restored_host_bytes = batch.bytes
             if batch.tail is not None:
                 lane.restore_ticket.wait_prelude()  # the tail COW below reads it

@@ -144,6 +144,7 @@ class CacheBridge:
             model_config.layer_types,
             self.streams,
             index.host,
+            timing=True,  # CUDA: timed events give metrics.restore_s (no-op on the CPU)
         )
         return index
 

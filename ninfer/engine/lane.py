@@ -79,6 +79,7 @@ class Lane:
     cached_prefix_tokens: int = 0
     restored_host_bytes: int = 0
     restore_ticket: Any = None  # Host restore the lane's first pass waits on, layer by layer
+    restore_timing: Any = None  # the same ticket, kept for metrics.restore_s once landed
     resumed_endpoint: bool = False
     taps: list[tuple[int, bool]] = field(default_factory=list)  # (position, exact), ascending
     boundary_taps: set[int] = field(default_factory=set)  # tap positions published as Boundary

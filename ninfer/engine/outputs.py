@@ -87,8 +87,18 @@ def final_output(lane: Lane, now: float) -> RequestOutput:
             prefill_s=prefill_s,
             decode_s=decode_s,
             decode_tokens_per_s=n_dec / decode_s if decode_s > 0 and n_dec else 0.0,
+            restore_s=_restore_seconds(lane.restore_timing),
         ),
     )
+
+
+def _restore_seconds(ticket) -> float:
+    """Start of a restore batch to its last event (0.0 without timing events or copies). The
+    lane's first token was sampled after every layer's event, so they have landed by then."""
+    if ticket is None or not hasattr(ticket, "elapsed_ms") or not ticket.done():
+        return 0.0  # (a lane cancelled before its first pass may not have waited)
+    elapsed = ticket.elapsed_ms()
+    return max(elapsed.values()) / 1e3 if elapsed else 0.0
 
 
 def error_output(job: Job, message: str, reason: str = "error") -> RequestOutput:

@@ -30,6 +30,27 @@ TINY = Qwen35Config(
 )
 
 
+# The engine's real kernel shapes (head_dim 256, GDN dk = dv = 128), small: the GPU tests' model
+# (the carried FlashInfer JIT cache serves these shapes).
+CUDA_TINY = Qwen35Config(
+    vocab_size=2560,
+    hidden_size=512,
+    num_hidden_layers=8,
+    layer_types=("linear_attention",) * 3 + ("full_attention",) + ("linear_attention",) * 3
+    + ("full_attention",),
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    intermediate_size=1024,
+    max_position_embeddings=8192,
+    eos_token_ids=(3,),
+)  # fmt: skip
+
+
 @torch.no_grad()
 def reference_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens from one unchunked prefill then one-token decode steps, on a private cache:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import CUDA_TINY
 
 from ninfer.engine.runner import Row, Runner
 from ninfer.models.batch import PAGE_SIZE, ModelCache
-from ninfer.models.config import Qwen35Config
 from ninfer.models.presets import build_random_model
 from ninfer.ops.reference import ReferenceOps
 from ninfer.request import SamplingParams
@@ -31,23 +31,7 @@ for _mod in ("triton", "flashinfer", "fla"):
 from ninfer.ops.cuda import CudaOps  # noqa: E402
 
 DEV = torch.device("cuda")
-CFG = Qwen35Config(
-    vocab_size=2560,
-    hidden_size=512,
-    num_hidden_layers=8,
-    layer_types=("linear_attention",) * 3 + ("full_attention",) + ("linear_attention",) * 3
-    + ("full_attention",),
-    num_attention_heads=4,
-    num_key_value_heads=1,
-    head_dim=256,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-    intermediate_size=1024,
-    max_position_embeddings=8192,
-    eos_token_ids=(3,),
-)  # fmt: skip
+CFG = CUDA_TINY
 PROMPTS = [list(range(5, 155)), [(7 * i) % 2000 + 4 for i in range(70)], list(range(300, 333))]
 STEPS = 12
 GREEDY = SamplingParams(temperature=0.0)

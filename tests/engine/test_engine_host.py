@@ -43,7 +43,10 @@ def test_host_only_restore_matches_cold(make_llm):
     assert out.usage.cached_tokens == 200 + 80 - 1
     # 4 path blocks + the endpoint's tail page (16 KiB bundles) + the 8448-byte state image
     assert out.usage.restored_host_bytes == 5 * BUNDLE + IMAGE
+    assert out.metrics.restore_s == 0.0  # CPU copies are synchronous: nothing to time
     assert out.token_ids == run(cold, follow, 20).token_ids
+    llm.settle()  # every write-through and restore landed and retired
+    assert llm._engine.call(lambda: not llm._engine.bridge.index.batches)  # none in flight
     stats = llm.cache_stats()
     assert stats.hits_host == 1 and stats.restores == 1
     assert stats.restored_host_bytes == 5 * BUNDLE + IMAGE

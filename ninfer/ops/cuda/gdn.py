@@ -22,6 +22,15 @@ from ninfer.models.batch import ForwardBatch
 from ninfer.ops.cuda.host import to_device
 
 L2_EPS = 1e-6
+CHUNK = 64  # fla's chunk size for the gated delta rule
+
+
+def chunk_indices(q_lens: list[int], device: torch.device) -> torch.Tensor:
+    """fla's varlen chunk table [chunks, 2] = (row, chunk within the row), built on the host and
+    sent without blocking. Left to fla, it is built on the host from cu_seqlens_cpu and copied
+    from pageable memory: a stream synchronisation in every GDN layer of every prefill pass."""
+    rows = [v for i, n in enumerate(q_lens) for j in range(-(-n // CHUNK)) for v in (i, j)]
+    return to_device(rows, device).view(-1, 2)
 
 
 @triton.jit
@@ -113,6 +122,7 @@ def gdn_prefill(
         q, k, v, g, beta, scale=scale,
         initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
         cu_seqlens=batch.cu_q.long(), cu_seqlens_cpu=cu_cpu,
+        chunk_indices=chunk_indices(batch.q_lens, h0.device),
     )  # fmt: skip
     state[slots] = final.to(state.dtype)
     return o[0].to(v.dtype)
