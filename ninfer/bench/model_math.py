@@ -4,7 +4,7 @@ Counts come from the model's own parameters (built on the meta device, so nothin
 allocated), which keeps them exact for dense and MoE shapes alike.
 
     decode step, batch B at context L:
-        bytes = weights read once (MoE: experts touched, at most B * top_k of E)
+        bytes = weights read once (MoE: experts touched, E * (1 - (1 - k/E)^B) expected)
               + B * L * kv_bytes_per_token            (K and V of every full-attention layer)
               + B * 2 * state_image_bytes             (GDN state read and written)
     prefill of T tokens after L cached:
@@ -43,10 +43,11 @@ def param_counts(cfg: Qwen35Config) -> ParamCounts:
 
 
 def active_matmul_params(cfg: Qwen35Config, counts: ParamCounts, tokens: int = 1) -> float:
-    """Matmul parameters touched by `tokens` tokens (MoE: the routed fraction of the experts)."""
+    """Matmul parameters touched by `tokens` tokens (MoE: the expected fraction of experts that
+    `tokens` uniform top-k picks touch, 1 - (1 - k/E)^tokens)."""
     if not cfg.is_moe:
         return counts.matmul
-    frac = min(1.0, tokens * cfg.num_experts_per_tok / cfg.num_experts)
+    frac = 1.0 - (1.0 - cfg.num_experts_per_tok / cfg.num_experts) ** tokens
     return counts.matmul - counts.experts + counts.experts * frac
 
 

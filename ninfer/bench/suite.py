@@ -9,9 +9,7 @@ vocabulary) for the chat traces. Returns plain dicts; printing is the CLI's busi
 
 from __future__ import annotations
 
-import contextlib
 import platform
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +19,9 @@ from ninfer.bench import PARTS as PARTS  # re-exported
 from ninfer.bench import bounds as bounds_mod
 from ninfer.bench.bounds import release_memory
 from ninfer.bench.model_math import param_counts
+from ninfer.bench.profiling import profiled
 from ninfer.bench.restore import bench_restore
+from ninfer.bench.resume import bench_resume
 from ninfer.bench.throughput import bench_decode, bench_prefill, random_prompts
 from ninfer.bench.ttft import bench_ttft, trace_sessions
 
@@ -40,8 +40,11 @@ class BenchSpec:
     engine: dict = field(default_factory=dict)  # LLM keyword arguments (minus model)
     profile_dir: Path | None = None
     compare_hf: bool = False
+    hf_max_prompt: int = 8192  # transformers runs only the prompt lengths up to this
     cache_prompt_tokens: int | None = None  # None: ninfer.cache.bench's own defaults
     cache_tree_blocks: int | None = None
+    resume_new_tokens: int = 64
+    resume_histories: list[int] | None = None  # None: prompt_tokens
 
 
 @dataclass(slots=True)
@@ -93,35 +96,6 @@ def load(spec: BenchSpec) -> Loaded:
     return Loaded(label, model, tokenizer, template, device, dtype, torch_dtype(resolved.kv_dtype))
 
 
-@contextlib.contextmanager
-def profiled(name: str, out: dict, profile_dir: Path | None) -> Iterator[None]:
-    """Runs the block under torch.profiler when asked: a Chrome trace and the top kernels."""
-    if profile_dir is None:
-        yield
-        return
-    from torch._C._profiler import _ExperimentalConfig
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    profile_dir.mkdir(parents=True, exist_ok=True)
-    try:  # the engine runs its loop on its own thread: record every thread, not just this one
-        config = _ExperimentalConfig(profile_all_threads=True)
-    except TypeError:  # older torch: this thread only (CUDA kernels are recorded regardless)
-        config = None
-    with profile(activities=activities, experimental_config=config) as prof:
-        yield
-    trace = profile_dir / f"{name}.json"
-    prof.export_chrome_trace(str(trace))
-    key = "self_device_time_total" if len(activities) > 1 else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:10]
-    out["profile"] = {
-        "trace": str(trace),
-        "top": [{"name": e.key, "self_us": getattr(e, key), "calls": e.count} for e in events],
-    }
-
-
 def run_suite(spec: BenchSpec, log=print) -> dict:
     log("building the model...")
     loaded = load(spec)
@@ -150,6 +124,13 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
         # Not profiled: end-to-end latency over two engine lifetimes, and a huge trace.
         sessions = trace_sessions(spec.trace, spec.seed, spec.turns, max(spec.prompt_tokens))
         results["ttft"] = bench_ttft(lambda **o: loaded.make_llm(spec.engine, **o), sessions)
+    if "resume" in spec.parts:
+        histories = spec.resume_histories or spec.prompt_tokens
+        log(f"resume from the Host tier ({histories} history tokens; last round profiled)...")
+        results["resume"] = bench_resume(
+            lambda **o: loaded.make_llm(spec.engine, **o), cfg, histories, machine,
+            new=spec.resume_new_tokens, seed=spec.seed, profile_dir=spec.profile_dir,
+        )  # fmt: skip
     if "restore" in spec.parts:
         log("restore and tap copies...")
         part = results["restore"] = {}
@@ -171,22 +152,53 @@ def _throughput(spec: BenchSpec, loaded: Loaded, counts, machine: dict, log) -> 
         if "prefill" in spec.parts:
             log("prefill...")
             part = out["prefill"] = {}
-            with profiled("prefill", part, spec.profile_dir):
-                part["rows"] = bench_prefill(
-                    llm, cfg, counts, spec.prompt_tokens, machine, seed=spec.seed
-                )
+            part["rows"] = bench_prefill(
+                llm, cfg, counts, spec.prompt_tokens, machine, seed=spec.seed
+            )
+            with profiled("prefill", part, spec.profile_dir):  # after: figures stay unprofiled
+                if spec.profile_dir is not None:
+                    _one_request(llm, cfg, 1, min(spec.prompt_tokens), 1, spec.seed)
         if "decode" in spec.parts:
             log("decode...")
             part = out["decode"] = {}
-            with profiled("decode", part, spec.profile_dir):
-                part["rows"] = bench_decode(
-                    llm, cfg, counts, spec.prompt_tokens[0], spec.decode_tokens,
-                    spec.batch_sizes, machine, itemsize, kv_itemsize, seed=spec.seed,
-                )  # fmt: skip
-        if spec.compare_hf:
-            log("transformers baseline...")
-            out["hf"] = compare_hf(spec, loaded, llm)
+            part["rows"] = bench_decode(
+                llm, cfg, counts, spec.prompt_tokens[0], spec.decode_tokens,
+                spec.batch_sizes, machine, itemsize, kv_itemsize, seed=spec.seed,
+            )  # fmt: skip
+            with profiled("decode", part, spec.profile_dir):  # a few steps, largest batch
+                if spec.profile_dir is not None:
+                    _one_request(llm, cfg, max(spec.batch_sizes), 64, 8, spec.seed)
+        ours = greedy_probe(spec, cfg, llm) if spec.compare_hf else None
+    if spec.compare_hf:
+        release_memory()  # the engine's pools go before transformers takes its share
+        log("transformers baseline...")
+        out["hf"] = compare_hf(spec, loaded, ours)
+        _speedups(out)
     return out
+
+
+def _one_request(llm, cfg, batch: int, prompt_tokens: int, max_tokens: int, seed: int) -> None:
+    """`batch` fresh random prompts through generate: what a profile records (not timed)."""
+    import random
+
+    from ninfer import SamplingParams
+
+    rng = random.Random(seed + 7)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    llm.generate(random_prompts(rng, cfg.vocab_size, batch, prompt_tokens), params)
+
+
+def _speedups(out: dict) -> None:
+    """ninfer over transformers per prompt length / batch size that both ran."""
+    hf = out["hf"]
+    ours = {x["prompt_tokens"]: x for x in out.get("prefill", {}).get("rows", [])}
+    for x in hf["prefill"]:
+        mine = ours.get(x["prompt_tokens"])
+        x["ninfer_speedup"] = mine["tokens_per_s"] / x["tokens_per_s"] if mine else None
+    ours = {x["batch"]: x for x in out.get("decode", {}).get("rows", [])}
+    for x in hf["decode"]:
+        mine = ours.get(x["batch"])
+        x["ninfer_speedup"] = mine["tokens_per_s"] / x["tokens_per_s"] if mine else None
 
 
 def cache_bookkeeping(spec: BenchSpec) -> dict:
@@ -205,25 +217,41 @@ def cache_bookkeeping(spec: BenchSpec) -> dict:
     return run_cache_bench(**kwargs)
 
 
-def compare_hf(spec: BenchSpec, loaded: Loaded, llm) -> dict:
-    """transformers on the same weights: prefill / decode figures and greedy agreement."""
+def hf_prompts(spec: BenchSpec, cfg) -> list[list[int]]:
+    """The transformers baseline's prompts: one per prompt length up to hf_max_prompt."""
     import random
 
+    rng = random.Random(spec.seed + 1)
+    lengths = [t for t in spec.prompt_tokens if t <= spec.hf_max_prompt]
+    lengths = lengths or [min(spec.prompt_tokens)]
+    return [p["prompt_token_ids"] for t in lengths
+            for p in random_prompts(rng, cfg.vocab_size, 1, t)]  # fmt: skip
+
+
+def greedy_probe(spec: BenchSpec, cfg, llm) -> list[int]:
+    """ninfer's first greedy tokens on the baseline's first prompt (compared with transformers')."""
     from ninfer import SamplingParams
+
+    params = SamplingParams(max_tokens=min(16, spec.decode_tokens), temperature=0.0,
+                            ignore_eos=True)  # fmt: skip
+    return llm.generate({"prompt_token_ids": hf_prompts(spec, cfg)[0]}, params)[0].token_ids
+
+
+def compare_hf(spec: BenchSpec, loaded: Loaded, ours: list[int]) -> dict:
+    """transformers on the same weights: prefill / decode figures and greedy agreement with
+    `ours` (greedy_probe). Runs after the engine closed: its pools would leave no room."""
     from ninfer.bench.hf import bench_hf, build_hf_model, greedy_tokens
 
     cfg = loaded.model.config
     hf = build_hf_model(cfg, loaded.model.state_dict(), loaded.dtype, loaded.device)
-    rng = random.Random(spec.seed + 1)
-    prompts = [p["prompt_token_ids"] for t in spec.prompt_tokens
-               for p in random_prompts(rng, cfg.vocab_size, 1, t)]  # fmt: skip
-    out = bench_hf(hf, prompts, spec.decode_tokens, spec.batch_sizes, loaded.device)
-    n = min(16, spec.decode_tokens)
-    ours = llm.generate(
-        {"prompt_token_ids": prompts[0]},
-        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
-    )[0].token_ids
-    theirs = greedy_tokens(hf, prompts[0], n, loaded.device)
+    try:
+        prompts = hf_prompts(spec, cfg)
+        out = bench_hf(hf, prompts, spec.decode_tokens, spec.batch_sizes, loaded.device)
+        n = len(ours)
+        theirs = greedy_tokens(hf, prompts[0], n, loaded.device)
+    finally:
+        del hf
+        release_memory()
     agree = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), n)
     out["greedy"] = {"tokens": n, "agreeing_prefix": agree, "ninfer": ours, "hf": theirs}
     return out

@@ -1,4 +1,5 @@
-"""`ninfer bench [prefill|decode|ttft|restore|cache|all]`: run `ninfer.bench` and print it.
+"""`ninfer bench [all | part,part,...]`: run `ninfer.bench` and print it. Parts: prefill, decode,
+ttft, resume, restore, cache.
 
 Each figure is printed beside its physical bound (decode: bytes per step over the measured
 memory bandwidth; prefill: FLOPs over the measured matmul peak; restore: bytes over the measured
@@ -26,8 +27,21 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def _parts(text: str) -> list[str]:
+    if text == "all":
+        return list(PARTS)
+    parts = [x for x in text.split(",") if x]
+    unknown = [x for x in parts if x not in PARTS]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(
+            f"unknown part {', '.join(unknown) or repr(text)} (choose from all, {', '.join(PARTS)})"
+        )
+    return [x for x in PARTS if x in parts]  # the suite's order
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("part", nargs="?", default="all", choices=[*PARTS, "all"])
+    p.add_argument("part", nargs="?", default="all", type=_parts,
+                   help=f"all, or one or more of {','.join(PARTS)} (comma-separated)")  # fmt: skip
     p.add_argument("--preset", choices=PRESET_NAMES, help="released shape, random weights")
     p.add_argument("--prompt-tokens", type=_ints, default=[512, 2048], help="e.g. 512,2048")
     p.add_argument("--decode-tokens", type=int, default=64)
@@ -35,11 +49,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=4, help="turns per session in the TTFT trace "
                    "(its shared prefix is about the largest --prompt-tokens)")  # fmt: skip
     p.add_argument("--trace", default="chat", help=" | ".join(TRACES))
+    p.add_argument("--resume-new-tokens", type=int, default=64,
+                   help="resume: new tokens per turn after each history")  # fmt: skip
+    p.add_argument("--resume-history", type=_ints, default=None,
+                   help="resume: history lengths (default: --prompt-tokens)")  # fmt: skip
     p.add_argument("--cache-prompt-tokens", type=int, help="cache bookkeeping: prompt length")
     p.add_argument("--cache-tree-blocks", type=int, help="cache bookkeeping: tree size")
     p.add_argument("--json", type=Path, help="write the results as JSON")
-    p.add_argument("--profile", type=Path, metavar="DIR", help="torch.profiler traces")
+    p.add_argument("--profile", type=Path, metavar="DIR",
+                   help="torch.profiler traces of extra untimed requests")  # fmt: skip
     p.add_argument("--compare-hf", action="store_true", help="also run transformers")
+    p.add_argument("--hf-max-prompt", type=int, default=8192,
+                   help="transformers runs the prompt lengths up to this many tokens")  # fmt: skip
     p.add_argument("--plot", type=Path, metavar="PNG", help="TTFT per turn, cold vs cached")
 
 
@@ -50,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.preset and "model" in engine:
         raise ValueError("give --preset or --model, not both")
     spec = BenchSpec(
-        parts=list(PARTS) if args.part == "all" else [args.part],
+        parts=args.part,
         preset=args.preset,
         model=engine.get("model"),
         prompt_tokens=args.prompt_tokens,
@@ -62,8 +83,11 @@ def run(args: argparse.Namespace) -> int:
         engine=engine,
         profile_dir=args.profile,
         compare_hf=args.compare_hf,
+        hf_max_prompt=args.hf_max_prompt,
         cache_prompt_tokens=args.cache_prompt_tokens,
         cache_tree_blocks=args.cache_tree_blocks,
+        resume_new_tokens=args.resume_new_tokens,
+        resume_histories=args.resume_history,
     )
     console = Console()
     results = run_suite(spec, log=lambda m: console.print(f"[dim]{m}[/]"))

@@ -62,9 +62,10 @@ def prefill(rows: list[dict]) -> Table:
 
 
 def decode(rows: list[dict]) -> Table:
-    cols = ["batch", "tokens/s", "bytes/step", "bound", "of bound"]
+    cols = ["batch", "tokens/s", "bytes/step", "bound", "of bound", "end to end"]
     return table(
-        "decode (bound: weights + KV + state bytes per step / measured memory bandwidth)",
+        "decode, steady state (bound: weights + KV + state bytes per step / measured memory "
+        "bandwidth; end to end: with the staggered start)",
         cols,
         [
             [
@@ -73,6 +74,7 @@ def decode(rows: list[dict]) -> Table:
                 rate(x["step_bytes"], "B"),
                 rate(x["bound_tokens_per_s"], "tok/s"),
                 pct(x["fraction_of_bound"]),
+                rate(x["e2e_tokens_per_s"], "tok/s"),
             ]
             for x in rows
         ],  # fmt: skip
@@ -80,13 +82,23 @@ def decode(rows: list[dict]) -> Table:
 
 
 def hf(h: dict) -> Table:
+    def times(x: dict) -> str:
+        s = x.get("ninfer_speedup")
+        return "-" if s is None else f"{s:.1f}x"
+
     rows = [
-        [f"prefill {x['prompt_tokens']}", rate(x["tokens_per_s"], "tok/s")] for x in h["prefill"]
+        [f"prefill {x['prompt_tokens']}", rate(x["tokens_per_s"], "tok/s"), times(x)]
+        for x in h["prefill"]
     ]
-    rows += [[f"decode batch {x['batch']}", rate(x["tokens_per_s"], "tok/s")] for x in h["decode"]]
+    rows += [
+        [f"decode batch {x['batch']}", rate(x["tokens_per_s"], "tok/s"), times(x)]
+        for x in h["decode"]
+    ]
     g = h["greedy"]
-    rows.append(["greedy agreement with ninfer", f"{g['agreeing_prefix']}/{g['tokens']} tokens"])
-    return table("transformers, same weights", ["", "value"], rows)
+    rows.append(
+        ["greedy agreement with ninfer", f"{g['agreeing_prefix']}/{g['tokens']} tokens", ""]
+    )
+    return table("transformers, same weights", ["", "transformers", "ninfer is"], rows)
 
 
 def ttft(t: dict) -> Table:
@@ -105,6 +117,37 @@ def ttft(t: dict) -> Table:
             ]
             for x in t["turns"]
         ],  # fmt: skip
+    )
+
+
+def resume(r: dict) -> Table:
+    cols = ["history", "round", "cached", "cold", "cached", "speedup", "restored", "restore",
+            "rate", "link", "of link", "overlap"]  # fmt: skip
+    rows = []
+    for x in r["rows"]:
+        o = x.get("overlap") or {}
+        overlap = "-"
+        if o:
+            overlap = f"{o['kernel_ms_during_restore']:.1f} of {o['window_ms']:.1f} ms"
+        rows.append([
+            str(x["history_tokens"]),
+            str(x["round"]),
+            str(x["cached_tokens"]),
+            ms(x["ttft_cold_s"]),
+            ms(x["ttft_cached_s"]),
+            f"{x['speedup']:.1f}x",
+            rate(x["restored_host_bytes"], "B"),
+            ms(x["restore_s"]) if x["restore_s"] else "-",
+            rate(x["restore_bytes_per_s"], "B/s") if x["restore_bytes_per_s"] else "-",
+            rate(x["link_bytes_per_s"], "B/s"),
+            pct(x["restore_of_link"]),
+            overlap,
+        ])  # fmt: skip
+    return table(
+        "resume from the Host tier: TTFT cold vs cached; restore rate (bound: measured pinned "
+        "link); overlap: compute kernels inside the restore window (profiled round)",
+        cols,
+        rows,
     )
 
 
@@ -152,7 +195,8 @@ def print_results(console: Console, r: dict) -> None:
     for name, draw in (("prefill", prefill), ("decode", decode)):
         if name in r:
             console.print(draw(r[name]["rows"]))
-    for name, draw in (("hf", hf), ("ttft", ttft), ("restore", restore), ("cache", cache)):
+    parts = (("hf", hf), ("ttft", ttft), ("resume", resume), ("restore", restore), ("cache", cache))
+    for name, draw in parts:
         if name in r:
             console.print(draw(r[name]))
     for name in ("prefill", "decode", "restore"):

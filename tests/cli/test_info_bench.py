@@ -84,11 +84,20 @@ def test_bench_all_on_the_demo_model(ninfer, tmp_path):
     assert all(t["ttft_cold_s"] > 0 and t["ttft_cached_s"] > 0 for t in turns)
     assert any(t["cached_tokens"] > 0 for t in turns)  # the shared system prompt is reused
     assert {"tap", "resume", "kv_offload", "kv_restore"} <= set(r["restore"])
+    resumed = r["resume"]["rows"]
+    assert [x["history_tokens"] for x in resumed] == [16, 16, 160, 160]
+    assert all(x["ttft_cold_s"] > 0 and x["ttft_cached_s"] > 0 for x in resumed)
+    for x in resumed[2:]:  # turn 1 was pushed off the Device: its blocks come back from the Host
+        assert x["cached_tokens"] > 0 and x["restored_host_bytes"] > 0, x
+    assert resumed[-1]["cache"]["hits_host"] == 2 and resumed[-1]["overlap"] == {}  # CPU trace
+    assert (prof / "resume_160.json").stat().st_size > 0
     assert r["hf"]["greedy"]["agreeing_prefix"] == r["hf"]["greedy"]["tokens"]
     assert r["cache"]["tree_blocks"] == 2000
     assert png.stat().st_size > 0
     assert (prof / "decode.json").stat().st_size > 0 and r["decode"]["profile"]["top"]
-    for words in ("of bound", "TTFT per turn", "transformers, same weights", "top kernels"):
+    titles = ("of bound", "TTFT per turn", "resume from the Host tier",
+              "transformers, same weights", "top kernels")  # fmt: skip
+    for words in titles:
         assert words in run.stdout
 
 
