@@ -13,9 +13,11 @@ GPU (one at a time, freed after), over pools sized for the run, and driven throu
     prefill MFU   = (2 * non-embedding params * L + 2 * L^2 * Hq * head_dim * full layers) / t
                     / measured bf16 matmul peak (GDN chunk FLOPs not counted: < 1 % here)
 
+The transformers baseline is `ninfer bench --compare-hf` (same weights, same run).
+
 Usage (device machine, repo root, PYTHONPATH with the carried wheels):
     python3 tools/device/bench_engine.py [--models 0.8B,4B,9B,27B,35B-A3B] [--batches 1,4,8]
-        [--prefill 9B:8192,27B:8192] [--compile-check 0.8B] [--profile DIR] [--compare-hf]
+        [--prefill 9B:8192,27B:8192] [--compile-check 0.8B] [--profile DIR]
         [--out bench_engine.json]
 """
 
@@ -217,22 +219,24 @@ def bench_tap(name, cache, bw) -> None:
          bound_ms=round(bound, 4), of_bound=round(bound / ms, 3))  # fmt: skip
 
 
-def profile_decode(name, runner, ppr, out_dir: str) -> None:
-    """Chrome trace of one graph-replayed decode step; host syncs inside the forward?"""
+def profile_decode(name, runner, ppr, out_dir: str, bs: int) -> None:
+    """Chrome trace of one graph-replayed decode step: host syncs inside the forward? And
+    where the step's device time goes (top kernels by self device time)."""
     from pathlib import Path
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    rows = decode_rows(8, 1024, ppr)
+    rows = decode_rows(bs, 1024, ppr)
     runner.step(rows)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         with record_function("ninfer.decode_forward"):
             logits = runner.forward(rows)
         with record_function("ninfer.sample"):
-            runner.sampler(logits, [GREEDY] * 8, [None] * 8)
+            runner.sampler(logits, [GREEDY] * bs, [None] * bs)
+        torch.cuda.synchronize()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    trace = f"{out_dir}/decode_{name}_bs8.json"
+    trace = f"{out_dir}/decode_{name}_bs{bs}.json"
     prof.export_chrome_trace(trace)
     events = prof.events()
     spans = {e.name: e.time_range for e in events if e.name.startswith("ninfer.")}
@@ -249,19 +253,18 @@ def profile_decode(name, runner, ppr, out_dir: str) -> None:
         )
 
     d2h = sorted({e.name for e in events if "DtoH" in e.name or "Device -> P" in e.name})
-    emit(kind="profile", model=name, trace=trace,
+    kernels = sorted(
+        (e for e in prof.key_averages() if e.self_device_time_total > 0),
+        key=lambda e: e.self_device_time_total,
+        reverse=True,
+    )
+    device_us = sum(e.self_device_time_total for e in kernels)
+    top = [[e.key[:70], round(e.self_device_time_total, 1), e.count] for e in kernels[:12]]
+    emit(kind="profile", model=name, bs=bs, trace=trace,
          syncs_in_forward=syncs(spans["ninfer.decode_forward"]),
          syncs_in_sample=syncs(spans["ninfer.sample"]), d2h_copies_in_step=d2h,
-         forward_cpu_us=round(spans["ninfer.decode_forward"].elapsed_us(), 1))  # fmt: skip
-
-
-def compare_hf(name: str, batches) -> None:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        emit(kind="hf", model=name, skipped="transformers not installed on the device")
-        return
-    emit(kind="hf", model=name, skipped="not implemented in this run")
+         forward_cpu_us=round(spans["ninfer.decode_forward"].elapsed_us(), 1),
+         device_us=round(device_us, 1), top_kernels_us=top)  # fmt: skip
 
 
 def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool:
@@ -279,7 +282,8 @@ def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool
             if name == args.tap:
                 bench_tap(name, cache, bw)
             if args.profile and not profiled:
-                profile_decode(name, runner, ppr, args.profile)
+                for bs in batches:
+                    profile_decode(name, runner, ppr, args.profile, bs)
                 profiled = True
     finally:
         runner.graphs = None
@@ -297,7 +301,6 @@ def main() -> None:
     ap.add_argument("--compile-check", default="0.8B", help="models also run with compile")
     ap.add_argument("--tap", default="27B")
     ap.add_argument("--profile", default=None, help="DIR: trace one decode step (first model)")
-    ap.add_argument("--compare-hf", action="store_true")
     ap.add_argument("--out", default="bench_engine.json")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -311,7 +314,8 @@ def main() -> None:
     profiled = False
     for name in args.models.split(","):
         t_model = time.perf_counter()
-        for compile in sorted({args.compile, name in checks and not args.compile}):
+        modes = {args.compile} | ({not args.compile} if name in checks else set())
+        for compile in sorted(modes):
             try:
                 profiled = run_model(name, compile, args, batches, prefill, bw, peak, profiled)
             except Exception as e:  # noqa: BLE001 - report and go on with the next preset
@@ -319,8 +323,6 @@ def main() -> None:
                 emit(kind="error", model=name, compile=compile, error=repr(e)[:300])
             gc.collect()
             torch.cuda.empty_cache()
-        if args.compare_hf and name == "0.8B":
-            compare_hf(name, batches)
         print(f"# {name} done in {time.perf_counter() - t_model:.1f} s", flush=True)
     with open(args.out, "w") as f:
         json.dump(RESULTS, f, indent=1)

@@ -1,0 +1,16 @@
+# Sourced on the device machine, in the repository root: unpacks the carried wheels (.whl/) and
+# JIT caches (.fi_cache/) and sets PYTHONPATH so that `python3 -m ninfer` and pytest use them.
+# Usage (the `run` tool, carry [".whl", ".fi_cache"]):  source tools/device/env.sh; ...
+# `save_caches` (at the end of a command) writes the grown caches to $OUT for the next call.
+python3 -c "import zipfile,glob; [zipfile.ZipFile(w).extractall('/tmp/site') for w in glob.glob('.whl/*')]"
+# unzip stamps files with the current time; older stamps keep ninja from rebuilding the carried
+# FlashInfer JIT cache (it would otherwise see every header as newer than the cached objects)
+find /tmp/site -exec touch -h -d 2020-01-01 {} +
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
+for f in .fi_cache/flashinfer.tgz .fi_cache/triton.tgz; do [ -f "$f" ] && tar xzf "$f" -C ~; done
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
+save_caches() {
+  tar czf "$OUT/flashinfer.tgz" -C ~ .cache/flashinfer 2>/dev/null
+  tar czf "$OUT/triton.tgz" -C ~ .triton 2>/dev/null
+  ls -la "$OUT"/*.tgz
+}
