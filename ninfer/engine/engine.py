@@ -29,6 +29,8 @@ from ninfer.engine.runner import Row, Runner
 from ninfer.engine.scheduler import Slice, may_admit, plan_step
 from ninfer.models.batch import ModelCache
 
+BLOCKED_RETRY_S = 0.001
+
 logger = logging.getLogger(__name__)
 
 
@@ -125,10 +127,18 @@ class Engine:
     def _serve(self) -> None:
         try:
             # Block for new work only when idle: a waiting head with no lanes (the last lane
-            # just finished) must be retried, not left until the next submission.
-            while self._drain_inbox(block=not self.lanes and not self.waiting):
+            # just finished) is retried at once, not left until the next submission. A head
+            # that stays blocked through a step with no lane at all (say its pages are Filling
+            # until a copy lands) is retried every BLOCKED_RETRY_S instead of spinning a core
+            # against the GIL; new work or an engine call wakes the loop at once.
+            block, timeout = True, None
+            while self._drain_inbox(block=block, timeout=timeout):
+                had_lanes = bool(self.lanes)
                 if self.lanes or self.waiting:
                     self.step()
+                stalled = not had_lanes and not self.lanes and bool(self.waiting)
+                block = stalled or (not self.lanes and not self.waiting)
+                timeout = BLOCKED_RETRY_S if stalled else None
         except BaseException as e:  # engine-wide failure: answer everyone, then stop
             self._failure = e
             for job in [*self.waiting, *(lane.job for lane in self.lanes)]:
@@ -161,11 +171,12 @@ class Engine:
             elif kind == "call":
                 item[1].set_exception(RuntimeError(message))
 
-    def _drain_inbox(self, block: bool) -> bool:
-        """Move submitted work into the engine; False once asked to stop."""
+    def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
+        """Move submitted work into the engine; False once asked to stop. `block`: wait for the
+        first item (at most `timeout` seconds when given)."""
         while True:
             try:
-                kind, item = self._inbox.get(block=block)
+                kind, item = self._inbox.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
                 return True
             block = False

@@ -170,3 +170,29 @@ def test_ledger_and_config(llm):
     assert ledger["host_tier"] is True and ledger["host_bytes"] == 16 << 20
     info = cfg.describe()
     assert info["device_snapshot_slots"] == 5 and info["cache_taps_per_request"] == 8
+
+
+def test_a_blocked_head_with_no_lane_is_retried_without_spinning(make_llm):
+    """The FIFO head blocked while nothing runs (as when its pages are still Filling): the loop
+    retries it every BLOCKED_RETRY_S, not thousands of times, and serves it once unblocked."""
+    import time
+
+    from engine_helpers import rand_tokens, run
+
+    from ninfer.engine.admission import Verdict
+    from ninfer.engine.engine import BLOCKED_RETRY_S
+
+    llm = make_llm(check_invariants=False)  # a spinning loop's steps are then fast
+    engine = llm._engine
+    real = engine.bridge.try_admit
+    hold_s = 0.2
+    until = time.perf_counter() + hold_s
+
+    def gate(job, now, lanes):
+        return Verdict() if time.perf_counter() < until else real(job, now, lanes)
+
+    engine.bridge.try_admit = gate
+    before = engine.steps
+    out = run(llm, rand_tokens(__import__("random").Random(5), 40), 3)
+    assert out.error is None and len(out.token_ids) == 3
+    assert engine.steps - before < 2 * hold_s / BLOCKED_RETRY_S  # spinning: tens of thousands
