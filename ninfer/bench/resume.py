@@ -38,13 +38,15 @@ from ninfer.bench.throughput import FIRST_ID
 SLACK_TOKENS = 64  # KV pool room beyond one conversation (the resumed tail's copy-on-write page)
 
 
-def engine_overrides(cfg, history: int, new: int, reply: int, rounds: int) -> dict:
+def engine_overrides(
+    cfg, history: int, new: int, reply: int, rounds: int, itemsize: int = 2, kv_itemsize: int = 2
+) -> dict:
     """LLM keyword arguments for one history length: a KV pool of one conversation, a Host tier
     for every block the rounds write through (with room for their snapshot images)."""
     longest = history + rounds * (reply + new)
     kv_tokens = -(-(longest + reply + SLACK_TOKENS) // 64) * 64  # whole pages
-    kv_token_bytes = cfg.kv_bytes_per_token(2)
-    image = cfg.state_image_bytes(2)
+    kv_token_bytes = cfg.kv_bytes_per_token(kv_itemsize)
+    image = cfg.state_image_bytes(itemsize)
     # push prompts are written through too: every round's, turn 1's and the live turn's blocks
     host = (rounds + 1.5) * (longest + 64 * 4) * kv_token_bytes + 24 * image
     return {
@@ -66,8 +68,11 @@ def bench_resume(
     rounds: int = 2,
     seed: int = 0,
     profile_dir: Path | None = None,
+    itemsize: int = 2,
+    kv_itemsize: int = 2,
 ) -> dict:
-    """`make_llm(**overrides)` builds an engine (a context manager). `bounds`: machine_bounds."""
+    """`make_llm(**overrides)` builds an engine (a context manager). `bounds`: machine_bounds.
+    `itemsize` / `kv_itemsize`: bytes per element of the model and KV dtypes (pool sizing)."""
     from ninfer import SamplingParams
 
     rng = random.Random(seed)
@@ -85,7 +90,8 @@ def bench_resume(
     link = bounds.get("link_bytes_per_s", 0.0)
     rows = []
     for history in histories:
-        with make_llm(**engine_overrides(cfg, history, new, reply, rounds)) as llm:
+        sizing = engine_overrides(cfg, history, new, reply, rounds, itemsize, kv_itemsize)
+        with make_llm(**sizing) as llm:
             send(llm, tokens(64))  # warm-up: first passes, allocator
             conv = tokens(history)
             first = send(llm, conv)

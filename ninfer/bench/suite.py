@@ -130,6 +130,8 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
         results["resume"] = bench_resume(
             lambda **o: loaded.make_llm(spec.engine, **o), cfg, histories, machine,
             new=spec.resume_new_tokens, seed=spec.seed, profile_dir=spec.profile_dir,
+            itemsize=torch.empty((), dtype=loaded.dtype).element_size(),
+            kv_itemsize=torch.empty((), dtype=loaded.kv_dtype).element_size(),
         )  # fmt: skip
     if "restore" in spec.parts:
         log("restore and tap copies...")
