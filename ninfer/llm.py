@@ -192,8 +192,8 @@ class LLM:
 
     def settle(self) -> None:
         """Block until every Host copy in flight (write-through, restores, prefetches) has
-        landed and the cache knows it: what was served is then on the Host tier. Requests keep
-        being served meanwhile; only the caller waits (benchmarks, tests, before a measurement)."""
+        landed and the cache knows it: what was served is then on the Host tier. The engine
+        thread waits too (for at most the copies already queued); for benchmarks and tests."""
         self._engine.call(lambda: self._engine.bridge.poll(wait=True))
 
     # ---- requests ---------------------------------------------------------------------------
