@@ -8,9 +8,13 @@ python3 -c "import zipfile,glob; [zipfile.ZipFile(w).extractall('/tmp/site') for
 find /tmp/site -exec touch -h -d 2020-01-01 {} +
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
 for f in .fi_cache/flashinfer.tgz .fi_cache/triton.tgz; do [ -f "$f" ] && tar xzf "$f" -C ~; done
+# a Triton cache over the 16 MiB a call may return comes back (and is carried) in parts
+if compgen -G ".fi_cache/triton.tgz.part-*" >/dev/null; then cat .fi_cache/triton.tgz.part-* | tar xz -C ~; fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
+# Then, here: replace .fi_cache/triton.tgz* by the returned parts (the carry limit is 64 MiB
+# with the wheels and the working tree: check `du -cb .whl/* .fi_cache/*` first).
 save_caches() {
   tar czf "$OUT/flashinfer.tgz" -C ~ .cache/flashinfer 2>/dev/null
-  tar czf "$OUT/triton.tgz" -C ~ .triton 2>/dev/null
-  ls -la "$OUT"/*.tgz
+  tar czf - -C ~ .triton 2>/dev/null | split -b 15m - "$OUT/triton.tgz.part-"
+  ls -la "$OUT"/*.tgz*
 }
