@@ -218,8 +218,8 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
     page_bytes = model.kv_bytes_per_token(_itemsize(kv_dtype)) * PAGE_SIZE
     state_bytes = model.state_image_bytes(_itemsize(dtype))
     host_bytes = host_mib * MIB
-    host_slabs = _host_slabs(host_mib, model, page_bytes, state_bytes)
     host_tier = bool(host_bytes) and bool(opts.prefix_reuse)
+    host_slabs = _host_slabs(host_mib, model, page_bytes, state_bytes) if host_tier else 0
     timeout = opts.pending_timeout_s
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
         raise ValueError(f"pending_timeout_s must be a number >= 0, got {timeout!r}")
@@ -259,7 +259,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         state_image_bytes=state_bytes,
         host_cache_bytes=host_bytes,
         host_tier=host_tier,
-        host_slabs=host_slabs if host_tier else 0,
+        host_slabs=host_slabs,
         device_snapshot_slots=slots,
         cache_taps_per_request=taps,
         cache_tap_ladder=ladder,

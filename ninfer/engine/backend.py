@@ -18,8 +18,6 @@ import time
 
 import torch
 
-from ninfer.models.batch import PAGE_SIZE
-
 logger = logging.getLogger(__name__)
 
 
@@ -57,8 +55,7 @@ def prepare_runner(runner, cfg, bridge) -> dict[str, float]:
     pages = bridge.kv.alloc(3)
     slots = [bridge.states.acquire() for _ in range(cfg.max_concurrency)]
     try:
-        max_pages = -(-cfg.max_model_len // PAGE_SIZE)
-        figures = runner.warm_up(pages, slots, capture, max_pages)
+        figures = runner.warm_up(pages, slots, capture, cfg.max_pages_per_lane)
     finally:  # in reverse, so the free lists end as they were
         for s in reversed(slots):
             bridge.states.release(s)

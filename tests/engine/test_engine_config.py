@@ -79,3 +79,6 @@ def test_host_budget_below_one_snapshot_plus_one_block_is_rejected():
     with pytest.raises(ValueError, match="host_cache_mib=16 holds 2 slabs"):
         resolve(EngineOptions(host_cache_mib=16), wide, CPU)
     assert resolve(EngineOptions(host_cache_mib=24), wide, CPU).host_slabs == 3
+    # no prefix cache, no Host tier: its budget is not checked (nothing would be built)
+    off = resolve(EngineOptions(host_cache_mib=16, prefix_reuse=False), wide, CPU)
+    assert not off.host_tier and off.host_slabs == 0
