@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ninfer.bench.bounds import release_memory
 from ninfer.bench.profiling import profiled
-from ninfer.bench.throughput import FIRST_ID
+from ninfer.bench.throughput import FIRST_ID, greedy
 
 SLACK_TOKENS = 64  # KV pool room beyond one conversation (the resumed tail's copy-on-write page)
 
@@ -73,10 +73,8 @@ def bench_resume(
 ) -> dict:
     """`make_llm(**overrides)` builds an engine (a context manager). `bounds`: machine_bounds.
     `itemsize` / `kv_itemsize`: bytes per element of the model and KV dtypes (pool sizing)."""
-    from ninfer import SamplingParams
-
     rng = random.Random(seed)
-    params = SamplingParams(max_tokens=reply, temperature=0.0, ignore_eos=True)
+    params = greedy(reply)
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(FIRST_ID, cfg.vocab_size) for _ in range(n)]

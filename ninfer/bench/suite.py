@@ -22,7 +22,7 @@ from ninfer.bench.model_math import param_counts
 from ninfer.bench.profiling import profiled
 from ninfer.bench.restore import bench_restore
 from ninfer.bench.resume import bench_resume
-from ninfer.bench.throughput import bench_decode, bench_prefill, random_prompts
+from ninfer.bench.throughput import bench_decode, bench_prefill, greedy, random_prompts
 from ninfer.bench.ttft import bench_ttft, trace_sessions
 
 
@@ -170,11 +170,14 @@ def _throughput(spec: BenchSpec, loaded: Loaded, counts, machine: dict, log) -> 
             with profiled("decode", part, spec.profile_dir):  # a few steps, largest batch
                 if spec.profile_dir is not None:
                     _one_request(llm, cfg, max(spec.batch_sizes), 64, 8, spec.seed)
-        ours = greedy_probe(spec, cfg, llm) if spec.compare_hf else None
+        if spec.compare_hf:
+            prompts = hf_prompts(spec, cfg)
+            n = min(16, spec.decode_tokens)
+            ours = llm.generate({"prompt_token_ids": prompts[0]}, greedy(n))[0].token_ids
     if spec.compare_hf:
         release_memory()  # the engine's pools go before transformers takes its share
         log("transformers baseline...")
-        out["hf"] = compare_hf(spec, loaded, ours)
+        out["hf"] = compare_hf(spec, loaded, prompts, ours)
         _speedups(out)
     return out
 
@@ -183,11 +186,8 @@ def _one_request(llm, cfg, batch: int, prompt_tokens: int, max_tokens: int, seed
     """`batch` fresh random prompts through generate: what a profile records (not timed)."""
     import random
 
-    from ninfer import SamplingParams
-
     rng = random.Random(seed + 7)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    llm.generate(random_prompts(rng, cfg.vocab_size, batch, prompt_tokens), params)
+    llm.generate(random_prompts(rng, cfg.vocab_size, batch, prompt_tokens), greedy(max_tokens))
 
 
 def _speedups(out: dict) -> None:
@@ -230,24 +230,15 @@ def hf_prompts(spec: BenchSpec, cfg) -> list[list[int]]:
             for p in random_prompts(rng, cfg.vocab_size, 1, t)]  # fmt: skip
 
 
-def greedy_probe(spec: BenchSpec, cfg, llm) -> list[int]:
-    """ninfer's first greedy tokens on the baseline's first prompt (compared with transformers')."""
-    from ninfer import SamplingParams
-
-    params = SamplingParams(max_tokens=min(16, spec.decode_tokens), temperature=0.0,
-                            ignore_eos=True)  # fmt: skip
-    return llm.generate({"prompt_token_ids": hf_prompts(spec, cfg)[0]}, params)[0].token_ids
-
-
-def compare_hf(spec: BenchSpec, loaded: Loaded, ours: list[int]) -> dict:
-    """transformers on the same weights: prefill / decode figures and greedy agreement with
-    `ours` (greedy_probe). Runs after the engine closed: its pools would leave no room."""
+def compare_hf(spec: BenchSpec, loaded: Loaded, prompts: list[list[int]], ours: list[int]) -> dict:
+    """transformers on the same weights over `prompts` (hf_prompts): prefill / decode figures
+    and greedy agreement with `ours`, ninfer's greedy tokens on prompts[0]. Runs after the
+    engine closed: its pools would leave no room."""
     from ninfer.bench.hf import bench_hf, build_hf_model, greedy_tokens
 
     cfg = loaded.model.config
     hf = build_hf_model(cfg, loaded.model.state_dict(), loaded.dtype, loaded.device)
     try:
-        prompts = hf_prompts(spec, cfg)
         out = bench_hf(hf, prompts, spec.decode_tokens, spec.batch_sizes, loaded.device)
         n = len(ours)
         theirs = greedy_tokens(hf, prompts[0], n, loaded.device)

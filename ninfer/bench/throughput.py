@@ -36,10 +36,8 @@ def bench_prefill(
     llm, cfg: Qwen35Config, counts: ParamCounts, prompt_tokens: list[int], bounds: dict,
     repeats: int = 2, seed: int = 0,
 ) -> list[dict]:  # fmt: skip
-    from ninfer import SamplingParams
-
     rng = random.Random(seed)
-    params = SamplingParams(max_tokens=1, temperature=0.0)
+    params = greedy(1)
     rows = []
     for tokens in prompt_tokens:
         # First at this length: kernels autotune per shape (Triton), so it is not counted.
@@ -68,7 +66,7 @@ def bench_decode(
 ) -> list[dict]:  # fmt: skip
     rng = random.Random(seed)
     long, short = decode_tokens, max(2, decode_tokens // 4)
-    llm.generate(random_prompts(rng, cfg.vocab_size, 1, prompt_tokens), _greedy(long))
+    llm.generate(random_prompts(rng, cfg.vocab_size, 1, prompt_tokens), greedy(long))
     # The copy figure is HBM traffic per second (each copied byte read and written): a decode
     # step's traffic is its bytes read (writes are negligible), so that rate is the bound.
     read_bw = bounds["copy_bytes_per_s"]
@@ -78,7 +76,7 @@ def bench_decode(
         for n in (short, long):
             prompts = random_prompts(rng, cfg.vocab_size, batch, prompt_tokens)
             t0 = time.perf_counter()
-            outs = llm.generate(prompts, _greedy(n))
+            outs = llm.generate(prompts, greedy(n))
             walls[n] = time.perf_counter() - t0
         # Marginal step time: prefill and the staggered start (one prefilling lane at a time)
         # are the same in both runs and cancel; what is left is batch-wide decode steps.
@@ -106,7 +104,8 @@ def bench_decode(
     return rows
 
 
-def _greedy(max_tokens: int):
+def greedy(max_tokens: int):
+    """Greedy sampling of exactly `max_tokens` tokens (EOS ignored): every bench's params."""
     from ninfer import SamplingParams
 
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

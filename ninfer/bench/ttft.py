@@ -13,14 +13,12 @@ import inspect
 from collections.abc import Callable
 
 from ninfer.bench.bounds import release_memory
+from ninfer.bench.throughput import greedy
 from ninfer.bench.workloads import TRACES, Session, replay
 
 
 def _chat(llm, conv: list[dict], max_tokens: int):
-    from ninfer import SamplingParams
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    out = llm.chat([conv], params, enable_thinking=False)[0]
+    out = llm.chat([conv], greedy(max_tokens), enable_thinking=False)[0]
     if out.error:
         raise RuntimeError(f"bench ttft: request failed: {out.error}")
     return out
