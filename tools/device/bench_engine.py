@@ -254,7 +254,12 @@ def profile_decode(name, runner, ppr, out_dir: str, bs: int) -> None:
 
     d2h = sorted({e.name for e in events if "DtoH" in e.name or "Device -> P" in e.name})
     kernels = sorted(
-        (e for e in prof.key_averages() if e.self_device_time_total > 0),
+        # record_function spans carry their children's device time: kernels only
+        (
+            e
+            for e in prof.key_averages()
+            if e.self_device_time_total > 0 and not e.key.startswith("ninfer.")
+        ),
         key=lambda e: e.self_device_time_total,
         reverse=True,
     )
