@@ -1,10 +1,20 @@
 """Qwen3.5 dense and MoE text models (Gated DeltaNet + gated full attention) over a ragged batch.
 
 Attribute names mirror the checkpoint keys (`model.layers.N.linear_attn.in_proj_qkv.weight`,
-...), so weight loading is a plain name match. Every op with a kernel goes through the `Ops`
-object passed to `forward`; linears, activations and residual adds are plain torch. The forward
-has no host syncs of its own. Knows nothing about requests, scheduling, pages or state slots
-beyond the indices carried by `ForwardBatch`; it never allocates cache memory.
+...), so weight loading is a plain name match. Every op with a kernel, and the elementwise glue
+a fast path fuses (residual add + norm, GDN gates, SwiGLU, the attention output gate), goes
+through the `Ops` object passed to `forward`; linears are plain torch. The forward has no host
+syncs of its own.
+
+`fuse_projections()` (called by the engine on CUDA) concatenates the projections that read the
+same input (GDN in_proj_qkv | z | b | a, attention q | k | v, MLP gate | up) into one weight
+each, so a decode step runs 4 skinny GEMMs per layer instead of 7 or 8. The original parameters
+become row views of the fused weight: names, `state_dict` and in-place loads are unchanged, and
+no memory is added. Products are computed row by row either way, so outputs match the unfused
+path up to the GEMM library's choice of reduction order.
+
+Knows nothing about requests, scheduling, pages or state slots beyond the indices carried by
+`ForwardBatch`; it never allocates cache memory.
 """
 
 from __future__ import annotations
@@ -33,6 +43,31 @@ def _linear(n_in: int, n_out: int, factory: dict) -> nn.Linear:
     return nn.Linear(n_in, n_out, bias=False, **factory)
 
 
+def fuse_rows(linears: list[nn.Linear]) -> torch.Tensor:
+    """One weight [sum of N_i, K] holding the rows of `linears` in order; each module's weight
+    becomes a view of its rows (the separate copies are freed once nothing else holds them)."""
+    weights = [m.weight for m in linears]
+    fused = torch.cat([w.detach() for w in weights])
+    start = 0
+    for m, w in zip(linears, weights, strict=True):
+        m.weight = nn.Parameter(fused[start : start + w.shape[0]], requires_grad=False)
+        start += w.shape[0]
+    return fused
+
+
+def fused_weight(fused: torch.Tensor | None, linears: tuple[nn.Linear, ...]) -> torch.Tensor | None:
+    """`fused` while every one of `linears` still views its rows (None when never fused, or when
+    a parameter was replaced or moved since: then the separate weights are used)."""
+    if fused is None:
+        return None
+    ptr, row_bytes = fused.data_ptr(), fused.stride(0) * fused.element_size()
+    for m in linears:
+        if m.weight.data_ptr() != ptr:
+            return None
+        ptr += m.weight.shape[0] * row_bytes
+    return fused
+
+
 class GatedDeltaNet(nn.Module):
     """`linear_attn`: projections, causal conv, gated delta rule, gated norm, out_proj."""
 
@@ -53,17 +88,31 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(hv, **factory))
         self.norm = RMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps, init=1.0, **factory)
         self.out_proj = _linear(cfg.value_dim, h, factory)
+        self.in_proj: torch.Tensor | None = None  # qkv | z | b | a, set by fuse()
+
+    def _parts(self) -> tuple[nn.Linear, ...]:
+        return self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a
+
+    def fuse(self) -> None:
+        if fused_weight(self.in_proj, self._parts()) is None:
+            self.in_proj = fuse_rows(list(self._parts()))
+
+    def _project(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """[T, C] q | k | v, [T, value_dim] z, [T, Hv] b and a (views of one GEMM when fused)."""
+        parts = self._parts()
+        fused = fused_weight(self.in_proj, parts)
+        if fused is None:
+            return [F.linear(x, m.weight) for m in parts]
+        return list(F.linear(x, fused).split([m.weight.shape[0] for m in parts], dim=-1))
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache, ops: Ops
     ) -> torch.Tensor:
         cfg, t = self.cfg, x.shape[0]
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        mixed = F.linear(x, self.in_proj_qkv.weight)  # [T, C] = q | k | v
-        z = F.linear(x, self.in_proj_z.weight).view(t, -1, dv)
-        beta = F.linear(x, self.in_proj_b.weight).sigmoid()
-        a = F.linear(x, self.in_proj_a.weight)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        mixed, z, b, a = self._project(x)  # mixed [T, C] = q | k | v
+        z = z.view(t, -1, dv)
+        g, beta = ops.gdn_gates(a, b, self.A_log, self.dt_bias)
 
         conv_weight = self.conv1d.weight.squeeze(1)  # [C, K]
         mixed = ops.causal_conv(mixed, conv_weight, cache.conv[:, self.state_index], batch)
@@ -90,6 +139,19 @@ class GatedAttention(nn.Module):
         self.o_proj = _linear(nh * hd, h, factory)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, **factory)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, **factory)
+        self.qkv_proj: torch.Tensor | None = None  # q | k | v, set by fuse()
+
+    def fuse(self) -> None:
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        if fused_weight(self.qkv_proj, parts) is None:
+            self.qkv_proj = fuse_rows(list(parts))
+
+    def _project(self, x: torch.Tensor) -> list[torch.Tensor]:
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        fused = fused_weight(self.qkv_proj, parts)
+        if fused is None:
+            return [F.linear(x, m.weight) for m in parts]
+        return list(F.linear(x, fused).split([m.weight.shape[0] for m in parts], dim=-1))
 
     def forward(
         self,
@@ -101,9 +163,9 @@ class GatedAttention(nn.Module):
     ) -> torch.Tensor:
         cfg, t, hd = self.cfg, x.shape[0], self.cfg.head_dim
         # Per head, q_proj rows are [q_h | gate_h] (interleaved, not all q then all gates).
-        q, gate = F.linear(x, self.q_proj.weight).view(t, -1, 2 * hd).chunk(2, dim=-1)
-        k = F.linear(x, self.k_proj.weight).view(t, -1, hd)
-        v = F.linear(x, self.v_proj.weight).view(t, -1, hd)
+        q, k, v = self._project(x)
+        q, gate = q.view(t, -1, 2 * hd).chunk(2, dim=-1)
+        k, v = k.view(t, -1, hd), v.view(t, -1, hd)
         q = ops.rms_norm(q, self.q_norm.weight, cfg.rms_norm_eps)
         k = ops.rms_norm(k, self.k_norm.weight, cfg.rms_norm_eps)
         q, k = ops.rope(q, k, batch.positions, inv_freq, cfg.rotary_dim)
@@ -111,8 +173,8 @@ class GatedAttention(nn.Module):
         k_scale = cache.k_scale[f] if cache.k_scale is not None else None
         v_scale = cache.v_scale[f] if cache.v_scale is not None else None
         o = ops.attention(q, k, v, cache.kv[f], batch, hd**-0.5, k_scale, v_scale)
-        o = o.reshape(t, -1) * gate.reshape(t, -1).sigmoid()
-        return F.linear(o, self.o_proj.weight)
+        o = ops.sigmoid_mul(o.view(t, -1, hd), gate)
+        return F.linear(o.view(t, -1), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -123,11 +185,19 @@ class MLP(nn.Module):
         self.gate_proj = _linear(hidden, intermediate, factory)
         self.up_proj = _linear(hidden, intermediate, factory)
         self.down_proj = _linear(intermediate, hidden, factory)
+        self.gate_up_proj: torch.Tensor | None = None  # gate | up, set by fuse()
 
-    def forward(self, x: torch.Tensor, ops: Ops | None = None) -> torch.Tensor:
-        # `ops` is unused: the decoder layer calls a dense MLP and a SparseMoE alike.
-        h = F.silu(F.linear(x, self.gate_proj.weight)) * F.linear(x, self.up_proj.weight)
-        return F.linear(h, self.down_proj.weight)
+    def fuse(self) -> None:
+        if fused_weight(self.gate_up_proj, (self.gate_proj, self.up_proj)) is None:
+            self.gate_up_proj = fuse_rows([self.gate_proj, self.up_proj])
+
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        fused = fused_weight(self.gate_up_proj, (self.gate_proj, self.up_proj))
+        if fused is None:
+            gate, up = F.linear(x, self.gate_proj.weight), F.linear(x, self.up_proj.weight)
+        else:
+            gate, up = F.linear(x, fused).chunk(2, dim=-1)
+        return F.linear(ops.silu_mul(gate, up), self.down_proj.weight)
 
 
 class Experts(nn.Module):
@@ -155,8 +225,8 @@ class SparseMoE(nn.Module):
         routed = ops.moe(
             x, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k
         )
-        shared_gate = F.linear(x, self.shared_expert_gate.weight).sigmoid()
-        return routed + shared_gate * self.shared_expert(x)
+        shared_gate = F.linear(x, self.shared_expert_gate.weight)
+        return routed + ops.sigmoid_mul(self.shared_expert(x, ops), shared_gate)
 
 
 class DecoderLayer(nn.Module):
@@ -174,21 +244,33 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
 
+    def fuse(self) -> None:
+        (self.self_attn if self.is_full else self.linear_attn).fuse()
+        if isinstance(self.mlp, MLP):
+            self.mlp.fuse()
+        else:
+            self.mlp.shared_expert.fuse()
+
     def forward(
         self,
         x: torch.Tensor,
+        delta: torch.Tensor | None,
         batch: ForwardBatch,
         cache: ModelCache,
         ops: Ops,
         inv_freq: torch.Tensor,
-    ) -> torch.Tensor:
-        h = ops.rms_norm(x, self.input_layernorm.weight, self.input_layernorm.eps)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream, the previous layer's MLP output not yet added to it) ->
+        (residual stream, this layer's MLP output). The add is fused into the next norm."""
+        norm = self.input_layernorm
+        x, h = ops.add_rms_norm(x, delta, norm.weight, norm.eps)
         if self.is_full:
-            x = x + self.self_attn(h, batch, cache, ops, inv_freq)
+            delta = self.self_attn(h, batch, cache, ops, inv_freq)
         else:
-            x = x + self.linear_attn(h, batch, cache, ops)
-        h = ops.rms_norm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
-        return x + self.mlp(h, ops)
+            delta = self.linear_attn(h, batch, cache, ops)
+        norm = self.post_attention_layernorm
+        x, h = ops.add_rms_norm(x, delta, norm.weight, norm.eps)
+        return x, self.mlp(h, ops)
 
 
 class TextModel(nn.Module):
@@ -238,12 +320,18 @@ class Qwen35ForCausalLM(nn.Module):
         self.model.inv_freq = 1.0 / (self.config.rope_theta**exponents)
 
     @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Fuses the projections of every layer (see the module docstring). Idempotent."""
+        for layer in self.model.layers:
+            layer.fuse()
+
+    @torch.no_grad()
     def forward(self, batch: ForwardBatch, cache: ModelCache, ops: Ops) -> torch.Tensor:
-        x = self.model.embed_tokens(batch.input_ids)
+        x, delta = self.model.embed_tokens(batch.input_ids), None
         for i, layer in enumerate(self.model.layers):
             if batch.before_layer is not None:
                 batch.before_layer(i)
-            x = layer(x, batch, cache, ops, self.model.inv_freq)
-        x = x[batch.logits_indices]
-        x = ops.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
+            x, delta = layer(x, delta, batch, cache, ops, self.model.inv_freq)
+        rows = batch.logits_indices
+        _, x = ops.add_rms_norm(x[rows], delta[rows], self.model.norm.weight, self.model.norm.eps)
         return F.linear(x, self.lm_head.weight).float()

@@ -31,6 +31,28 @@ class Ops(Protocol):
         """
         ...
 
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual add then `rms_norm`: returns (s, rms_norm(s, weight, eps)) with s = x + delta
+        rounded to x.dtype (s = x when delta is None). x, delta [..., D]."""
+        ...
+
+    def gdn_gates(
+        self, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """GDN gates from the a, b projections [T, Hv] (any row stride): g = -exp(A_log) *
+        softplus(a + dt_bias) in fp32, beta = sigmoid(b) in b.dtype; a_log, dt_bias [Hv]."""
+        ...
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up in gate.dtype; gate, up [..., I] (may be views of one tensor)."""
+        ...
+
+    def sigmoid_mul(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """x * sigmoid(gate), gate broadcast to x; in x.dtype."""
+        ...
+
     def gated_rms_norm(
         self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> torch.Tensor:

@@ -89,3 +89,46 @@ def test_logits_indices_and_before_layer(pair, ref_ops):
     picked = model(batch, cache, ref_ops)
     assert calls == list(range(model.config.num_hidden_layers))
     assert _max_diff(picked, full[[10, 3]]) < 1e-5
+
+
+def test_fused_projections_match_transformers(pair, ref_ops):
+    """`fuse_projections` keeps names, state_dict and outputs: the parameters become views of
+    one weight per group, a second call changes nothing, logits still match transformers."""
+    hf, _ = pair
+    model = ninfer_twin(hf)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.fuse_projections()
+    fused = {
+        id(layer): (layer.self_attn.qkv_proj if layer.is_full else layer.linear_attn.in_proj)
+        for layer in model.model.layers
+    }
+    model.fuse_projections()  # idempotent: the same fused tensors
+    for layer in model.model.layers:
+        mixer = layer.self_attn if layer.is_full else layer.linear_attn
+        now = mixer.qkv_proj if layer.is_full else mixer.in_proj
+        assert now is fused[id(layer)]
+        first = mixer.q_proj if layer.is_full else mixer.in_proj_qkv
+        assert first.weight.data_ptr() == now.data_ptr()  # a view, no copy kept
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    ids = torch.randint(
+        0, model.config.vocab_size, (45,), generator=torch.Generator().manual_seed(2)
+    )
+    cache = make_cache(model.config, num_pages=4, num_slots=2)
+    got = model(make_batch([Row(ids.tolist(), 0, 1, [2])]), cache, ref_ops)
+    assert _max_diff(got, hf_logits(hf, ids.tolist())) < TOL
+
+
+def test_fused_weight_falls_back_when_parameters_are_replaced(pair, ref_ops):
+    """Replacing one parameter of a fused group (a reload that assigns new tensors) makes the
+    layer use the separate weights again, never the stale fused copy."""
+    hf, _ = pair
+    model = ninfer_twin(hf)
+    model.fuse_projections()
+    layer = next(x for x in model.model.layers if not x.is_full)
+    gdn = layer.linear_attn
+    gdn.in_proj_z.weight = torch.nn.Parameter(torch.zeros_like(gdn.in_proj_z.weight))
+    x = torch.randn(3, model.config.hidden_size)
+    _, z, _, _ = gdn._project(x)
+    assert torch.equal(z, torch.zeros_like(z))

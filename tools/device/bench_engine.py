@@ -17,8 +17,9 @@ The transformers baseline is `ninfer bench --compare-hf` (same weights, same run
 
 Usage (device machine, repo root, PYTHONPATH with the carried wheels):
     python3 tools/device/bench_engine.py [--models 0.8B,4B,9B,27B,35B-A3B] [--batches 1,4,8]
-        [--prefill 9B:8192,27B:8192] [--compile-check 0.8B] [--profile DIR]
+        [--prefill 9B:8192,27B:8192] [--compile-check 0.8B] [--profile DIR] [--no-fuse]
         [--out bench_engine.json]
+(--no-fuse keeps the projections separate, to measure what `fuse_projections` gains.)
 """
 
 from __future__ import annotations
@@ -133,12 +134,14 @@ def kv_token_bytes(cfg) -> int:
     return len(cfg.full_layer_ids) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
 
 
-def build(name: str, compile: bool, slots: int, pages: int, max_pages_row: int):
+def build(name: str, compile: bool, fuse: bool, slots: int, pages: int, max_pages_row: int):
     from ninfer.ops.cuda import CudaOps
 
     cfg = PRESETS[name]
     t0 = time.perf_counter()
     model = build_random_model(cfg, BF16, DEV, seed=0)
+    if fuse:  # as the engine's prepare_runner does
+        model.fuse_projections()
     cache = make_cache(cfg, slots, pages)
     runner = Runner(model, CudaOps(DEV, compile=compile), cache, DEV, greedy_sampler)
     t1 = time.perf_counter()
@@ -277,8 +280,8 @@ def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool
     longest = max(prefill.get(name, [0]))
     pages = max(8 * ppr, -(-longest // PAGE_SIZE)) + 3
     max_row = max(ppr, -(-longest // PAGE_SIZE))
-    tag = "compile" if compile else "eager-dense"
-    model, cache, runner = build(name, compile, 8, pages, max_row)
+    tag = ("compile" if compile else "eager-dense") + ("" if args.fuse else "-unfused")
+    model, cache, runner = build(name, compile, args.fuse, 8, pages, max_row)
     try:
         bench_decode(name, model, cache, runner, batches, args.ctx, args.steps, bw, ppr, tag)
         if compile == args.compile:
@@ -304,6 +307,7 @@ def main() -> None:
     ap.add_argument("--prefill", default="9B:8192,27B:8192")
     ap.add_argument("--compile", action="store_true", help="torch.compile norms / RoPE")
     ap.add_argument("--compile-check", default="0.8B", help="models also run with compile")
+    ap.add_argument("--no-fuse", dest="fuse", action="store_false", help="separate projections")
     ap.add_argument("--tap", default="27B")
     ap.add_argument("--profile", default=None, help="DIR: trace one decode step (first model)")
     ap.add_argument("--out", default="bench_engine.json")

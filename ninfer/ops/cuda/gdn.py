@@ -13,6 +13,7 @@ Knows nothing about the model or the pool's other layers.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -93,6 +94,29 @@ def gdn_decode(
     return o
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillMeta:
+    """What fla's varlen kernel needs about a batch, built once per pass (not per GDN layer):
+    cu_seqlens on the device (int64) and on the host, the chunk table, and the mask of rows
+    that start from a zero state (None when there are none)."""
+
+    cu_seqlens: torch.Tensor
+    cu_seqlens_cpu: torch.Tensor
+    chunk_indices: torch.Tensor
+    fresh: torch.Tensor | None
+
+    @classmethod
+    def of(cls, batch: ForwardBatch) -> PrefillMeta:
+        dev = batch.cu_q.device
+        fresh = [c == 0 for c in batch.ctx_lens]
+        return cls(
+            cu_seqlens=batch.cu_q.long(),
+            cu_seqlens_cpu=torch.tensor([0, *itertools.accumulate(batch.q_lens)]),
+            chunk_indices=chunk_indices(batch.q_lens, dev),
+            fresh=to_device(fresh, dev, torch.bool) if any(fresh) else None,
+        )
+
+
 def gdn_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -102,27 +126,27 @@ def gdn_prefill(
     state: torch.Tensor,
     batch: ForwardBatch,
     scale: float,
+    meta: PrefillMeta | None = None,
 ) -> torch.Tensor:
     """All rows of a ragged batch through fla's varlen chunked kernel (chunk 64).
 
     Shapes as `ninfer.ops.base.Ops.gdn`. Reads and writes state[batch.state_slots]; rows with
-    ctx_lens == 0 start from zeros. Returns o [T, Hv, dv] in v.dtype.
+    ctx_lens == 0 start from zeros. `meta`: `PrefillMeta.of(batch)`, shared by the pass's GDN
+    layers (built here when None). Returns o [T, Hv, dv] in v.dtype.
     """
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
+    meta = meta or PrefillMeta.of(batch)
     slots = batch.state_slots
     h0 = state[slots]
-    fresh = [c == 0 for c in batch.ctx_lens]
-    if any(fresh):
-        mask = to_device(fresh, h0.device, torch.bool)
-        h0.masked_fill_(mask[:, None, None, None], 0.0)
-    cu_cpu = torch.tensor([0, *itertools.accumulate(batch.q_lens)], dtype=torch.int64)
+    if meta.fresh is not None:
+        h0.masked_fill_(meta.fresh[:, None, None, None], 0.0)
     q, k, v, g, beta = (x.contiguous()[None] for x in (q, k, v, g.float(), beta))
     o, final = chunk_gated_delta_rule(
         q, k, v, g, beta, scale=scale,
         initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
-        cu_seqlens=batch.cu_q.long(), cu_seqlens_cpu=cu_cpu,
-        chunk_indices=chunk_indices(batch.q_lens, h0.device),
+        cu_seqlens=meta.cu_seqlens, cu_seqlens_cpu=meta.cu_seqlens_cpu,
+        chunk_indices=meta.chunk_indices,
     )  # fmt: skip
     state[slots] = final.to(state.dtype)
     return o[0].to(v.dtype)

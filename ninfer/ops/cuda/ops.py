@@ -2,10 +2,12 @@
 
 Attention (FlashInfer), GDN (fla-core prefill, own Triton decode) and the causal conv (own
 Triton) have fast paths; the routed MoE is a sync-free grouped GEMM (`moe.py`, capturable);
-norms and RoPE are the reference's torch code, optionally through `torch.compile` (one compiled
-function per helper, dynamic shapes, so that a CUDA graph can capture the compiled kernels once
-they have been warmed up for its batch size). The kernel modules import triton / flashinfer /
-fla, so they are imported when a `CudaOps` is built, not when this module is.
+norms, RoPE and the elementwise glue (residual add + norm, GDN gates, SwiGLU, output gates) are
+the reference's torch code, optionally through `torch.compile` (one compiled function per
+helper, dynamic shapes: each becomes one or two fused kernels, so that a CUDA graph can capture
+the compiled kernels once they have been warmed up for its batch size). The kernel modules
+import triton / flashinfer / fla, so they are imported when a `CudaOps` is built, not when this
+module is.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ from ninfer.models.batch import ForwardBatch
 from ninfer.ops.cuda.moe import moe_grouped
 from ninfer.ops.reference import ReferenceOps
 from ninfer.ops.reference.dense import (
+    add_rms_norm_ref,
     apply_rope_ref,
     gated_rms_norm_ref,
+    gdn_gates_ref,
     rms_norm_ref,
     rope_cos_sin,
+    sigmoid_mul_ref,
+    silu_mul_ref,
 )
 
 
@@ -69,10 +75,15 @@ class CudaOps(ReferenceOps):
 
         self._attention = PagedAttention(torch.device(device))
         self._conv, self._gdn = conv, gdn
+        self._gdn_batch, self._gdn_key, self._gdn_meta = None, None, None  # per prefill pass
         self.compiled = compile
         self._rms_norm = _compiled(rms_norm_ref, compile)
         self._gated_rms_norm = _compiled(gated_rms_norm_ref, compile)
         self._rope = _compiled(_rope, compile)
+        self._add_rms_norm = _compiled(add_rms_norm_ref, compile)
+        self._gdn_gates = _compiled(gdn_gates_ref, compile)
+        self._silu_mul = _compiled(silu_mul_ref, compile)
+        self._sigmoid_mul = _compiled(sigmoid_mul_ref, compile)
 
     @property
     def attention_planner(self):
@@ -82,6 +93,24 @@ class CudaOps(ReferenceOps):
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return self._rms_norm(x, weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if delta is None:
+            return x, self._rms_norm(x, weight, eps)
+        return self._add_rms_norm(x, delta, weight, eps)
+
+    def gdn_gates(
+        self, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._gdn_gates(a, b, a_log, dt_bias)
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self._silu_mul(gate, up)
+
+    def sigmoid_mul(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return self._sigmoid_mul(x, gate)
 
     def gated_rms_norm(
         self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
@@ -143,4 +172,8 @@ class CudaOps(ReferenceOps):
     ) -> torch.Tensor:
         if batch.is_decode:
             return self._gdn.gdn_decode(q, k, v, g, beta, state, batch.state_slots, scale)
-        return self._gdn.gdn_prefill(q, k, v, g, beta, state, batch, scale)
+        key = (tuple(batch.q_lens), tuple(batch.ctx_lens))
+        if batch is not self._gdn_batch or key != self._gdn_key:  # first GDN layer of a pass
+            self._gdn_batch, self._gdn_key = batch, key
+            self._gdn_meta = self._gdn.PrefillMeta.of(batch)
+        return self._gdn.gdn_prefill(q, k, v, g, beta, state, batch, scale, self._gdn_meta)

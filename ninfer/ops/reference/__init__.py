@@ -13,12 +13,16 @@ from ninfer.models.batch import ForwardBatch
 from ninfer.ops.reference.attention import gather_kv_ref, paged_attention_ref, write_kv_ref
 from ninfer.ops.reference.conv import causal_conv1d_ref, causal_conv1d_update_ref
 from ninfer.ops.reference.dense import (
+    add_rms_norm_ref,
     apply_rope_ref,
     gated_rms_norm_ref,
+    gdn_gates_ref,
     moe_ref,
     rms_norm_ref,
     rope_cos_sin,
     route_ref,
+    sigmoid_mul_ref,
+    silu_mul_ref,
 )
 from ninfer.ops.reference.gdn import (
     chunk_gated_delta_rule_ref,
@@ -74,6 +78,22 @@ class ReferenceOps:
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm_ref(x, weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm_ref(x, delta, weight, eps)
+
+    def gdn_gates(
+        self, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return gdn_gates_ref(a, b, a_log, dt_bias)
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return silu_mul_ref(gate, up)
+
+    def sigmoid_mul(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return sigmoid_mul_ref(x, gate)
 
     def gated_rms_norm(
         self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float

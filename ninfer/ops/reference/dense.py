@@ -17,6 +17,33 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return (y * (1.0 + weight.float())).to(x.dtype)
 
 
+def add_rms_norm_ref(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, rms_norm(s)) with s = x + delta in x.dtype (s = x when delta is None)."""
+    s = x if delta is None else x + delta
+    return s, rms_norm_ref(s, weight, eps)
+
+
+def gdn_gates_ref(
+    a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDN decay and write strength from the a, b projections [T, Hv]: g = -exp(A_log) *
+    softplus(a + dt_bias) in fp32 (<= 0), beta = sigmoid(b) in b.dtype."""
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return g, b.sigmoid()
+
+
+def silu_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU glue: silu(gate) * up, in gate.dtype."""
+    return F.silu(gate) * up
+
+
+def sigmoid_mul_ref(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Output gate: x * sigmoid(gate) (gate broadcast to x), in x.dtype."""
+    return x * gate.sigmoid()
+
+
 def gated_rms_norm_ref(
     x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
