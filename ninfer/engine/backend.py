@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import time
 
 import torch
@@ -36,6 +37,9 @@ def select_ops(device: torch.device, compile: bool = False):
             ", ".join(missing),
         )
         return ReferenceOps()
+    # Triton keeps compiled kernels on disk by default, autotune results only when asked: ask,
+    # so that a restart skips the autotune of the GDN / GEMM kernels (most of a cold startup).
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:
         from ninfer.ops.cuda import CudaOps
 

@@ -1,10 +1,10 @@
 """Qwen3.5 dense and MoE text models (Gated DeltaNet + gated full attention) over a ragged batch.
 
 Attribute names mirror the checkpoint keys (`model.layers.N.linear_attn.in_proj_qkv.weight`,
-...), so weight loading is a plain name match. Every op with a kernel, and the elementwise glue
-a fast path fuses (residual add + norm, GDN gates, SwiGLU, the attention output gate), goes
-through the `Ops` object passed to `forward`; linears are plain torch. The forward has no host
-syncs of its own.
+...), so weight loading is a plain name match. Every op with a kernel (linears included), and
+the elementwise glue a fast path fuses (residual add + norm, GDN gates, SwiGLU, the attention
+output gate), goes through the `Ops` object passed to `forward`. The forward has no host syncs
+of its own.
 
 `fuse_projections()` (called by the engine on CUDA) concatenates the projections that read the
 same input (GDN in_proj_qkv | z | b | a, attention q | k | v, MLP gate | up) into one weight
@@ -20,7 +20,6 @@ Knows nothing about requests, scheduling, pages or state slots beyond the indice
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ninfer.models.batch import ForwardBatch, ModelCache
@@ -97,20 +96,20 @@ class GatedDeltaNet(nn.Module):
         if fused_weight(self.in_proj, self._parts()) is None:
             self.in_proj = fuse_rows(list(self._parts()))
 
-    def _project(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def _project(self, x: torch.Tensor, ops: Ops) -> list[torch.Tensor]:
         """[T, C] q | k | v, [T, value_dim] z, [T, Hv] b and a (views of one GEMM when fused)."""
         parts = self._parts()
         fused = fused_weight(self.in_proj, parts)
         if fused is None:
-            return [F.linear(x, m.weight) for m in parts]
-        return list(F.linear(x, fused).split([m.weight.shape[0] for m in parts], dim=-1))
+            return [ops.linear(x, m.weight) for m in parts]
+        return list(ops.linear(x, fused).split([m.weight.shape[0] for m in parts], dim=-1))
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache, ops: Ops
     ) -> torch.Tensor:
         cfg, t = self.cfg, x.shape[0]
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        mixed, z, b, a = self._project(x)  # mixed [T, C] = q | k | v
+        mixed, z, b, a = self._project(x, ops)  # mixed [T, C] = q | k | v
         z = z.view(t, -1, dv)
         g, beta = ops.gdn_gates(a, b, self.A_log, self.dt_bias)
 
@@ -120,7 +119,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v = q.view(t, -1, dk), k.view(t, -1, dk), v.view(t, -1, dv)
         o = ops.gdn(q, k, v, g, beta, cache.ssm[:, self.state_index], batch, dk**-0.5)
         o = ops.gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
-        return F.linear(o.reshape(t, cfg.value_dim), self.out_proj.weight)
+        return ops.linear(o.reshape(t, cfg.value_dim), self.out_proj.weight)
 
 
 class GatedAttention(nn.Module):
@@ -146,12 +145,12 @@ class GatedAttention(nn.Module):
         if fused_weight(self.qkv_proj, parts) is None:
             self.qkv_proj = fuse_rows(list(parts))
 
-    def _project(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def _project(self, x: torch.Tensor, ops: Ops) -> list[torch.Tensor]:
         parts = (self.q_proj, self.k_proj, self.v_proj)
         fused = fused_weight(self.qkv_proj, parts)
         if fused is None:
-            return [F.linear(x, m.weight) for m in parts]
-        return list(F.linear(x, fused).split([m.weight.shape[0] for m in parts], dim=-1))
+            return [ops.linear(x, m.weight) for m in parts]
+        return list(ops.linear(x, fused).split([m.weight.shape[0] for m in parts], dim=-1))
 
     def forward(
         self,
@@ -163,7 +162,7 @@ class GatedAttention(nn.Module):
     ) -> torch.Tensor:
         cfg, t, hd = self.cfg, x.shape[0], self.cfg.head_dim
         # Per head, q_proj rows are [q_h | gate_h] (interleaved, not all q then all gates).
-        q, k, v = self._project(x)
+        q, k, v = self._project(x, ops)
         q, gate = q.view(t, -1, 2 * hd).chunk(2, dim=-1)
         k, v = k.view(t, -1, hd), v.view(t, -1, hd)
         q = ops.rms_norm(q, self.q_norm.weight, cfg.rms_norm_eps)
@@ -174,7 +173,7 @@ class GatedAttention(nn.Module):
         v_scale = cache.v_scale[f] if cache.v_scale is not None else None
         o = ops.attention(q, k, v, cache.kv[f], batch, hd**-0.5, k_scale, v_scale)
         o = ops.sigmoid_mul(o.view(t, -1, hd), gate)
-        return F.linear(o.view(t, -1), self.o_proj.weight)
+        return ops.linear(o.view(t, -1), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -194,10 +193,10 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         fused = fused_weight(self.gate_up_proj, (self.gate_proj, self.up_proj))
         if fused is None:
-            gate, up = F.linear(x, self.gate_proj.weight), F.linear(x, self.up_proj.weight)
+            gate, up = ops.linear(x, self.gate_proj.weight), ops.linear(x, self.up_proj.weight)
         else:
-            gate, up = F.linear(x, fused).chunk(2, dim=-1)
-        return F.linear(ops.silu_mul(gate, up), self.down_proj.weight)
+            gate, up = ops.linear(x, fused).chunk(2, dim=-1)
+        return ops.linear(ops.silu_mul(gate, up), self.down_proj.weight)
 
 
 class Experts(nn.Module):
@@ -225,7 +224,7 @@ class SparseMoE(nn.Module):
         routed = ops.moe(
             x, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k
         )
-        shared_gate = F.linear(x, self.shared_expert_gate.weight)
+        shared_gate = ops.linear(x, self.shared_expert_gate.weight)
         return routed + ops.sigmoid_mul(self.shared_expert(x, ops), shared_gate)
 
 
@@ -334,4 +333,4 @@ class Qwen35ForCausalLM(nn.Module):
             x, delta = layer(x, delta, batch, cache, ops, self.model.inv_freq)
         rows = batch.logits_indices
         _, x = ops.add_rms_norm(x[rows], delta[rows], self.model.norm.weight, self.model.norm.eps)
-        return F.linear(x, self.lm_head.weight).float()
+        return ops.linear(x, self.lm_head.weight).float()

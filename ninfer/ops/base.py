@@ -3,8 +3,9 @@
 The model calls every non-trivial op through an `Ops` object that it is given, never a global:
 `ninfer.ops.reference.ReferenceOps` (plain PyTorch, CPU and CUDA: the oracle) and
 `ninfer.ops.cuda.CudaOps` (FlashInfer, fla-core / Triton; same signatures, same results within
-the stated tolerances). Linear layers, activations and elementwise glue are plain torch in the
-model. Shapes use T = tokens of the ragged batch, R = rows, see `ninfer.models.batch`.
+the stated tolerances). Linear layers go through `linear` too (the fast path may pick another
+GEMM kernel for decode-sized inputs). Shapes use T = tokens of the ragged batch, R = rows, see
+`ninfer.models.batch`.
 
 Ops that take `batch` may read its host lists (q_lens, ctx_lens) and device tensors (cu_q,
 state_slots, block_table, slot_mapping). Ops that update state write in place into the pool
@@ -23,6 +24,10 @@ from ninfer.models.batch import ForwardBatch
 
 class Ops(Protocol):
     name: str
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [T, K] @ weight[N, K]^T -> [T, N] in x.dtype (F.linear without bias)."""
+        ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """Zero-centred RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * (1 + w).

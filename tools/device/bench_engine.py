@@ -17,9 +17,11 @@ The transformers baseline is `ninfer bench --compare-hf` (same weights, same run
 
 Usage (device machine, repo root, PYTHONPATH with the carried wheels):
     python3 tools/device/bench_engine.py [--models 0.8B,4B,9B,27B,35B-A3B] [--batches 1,4,8]
-        [--prefill 9B:8192,27B:8192] [--compile-check 0.8B] [--profile DIR] [--no-fuse]
+        [--prefill 9B:8192,27B:8192] [--compile-check 0.8B] [--profile DIR]
+        [--no-fuse] [--no-skinny] [--profile-prefill 9B:1024]
         [--out bench_engine.json]
-(--no-fuse keeps the projections separate, to measure what `fuse_projections` gains.)
+(--no-fuse keeps the projections separate, --no-skinny keeps every linear on cuBLAS: to measure
+what `fuse_projections` and the Triton decode GEMM gain.)
 """
 
 from __future__ import annotations
@@ -134,20 +136,27 @@ def kv_token_bytes(cfg) -> int:
     return len(cfg.full_layer_ids) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
 
 
-def build(name: str, compile: bool, fuse: bool, slots: int, pages: int, max_pages_row: int):
+def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row: int):
     from ninfer.ops.cuda import CudaOps
 
     cfg = PRESETS[name]
     t0 = time.perf_counter()
     model = build_random_model(cfg, BF16, DEV, seed=0)
-    if fuse:  # as the engine's prepare_runner does
+    if args.fuse:  # as the engine's prepare_runner does
         model.fuse_projections()
     cache = make_cache(cfg, slots, pages)
-    runner = Runner(model, CudaOps(DEV, compile=compile), cache, DEV, greedy_sampler)
+    ops = CudaOps(DEV, compile=compile, skinny=args.skinny)
+    runner = Runner(model, ops, cache, DEV, greedy_sampler)
     t1 = time.perf_counter()
     warm = runner.warm_up([pages - 3, pages - 2, pages - 1], list(range(8)), True, max_pages_row)
     emit(kind="startup", model=name, compile=compile, build_s=round(t1 - t0, 2),
          **{k: round(v, 2) for k, v in warm.items()})  # fmt: skip
+    if args.skinny:  # which decode linears the race gave to the Triton kernel
+        race = [
+            [m, n, k, round(c * 1e3, 1), round(t * 1e3, 1), ops.linear.choice[(m, n, k, d)]]
+            for (m, n, k, d), (c, t) in sorted(ops.linear.timings.items(), key=str)
+        ]
+        emit(kind="linear_race", model=name, rows_N_K_cublas_us_skinny_us_chosen=race)
     return model, cache, runner
 
 
@@ -275,18 +284,46 @@ def profile_decode(name, runner, ppr, out_dir: str, bs: int) -> None:
          device_us=round(device_us, 1), top_kernels_us=top)  # fmt: skip
 
 
+def profile_prefill(name, runner, length: int) -> None:
+    """Where the host time of one eager prefill pass goes: wall time against kernel time, the
+    number of CPU ops and kernel launches, and the top ops by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = [Row(list(range(5, 5 + length)), 0, 0, list(range(-(-length // PAGE_SIZE))), GREEDY)]
+    runner.step(rows)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    runner.step(rows)
+    wall = time.perf_counter() - t0
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner.step(rows)
+        torch.cuda.synchronize()
+    stats = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in stats if e.self_device_time_total > 0)
+    launches = sum(e.count for e in stats if e.key in ("cudaLaunchKernel", "cuLaunchKernel"))
+    launches += sum(e.count for e in stats if e.key == "cudaLaunchKernelExC")
+    cpu = sorted(stats, key=lambda e: e.self_cpu_time_total, reverse=True)
+    top = [[e.key[:60], round(e.self_cpu_time_total), e.count] for e in cpu[:25]]
+    emit(kind="profile_prefill", model=name, tokens=length, wall_ms=round(wall * 1e3, 2),
+         kernel_ms=round(kernel_us / 1e3, 2), cpu_ops=sum(e.count for e in stats),
+         launches=launches, top_cpu_us=top)  # fmt: skip
+
+
 def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool:
     ppr = -(-(args.ctx + args.steps + 8) // PAGE_SIZE)
-    longest = max(prefill.get(name, [0]))
+    longest = max(prefill.get(name, [0]) + args.profile_prefill.get(name, [0]))
     pages = max(8 * ppr, -(-longest // PAGE_SIZE)) + 3
     max_row = max(ppr, -(-longest // PAGE_SIZE))
     tag = ("compile" if compile else "eager-dense") + ("" if args.fuse else "-unfused")
-    model, cache, runner = build(name, compile, args.fuse, 8, pages, max_row)
+    tag += "" if args.skinny else "-cublas"
+    model, cache, runner = build(name, compile, args, 8, pages, max_row)
     try:
         bench_decode(name, model, cache, runner, batches, args.ctx, args.steps, bw, ppr, tag)
         if compile == args.compile:
             if name in prefill:
                 bench_prefill(name, model, runner, prefill[name], peak)
+            for length in args.profile_prefill.get(name, []):
+                profile_prefill(name, runner, length)
             if name == args.tap:
                 bench_tap(name, cache, bw)
             if args.profile and not profiled:
@@ -296,6 +333,15 @@ def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool
     finally:
         runner.graphs = None
     return profiled
+
+
+def model_lengths(spec: str) -> dict[str, list[int]]:
+    """'9B:1024,9B:8192,27B:8192' -> {'9B': [1024, 8192], '27B': [8192]}."""
+    out: dict[str, list[int]] = {}
+    for item in filter(None, spec.split(",")):
+        m, n = item.split(":")
+        out.setdefault(m, []).append(int(n))
+    return out
 
 
 def main() -> None:
@@ -308,15 +354,15 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="torch.compile norms / RoPE")
     ap.add_argument("--compile-check", default="0.8B", help="models also run with compile")
     ap.add_argument("--no-fuse", dest="fuse", action="store_false", help="separate projections")
+    ap.add_argument("--no-skinny", dest="skinny", action="store_false", help="cuBLAS only")
     ap.add_argument("--tap", default="27B")
     ap.add_argument("--profile", default=None, help="DIR: trace one decode step (first model)")
+    ap.add_argument("--profile-prefill", default="", help="e.g. 9B:1024: host time of a pass")
     ap.add_argument("--out", default="bench_engine.json")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    prefill: dict[str, list[int]] = {}
-    for item in filter(None, args.prefill.split(",")):
-        m, n = item.split(":")
-        prefill.setdefault(m, []).append(int(n))
+    prefill = model_lengths(args.prefill)
+    args.profile_prefill = model_lengths(args.profile_prefill)
     checks = set(filter(None, args.compile_check.split(",")))
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     bw, peak = ceilings()

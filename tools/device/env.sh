@@ -7,6 +7,8 @@ python3 -c "import zipfile,glob; [zipfile.ZipFile(w).extractall('/tmp/site') for
 # FlashInfer JIT cache (it would otherwise see every header as newer than the cached objects)
 find /tmp/site -exec touch -h -d 2020-01-01 {} +
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
+# keep Triton autotune results in the (carried) cache too, not only the compiled kernels
+export TRITON_CACHE_AUTOTUNING=1
 for f in .fi_cache/flashinfer.tgz .fi_cache/triton.tgz; do [ -f "$f" ] && tar xzf "$f" -C ~; done
 # a Triton cache over the 16 MiB a call may return comes back (and is carried) in parts
 if compgen -G ".fi_cache/triton.tgz.part-*" >/dev/null; then cat .fi_cache/triton.tgz.part-* | tar xz -C ~; fi

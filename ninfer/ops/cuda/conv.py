@@ -1,10 +1,12 @@
 """Causal depthwise conv1d + SiLU over ragged rows with a slot-indexed state, in Triton.
 
-Two launches per call: `_conv_out_kernel` computes every token's output, reading the K-1 inputs
-before a row's chunk from the row's state slot; then `_conv_state_kernel` writes each row's last
-K-1 inputs back to its slot (a second launch, so no program overwrites a state that another
-still reads). A decode batch (one token per row, every row continuing) needs no host-built index
-and no host sync, so it can be captured in a CUDA graph. Math in fp32, as the reference.
+Prefill, two launches per call: `_conv_out_kernel` computes every token's output, reading the
+K-1 inputs before a row's chunk from the row's state slot; then `_conv_state_kernel` writes
+each row's last K-1 inputs back to its slot (a second launch, so no program overwrites a state
+that another still reads). Decode (one token per row, every row continuing), one launch:
+`_conv_decode_kernel` computes the output and shifts the state of its (row, channel block),
+which no other program reads; no host-built index and no host sync, so it can be captured in a
+CUDA graph. Math in fp32, as the reference.
 Knows nothing about the model.
 
 Inputs of row r (W = K - 1), token i of the row is x[cu_q[r] + i]:
@@ -29,17 +31,14 @@ BLOCK_T, BLOCK_C = 32, 128
 def _conv_out_kernel(
     x, w, state, y, tok_row, cu, slots, has_state, n_tok, n_ch,
     s_xt, s_yt, s_wc, s_st0, s_st1, s_st2,
-    K: tl.constexpr, DECODE: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0) * BT + tl.arange(0, BT)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     t_ok, c_ok = t < n_tok, c < n_ch
-    if DECODE:  # row t, token 0 of its chunk, always with a state
-        row, i, has = t, t * 0, t_ok
-    else:
-        row = tl.load(tok_row + t, mask=t_ok, other=0)
-        i = t - tl.load(cu + row, mask=t_ok, other=0)
-        has = tl.load(has_state + row, mask=t_ok, other=0) != 0
+    row = tl.load(tok_row + t, mask=t_ok, other=0)
+    i = t - tl.load(cu + row, mask=t_ok, other=0)
+    has = tl.load(has_state + row, mask=t_ok, other=0) != 0
     slot = tl.load(slots + row, mask=t_ok, other=0).to(tl.int64)
     acc = tl.zeros((BT, BC), dtype=tl.float32)
     for j in tl.static_range(K):
@@ -62,17 +61,14 @@ def _conv_out_kernel(
 @triton.jit
 def _conv_state_kernel(
     x, state, cu, slots, has_state, n_ch, s_xt, s_st0, s_st1, s_st2,
-    W: tl.constexpr, WP: tl.constexpr, DECODE: tl.constexpr, BC: tl.constexpr,
+    W: tl.constexpr, WP: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     m = tl.arange(0, WP)
-    if DECODE:
-        start, q_len, has = r, 1, r >= 0
-    else:
-        start = tl.load(cu + r)
-        q_len = tl.load(cu + r + 1) - start
-        has = tl.load(has_state + r) != 0
+    start = tl.load(cu + r)
+    q_len = tl.load(cu + r + 1) - start
+    has = tl.load(has_state + r) != 0
     slot = tl.load(slots + r).to(tl.int64)
     p = q_len + m - W  # position in the chunk of new state column m; < 0: old state column
     ok = (m < W)[None, :] & (c < n_ch)[:, None]
@@ -81,6 +77,32 @@ def _conv_state_kernel(
     base = state + slot * s_st0 + c[:, None] * s_st1
     sv = tl.load(base + (q_len + m)[None, :] * s_st2, mask=ok & ~from_x & has, other=0.0)
     new = tl.where(from_x, xv.to(state.dtype.element_ty), sv)
+    tl.store(base + m[None, :] * s_st2, new, mask=ok)
+
+
+@triton.jit
+def _conv_decode_kernel(
+    x, w, state, y, slots, n_ch, s_xt, s_yt, s_wc, s_st0, s_st1, s_st2,
+    W: tl.constexpr, WP: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """Row r's one token: y = silu(w[:, :W] . state + w[:, W] x); state <- state[1:] | x."""
+    r = tl.program_id(0)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    m = tl.arange(0, WP)
+    c_ok = c < n_ch
+    ok = c_ok[:, None] & (m < W)[None, :]
+    slot = tl.load(slots + r).to(tl.int64)
+    base = state + slot * s_st0 + c[:, None] * s_st1
+    sv = tl.load(base + m[None, :] * s_st2, mask=ok, other=0.0)  # [BC, WP] oldest first
+    xv = tl.load(x + r * s_xt + c, mask=c_ok, other=0.0)
+    acc = tl.zeros((BC,), dtype=tl.float32)
+    for j in tl.static_range(W):  # in tap order, as the prefill kernel sums
+        sj = tl.sum(tl.where(m[None, :] == j, sv.to(tl.float32), 0.0), axis=1)
+        acc += sj * tl.load(w + c * s_wc + j, mask=c_ok, other=0.0).to(tl.float32)
+    acc += xv.to(tl.float32) * tl.load(w + c * s_wc + W, mask=c_ok, other=0.0).to(tl.float32)
+    tl.store(y + r * s_yt + c, (acc * tl.sigmoid(acc)).to(y.dtype.element_ty), mask=c_ok)
+    shifted = tl.load(base + (m + 1)[None, :] * s_st2, mask=ok & (m < W - 1)[None, :], other=0.0)
+    new = tl.where((m == W - 1)[None, :], xv.to(state.dtype.element_ty)[:, None], shifted)
     tl.store(base + m[None, :] * s_st2, new, mask=ok)
 
 
@@ -94,22 +116,25 @@ def causal_conv(
     width = weight.shape[1]
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError("causal_conv needs unit channel stride in x and weight")
-    decode = batch.is_decode
     slots, cu = batch.state_slots, batch.cu_q
-    if decode:
-        tok_row = has_state = slots  # unused
-    else:
-        tok_row = to_device([r for r, n in enumerate(batch.q_lens) for _ in range(n)], x.device)
-        has_state = to_device([c > 0 for c in batch.ctx_lens], x.device, torch.int32)
     y = torch.empty_like(x)
+    if batch.is_decode:
+        _conv_decode_kernel[(n_tok, triton.cdiv(n_ch, BLOCK_C))](
+            x, weight, conv_state, y, slots, n_ch,
+            x.stride(0), y.stride(0), weight.stride(0), *conv_state.stride(),
+            W=width - 1, WP=triton.next_power_of_2(width), BC=BLOCK_C,
+        )  # fmt: skip
+        return y
+    tok_row = to_device([r for r, n in enumerate(batch.q_lens) for _ in range(n)], x.device)
+    has_state = to_device([c > 0 for c in batch.ctx_lens], x.device, torch.int32)
     grid = (triton.cdiv(n_tok, BLOCK_T), triton.cdiv(n_ch, BLOCK_C))
     _conv_out_kernel[grid](
         x, weight, conv_state, y, tok_row, cu, slots, has_state, n_tok, n_ch,
         x.stride(0), y.stride(0), weight.stride(0), *conv_state.stride(),
-        K=width, DECODE=decode, BT=BLOCK_T, BC=BLOCK_C,
+        K=width, BT=BLOCK_T, BC=BLOCK_C,
     )  # fmt: skip
     _conv_state_kernel[(batch.num_rows, triton.cdiv(n_ch, BLOCK_C))](
         x, conv_state, cu, slots, has_state, n_ch, x.stride(0), *conv_state.stride(),
-        W=width - 1, WP=triton.next_power_of_2(width - 1), DECODE=decode, BC=BLOCK_C,
+        W=width - 1, WP=triton.next_power_of_2(width - 1), BC=BLOCK_C,
     )  # fmt: skip
     return y

@@ -1,26 +1,304 @@
 """Routed experts of Qwen3.5-MoE without host synchronisation (capturable in a CUDA graph).
 
 The reference (`moe_ref`) loops over the experts that received tokens, which needs their ids on
-the host. Here the (token, expert) pairs are sorted by expert on the device and each projection
-is one grouped GEMM over the sorted pairs (`torch._grouped_mm`, per-expert row offsets on the
-device):
+the host. Every path here routes on the device and works on the N * top_k (token, expert) pairs
+p = (t, j) = t * top_k + j; which path runs depends only on shapes and dtypes, so a captured graph
+always replays the path it was captured with:
 
-    pairs p = (token t, choice j), N * top_k of them, sorted by expert id (stable)
-    offs[e] = number of pairs with expert id <= e          (scatter_add_ + cumsum, no sync)
-    h  = grouped_mm(x[t_p], gate_up[e]^T)  -> silu(gate) * up
-    y  = grouped_mm(h, down[e]^T) * w_p;   out[t_p] += y_p  (index_add_)
+- decode (N * top_k <= DECODE_PAIRS, bf16 / fp16 / fp32): four launches, no torch glue:
 
-Dtypes other than bfloat16 (fp32 tests) gather each pair's expert weights and run one bmm: also
-sync-free, but it copies the weights, so it is only meant for small models.
-Knows nothing about the model.
+      logits = F.linear(x, router)                       [N, E] x.dtype (cuBLAS, as `route_ref`)
+      w, ids = route(logits)      one program per token: fp32 softmax, top-k, renormalised
+      h[p]   = silu(gate_e x_t) * up_e x_t      one program per (pair, block of I rows)
+      out[t] = sum_j w_tj * (down_e h[(t, j)])  one program per (token, block of H rows)
+
+  `_route_kernel` equals `route_ref`: the same ids where the logits have no ties (ties go to the
+  lowest expert id; torch.topk promises no order), weights within an ulp or two (the same expf
+  and IEEE divisions, fp32 sums in another order). The Triton
+  kernels stream each pair's expert rows once with fp32 sums; gate, up, silu, each expert's down
+  output and its product with w are rounded to x.dtype as in the reference, and the down kernel
+  adds the top_k experts of a token in fp32 in a fixed order (deterministic, rounded once).
+  At decode the work is a batch of matrix-vector products, bound by reading the weights, where
+  the grouped GEMM below (GEMM tiles over a few rows per expert) was ~6x off that bound on an
+  H200 at 35B-A3B shapes (`tools/device/bench_moe.py` compares the two).
+- grouped (larger bf16 batches): routed by `route_ref`, the pairs sorted by expert on the
+  device, each projection one grouped GEMM (`torch._grouped_mm`) over the sorted pairs:
+
+      offs[e] = number of pairs with expert id <= e          (scatter_add_ + cumsum, no sync)
+      h  = grouped_mm(x[t_p], gate_up[e]^T)  -> silu(gate) * up
+      y  = grouped_mm(h, down[e]^T) * w_p;   out[t_p] += y_p  (index_add_)
+
+- bmm (larger batches in other dtypes, or no `torch._grouped_mm`): each pair's expert weights
+  gathered and one bmm; it copies the weights, so it is only meant for small models.
+
+`CudaOps`' module imports this one, so it imports with torch alone; the Triton kernels are
+defined only where triton is installed. Knows nothing about the model.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 import torch.nn.functional as F
 
 from ninfer.ops.reference.dense import route_ref
+
+DECODE_PAIRS = 64  # pairs up to which the Triton path runs: 8 tokens at top-8
+DECODE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+ROUTE_MAX_EXPERTS = 1024  # one program holds a token's E logits (padded to a power of two)
+# Autotuned in the engine's eager warm-up, before any graph capture, per (pairs or tokens, rows,
+# K, top_k, dtypes): (BLOCK_N, BLOCK_K, num_warps, STAGES). STAGES 1: plain 16-byte loads,
+# latency hidden by the programs in flight; 3: a cp.async ring in shared memory.
+# gate_up: one pair's rows, BLOCK_N * BLOCK_K / (32 * num_warps) fp32 accumulators per thread,
+# twice that (gate and up rows).
+DECODE_CONFIGS = (
+    (16, 256, 4, 1),
+    (16, 256, 4, 3),
+    (32, 128, 4, 3),
+    (8, 512, 4, 1),
+    (32, 256, 8, 3),
+    (16, 512, 8, 1),
+)
+# down: all top_k experts of a token at once (their loads in flight together, as when each pair
+# had its own programs), so top_k (padded to a power of two) times BLOCK_N * BLOCK_K / (32 *
+# num_warps) accumulators per thread: 32 or 64 for top-8 (sm_90, bf16: ~80 or ~165 registers).
+DOWN_CONFIGS = (
+    (1, 512, 4, 1),
+    (2, 256, 4, 1),
+    (2, 512, 4, 1),
+    (4, 256, 8, 1),
+    (2, 256, 4, 3),
+    (4, 256, 8, 3),
+)
+ROUTE_WARPS = (1, 2, 4)
+
+
+if importlib.util.find_spec("triton") is not None:  # else only the torch paths
+    import triton
+    import triton.language as tl
+
+    _INTERPRET = triton.knobs.runtime.interpret
+
+    def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100 ms
+        return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+    def _autotune(configs, key):
+        """Under the interpreter (no device timer) only the first config: autotune never times."""
+        return triton.autotune(configs[: 1 if _INTERPRET else None], key=key, do_bench=_bench)
+
+    def _block_configs(table):
+        return [
+            triton.Config({"BLOCK_N": n, "BLOCK_K": k, "STAGES": st}, num_warps=w)
+            for n, k, w, st in table
+        ]
+
+    _even = triton.heuristics(
+        {"EVEN": lambda a: a["N"] % a["BLOCK_N"] == 0 and a["K"] % a["BLOCK_K"] == 0}
+    )
+
+    if _INTERPRET:  # no libdevice under the interpreter: numpy's exp, about as accurate
+
+        @triton.jit
+        def _expf(x):
+            return tl.exp(x)
+
+    else:
+        from triton.language.extra import libdevice
+
+        @triton.jit
+        def _expf(x):
+            """expf as in torch's CUDA softmax (tl.exp is ex2.approx for fp32)."""
+            return libdevice.exp(x)
+
+    @triton.jit
+    def _ordered(bits):
+        """fp32 bits (int32) -> int32 with the floats' order as signed ints; an involution."""
+        return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+    @_autotune([triton.Config({}, num_warps=w) for w in ROUTE_WARPS], ["tokens", "E", "TOP_K"])
+    @triton.jit(do_not_specialize=["tokens"])
+    def _route_kernel(
+        logits, wts, ids, tokens, E, s_lt,
+        TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
+    ):  # fmt: skip
+        """Program t: route_ref on logits[t, :E] -> wts[t, :TOP_K] (wts' dtype), ids[t, :TOP_K]
+        (int64), contiguous rows. probs = exp(l - max) / sum (fp32, expf and IEEE division as
+        torch's softmax); the TOP_K largest logits in descending order, ties to the lowest index
+        (one max per choice over int64 keys: ordered logit bits, then BLOCK_E - 1 - index);
+        weights = probs / their sum. Picking on the logits equals picking on the probabilities
+        unless two distinct fp32 logits round to one probability. ids are distinct and < E
+        whatever the logits (NaN ones give NaN weights). KP = next power of two >= TOP_K.
+        `tokens` (the grid) is only an autotune key."""
+        t = tl.program_id(0)
+        offs = tl.arange(0, BLOCK_E)
+        ok = offs < E
+        logit = tl.load(logits + t * s_lt + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        top = tl.max(logit, axis=0)
+        total = tl.sum(tl.where(ok, _expf(logit - top), 0.0), axis=0)
+        logit = tl.where(logit == 0.0, 0.0, logit)  # -0.0 ties +0.0
+        bits = _ordered(logit.to(tl.int32, bitcast=True))
+        key = (bits.to(tl.int64) << 32) | (BLOCK_E - 1 - offs).to(tl.int64)
+        lowest: tl.constexpr = -(2**63)
+        key = tl.where(ok, key, lowest)
+        offs_j = tl.arange(0, KP)
+        probs = tl.zeros([KP], dtype=tl.float32)
+        picked = tl.zeros([KP], dtype=tl.int64)
+        for j in tl.static_range(TOP_K):
+            best = tl.max(key, axis=0)
+            key = tl.where(key == best, lowest, key)
+            value = _ordered((best >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
+            prob = tl.math.div_rn(_expf(value - top), total)
+            probs = tl.where(offs_j == j, prob, probs)
+            picked = tl.where(offs_j == j, BLOCK_E - 1 - (best & (BLOCK_E - 1)), picked)
+        weights = tl.math.div_rn(probs, tl.sum(probs, axis=0))  # the padding adds +0.0
+        j_ok = offs_j < TOP_K
+        tl.store(wts + t * TOP_K + offs_j, weights.to(wts.dtype.element_ty), mask=j_ok)
+        tl.store(ids + t * TOP_K + offs_j, picked, mask=j_ok)
+
+    @triton.jit
+    def _dot_rows(
+        rows, vec, K, row_ok, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr
+    ):
+        """fp32 dot products [R0, R1] of the K-long unit-stride rows starting at the pointers
+        `rows` [R0, R1] with vec [K]; row_ok [R0, R1] or [R0, 1]. Products are summed per lane
+        over K and reduced once at the end."""
+        offs_k = tl.arange(0, BLOCK_K)
+        ptrs = rows[:, :, None] + offs_k[None, None, :]
+        acc = tl.zeros(ptrs.shape, dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            if EVEN:
+                v = tl.load(vec + k0 + offs_k)
+                w = tl.load(ptrs + k0)
+            else:
+                k_ok = k0 + offs_k < K
+                v = tl.load(vec + k0 + offs_k, mask=k_ok, other=0.0)
+                w = tl.load(ptrs + k0, mask=row_ok[:, :, None] & k_ok[None, None, :], other=0.0)
+            acc += w.to(tl.float32) * v.to(tl.float32)[None, None, :]
+        return tl.sum(acc, axis=2)
+
+    @_autotune(_block_configs(DECODE_CONFIGS), ["pairs", "N", "K"])
+    @_even
+    @triton.jit(do_not_specialize=["pairs"])
+    def _gate_up_silu_kernel(
+        x, w, ids, h, pairs, N, K, s_xt, s_we, s_wn, s_hp,
+        TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+        EVEN: tl.constexpr,
+    ):  # fmt: skip
+        """Program (pair p, block nb): h[p, n] = silu(w[e, n] . x[t]) * (w[e, N + n] . x[t]) for
+        n in [nb * BLOCK_N, (nb + 1) * BLOCK_N), e = ids[p], t = p // TOP_K; N = I, K = H.
+        `pairs` (the grid's first dim) is only an autotune key: not specialised on, so that every
+        batch size shares one binary per config."""
+        p, nb = tl.program_id(0), tl.program_id(1)
+        e = tl.load(ids + p)
+        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows = offs_n[:, None] + tl.arange(0, 2)[None, :] * N  # [gate row n, up row N + n]
+        rows = w + e * s_we + rows * s_wn
+        xr = x + (p // TOP_K) * s_xt
+        acc = _dot_rows(rows, xr, K, (offs_n < N)[:, None], BLOCK_K, EVEN, STAGES)
+        dt = h.dtype.element_ty
+        gate, up = tl.split(acc.to(dt).to(tl.float32))
+        act = (gate * tl.sigmoid(gate)).to(dt).to(tl.float32)
+        tl.store(h + p * s_hp + offs_n, (act * up).to(dt), mask=offs_n < N)
+
+    @_autotune(_block_configs(DOWN_CONFIGS), ["tokens", "N", "K", "TOP_K"])
+    @_even
+    @triton.jit(do_not_specialize=["tokens"])
+    def _down_sum_kernel(
+        h, w, ids, wts, out, tokens, N, K, s_hp, s_we, s_wn, s_ot,
+        TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        STAGES: tl.constexpr, EVEN: tl.constexpr,
+    ):  # fmt: skip
+        """Program (token t, block nb): out[t, n] = sum_j wts[p] * (w[e, n] . h[p]) over the
+        TOP_K pairs p = t * TOP_K + j, e = ids[p], for n in [nb * BLOCK_N, (nb + 1) * BLOCK_N);
+        N = H, K = I. The TOP_K experts' tiles [KP, BLOCK_N, BLOCK_K] load together (slots
+        j >= TOP_K repeat the last pair and are dropped); each expert's dot product and its
+        product with the weight are rounded to out's dtype (as the reference's bf16 linear and
+        multiply), then the experts are added in fp32 (a fixed tree: deterministic) and rounded
+        once. `tokens` (the grid's first dim) is only an autotune key."""
+        t, nb = tl.program_id(0), tl.program_id(1)
+        offs_j = tl.arange(0, KP)
+        pair = t * TOP_K + tl.minimum(offs_j, TOP_K - 1)
+        e = tl.load(ids + pair)
+        weight = tl.load(wts + pair).to(tl.float32)
+        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        rows = w + e[:, None] * s_we + offs_n[None, :] * s_wn  # [KP, BLOCK_N]
+        rows = rows[:, :, None] + offs_k[None, None, :]
+        vecs = (h + pair * s_hp)[:, None, None] + offs_k[None, None, :]  # [KP, 1, BLOCK_K]
+        n_ok = (offs_n < N)[None, :, None]
+        acc = tl.zeros([KP, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            if EVEN:
+                v = tl.load(vecs + k0)
+                r = tl.load(rows + k0)
+            else:
+                k_ok = (k0 + offs_k < K)[None, None, :]
+                v = tl.load(vecs + k0, mask=k_ok, other=0.0)
+                r = tl.load(rows + k0, mask=n_ok & k_ok, other=0.0)
+            acc += r.to(tl.float32) * v.to(tl.float32)
+        dt = out.dtype.element_ty
+        y = tl.sum(acc, axis=2).to(dt).to(tl.float32) * weight[:, None]  # [KP, BLOCK_N]
+        y = tl.where((offs_j < TOP_K)[:, None], y.to(dt).to(tl.float32), 0.0)
+        tl.store(out + t * s_ot + offs_n, tl.sum(y, axis=0).to(dt), mask=offs_n < N)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def moe_route(
+    x: torch.Tensor, router_weight: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route_ref` in two launches: the router's F.linear (cuBLAS, as the reference) and
+    `_route_kernel`. x [N, H], router_weight [E, H] -> weights [N, top_k] x.dtype, ids
+    [N, top_k] int64 (descending probability, ties to the lowest expert id)."""
+    num_experts = router_weight.shape[0]
+    if not 0 < top_k <= num_experts <= ROUTE_MAX_EXPERTS:
+        raise ValueError(
+            f"moe_route needs 0 < top_k <= E <= {ROUTE_MAX_EXPERTS}, got top_k={top_k}, "
+            f"E={num_experts}"
+        )
+    n = x.shape[0]
+    logits = F.linear(x, router_weight)  # [N, E], last dim contiguous
+    weights = x.new_empty(n, top_k)
+    ids = torch.empty(n, top_k, dtype=torch.int64, device=x.device)
+    _route_kernel[(n,)](
+        logits, weights, ids, n, num_experts, logits.stride(0),
+        TOP_K=top_k, KP=_pow2(top_k), BLOCK_E=_pow2(num_experts),
+    )  # fmt: skip
+    return weights, ids
+
+
+def moe_decode(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+) -> torch.Tensor:
+    """The decode path (module docstring), any N: x [N, H]; router_weight [E, H]; gate_up
+    [E, 2I, H]; down [E, H, I], the weights with unit stride along the last dim. Returns
+    [N, H] in x.dtype. Reads each pair's expert rows once: an expert shared by two pairs is read
+    twice (from L2 at best)."""
+    n, hidden = x.shape
+    inter = down.shape[-1]
+    if gate_up.stride(-1) != 1 or down.stride(-1) != 1:
+        raise ValueError("moe_decode needs expert weights with unit stride along the last dim")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    weights, ids = moe_route(x, router_weight, top_k)
+    pairs = n * top_k
+    h = x.new_empty(pairs, inter)
+    out = x.new_empty(n, hidden)
+    _gate_up_silu_kernel[lambda m: (pairs, -(-inter // m["BLOCK_N"]))](
+        x, gate_up, ids, h, pairs, inter, hidden,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0), TOP_K=top_k,
+    )  # fmt: skip
+    _down_sum_kernel[lambda m: (n, -(-hidden // m["BLOCK_N"]))](
+        h, down, ids, weights, out, n, hidden, inter,
+        h.stride(0), down.stride(0), down.stride(1), out.stride(0), TOP_K=top_k, KP=_pow2(top_k),
+    )  # fmt: skip
+    return out
 
 
 def moe_grouped(
@@ -30,7 +308,21 @@ def moe_grouped(
     down: torch.Tensor,
     top_k: int,
 ) -> torch.Tensor:
-    """`ninfer.ops.base.Ops.moe`: x [N, H]; gate_up [E, 2I, H]; down [E, H, I] -> [N, H]."""
+    """`ninfer.ops.base.Ops.moe`: x [N, H]; gate_up [E, 2I, H]; down [E, H, I] -> [N, H].
+    The decode path up to DECODE_PAIRS pairs, else `moe_grouped_mm`."""
+    if x.dtype in DECODE_DTYPES and x.shape[0] * top_k <= DECODE_PAIRS:
+        return moe_decode(x, router_weight, gate_up, down, top_k)
+    return moe_grouped_mm(x, router_weight, gate_up, down, top_k)
+
+
+def moe_grouped_mm(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+) -> torch.Tensor:
+    """The grouped and bmm paths (module docstring), any N; shapes as `moe_grouped`."""
     n, num_experts = x.shape[0], gate_up.shape[0]
     weights, ids = route_ref(x, router_weight, top_k)  # [N, k] x.dtype, int64
     flat = ids.reshape(-1)

@@ -1,7 +1,8 @@
 """`CudaOps`: the op contract (`ninfer.ops.base.Ops`) on FlashInfer, fla-core and Triton.
 
-Attention (FlashInfer), GDN (fla-core prefill, own Triton decode) and the causal conv (own
-Triton) have fast paths; the routed MoE is a sync-free grouped GEMM (`moe.py`, capturable);
+Attention (FlashInfer), GDN (fla-core prefill, own Triton decode), the causal conv (own
+Triton) and decode-sized linears (cuBLAS or a Triton skinny GEMM, whichever is faster per
+weight shape: `linear.py`) have fast paths; the routed MoE is sync-free (`moe.py`, capturable);
 norms, RoPE and the elementwise glue (residual add + norm, GDN gates, SwiGLU, output gates) are
 the reference's torch code, optionally through `torch.compile` (one compiled function per
 helper, dynamic shapes: each becomes one or two fused kernels, so that a CUDA graph can capture
@@ -69,14 +70,18 @@ class CudaOps(ReferenceOps):
 
     name = "cuda"
 
-    def __init__(self, device: torch.device | str = "cuda", compile: bool = False) -> None:
+    def __init__(
+        self, device: torch.device | str = "cuda", compile: bool = False, skinny: bool = True
+    ) -> None:
         from ninfer.ops.cuda import conv, gdn
         from ninfer.ops.cuda.attention import PagedAttention
+        from ninfer.ops.cuda.linear import DecodeLinear
 
         self._attention = PagedAttention(torch.device(device))
         self._conv, self._gdn = conv, gdn
         self._gdn_batch, self._gdn_key, self._gdn_meta = None, None, None  # per prefill pass
         self.compiled = compile
+        self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
         self._rms_norm = _compiled(rms_norm_ref, compile)
         self._gated_rms_norm = _compiled(gated_rms_norm_ref, compile)
         self._rope = _compiled(_rope, compile)

@@ -8,6 +8,7 @@ are exported for kernel tests. Knows nothing about the model's structure.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ninfer.models.batch import ForwardBatch
 from ninfer.ops.reference.attention import gather_kv_ref, paged_attention_ref, write_kv_ref
@@ -75,6 +76,9 @@ class ReferenceOps:
     one-step forms; prefill rows run one at a time in the chunked forms."""
 
     name = "reference"
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm_ref(x, weight, eps)

@@ -1,0 +1,87 @@
+"""The linear op of `CudaOps`: cuBLAS, or the Triton skinny GEMM where it is faster.
+
+Decode linears (M <= 8 rows, bf16 / fp16, contiguous weight) can run either on cuBLAS
+(`F.linear`) or on `skinny.skinny_linear`. Which one is faster depends on the weight's shape:
+cuBLAS nears the copy bandwidth on very wide weights and falls short on mid-sized ones. So the
+first call for a (rows, N, K, dtype) key races the two (after the skinny kernel's own autotune)
+and keeps the faster for good; a tie goes to cuBLAS. The race measures what a decode graph
+pays: device time only (each candidate captured in a CUDA graph, so the Python launch cost of
+the Triton autotuner's wrapper does not count) with a cold L2 (each call preceded by a write of
+a buffer larger than the L2, timed alone and subtracted). It runs outside any CUDA-graph capture
+(the engine's warm-up runs every decode batch size eagerly before capturing); a key first seen
+during a capture takes cuBLAS. Every other call is F.linear.
+Knows nothing about the model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.ops.cuda.skinny import MAX_M, skinny_linear
+
+RACE_CALLS = 4  # calls per captured graph
+RACE_REPLAYS = 3
+MARGIN = 0.98  # the skinny kernel must be at least 2 % faster to be chosen
+FLUSH_BYTES = 128 << 20  # > the L2 of any current GPU (H200: 60 MiB)
+
+
+def _graph_ms(fn, flush: torch.Tensor | None) -> float:
+    """Device ms per call of `fn` (each preceded by `flush.zero_()` when given), replayed as one
+    CUDA graph of RACE_CALLS calls."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(RACE_CALLS):
+            if flush is not None:
+                flush.zero_()
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(RACE_REPLAYS):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / (RACE_REPLAYS * RACE_CALLS)
+
+
+class DecodeLinear:
+    """y = x @ w^T (F.linear semantics, no bias). `enabled=False`: always F.linear."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.choice: dict[tuple, bool] = {}  # key -> skinny chosen
+        self.timings: dict[tuple, tuple[float, float]] = {}  # key -> (cuBLAS ms, skinny ms)
+
+    def _eligible(self, x: torch.Tensor, w: torch.Tensor) -> bool:
+        return (
+            self.enabled
+            and x.dim() == 2
+            and 0 < x.shape[0] <= MAX_M
+            and x.dtype in (torch.bfloat16, torch.float16)
+            and w.dtype == x.dtype
+            and x.stride(-1) == 1
+            and w.is_contiguous()
+        )
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if not self._eligible(x, w):
+            return F.linear(x, w)
+        key = (x.shape[0], *w.shape, x.dtype)
+        use = self.choice.get(key)
+        if use is None:
+            if torch.cuda.is_current_stream_capturing():
+                return F.linear(x, w)
+            use = self.choice[key] = self._race(key, x, w)
+        return skinny_linear(x, w) if use else F.linear(x, w)
+
+    def _race(self, key: tuple, x: torch.Tensor, w: torch.Tensor) -> bool:
+        skinny_linear(x, w)  # autotune first: not part of the race
+        flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=x.device)
+        base = _graph_ms(lambda: None, flush)
+        cublas = max(_graph_ms(lambda: F.linear(x, w), flush) - base, 0.0)
+        skinny = max(_graph_ms(lambda: skinny_linear(x, w), flush) - base, 0.0)
+        self.timings[key] = (cublas, skinny)
+        return skinny < MARGIN * cublas
