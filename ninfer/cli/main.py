@@ -89,16 +89,62 @@ def open_llm(args: argparse.Namespace, **overrides: Any):
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+class _TermRedelivery:
+    """Makes a SIGTERM reach the main thread's Python handler even while it sleeps in readline.
+
+    Python runs a signal's handler when the main thread next checks for signals. readline's
+    input loop checks only when its select() is interrupted, so a SIGTERM that lands just before
+    that select() is noticed at the next key press: the chat would hang at its prompt. Here the
+    C-level handler also writes the signal number to a wakeup pipe; a watcher thread reads it
+    and re-sends SIGTERM to the main thread every 0.2 s until the handler has run (`done`).
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self.done = threading.Event()
+        self._read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._write = write
+        self._previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        self._main = threading.main_thread().ident
+        self._thread = threading.Thread(target=self._watch, name="ninfer-sigterm", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        while True:
+            try:
+                data = os.read(self._read, 64)
+            except OSError:
+                return  # closed
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                while not self.done.wait(0.2):
+                    signal.pthread_kill(self._main, signal.SIGTERM)
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._previous_fd)
+        self.done.set()
+        os.close(self._write)  # the watcher's read returns b"" and it ends
+
+
 @contextlib.contextmanager
 def serving(llm) -> Iterator:
     """Runs a sub-command on `llm`, then stops it in order (spec §5.5).
 
-    SIGTERM leaves the body like an exception, so the stop below runs and, with
-    --prefix-cache-file, saves the Host tier. A Ctrl+C while that stop is saving abandons the
-    save (the previous file stays), waits up to 2 s for the engine, and exits at once.
+    SIGTERM leaves the body like an exception (once: a re-sent one during the stop is ignored),
+    so the stop below runs and, with --prefix-cache-file, saves the Host tier. A Ctrl+C while
+    that stop is saving abandons the save (the previous file stays), waits up to 2 s for the
+    engine, and exits at once.
     """
+    redelivery = _TermRedelivery()
 
     def on_term(signum: int, _frame: object) -> None:
+        if redelivery.done.is_set():
+            return  # already leaving
+        redelivery.done.set()
         raise SystemExit(128 + signum)
 
     def on_second_interrupt(_signum: int, _frame: object) -> None:
@@ -115,6 +161,7 @@ def serving(llm) -> Iterator:
         finally:
             signal.signal(signal.SIGINT, previous_int)
             signal.signal(signal.SIGTERM, previous_term)
+            redelivery.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
