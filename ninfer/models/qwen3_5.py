@@ -67,6 +67,14 @@ def fused_weight(fused: torch.Tensor | None, linears: tuple[nn.Linear, ...]) -> 
     return fused
 
 
+def project(x: torch.Tensor, fused: torch.Tensor | None, parts, ops: Ops) -> list[torch.Tensor]:
+    """x through each of `parts` (nn.Linear): one GEMM split by rows while `fused` is valid,
+    else one GEMM per part."""
+    if fused_weight(fused, parts) is None:
+        return [ops.linear(x, m.weight) for m in parts]
+    return list(ops.linear(x, fused).split([m.weight.shape[0] for m in parts], dim=-1))
+
+
 class GatedDeltaNet(nn.Module):
     """`linear_attn`: projections, causal conv, gated delta rule, gated norm, out_proj."""
 
@@ -98,11 +106,7 @@ class GatedDeltaNet(nn.Module):
 
     def _project(self, x: torch.Tensor, ops: Ops) -> list[torch.Tensor]:
         """[T, C] q | k | v, [T, value_dim] z, [T, Hv] b and a (views of one GEMM when fused)."""
-        parts = self._parts()
-        fused = fused_weight(self.in_proj, parts)
-        if fused is None:
-            return [ops.linear(x, m.weight) for m in parts]
-        return list(ops.linear(x, fused).split([m.weight.shape[0] for m in parts], dim=-1))
+        return project(x, self.in_proj, self._parts(), ops)
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache, ops: Ops
@@ -146,11 +150,7 @@ class GatedAttention(nn.Module):
             self.qkv_proj = fuse_rows(list(parts))
 
     def _project(self, x: torch.Tensor, ops: Ops) -> list[torch.Tensor]:
-        parts = (self.q_proj, self.k_proj, self.v_proj)
-        fused = fused_weight(self.qkv_proj, parts)
-        if fused is None:
-            return [ops.linear(x, m.weight) for m in parts]
-        return list(ops.linear(x, fused).split([m.weight.shape[0] for m in parts], dim=-1))
+        return project(x, self.qkv_proj, (self.q_proj, self.k_proj, self.v_proj), ops)
 
     def forward(
         self,
@@ -191,11 +191,7 @@ class MLP(nn.Module):
             self.gate_up_proj = fuse_rows([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        fused = fused_weight(self.gate_up_proj, (self.gate_proj, self.up_proj))
-        if fused is None:
-            gate, up = ops.linear(x, self.gate_proj.weight), ops.linear(x, self.up_proj.weight)
-        else:
-            gate, up = ops.linear(x, fused).chunk(2, dim=-1)
+        gate, up = project(x, self.gate_up_proj, (self.gate_proj, self.up_proj), ops)
         return ops.linear(ops.silu_mul(gate, up), self.down_proj.weight)
 
 
