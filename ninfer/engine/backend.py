@@ -1,7 +1,7 @@
 """The one place that picks the op set and prepares the runner before serving.
 
     CPU                                   -> ReferenceOps
-    CUDA, flashinfer + fla + triton import -> CudaOps (torch.compile of norms / RoPE if compile)
+    CUDA, flashinfer + fla + triton import -> CudaOps (norms, RoPE, glue compiled if compile)
     CUDA, a kernel library missing        -> ReferenceOps, with one warning saying which
 
 `prepare_runner` fuses the model's projections (one GEMM per group of projections that read
