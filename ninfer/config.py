@@ -48,6 +48,9 @@ class EngineOptions:
     concurrent_prefill: bool = False
     compile: bool = True
     cuda_graphs: bool = True
+    # launch the next decode step before reading this one's tokens (same outputs; the GPU does
+    # not wait for the host's per-step bookkeeping)
+    overlap_decode: bool = True
     seed: int = 0
     # Queue timeout budget (seconds). In-flight coalescing (§12.2) lets the FIFO head wait for a
     # prefilling sibling only while twice the sibling's predicted prefill up to the shared
@@ -92,6 +95,7 @@ class EngineConfig:
     pending_timeout_s: float
     compile: bool
     cuda_graphs: bool
+    overlap_decode: bool
     seed: int
     check_invariants: bool
 
@@ -270,6 +274,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         pending_timeout_s=float(timeout),
         compile=bool(opts.compile) and on_cuda,
         cuda_graphs=bool(opts.cuda_graphs) and on_cuda,
+        overlap_decode=bool(opts.overlap_decode),
         seed=int(opts.seed),
         check_invariants=bool(opts.check_invariants),
     )

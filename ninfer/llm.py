@@ -41,8 +41,7 @@ logger = logging.getLogger(__name__)
 def _sampler(logits, params, generators):
     from ninfer.sampling import sample
 
-    result = sample(logits, params, generators)
-    return result.token_ids.tolist(), result.logprobs
+    return sample(logits, params, generators)
 
 
 def _load(options: EngineOptions, device: str):
@@ -108,6 +107,7 @@ class LLM:
         concurrent_prefill: bool = False,
         compile: bool = True,
         cuda_graphs: bool = True,
+        overlap_decode: bool = True,
         seed: int = 0,
         pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
         check_invariants: bool = False,

@@ -4,8 +4,9 @@ Order of operations (as vLLM's V1 sampler): temperature, min-p, top-k, top-p, th
 per row. Greedy rows (temperature 0) take the argmax of the raw logits, exactly. A draw is the
 exponential race argmax(p / E), E ~ Exp(1): one `exponential_` over all unseeded rows from the
 global RNG, and one per seeded row from its own torch.Generator, so a seeded row's tokens do not
-depend on its batch neighbours. Everything stays on the logits' device; the only host copy is for
-the logprobs a request asked for. This module knows nothing about requests or the engine.
+depend on its batch neighbours. Everything stays on the logits' device and nothing waits for it:
+the logprobs a request asked for are copied to the host when `SampleResult.logprobs` is first
+read. This module knows nothing about requests or the engine.
 """
 
 from __future__ import annotations
@@ -18,9 +19,47 @@ from ninfer.request import SamplingParams
 
 
 @dataclass(slots=True)
+class _LogprobTensors:
+    """Device tensors of the rows' logprobs, turned into dicts on the host when read."""
+
+    wanted: list[int | None]  # per row: top-k asked for, or None
+    top_lp: torch.Tensor  # [R, k_max]
+    top_ids: torch.Tensor  # [R, k_max]
+    chosen_lp: torch.Tensor  # [R]
+    chosen: torch.Tensor  # [R]
+
+    def host(self) -> list[dict[int, float] | None]:
+        top_lp, top_ids, chosen_lp, chosen = (
+            t.tolist() for t in (self.top_lp, self.top_ids, self.chosen_lp, self.chosen)
+        )
+        out: list[dict[int, float] | None] = []
+        for r, k in enumerate(self.wanted):
+            if k is None:
+                out.append(None)
+                continue
+            row = dict(zip(top_ids[r][:k], top_lp[r][:k], strict=True))
+            row[chosen[r]] = chosen_lp[r]
+            out.append(row)
+        return out
+
+
 class SampleResult:
-    token_ids: torch.Tensor  # [R] int64, on the logits' device
-    logprobs: list[dict[int, float] | None]  # per row: {token: logprob} (top-k + chosen) or None
+    """token_ids [R] int64 on the logits' device; `logprobs`: per row {token: logprob} (top-k +
+    chosen) or None, copied to the host (a sync) when first read."""
+
+    __slots__ = ("token_ids", "_pending", "_logprobs")
+
+    def __init__(self, token_ids: torch.Tensor, pending: _LogprobTensors | None, n: int) -> None:
+        self.token_ids = token_ids
+        self._pending = pending
+        self._logprobs: list[dict[int, float] | None] | None = None if pending else [None] * n
+
+    @property
+    def logprobs(self) -> list[dict[int, float] | None]:
+        if self._logprobs is None:
+            self._logprobs = self._pending.host()
+            self._pending = None
+        return self._logprobs
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
@@ -89,27 +128,17 @@ def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torc
 
 def _logprobs(
     logits: torch.Tensor, chosen: torch.Tensor, params: list[SamplingParams]
-) -> list[dict[int, float] | None]:
-    """Top-k log-probabilities of the raw logits plus the chosen token's, for the rows that ask."""
+) -> _LogprobTensors | None:
+    """Top-k log-probabilities of the raw logits plus the chosen token's, for the rows that ask
+    (device tensors; None when no row asks)."""
     wanted = [p.logprobs for p in params]
     if all(k is None for k in wanted):
-        return [None] * len(params)
+        return None
     logp = logits.float().log_softmax(dim=-1)
     k_max = min(max(k or 0 for k in wanted), logits.shape[1])
     top_lp, top_ids = logp.topk(k_max, dim=-1)
     chosen_lp = logp.gather(1, chosen.unsqueeze(1)).squeeze(1)
-    top_lp, top_ids, chosen_lp, chosen_l = (
-        t.tolist() for t in (top_lp, top_ids, chosen_lp, chosen)
-    )
-    out: list[dict[int, float] | None] = []
-    for r, k in enumerate(wanted):
-        if k is None:
-            out.append(None)
-            continue
-        row = dict(zip(top_ids[r][:k], top_lp[r][:k], strict=True))
-        row[chosen_l[r]] = chosen_lp[r]
-        out.append(row)
-    return out
+    return _LogprobTensors(wanted, top_lp, top_ids, chosen_lp, chosen)
 
 
 def sample(
@@ -141,4 +170,4 @@ def sample(
         else:
             mask = torch.tensor(sampled_rows, device=logits.device)
             chosen = torch.where(mask, drawn, logits.argmax(dim=-1))
-    return SampleResult(token_ids=chosen, logprobs=_logprobs(logits, chosen, params))
+    return SampleResult(chosen, _logprobs(logits, chosen, params), len(params))

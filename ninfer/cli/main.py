@@ -38,6 +38,11 @@ ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--concurrent-prefill", "concurrent_prefill", dict(action="store_true")),
     ("--no-compile", "compile", dict(action="store_false", help="no torch.compile")),
     ("--no-cuda-graphs", "cuda_graphs", dict(action="store_false")),
+    (
+        "--no-overlap-decode",
+        "overlap_decode",
+        dict(action="store_false", help="read each decode step's tokens before the next"),
+    ),
     ("--seed", "seed", dict(type=int)),
     (
         "--pending-timeout-s",

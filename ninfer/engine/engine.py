@@ -3,8 +3,18 @@
 Other threads only `submit` jobs, flag cancellations and read each job's sink queue; `call`
 runs a function on the loop (for stats and ledgers). One step is
 
-    reap cancelled -> admit (FIFO, quote/stage/activate) -> plan rows -> forward + sample
-    -> advance frontiers (commit blocks, taps, publication) -> emit deltas / finish lanes
+    reap cancelled -> admit (FIFO, quote/stage/activate) -> plan rows -> launch forward + sample
+    -> read the sampled tokens -> append them, advance frontiers (commit blocks, taps,
+    publication) -> emit deltas / finish lanes
+
+Overlapped decode (`overlap_decode`): a pure-decode step the runner can overlap is left in
+flight, and the next step, when it is again decode-only over the same lanes (no admission, no
+cancellation, no page shortage, no lane sure to finish), is launched first, its input tokens
+fed on the device from the step in flight; only then are the earlier step's tokens read and
+settled. A lane's `computed` moves at launch, so it always says what its pages and state slot
+hold in stream order. A lane that stops on a token (EOS, stop string) has run one extra decode
+step on that token: its output is discarded, and its state and KV remain a valid image of
+`tokens[:computed]`, the stop token included. Outputs are the same as without the overlap.
 
 The engine knows nothing about text beyond feeding generated ids to each lane's Detokenizer.
 """
@@ -18,6 +28,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 
 import torch
 
@@ -25,13 +36,21 @@ from ninfer.config import EngineConfig
 from ninfer.engine import backend, outputs
 from ninfer.engine.cache_bridge import CacheBridge
 from ninfer.engine.lane import Job, Lane
-from ninfer.engine.runner import Row, Runner
+from ninfer.engine.runner import Launched, Row, Runner
 from ninfer.engine.scheduler import Slice, may_admit, plan_step
 from ninfer.models.batch import ModelCache
 
 BLOCKED_RETRY_S = 0.001
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A launched step whose tokens are not read yet: its slices (frontiers already moved)."""
+
+    slices: list[Slice]
+    launched: Launched
 
 
 class Engine:
@@ -60,6 +79,8 @@ class Engine:
         self.startup = backend.prepare_runner(self.runner, cfg, self.bridge)  # CUDA warm-up
         self.waiting: deque[Job] = deque()
         self.lanes: list[Lane] = []
+        self.inflight: InFlight | None = None  # a decode step launched, tokens not yet read
+        self.overlapped_steps = 0  # steps launched before the previous one's tokens were read
         self.steps = 0
         self.on_step = None  # test hook: called with the engine at the start of every step
         self._inbox: queue.Queue = queue.Queue()
@@ -139,6 +160,7 @@ class Engine:
                 stalled = not had_lanes and not self.lanes and bool(self.waiting)
                 block = stalled or (not self.lanes and not self.waiting)
                 timeout = BLOCKED_RETRY_S if stalled else None
+            self._settle_inflight()
         except BaseException as e:  # engine-wide failure: answer everyone, then stop
             self._failure = e
             for job in [*self.waiting, *(lane.job for lane in self.lanes)]:
@@ -199,12 +221,18 @@ class Engine:
         self.steps += 1
         if self.on_step is not None:
             self.on_step(self)
-        self._reap_cancelled()
-        self._admit()
-        if self.waiting:  # the FIFO head stays blocked: prefetch its Host-only path (§6.6)
-            self.bridge.prefetch_head(self.waiting[0])
-        if self.lanes:
-            self._run(plan_step(self.lanes, self.cfg.prefill_chunk))
+        if not self._overlap_next():
+            self._settle_inflight()
+            self._reap_cancelled()
+            self._admit()
+            if self.waiting:  # the FIFO head stays blocked: prefetch its Host-only path (§6.6)
+                self.bridge.prefetch_head(self.waiting[0])
+            if self.lanes:
+                self._run(plan_step(self.lanes, self.cfg.prefill_chunk))
+        if self.inflight is not None and not any(
+            s.lane.finish_reason is None and s.lane in self.lanes for s in self.inflight.slices
+        ):
+            self._settle_inflight()  # every lane of it has finished: nothing to wait for
         self.bridge.poll()
         if self.cfg.check_invariants:
             self.bridge.check_invariants(self.lanes)
@@ -271,18 +299,88 @@ class Engine:
             runnable.append(s)
             if s.start < lane.prompt_len:
                 self.bridge.counters.prefill_tokens += s.end - s.start
-        result = self.runner.step(rows) if rows else None
+        launched = self.runner.launch(rows) if rows else None
+        for s in runnable:
+            s.lane.computed = s.end
+        flight = InFlight(runnable, launched)
+        if launched is not None and self.cfg.overlap_decode and self._decode_only(flight, rows):
+            self.inflight = flight  # settled after the next step is launched
+        else:
+            self._settle(flight)
+
+    def _decode_only(self, flight: InFlight, rows: list[Row]) -> bool:
+        """Whether every row decodes one sampled token and the runner can run ahead of it."""
+        return all(
+            s.end - s.start == 1 and s.start >= s.lane.prompt_len and r.sample is not None
+            for s, r in zip(flight.slices, rows, strict=True)
+        ) and self.runner.can_overlap(rows)
+
+    def _overlap_next(self) -> bool:
+        """With a decode step in flight: launch the next decode step over the same lanes,
+        tokens fed on the device, then settle the one in flight. False (nothing done) when the
+        next step must see the settled state first: a cancellation, an admission that may
+        happen, a new or finished lane, a lane sure to stop on its pending token, or a page
+        it cannot get."""
+        flight = self.inflight
+        if flight is None:
+            return False
+        if self.waiting and may_admit(
+            self.lanes, self.cfg.max_concurrency, self.cfg.concurrent_prefill
+        ):
+            return False
+        lanes = [s.lane for s in flight.slices]
+        if len(lanes) != len(self.lanes) or any(j.cancelled.is_set() for j in self.waiting):
+            return False
+        for lane in lanes:
+            if lane.job.cancelled.is_set() or lane.finish_reason is not None:
+                return False
+            if self._sure_to_stop(lane):
+                return False
+        for lane in lanes:
+            if not self.bridge.budget.grow(lane, lane.computed + 1):
+                return False  # settled first; the plain step then finishes it ("length")
+        rows = [
+            Row([0], lane.computed, lane.slot, lane.pages, lane.job.params, lane.generator)
+            for lane in lanes
+        ]
+        if not self.runner.can_overlap(rows):
+            return False
+        launched = self.runner.launch(rows, flight.launched.feed(list(range(len(rows)))))
+        slices = []
+        for lane in lanes:
+            slices.append(Slice(lane, lane.computed, lane.computed + 1))
+            lane.computed += 1
+        self.inflight = InFlight(slices, launched)
+        self.overlapped_steps += 1
+        self._settle(flight)
+        return True
+
+    def _sure_to_stop(self, lane: Lane) -> bool:
+        """The lane finishes on its pending token whatever it is (max_tokens, model length)."""
+        n = len(lane.tokens) + 1
+        return n - lane.prompt_len >= lane.job.params.max_tokens or n >= self.cfg.max_model_len
+
+    def _settle_inflight(self) -> None:
+        if self.inflight is not None:
+            flight, self.inflight = self.inflight, None
+            self._settle(flight)
+
+    def _settle(self, flight: InFlight) -> None:
+        """Read a launched step's tokens: append them (stop checks), advance the frontiers'
+        bookkeeping (commits, taps, publication), finish lanes, stream deltas. A lane that
+        finished after the step was launched is skipped (its token is discarded)."""
+        result = flight.launched.result() if flight.launched is not None else None
         now = time.perf_counter()
-        for i, s in enumerate(runnable):
+        for i, s in enumerate(flight.slices):
             lane = s.lane
-            lane.computed = s.end
-            self.bridge.after_advance(lane)
-            token = result.tokens[i]
-            if token is None:
+            if lane.finish_reason is not None or lane not in self.lanes:
                 continue
-            if not lane.prefilling and not lane.prefill_done_t:
-                lane.prefill_done_t = now
-            self._append(lane, token, result.logprobs[i], now)
+            token = result.tokens[i]
+            if token is not None:
+                if not lane.prefilling and not lane.prefill_done_t:
+                    lane.prefill_done_t = now
+                self._append(lane, token, result.logprobs[i], now)
+            self.bridge.after_advance(lane)
         for lane in [ln for ln in self.lanes if ln.finish_reason is not None]:
             self._finish(lane)
         for lane in self.lanes:

@@ -15,8 +15,13 @@ the graph, before the next replay). One replay step on the host:
     -> FlashInfer plan of the bs-wrapper (pinned indptr / last_page_len, device indices)
     -> graph.replay()
 
-No host synchronisation happens in the step; the sampler's `.tolist()` afterwards is the step's
-only one, which is also what makes reusing the pinned mirrors next step safe.
+No host synchronisation happens in the step. The pinned mirrors (ours and the wrapper's plan
+buffers) are reused by the next step, which may be filled while this one still runs (the
+runner's overlapped decode): an event recorded after this step's copies and plan is waited for
+before they are overwritten. It has long passed in the steady state: the host reads step N-1's
+tokens, so the GPU has started step N, before it fills step N+1. A `fed` step (`run(rows,
+fed)`) takes its input ids from a device tensor (the previous step's sampled ids), copied over
+the mirrors' placeholder ids after the H2D copy, in stream order.
 
 Capture (`capture()`): graphs are captured largest batch first and share one memory pool. For
 each size the static batch is filled with dummy rows (context 1 on a scratch page, distinct
@@ -94,6 +99,7 @@ class DecodeGraphs:
         self.logits: dict[int, torch.Tensor] = {}
         self.replays = 0
         self.capture_s = 0.0
+        self._copied: torch.cuda.Event | None = None  # the last step's H2D copies and plan
 
     # ---- eligibility ------------------------------------------------------------------------
     def can_run(self, rows) -> bool:
@@ -116,6 +122,8 @@ class DecodeGraphs:
         """Fills the static buffers for rows given as (token, ctx_len, slot, pages), queues the
         H2D copies and plans the bs-wrapper. Returns the static batch of that size."""
         bs = len(rows_meta)
+        if self._copied is not None:  # the previous step may still be reading the mirrors
+            self._copied.synchronize()
         meta, ind = self.meta_np, self.indices_np
         indptr, last = self.indptr_host[bs].numpy(), self.last_host[bs].numpy()
         total = 0
@@ -136,13 +144,19 @@ class DecodeGraphs:
         batch.ctx_lens = [m[1] for m in rows_meta]
         metadata = (self.qo_host[bs], self.indptr_host[bs], self.last_host[bs])
         self.attn.plan(batch, self.shape, self.wrappers[bs], (*metadata, self.indices_dev[:total]))
+        if self.meta_dev.is_cuda:
+            self._copied = self._copied or torch.cuda.Event()
+            self._copied.record()
         return batch
 
-    def run(self, rows) -> torch.Tensor:
+    def run(self, rows, fed: torch.Tensor | None = None) -> torch.Tensor:
         """Replays the graph for `rows` (see `can_run`); returns logits [bs, vocab] fp32, valid
-        until the next replay."""
+        until the next replay. `fed` [bs] int64 on the device: the rows' input ids (their
+        `token_ids` are then placeholders)."""
         self._fill([(r.token_ids[0], r.ctx_len, r.slot, r.pages) for r in rows])
         bs = len(rows)
+        if fed is not None:
+            self.meta_dev[0, :bs].copy_(fed)
         self.graphs[bs].replay()
         self.replays += 1
         return self.logits[bs]

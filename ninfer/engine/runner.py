@@ -2,8 +2,15 @@
 
 Knows nothing about requests, lanes or the prefix cache: a `Row` says which tokens to feed,
 from which context length, into which state slot and pages, and whether its last token's logits
-are sampled. Index arithmetic is done on the host and sent as ONE pinned, non-blocking copy; the
-only host sync of a step is the one `.tolist()` of the sampled tokens (`StepResult`).
+are sampled. Index arithmetic is done on the host and sent as ONE pinned, non-blocking copy.
+
+A step is launched (`launch`: forward, sampling, a non-blocking copy of the sampled ids into
+pinned memory) and read later (`Launched.result`: the step's only host sync). In between the
+caller may launch the next decode step with `feed`: its rows take their input token from the
+earlier step's sampled ids on the device, so the GPU never waits for the host's bookkeeping:
+
+    host   launch N | read N-1, bookkeeping | launch N+1 | read N, bookkeeping | ...
+    GPU    ... N-1 ][ N ...................][ N+1 ..............................
 
 A pure-decode step replays a captured CUDA graph when `graphs` (`ninfer.engine.graphs`) is set
 and serves it; every other step (prefill chunks, mixed steps, Host restores, `cuda_graphs=False`)
@@ -40,11 +47,66 @@ class Row:
 
 
 @dataclass(slots=True)
+class Feed:
+    """Input tokens taken on the device from an earlier launch's sampled ids: row i of the new
+    step (one token, sampled) reads `tokens[index[i]]`."""
+
+    tokens: torch.Tensor  # [R_prev] int64 on the device
+    index: list[int]
+
+
+@dataclass(slots=True)
 class StepResult:
     """Per row: the sampled token (or None) and its logprob record (or None)."""
 
     tokens: list[int | None] = field(default_factory=list)
     logprobs: list[dict[int, float] | None] = field(default_factory=list)
+
+
+class Launched:
+    """A launched step: its sampled ids are being copied to pinned host memory."""
+
+    def __init__(self, rows: list[Row], sampled) -> None:
+        self.rows = rows
+        self.sampled = sampled  # the sampler's result (`ninfer.sampling.SampleResult`) or None
+        self.tokens: torch.Tensor | None = None  # sampled ids on the device, for a `Feed`
+        self._host: torch.Tensor | None = None
+        self._event = None
+        if sampled is not None:
+            self.tokens = sampled.token_ids
+            if self.tokens.is_cuda:
+                self._host = torch.empty(self.tokens.shape, dtype=torch.int64, pin_memory=True)
+                self._host.copy_(self.tokens, non_blocking=True)
+                self._event = torch.cuda.Event()
+                self._event.record()
+        self._result: StepResult | None = None
+
+    def feed(self, index: list[int]) -> Feed:
+        if self.tokens is None:
+            raise ValueError("feed: the launched step sampled nothing")
+        return Feed(self.tokens, index)
+
+    def result(self) -> StepResult:
+        """Waits for the step's sampled ids (the host sync) and maps them to rows."""
+        if self._result is not None:
+            return self._result
+        rows = self.rows
+        out = StepResult(tokens=[None] * len(rows), logprobs=[None] * len(rows))
+        if self.sampled is not None:
+            if self._event is not None:
+                self._event.synchronize()
+                tokens = self._host.tolist()
+            else:
+                tokens = self.tokens.tolist()
+            logprobs = self.sampled.logprobs
+            k = 0
+            for i, r in enumerate(rows):
+                if r.sample is not None:
+                    out.tokens[i] = tokens[k]
+                    out.logprobs[i] = logprobs[k] if logprobs is not None else None
+                    k += 1
+        self._result = out
+        return out
 
 
 class Runner:
@@ -55,11 +117,13 @@ class Runner:
         self.ops = ops
         self.cache = cache
         self.device = device
-        self.sampler = sampler  # callable(logits, params, generators) -> (tokens, logprobs)
+        # callable(logits, params, generators) -> an object with `token_ids` (int64 [R] on the
+        # device, no host sync) and `logprobs` (per row or None; may sync when read)
+        self.sampler = sampler
         self.graphs = None  # a DecodeGraphs once captured (ninfer.engine.backend)
         self.startup: dict[str, float] = {}  # warm-up figures (seconds)
 
-    def build_batch(self, rows: list[Row]) -> ForwardBatch:
+    def build_batch(self, rows: list[Row], feed: Feed | None = None) -> ForwardBatch:
         q_lens = [len(r.token_ids) for r in rows]
         ctx_lens = [r.ctx_len for r in rows]
         n_rows, n_tok = len(rows), sum(q_lens)
@@ -89,6 +153,8 @@ class Runner:
             host = host.pin_memory()
         dev = host.to(self.device, non_blocking=True)
         ids, pos, smap, cu, slots, lidx, table = dev.split(sizes)
+        if feed is not None:  # decode rows: flat token i is row i's only token
+            ids.copy_(_gather(feed, self.device))
         return ForwardBatch(
             input_ids=ids,
             positions=pos,
@@ -102,12 +168,22 @@ class Runner:
             before_layer=_join_hooks([r.before_layer for r in rows if r.before_layer]),
         )
 
-    def forward(self, rows: list[Row]) -> torch.Tensor:
+    def forward(self, rows: list[Row], feed: Feed | None = None) -> torch.Tensor:
         """Logits [N, vocab] fp32 of the rows that sample: a graph replay for a pure-decode
-        step the captured graphs serve, else the eager model."""
+        step the captured graphs serve, else the eager model. `feed`: see `launch`."""
+        if feed is not None:
+            _check_feed(rows, feed)
         if self.graphs is not None and self.graphs.can_run(rows):
-            return self.graphs.run(rows)
-        return self.model(self.build_batch(rows), self.cache, self.ops)
+            return self.graphs.run(rows, None if feed is None else _gather(feed, self.device))
+        return self.model(self.build_batch(rows, feed), self.cache, self.ops)
+
+    def can_overlap(self, rows: list[Row]) -> bool:
+        """Whether the next step may be launched before this one's result is read: a pure
+        decode step replayed from a graph (its host buffers are guarded by an event), or any
+        step on the CPU (where nothing runs ahead: the overlap only reorders bookkeeping)."""
+        if self.device.type != "cuda":
+            return True
+        return self.graphs is not None and self.graphs.can_run(rows)
 
     @torch.no_grad()
     def warm_up(
@@ -150,23 +226,37 @@ class Runner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def launch(self, rows: list[Row], feed: Feed | None = None) -> Launched:
+        """Queue one ragged forward pass and the sampling of every row that asks for it; no
+        host sync. `feed`: every row is one sampled token whose id comes from an earlier
+        launch (`Launched.feed`), not from `Row.token_ids`."""
+        logits = self.forward(rows, feed)
+        want = [r for r in rows if r.sample is not None]
+        if not want:
+            return Launched(rows, None)
+        sampled = self.sampler(logits, [r.sample for r in want], [r.generator for r in want])
+        return Launched(rows, sampled)
+
     def step(self, rows: list[Row]) -> StepResult:
         """Run one ragged forward pass and sample every row that asks for it."""
-        logits = self.forward(rows)
-        want = [r for r in rows if r.sample is not None]
-        result = StepResult(tokens=[None] * len(rows), logprobs=[None] * len(rows))
-        if not want:
-            return result
-        tokens, logprobs = self.sampler(
-            logits, [r.sample for r in want], [r.generator for r in want]
-        )
-        k = 0
-        for i, r in enumerate(rows):
-            if r.sample is not None:
-                result.tokens[i] = tokens[k]
-                result.logprobs[i] = logprobs[k] if logprobs is not None else None
-                k += 1
-        return result
+        return self.launch(rows).result()
+
+
+def _check_feed(rows: list[Row], feed: Feed) -> None:
+    if len(feed.index) != len(rows) or any(len(r.token_ids) != 1 or r.sample is None for r in rows):
+        raise ValueError("feed: every row must be one sampled token, one index per row")
+
+
+def _gather(feed: Feed, device: torch.device) -> torch.Tensor:
+    """The fed ids [R] on the device: a slice when the rows keep the earlier order (the
+    steady state), else one small gather."""
+    n = len(feed.index)
+    if feed.index == list(range(n)):
+        return feed.tokens[:n]
+    index = torch.tensor(feed.index, dtype=torch.int64)
+    if device.type == "cuda":
+        index = index.pin_memory()
+    return feed.tokens.index_select(0, index.to(device, non_blocking=True))
 
 
 def _join_hooks(hooks: list[Callable[[int], None]]) -> Callable[[int], None] | None:

@@ -21,6 +21,7 @@ from ninfer.models.batch import PAGE_SIZE, ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.reference import ReferenceOps
 from ninfer.request import SamplingParams
+from ninfer.sampling import SampleResult
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -61,8 +62,8 @@ def new_cache(slots: int = 8, pages: int = 64) -> ModelCache:
 
 
 def _greedy(logits, params, generators):
-    """The runner's sampler contract, greedy: (token ids, logprobs per row)."""
-    return logits.argmax(-1).tolist(), [None] * len(params)
+    """The runner's sampler contract, greedy: device token ids, no logprobs."""
+    return SampleResult(logits.argmax(-1), None, len(params))
 
 
 def make_runner(model, ops, graphs: bool) -> Runner:
@@ -165,3 +166,51 @@ def test_engine_cached_resume_equals_cold(model):
         assert llm._engine.runner.graphs.replays > 0
     finally:
         llm.close()
+
+
+def test_overlapped_graph_decode_equals_plain(model):
+    """The runner's overlapped decode (next step launched before this one's tokens are read,
+    its ids fed on the device) replays graphs and gives the plain steps' tokens exactly, also
+    when the rows change order between steps (a gather instead of a slice)."""
+    runner = make_runner(model, CudaOps(DEV), graphs=True)
+    _, plain_ids = drive(runner)
+    pages = [list(range(16 * i, 16 * i + 16)) for i in range(len(PROMPTS))]
+    slots = [5, 1, 3]
+    prefill = [Row(p, 0, s, pg, GREEDY) for p, s, pg in zip(PROMPTS, slots, pages, strict=True)]
+    first = runner.step(prefill).tokens
+    assert first == plain_ids[0]
+    ctx = [len(p) for p in PROMPTS]
+    order = [0, 1, 2]
+    rows = [Row([first[i]], ctx[i], slots[i], pages[i], GREEDY) for i in order]
+    replays = runner.graphs.replays
+    flight, got = runner.launch(rows), []
+    for step in range(1, STEPS):
+        new_order = order[::-1] if step % 3 == 0 else order  # reorder now and then
+        index = [order.index(i) for i in new_order]
+        rows = [Row([0], ctx[i] + step, slots[i], pages[i], GREEDY) for i in new_order]
+        nxt = runner.launch(rows, flight.feed(index))
+        got.append(dict(zip(order, flight.result().tokens, strict=True)))
+        flight, order = nxt, new_order
+    got.append(dict(zip(order, flight.result().tokens, strict=True)))
+    assert runner.graphs.replays - replays == STEPS
+    assert [[g[i] for i in range(3)] for g in got] == plain_ids[1:]
+
+
+def test_engine_overlap_equals_plain_on_cuda(model):
+    from ninfer.llm import LLM
+
+    prompts = [[(13 * i + 7 * j) % 2500 + 4 for i in range(90 + 40 * j)] for j in range(3)]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (20, 33, 7)]
+    outs = {}
+    for overlap in (False, True):
+        llm = LLM.from_model(
+            model, device="cuda", max_concurrency=4, kv_capacity=8192, host_cache_mib=0,
+            prefill_chunk=512, check_invariants=True, overlap_decode=overlap,
+        )  # fmt: skip
+        try:
+            outs[overlap] = [o.token_ids for o in llm.generate(prompts, params)]
+            overlapped = llm._engine.overlapped_steps
+            assert (overlapped > 10) == overlap
+        finally:
+            llm.close()
+    assert outs[True] == outs[False]

@@ -38,6 +38,7 @@ from ninfer.engine.runner import Row, Runner
 from ninfer.models.batch import PAGE_SIZE, ModelCache
 from ninfer.models.presets import PRESETS, build_random_model
 from ninfer.request import SamplingParams
+from ninfer.sampling import SampleResult
 
 DEV = torch.device("cuda")
 BF16 = torch.bfloat16
@@ -51,7 +52,7 @@ def emit(**row) -> None:
 
 
 def greedy_sampler(logits, params, generators):
-    return logits.argmax(-1).tolist(), None
+    return SampleResult(logits.argmax(-1), None, len(params))
 
 
 def cuda_ms(fn, reps: int = 10) -> float:
@@ -168,33 +169,54 @@ def decode_rows(bs: int, ctx: int, pages_per_row: int) -> list[Row]:
 
 
 def bench_decode(name, model, cache, runner, batches, ctx, steps, bw, ppr, tag="") -> None:
+    """Steady decode steps through the runner, twice: each step's tokens read before the next
+    launch (plain), and overlapped as the engine runs them (the next step launched first, its
+    input ids fed on the device from the step in flight)."""
     cfg = model.config
     for bs in batches:
-        rows = decode_rows(bs, ctx, ppr)
+        for overlap in (False, True):
+            rows = decode_rows(bs, ctx, ppr)
+            dt = _decode_steps(runner, rows, steps, overlap)
+            mean_ctx = ctx + 3 + steps / 2
+            wb = weight_bytes(model, bs)
+            kvb = bs * mean_ctx * kv_token_bytes(cfg)
+            stb = bs * 2 * state_image_bytes(cache)
+            bound = (wb + kvb + stb) / bw
+            emit(kind="decode", model=name, bs=bs, ctx=ctx, tag=tag, overlap=overlap,
+                 step_ms=round(dt * 1e3, 3), tok_s=round(bs / dt, 1),
+                 bound_ms=round(bound * 1e3, 3), bound_tok_s=round(bs / bound, 1),
+                 of_bound=round(bound / dt, 3),
+                 GB_per_step=round((wb + kvb + stb) / 1e9, 3))  # fmt: skip
 
-        def advance(rows=rows):
-            out = runner.step(rows)
-            for r, t in zip(rows, out.tokens, strict=True):
-                r.token_ids, r.ctx_len = [t], r.ctx_len + 1
 
-        for _ in range(3):
-            advance()
-        replays = runner.graphs.replays
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+def _decode_steps(runner, rows, steps: int, overlap: bool) -> float:
+    """Seconds per step over `steps` graph-replayed decode steps (after 3 warm ones)."""
+
+    def plain():
+        out = runner.step(rows)
+        for r, t in zip(rows, out.tokens, strict=True):
+            r.token_ids, r.ctx_len = [t], r.ctx_len + 1
+
+    for _ in range(3):
+        plain()
+    replays = runner.graphs.replays
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    if overlap:
+        flight = runner.launch(rows)
+        for _ in range(steps - 1):
+            for r in rows:
+                r.ctx_len += 1
+            nxt = runner.launch(rows, flight.feed(list(range(len(rows)))))
+            flight.result()
+            flight = nxt
+        flight.result()
+    else:
         for _ in range(steps):
-            advance()
-        dt = (time.perf_counter() - t0) / steps
-        assert runner.graphs.replays - replays == steps, "decode did not replay graphs"
-        mean_ctx = ctx + 3 + steps / 2
-        wb = weight_bytes(model, bs)
-        kvb = bs * mean_ctx * kv_token_bytes(cfg)
-        stb = bs * 2 * state_image_bytes(cache)
-        bound = (wb + kvb + stb) / bw
-        emit(kind="decode", model=name, bs=bs, ctx=ctx, tag=tag, step_ms=round(dt * 1e3, 3),
-             tok_s=round(bs / dt, 1), bound_ms=round(bound * 1e3, 3),
-             bound_tok_s=round(bs / bound, 1), of_bound=round(bound / dt, 3),
-             GB_per_step=round((wb + kvb + stb) / 1e9, 3))  # fmt: skip
+            plain()
+    dt = (time.perf_counter() - t0) / steps
+    assert runner.graphs.replays - replays == steps, "decode did not replay graphs"
+    return dt
 
 
 def bench_prefill(name, model, runner, lengths, peak) -> None:
@@ -304,9 +326,11 @@ def profile_prefill(name, runner, length: int) -> None:
     launches += sum(e.count for e in stats if e.key == "cudaLaunchKernelExC")
     cpu = sorted(stats, key=lambda e: e.self_cpu_time_total, reverse=True)
     top = [[e.key[:60], round(e.self_cpu_time_total), e.count] for e in cpu[:25]]
+    dev = sorted(stats, key=lambda e: e.self_device_time_total, reverse=True)
+    top_dev = [[e.key[:60], round(e.self_device_time_total), e.count] for e in dev[:16]]
     emit(kind="profile_prefill", model=name, tokens=length, wall_ms=round(wall * 1e3, 2),
          kernel_ms=round(kernel_us / 1e3, 2), cpu_ops=sum(e.count for e in stats),
-         launches=launches, top_cpu_us=top)  # fmt: skip
+         launches=launches, top_cpu_us=top, top_device_us=top_dev)  # fmt: skip
 
 
 def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool:
