@@ -197,10 +197,11 @@ def _speedups(out: dict) -> None:
     for x in hf["prefill"]:
         mine = ours.get(x["prompt_tokens"])
         x["ninfer_speedup"] = mine["tokens_per_s"] / x["tokens_per_s"] if mine else None
+    # transformers' decode figure is steps after a prefill: against ninfer's steady state
     ours = {x["batch"]: x for x in out.get("decode", {}).get("rows", [])}
     for x in hf["decode"]:
-        mine = ours.get(x["batch"])
-        x["ninfer_speedup"] = mine["tokens_per_s"] / x["tokens_per_s"] if mine else None
+        mine = (ours.get(x["batch"]) or {}).get("steady_tokens_per_s")
+        x["ninfer_speedup"] = mine / x["tokens_per_s"] if mine else None
 
 
 def cache_bookkeeping(spec: BenchSpec) -> dict:

@@ -1,12 +1,24 @@
-"""Prefill and decode throughput through the public `LLM.generate`, beside their bounds.
+"""Prefill and decode throughput through the public `LLM` API, beside their bounds.
 
     prefill   one request of T random tokens, max_tokens=1: tokens/s and FLOP/s achieved,
               against the matmul peak (bound seconds = prefill FLOPs / peak)
-    decode    B requests decoding together: tokens/s against the memory bound
-              (bound step seconds = decode step bytes / HBM bandwidth; tokens/s = B / that).
-              The step time is marginal: (wall of B requests of n tokens - wall of B requests
-              of n/4) / (3n/4), so prefill and the staggered admission (one prefilling lane at
-              a time) cancel; e2e_tokens_per_s keeps the end-to-end figure beside it.
+    decode    B requests decoding together, against the memory bound (bound step seconds =
+              decode step bytes / HBM bandwidth; tokens/s = B / that). Two figures per batch:
+
+      steady  measured over the steps in which every lane decodes. The B requests are streamed
+              (`LLM.stream`, one consumer thread each, submitted together as `generate` does);
+              the engine sends one delta per step per lane, so each generated token gets the
+              time its delta arrived. The window runs from the last lane's first token to the
+              first lane's last token; its steps are the tokens the first-finishing lane made in
+              it, its seconds the time between that lane's tokens at its ends (`decode_window`).
+              The run is `decode_tokens` plus the staggered start long (lanes are admitted one
+              at a time, each prefilling while the earlier ones decode), so the window holds
+              about `decode_tokens` steps; under MIN_WINDOW_STEPS steps it is reported as too
+              short instead of a number.
+      e2e     end to end, the figure of earlier versions: B requests of `decode_tokens` through
+              `generate`, tokens generated after each one's first over the longest lane's
+              first-token-to-finish time, so the staggered start (other lanes prefilling while
+              this one decodes) is inside it.
 
 Prompts are random token ids, each starting with a fresh random token, so no request finds the
 previous one's prefix in the cache. Warm-ups are not counted: one prefill at each prompt length
@@ -60,46 +72,146 @@ def bench_prefill(
     return rows
 
 
+MIN_WINDOW_STEPS = 8  # fewer all-decoding steps than this: no steady-state figure
+
+
+def decode_window(token_times: list[list[float]], min_steps: int = MIN_WINDOW_STEPS) -> dict:
+    """The steps in which every lane decodes, from each lane's per-token arrival times.
+
+    `token_times[i][k]`: when lane i's k-th generated token arrived (one token per step per
+    lane while it decodes). The window starts with the step that gave the last lane its first
+    token and ends with the first-finishing lane's last token. That lane (`ref`) counts the
+    steps: with `a` its token of the starting step and `b` its last, the window is the b - a
+    steps that made its tokens a+1..b (every lane decoding in each), in t[b] - t[a] seconds.
+
+    Deltas of one step arrive close together but not at once (the engine sends them one lane
+    after the other; each consumer thread wakes on its own), so `a` is ref's first token that
+    arrived at most half a typical step (ref's median token gap) before the last lane's first
+    token: ref's token of that same step may arrive just before it, ref's token of the step
+    before arrived a whole (prefilling, so longer) step earlier. A token that arrives later than
+    that slack only moves `a` later: the window then loses steps, but never takes in one in
+    which a lane was still prefilling.
+
+    Returns {"steps", "seconds", "step_seconds" (None when steps < min_steps), "note" (why
+    there is no figure, else None)}.
+    """
+    empty = [i for i, t in enumerate(token_times) if not t]
+    if not token_times or empty:
+        note = f"lane(s) {empty} produced no token" if empty else "no lanes"
+        return {"steps": 0, "seconds": 0.0, "step_seconds": None, "note": note}
+    start = max(t[0] for t in token_times)  # the last lane's first token
+    ref = min(range(len(token_times)), key=lambda i: token_times[i][-1])  # first to finish
+    times = token_times[ref]
+    b = len(times) - 1
+    gaps = sorted(t1 - t0 for t0, t1 in zip(times, times[1:], strict=False))
+    slack = gaps[len(gaps) // 2] / 2 if gaps else 0.0
+    a = next((k for k, t in enumerate(times) if t >= start - slack), b)
+    steps, seconds = b - a, times[b] - times[a]
+    if steps < min_steps:
+        note = (
+            f"all-decoding window of {steps} steps (< {min_steps}): too short to measure; "
+            "raise --decode-tokens"
+        )
+        return {"steps": steps, "seconds": seconds, "step_seconds": None, "note": note}
+    return {"steps": steps, "seconds": seconds, "step_seconds": seconds / steps, "note": None}
+
+
+def stream_batch(llm, prompts: list[dict], params) -> tuple[list[list[float]], list[str]]:
+    """Every prompt streamed from its own thread, all released together (one batch, admitted
+    FIFO as `generate`'s is): per lane the arrival time of each generated token, and the errors
+    (a stream that raised, or whose deltas do not add up to its output)."""
+    import threading
+
+    from ninfer.request import StreamDelta
+
+    times: list[list[float]] = [[] for _ in prompts]
+    errors: list[str] = []
+    go = threading.Barrier(len(prompts))
+
+    def consume(i: int) -> None:
+        go.wait()
+        final = None
+        try:
+            for event in llm.stream(prompts[i], params):
+                now = time.perf_counter()
+                if isinstance(event, StreamDelta):
+                    times[i].extend([now] * len(event.token_ids))
+                else:
+                    final = event
+        except Exception as e:  # the request failed: reported with the row
+            errors.append(f"{type(e).__name__}: {e}")
+            return
+        if final is None or len(final.token_ids) != len(times[i]):
+            got = "no output" if final is None else f"{len(final.token_ids)} tokens"
+            errors.append(f"stream: {len(times[i])} tokens in deltas, {got} in the output")
+
+    threads = [
+        threading.Thread(target=consume, args=(i,), daemon=True) for i in range(len(prompts))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return times, errors
+
+
+def staggered_steps(batch: int, prompt_tokens: int, prefill_chunk: int) -> int:
+    """Steps before the last of `batch` lanes has its first token, at most: one lane prefills at
+    a time, in chunks, and the next is admitted on the step after (a margin of one per lane)."""
+    return (batch - 1) * (-(-prompt_tokens // prefill_chunk) + 1)
+
+
 def bench_decode(
     llm, cfg: Qwen35Config, counts: ParamCounts, prompt_tokens: int, decode_tokens: int,
     batch_sizes: list[int], bounds: dict, itemsize: int, kv_itemsize: int, seed: int = 0,
 ) -> list[dict]:  # fmt: skip
     rng = random.Random(seed)
-    long, short = decode_tokens, max(2, decode_tokens // 4)
-    llm.generate(random_prompts(rng, cfg.vocab_size, 1, prompt_tokens), greedy(long))
+    llm.generate(random_prompts(rng, cfg.vocab_size, 1, prompt_tokens), greedy(decode_tokens))
     # The copy figure is HBM traffic per second (each copied byte read and written): a decode
     # step's traffic is its bytes read (writes are negligible), so that rate is the bound.
     read_bw = bounds["copy_bytes_per_s"]
+    engine = llm.engine_config
     rows = []
     for batch in batch_sizes:
-        walls, outs = {}, []
-        for n in (short, long):
-            prompts = random_prompts(rng, cfg.vocab_size, batch, prompt_tokens)
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, greedy(n))
-            walls[n] = time.perf_counter() - t0
-        # Marginal step time: prefill and the staggered start (one prefilling lane at a time)
-        # are the same in both runs and cancel; what is left is batch-wide decode steps.
-        step_s = (walls[long] - walls[short]) / (long - short) if long > short else 0.0
+        # End to end, as before: generate(), the staggered start included.
+        outs = llm.generate(random_prompts(rng, cfg.vocab_size, batch, prompt_tokens),
+                            greedy(decode_tokens))  # fmt: skip
         e2e_s = max(o.metrics.decode_s for o in outs)
-        tokens = sum(len(o.token_ids) - 1 for o in outs)
+        tokens = sum(max(len(o.token_ids) - 1, 0) for o in outs)
         e2e_tps = tokens / e2e_s if e2e_s > 0 else 0.0
-        tps = batch / step_s if step_s > 0 else e2e_tps  # (a noisy tiny run: end to end)
-        context = prompt_tokens + decode_tokens // 2
+        errors = [o.error for o in outs if o.error]
+        # Steady state: streamed, long enough for about decode_tokens all-decoding steps.
+        steady_max = decode_tokens + 1 + staggered_steps(batch, prompt_tokens, engine.prefill_chunk)
+        prompts = random_prompts(rng, cfg.vocab_size, batch, prompt_tokens)
+        times, stream_errors = stream_batch(llm, prompts, greedy(steady_max))
+        errors += stream_errors
+        window = decode_window(times)
+        if batch > engine.max_concurrency:
+            note = f"batch > max_concurrency {engine.max_concurrency}: never all decoding"
+            window.update(step_seconds=None, note=note)
+        step_s = window["step_seconds"]
+        steady_tps = batch / step_s if step_s else None
+        context = prompt_tokens + steady_max // 2  # the bound at the streamed run's middle
         step_bytes = decode_step_bytes(cfg, counts, batch, context, itemsize, kv_itemsize)
         bound_tps = batch * read_bw / step_bytes
         rows.append({
             "batch": batch,
             "prompt_tokens": prompt_tokens,
-            "decode_steps": long - short,
-            "step_seconds": step_s,
-            "tokens_per_s": tps,
-            "e2e_decode_seconds": e2e_s,
-            "e2e_tokens_per_s": e2e_tps,
             "step_bytes": step_bytes,
             "bound_tokens_per_s": bound_tps,
-            "fraction_of_bound": tps / bound_tps,
-            "errors": [o.error for o in outs if o.error],
+            "bound_step_seconds": step_bytes / read_bw,
+            "steady_max_tokens": steady_max,
+            "steady_window_steps": window["steps"],
+            "steady_window_seconds": window["seconds"],
+            "steady_step_seconds": step_s,
+            "steady_tokens_per_s": steady_tps,
+            "steady_fraction_of_bound": steady_tps / bound_tps if steady_tps else None,
+            "steady_note": window["note"],
+            "e2e_max_tokens": decode_tokens,
+            "e2e_decode_seconds": e2e_s,
+            "e2e_tokens_per_s": e2e_tps,
+            "e2e_fraction_of_bound": e2e_tps / bound_tps,
+            "errors": errors,
         })  # fmt: skip
     return rows
 

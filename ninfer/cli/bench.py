@@ -1,9 +1,10 @@
 """`ninfer bench [all | part,part,...]`: run `ninfer.bench` and print it. Parts: prefill, decode,
 ttft, resume, restore, cache.
 
-Each figure is printed beside its physical bound (decode: bytes per step over the measured
-memory bandwidth; prefill: FLOPs over the measured matmul peak; restore: bytes over the measured
-copy bandwidth). `--json` writes every number; `--profile DIR` writes Chrome traces;
+Each figure is printed beside its physical bound (decode, both the steady state over the steps
+in which every lane decodes and end to end: bytes per step over the measured memory bandwidth;
+prefill: FLOPs over the measured matmul peak; restore: bytes over the measured copy bandwidth).
+`--json` writes every number; `--profile DIR` writes Chrome traces;
 `--compare-hf` adds transformers on the same weights; `--plot` draws TTFT per turn.
 """
 
@@ -44,7 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"all, or one or more of {','.join(PARTS)} (comma-separated)")  # fmt: skip
     p.add_argument("--preset", choices=PRESET_NAMES, help="released shape, random weights")
     p.add_argument("--prompt-tokens", type=_ints, default=[512, 2048], help="e.g. 512,2048")
-    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--decode-tokens", type=int, default=64,
+                   help="decode: tokens per request end to end, and about the all-decoding "
+                   "steps the steady-state figure is measured over")  # fmt: skip
     p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 8], help="e.g. 1,4,8")
     p.add_argument("--turns", type=int, default=4, help="turns per session in the TTFT trace "
                    "(its shared prefix is about the largest --prompt-tokens)")  # fmt: skip

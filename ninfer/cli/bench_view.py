@@ -62,23 +62,36 @@ def prefill(rows: list[dict]) -> Table:
 
 
 def decode(rows: list[dict]) -> Table:
-    cols = ["batch", "tokens/s", "bytes/step", "bound", "of bound", "end to end"]
-    return table(
-        "decode, steady state (bound: weights + KV + state bytes per step / measured memory "
-        "bandwidth; end to end: with the staggered start)",
-        cols,
-        [
-            [
-                str(x["batch"]),
-                rate(x["tokens_per_s"], "tok/s"),
-                rate(x["step_bytes"], "B"),
-                rate(x["bound_tokens_per_s"], "tok/s"),
-                pct(x["fraction_of_bound"]),
-                rate(x["e2e_tokens_per_s"], "tok/s"),
-            ]
-            for x in rows
-        ],  # fmt: skip
+    """Three lines per batch size: the bound, the steady state, end to end."""
+    t = table(
+        "decode (bound: weights + KV + state bytes per step / measured memory bandwidth; "
+        "steady: over the steps in which every lane decodes; end to end: generate(), the "
+        "staggered start included)",
+        ["batch", "figure", "tokens/s", "of bound", "step", "over"],
+        [],
     )
+    t.columns[1].justify = "left"
+    for x in rows:
+        step = x["steady_step_seconds"]
+        t.add_row(str(x["batch"]), "bound", rate(x["bound_tokens_per_s"], "tok/s"), "",
+                  ms(x["bound_step_seconds"]), f"{rate(x['step_bytes'], 'B')}/step")  # fmt: skip
+        t.add_row("", "steady", rate(x["steady_tokens_per_s"], "tok/s") if step else "too short",
+                  pct(x["steady_fraction_of_bound"]), ms(step) if step else "-",
+                  f"{x['steady_window_steps']} steps")  # fmt: skip
+        t.add_row("", "end to end", rate(x["e2e_tokens_per_s"], "tok/s"),
+                  pct(x["e2e_fraction_of_bound"]), "", f"{x['e2e_max_tokens']} tok/lane",
+                  end_section=True)  # fmt: skip
+    return t
+
+
+def decode_notes(rows: list[dict]) -> list[str]:
+    """Why a row has no steady-state figure, and its request errors."""
+    lines = []
+    for x in rows:
+        if x.get("steady_note"):
+            lines.append(f"decode batch {x['batch']}: {x['steady_note']}")
+        lines += [f"decode batch {x['batch']}: error: {e}" for e in x.get("errors", [])]
+    return lines
 
 
 def hf(h: dict) -> Table:
@@ -195,6 +208,8 @@ def print_results(console: Console, r: dict) -> None:
     for name, draw in (("prefill", prefill), ("decode", decode)):
         if name in r:
             console.print(draw(r[name]["rows"]))
+    for line in decode_notes(r.get("decode", {}).get("rows", [])):
+        console.print(f"[yellow]{line}[/]", highlight=False)
     parts = (("hf", hf), ("ttft", ttft), ("resume", resume), ("restore", restore), ("cache", cache))
     for name, draw in parts:
         if name in r:

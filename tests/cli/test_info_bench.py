@@ -64,7 +64,7 @@ def test_bad_configuration_is_one_clear_line(ninfer):
 def test_bench_all_on_the_demo_model(ninfer, tmp_path):
     out, png, prof = tmp_path / "b.json", tmp_path / "ttft.png", tmp_path / "prof"
     run = ninfer(
-        "bench", "all", "--prompt-tokens", "16,160", "--decode-tokens", "4", "--batch-sizes",
+        "bench", "all", "--prompt-tokens", "16,160", "--decode-tokens", "8", "--batch-sizes",
         "1,2", "--turns", "2", "--json", str(out), "--plot", str(png), "--profile", str(prof),
         "--compare-hf", "--cache-prompt-tokens", "4096", "--cache-tree-blocks", "2000",
         *ENGINE_FLAGS,
@@ -78,7 +78,9 @@ def test_bench_all_on_the_demo_model(ninfer, tmp_path):
         assert row["tokens_per_s"] > 0 and row["bound_seconds"] > 0
     assert [row["batch"] for row in r["decode"]["rows"]] == [1, 2]
     for row in r["decode"]["rows"]:
-        assert row["tokens_per_s"] > 0 and row["bound_tokens_per_s"] > 0 and not row["errors"]
+        assert row["bound_tokens_per_s"] > 0 and not row["errors"] and not row["steady_note"]
+        assert row["steady_tokens_per_s"] > 0 and row["steady_window_steps"] >= 8
+        assert row["e2e_tokens_per_s"] > 0
     turns = r["ttft"]["turns"]
     assert len(turns) == 4  # 2 sessions x 2 turns
     assert all(t["ttft_cold_s"] > 0 and t["ttft_cached_s"] > 0 for t in turns)
