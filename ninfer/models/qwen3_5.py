@@ -7,11 +7,13 @@ output gate), goes through the `Ops` object passed to `forward`. The forward has
 of its own.
 
 `fuse_projections()` (called by the engine on CUDA) concatenates the projections that read the
-same input (GDN in_proj_qkv | z | b | a, attention q | k | v, MLP gate | up) into one weight
-each, so a decode step runs 4 skinny GEMMs per layer instead of 7 or 8. The original parameters
-become row views of the fused weight: names, `state_dict` and in-place loads are unchanged, and
-no memory is added. Products are computed row by row either way, so outputs match the unfused
-path up to the GEMM library's choice of reduction order.
+same input (GDN in_proj_qkv | z | b | a, attention q | k | v, MLP gate | up, MoE router | shared
+expert gate) into one weight each, so a decode step runs 4 skinny GEMMs per layer instead of 7
+or 8, and a fused MoE block is one `ops.moe_block` (4 launches on CUDA at decode). The original
+parameters become row views of the fused weight: names, `state_dict` and in-place loads are
+unchanged, and no memory is added. Products are computed row by row either way, so outputs
+match the unfused path up to the GEMM library's choice of reduction order (with the reference
+ops, bit for bit on the CPU; `CudaOps.moe_block` rounds the MoE sum once, see `Ops.moe_block`).
 
 Knows nothing about requests, scheduling, pages or state slots beyond the indices carried by
 `ForwardBatch`; it never allocates cache memory.
@@ -115,13 +117,13 @@ class GatedDeltaNet(nn.Module):
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         mixed, z, b, a = self._project(x, ops)  # mixed [T, C] = q | k | v
         z = z.view(t, -1, dv)
-        g, beta = ops.gdn_gates(a, b, self.A_log, self.dt_bias)
 
         conv_weight = self.conv1d.weight.squeeze(1)  # [C, K]
         mixed = ops.causal_conv(mixed, conv_weight, cache.conv[:, self.state_index], batch)
         q, k, v = mixed.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         q, k, v = q.view(t, -1, dk), k.view(t, -1, dk), v.view(t, -1, dv)
-        o = ops.gdn(q, k, v, g, beta, cache.ssm[:, self.state_index], batch, dk**-0.5)
+        state = cache.ssm[:, self.state_index]
+        o = ops.gated_delta(q, k, v, a, b, self.A_log, self.dt_bias, state, batch, dk**-0.5)
         o = ops.gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
         return ops.linear(o.reshape(t, cfg.value_dim), self.out_proj.weight)
 
@@ -206,7 +208,11 @@ class Experts(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Routed experts (through `ops.moe`) plus a sigmoid-gated shared expert."""
+    """Routed experts plus a sigmoid-gated shared expert. Unfused: `ops.moe`, then the shared
+    expert and its gate as separate ops. `fuse()` makes the router and the shared expert's gate
+    one weight [E + 1, H] (`router`) and fuses the shared expert's gate | up; while both stay
+    valid, forward is one `ops.moe_block` (same maths; on CUDA at decode one router GEMV and
+    three kernels, the shared expert run as one more pair per token)."""
 
     def __init__(self, cfg: Qwen35Config, factory: dict) -> None:
         super().__init__()
@@ -215,13 +221,28 @@ class SparseMoE(nn.Module):
         self.experts = Experts(cfg, factory)
         self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size, factory)
         self.shared_expert_gate = _linear(cfg.hidden_size, 1, factory)
+        self.router: torch.Tensor | None = None  # gate | shared_expert_gate, set by fuse()
+
+    def _router_parts(self) -> tuple[nn.Linear, nn.Linear]:
+        return self.gate, self.shared_expert_gate
+
+    def fuse(self) -> None:
+        if fused_weight(self.router, self._router_parts()) is None:
+            self.router = fuse_rows(list(self._router_parts()))
+        self.shared_expert.fuse()
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        routed = ops.moe(
-            x, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k
-        )
+        experts, shared = self.experts, self.shared_expert
+        router = fused_weight(self.router, self._router_parts())
+        shared_gate_up = fused_weight(shared.gate_up_proj, (shared.gate_proj, shared.up_proj))
+        if router is not None and shared_gate_up is not None:
+            return ops.moe_block(
+                x, router, experts.gate_up_proj, experts.down_proj, shared_gate_up,
+                shared.down_proj.weight, self.top_k,
+            )  # fmt: skip
+        routed = ops.moe(x, self.gate.weight, experts.gate_up_proj, experts.down_proj, self.top_k)
         shared_gate = ops.linear(x, self.shared_expert_gate.weight)
-        return routed + ops.sigmoid_mul(self.shared_expert(x, ops), shared_gate)
+        return routed + ops.sigmoid_mul(shared(x, ops), shared_gate)
 
 
 class DecoderLayer(nn.Module):
@@ -241,10 +262,7 @@ class DecoderLayer(nn.Module):
 
     def fuse(self) -> None:
         (self.self_attn if self.is_full else self.linear_attn).fuse()
-        if isinstance(self.mlp, MLP):
-            self.mlp.fuse()
-        else:
-            self.mlp.shared_expert.fuse()
+        self.mlp.fuse()  # MLP or SparseMoE
 
     def forward(
         self,

@@ -142,6 +142,24 @@ class Ops(Protocol):
         """
         ...
 
+    def gated_delta(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        a_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        state: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """`gdn` with its gates from the raw a, b projections [T, Hv]: exactly
+        `gdn(q, k, v, *gdn_gates(a, b, a_log, dt_bias), state, batch, scale)` (a fast path may
+        compute the gates inside the recurrence kernel)."""
+        ...
+
     def moe(
         self,
         x: torch.Tensor,
@@ -153,7 +171,34 @@ class Ops(Protocol):
         """Routed experts of Qwen3.5-MoE (the shared expert is the model's).
 
         x [N, H]; router_weight [E, H]; gate_up [E, 2I, H] (first I rows gate); down [E, H, I].
-        p = softmax(x @ router^T in fp32); top-k, renormalised, cast to x.dtype;
+        p = softmax(x @ router^T in fp32); top-k (ties to the lowest expert id in the fast
+        path; torch.topk promises no order), renormalised, cast to x.dtype;
         out = sum_j w_j * down_e(silu(gate_e x) * up_e x). Returns [N, H] in x.dtype.
+        """
+        ...
+
+    def moe_block(
+        self,
+        x: torch.Tensor,
+        router_weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        shared_gate_up: torch.Tensor,
+        shared_down: torch.Tensor,
+        top_k: int,
+    ) -> torch.Tensor:
+        """The whole Qwen3.5-MoE block: `moe` plus the sigmoid-gated shared expert.
+
+        router_weight [E + 1, H]: the router's E rows, then the shared expert's gate row (one
+        GEMV gives both); gate_up [E, 2I, H], down [E, H, I] as `moe`; shared_gate_up [2Is, H]
+        (first Is rows gate), shared_down [H, Is].
+        out = moe(x, router_weight[:E], gate_up, down, top_k)
+              + sigmoid(x @ router_weight[E]^T) * shared_down(silu(g) * u),
+        with g | u = x @ shared_gate_up^T. Returns [N, H] in x.dtype.
+        The reference rounds to x.dtype after each step, as the model's separate ops (linear,
+        silu_mul, linear, sigmoid_mul, add); a fast path may treat the shared expert as one more
+        pair (weight sigmoid(logit) rounded to x.dtype) and add it to the routed terms in fp32
+        before one rounding: within about an ulp of x.dtype of the reference (one rounding
+        fewer, so usually closer to the exact sum).
         """
         ...

@@ -8,10 +8,22 @@ import random
 import pytest
 import torch
 
+from ninfer.ops.reference import ReferenceOps
 from tests.models.hf_util import CONFIGS, hf_logits, ninfer_twin, random_hf_model
 from tests.models.util import ChunkRunner, Row, make_batch, make_cache
 
 TOL = 1e-4
+# An MoE config whose shared expert has the routed experts' size (as Qwen3.5-35B-A3B's), the
+# case `CudaOps.moe_block` runs as one more expert pair; registered only for the tests below.
+MOE_EQUAL = "moe-equal-shared"
+MOE_EQUAL_KWARGS = dict(
+    vocab_size=89, hidden_size=32, num_hidden_layers=2, full_attention_interval=2,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+    linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, num_experts=8,
+    num_experts_per_tok=3, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+    tie_word_embeddings=False,
+)  # fmt: skip
+MOE_NAMES = [name for name, (moe, _) in CONFIGS.items() if moe] + [MOE_EQUAL]
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -132,3 +144,78 @@ def test_fused_weight_falls_back_when_parameters_are_replaced(pair, ref_ops):
     x = torch.randn(3, model.config.hidden_size)
     _, z, _, _ = gdn._project(x, ref_ops)
     assert torch.equal(z, torch.zeros_like(z))
+
+
+class _CountingOps(ReferenceOps):
+    """ReferenceOps that count the MoE op calls."""
+
+    def __init__(self) -> None:
+        self.calls = {"moe": 0, "moe_block": 0}
+
+    def moe(self, *args):
+        self.calls["moe"] += 1
+        return super().moe(*args)
+
+    def moe_block(self, *args):
+        self.calls["moe_block"] += 1
+        return super().moe_block(*args)
+
+
+def _moe_hf(name: str):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(CONFIGS, MOE_EQUAL, (True, MOE_EQUAL_KWARGS))
+        return random_hf_model(name, seed=len(name))
+
+
+@pytest.mark.parametrize("name", MOE_NAMES)
+def test_fused_moe_block_matches_transformers(name):
+    """After `fuse_projections` the router and the shared expert's gate are row views of one
+    weight [E + 1, H], and every MoE block is one `ops.moe_block`, bit for bit the separate ops
+    (reference ops; the shared expert's gate | up fused in both, since one GEMM split by rows
+    may round differently on the CPU from two); logits still match transformers."""
+    hf = _moe_hf(name)
+    unfused, model = ninfer_twin(hf), ninfer_twin(hf)
+    model.fuse_projections()
+    for layer in unfused.model.layers:  # the shared expert's gate | up, as before the MoE block
+        layer.mlp.shared_expert.fuse()
+    cfg = model.config
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        assert mlp.router.shape == (cfg.num_experts + 1, cfg.hidden_size)
+        assert mlp.gate.weight.data_ptr() == mlp.router.data_ptr()
+        assert mlp.shared_expert_gate.weight.data_ptr() == mlp.router[-1].data_ptr()
+    ops = _CountingOps()
+    x = torch.randn(7, cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():  # as the model's forward
+        for fused_layer, layer in zip(model.model.layers, unfused.model.layers, strict=True):
+            assert torch.equal(fused_layer.mlp(x, ops), layer.mlp(x, ops))
+    layers = cfg.num_hidden_layers
+    assert ops.calls == {"moe": layers, "moe_block": layers}
+    ids = torch.randint(0, cfg.vocab_size, (29,), generator=torch.Generator().manual_seed(4))
+    cache = make_cache(cfg, num_pages=4, num_slots=2)
+    got = model(make_batch([Row(ids.tolist(), 0, 1, [2])]), cache, ops)
+    assert ops.calls["moe"] == layers  # the model took the fused block everywhere
+    assert _max_diff(got, hf_logits(hf, ids.tolist())) < TOL
+
+
+@pytest.mark.parametrize("part", ["shared_expert_gate", "shared_expert.up_proj"])
+def test_fused_moe_falls_back_when_parameters_are_replaced(part):
+    """Replacing a parameter of the fused router or of the shared expert's gate | up makes the
+    block use the separate ops again, with the new weight; fusing again restores the block."""
+    hf = _moe_hf(MOE_EQUAL)
+    model, plain_model = ninfer_twin(hf), ninfer_twin(hf)
+    model.fuse_projections()
+    moe, plain = model.model.layers[0].mlp, plain_model.model.layers[0].mlp
+    plain.shared_expert.fuse()
+    new = torch.randn_like(moe.get_submodule(part).weight)
+    for m in (moe, plain):  # in both, the shared expert's gate | up stay fused only if valid
+        m.get_submodule(part).weight = torch.nn.Parameter(new.clone())
+    ops = _CountingOps()
+    x = torch.randn(5, model.config.hidden_size)
+    with torch.no_grad():
+        assert torch.equal(moe(x, ops), plain(x, ops))
+        assert ops.calls == {"moe": 2, "moe_block": 0}
+        model.fuse_projections()
+        plain.shared_expert.fuse()
+        assert torch.equal(moe(x, ops), plain(x, ops))
+    assert ops.calls["moe_block"] == 1

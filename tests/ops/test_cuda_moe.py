@@ -8,6 +8,11 @@ or bmm path. Errors are ||out - ref|| / ||ref||. Skipped without CUDA or triton.
 Random bf16 logits often tie, and `moe_route` breaks ties towards the lowest expert id, where
 torch.topk promises no order: the decode path is compared with `moe_ref` routed by a stable sort
 (`route_lowest`, same tie-break); `moe_route` against `route_ref` itself on tie-free logits.
+
+`moe_block` (routed experts + sigmoid-gated shared expert, router [E + 1, H]) against
+`moe_block_ref`: its decode path adds the shared term to the routed ones in fp32 and rounds once
+where the reference rounds the routed sum and then the total, a difference of about an ulp of
+the dtype per element, well inside TOL (which is ~2-3 ulps of a relative norm for bf16 / fp16).
 """
 
 from __future__ import annotations
@@ -21,15 +26,20 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("triton")
 
+from ninfer.models.config import Qwen35Config  # noqa: E402
+from ninfer.models.qwen3_5 import SparseMoE  # noqa: E402
+from ninfer.ops.cuda.linear import DecodeLinear  # noqa: E402
 from ninfer.ops.cuda.moe import (  # noqa: E402
     DECODE_PAIRS,
     ROUTE_MAX_EXPERTS,
+    moe_block,
+    moe_block_decode,
     moe_decode,
     moe_grouped,
     moe_route,
 )
-from ninfer.ops.reference import dense  # noqa: E402
-from ninfer.ops.reference.dense import moe_ref, route_ref  # noqa: E402
+from ninfer.ops.reference import ReferenceOps, dense  # noqa: E402
+from ninfer.ops.reference.dense import moe_block_ref, moe_ref, route_ref  # noqa: E402
 
 DEV = torch.device("cuda")
 EXPERTS, TOP_K = 16, 4
@@ -69,6 +79,27 @@ def moe_ref_lowest(*args) -> torch.Tensor:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dense, "route_ref", route_lowest)
         return moe_ref(*args)
+
+
+def moe_block_ref_lowest(*args) -> torch.Tensor:
+    """`moe_block_ref` routed by `route_lowest`."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dense, "route_ref", route_lowest)
+        return moe_block_ref(*args)
+
+
+def block_weights(
+    hidden: int, inter: int, dtype: torch.dtype, num: int = EXPERTS, shared: int | None = None
+) -> tuple[torch.Tensor, ...]:
+    """router [E + 1, H] (last row the shared expert's gate), gate_up, down (`experts`), shared
+    gate_up [2Is, H], shared down [H, Is] (Is = shared or inter)."""
+    router, gate_up, down = experts(hidden, inter, dtype, num)
+    s = shared or inter
+    gate = torch.randn(1, hidden, device=DEV) * hidden**-0.5
+    s_gate_up = torch.randn(2 * s, hidden, device=DEV) * hidden**-0.5
+    s_down = torch.randn(hidden, s, device=DEV) * s**-0.5
+    router = torch.cat([router, gate.to(dtype)])
+    return router, gate_up, down, s_gate_up.to(dtype), s_down.to(dtype)
 
 
 def distinct_logits(n: int, num: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,3 +213,153 @@ def test_moe_decode_graph_replay(n) -> None:
         ref_w, ref_ids = route_lowest(x, weights[0], TOP_K)
         assert torch.equal(route_ids, ref_ids)
         torch.testing.assert_close(route_w, ref_w, rtol=1e-2, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num,top_k", [(16, 4), (256, 8), (100, 6)])
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_route_shared_matches_reference(n, num, top_k, dtype) -> None:
+    """shared=True: the routed pairs as without it, then (E, sigmoid(logit E)) per token."""
+    x, router = distinct_logits(n, num, dtype)
+    full = torch.cat([router, torch.randn(1, num + 8, device=DEV, dtype=dtype)])
+    weights, ids = moe_route(x, full, top_k, shared=True)
+    ref_w, ref_ids = route_ref(x, router, top_k)
+    assert weights.shape == ids.shape == (n, top_k + 1) and weights.dtype == dtype
+    assert torch.equal(ids[:, :top_k], ref_ids) and (ids[:, top_k] == num).all()
+    torch.testing.assert_close(weights[:, :top_k], ref_w, rtol=ROUTE_RTOL[dtype], atol=0)
+    sig = F.linear(x, full)[:, num].sigmoid()  # the gate logit of the same GEMM
+    torch.testing.assert_close(weights[:, top_k], sig, rtol=ROUTE_RTOL[dtype], atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", list(range(1, 9)))
+def test_moe_block_decode_matches_reference(n, dtype) -> None:
+    """Batch 1..8 tokens: the four-launch path, deterministic, and what `moe_block` runs."""
+    weights = block_weights(256, 128, dtype)
+    x = torch.randn(n, 256, device=DEV, dtype=dtype)
+    out = moe_block_decode(x, *weights, TOP_K)
+    assert out.shape == x.shape and out.dtype == dtype
+    assert rel_err(out, moe_block_ref_lowest(x, *weights, TOP_K)) < TOL[dtype]
+    assert torch.equal(out, moe_block_decode(x, *weights, TOP_K))  # deterministic
+    assert torch.equal(moe_block(x, *weights, TOP_K), out)  # the dispatch took this path
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("top_k", [6, 8])
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_moe_block_decode_top_k(n, top_k, dtype) -> None:
+    """top_k 8 (the models': P = 9 pairs per token) and 6, 64 experts."""
+    weights = block_weights(256, 128, dtype, 64)
+    x = torch.randn(n, 256, device=DEV, dtype=dtype)
+    out = moe_block_decode(x, *weights, top_k)
+    assert rel_err(out, moe_block_ref_lowest(x, *weights, top_k)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_moe_block_decode_odd_shapes(dtype) -> None:
+    """H, I and E not multiples of any block size, strided x rows."""
+    weights = block_weights(200, 72, dtype, 20)
+    x = torch.randn(3, 264, device=DEV, dtype=dtype)[:, 32:232]
+    ref = moe_block_ref_lowest(x.contiguous(), *weights, TOP_K)
+    assert rel_err(moe_block_decode(x, *weights, TOP_K), ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [17, 40])
+def test_moe_block_larger_batches(n, dtype) -> None:
+    """Past DECODE_PAIRS routed pairs: the grouped (bf16) or bmm path plus the shared expert
+    through separate ops, routed by torch.topk as the reference."""
+    weights = block_weights(256, 128, dtype)
+    x = torch.randn(n, 256, device=DEV, dtype=dtype)
+    out = moe_block(x, *weights, TOP_K)
+    assert out.dtype == dtype
+    assert rel_err(out, moe_block_ref(x, *weights, TOP_K)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 8])
+def test_moe_block_other_shared_size(n, dtype) -> None:
+    """A shared expert of another width than the routed ones: `moe_decode` plus separate ops."""
+    weights = block_weights(256, 128, dtype, shared=200)
+    x = torch.randn(n, 256, device=DEV, dtype=dtype)
+    ref = moe_block_ref_lowest(x, *weights, TOP_K)
+    assert rel_err(moe_block(x, *weights, TOP_K), ref) < TOL[dtype]
+
+
+def test_moe_block_decode_with_decode_linear() -> None:
+    """The router GEMV through `DecodeLinear` (cuBLAS or the skinny Triton GEMM, raced), as
+    `CudaOps.moe_block` runs it, at 35B-A3B's E and top_k."""
+    weights = block_weights(512, 128, torch.bfloat16, 256)
+    linear = DecodeLinear()
+    for n in (1, 8):
+        x = torch.randn(n, 512, device=DEV, dtype=torch.bfloat16)
+        out = moe_block(x, *weights, 8, linear)
+        ref = moe_block_ref_lowest(x, *weights, 8)
+        assert rel_err(out, ref) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_moe_block_graph_replay(n) -> None:
+    """Captured in a CUDA graph after one eager call (autotune), replayed on new x contents:
+    the routing, the shared gate and the output follow x."""
+    weights = block_weights(256, 128, torch.bfloat16)
+    x = torch.randn(n, 256, device=DEV, dtype=torch.bfloat16)
+    linear = DecodeLinear()
+    moe_block(x, *weights, TOP_K, linear)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe_block(x, *weights, TOP_K, linear)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        ref = moe_block_ref_lowest(x, *weights, TOP_K)
+        assert rel_err(out, ref) < TOL[torch.bfloat16]
+
+
+class _BlockOps(ReferenceOps):
+    """ReferenceOps with `moe_block` on the CUDA path (what `CudaOps.moe_block` calls, with
+    F.linear and the reference glue)."""
+
+    def moe_block(self, *args):
+        return moe_block(*args)
+
+
+@pytest.mark.parametrize("n", [1, 8, 24])
+def test_sparse_moe_fused_on_cuda(n) -> None:
+    """The model's SparseMoE after `fuse()` (router | shared gate as one weight, the original
+    parameters views of it) through the CUDA `moe_block`, against its unfused forward with the
+    reference ops (routed as the CUDA path: ties to the lowest id at decode sizes, torch.topk
+    beyond); captured in a CUDA graph at decode sizes."""
+    cfg = Qwen35Config(
+        vocab_size=8, hidden_size=256, num_hidden_layers=1, layer_types=("linear_attention",),
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+        linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
+        num_experts=64, num_experts_per_tok=8, moe_intermediate_size=128,
+        shared_expert_intermediate_size=128, model_type="qwen3_5_moe_text",
+    )  # fmt: skip
+    decode = n * cfg.num_experts_per_tok <= DECODE_PAIRS
+    moe = SparseMoE(cfg, {"dtype": torch.bfloat16, "device": DEV})
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        with pytest.MonkeyPatch.context() as mp:
+            if decode:
+                mp.setattr(dense, "route_ref", route_lowest)
+            return moe(x, ReferenceOps())
+
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn_like(p) * p.shape[-1] ** -0.5)
+        x = torch.randn(n, 256, device=DEV, dtype=torch.bfloat16)
+        ref = reference(x)  # unfused: ops.moe + the separate shared expert
+        moe.fuse()
+        ops = _BlockOps()
+        out = moe(x, ops)
+        assert moe.gate.weight.data_ptr() == moe.router.data_ptr()
+        assert rel_err(out, ref) < TOL[torch.bfloat16]
+        if decode:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = moe(x, ops)
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            assert rel_err(captured, reference(x)) < TOL[torch.bfloat16]

@@ -151,6 +151,31 @@ def test_gdn_matches_reference(ops, rows, dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("rows", BATCHES)
+def test_gated_delta_matches_reference(ops, rows, dtype) -> None:
+    """`gated_delta` (gates from the raw a, b; computed inside the decode kernel) against the
+    reference's gdn_gates + gdn, prefill and decode, a and b strided views as in the model."""
+    hk, hv, layer, num_slots = 16, 32, 0, 16
+    batch = make_batch(rows, 256, num_slots)
+    q, k, v, _, _ = gdn_inputs(batch, hk, hv, dtype)
+    ab = torch.randn(batch.num_tokens, 2 * hv + 8, device=DEV).mul(3).to(dtype)
+    a, b = ab[:, :hv], ab[:, hv : 2 * hv]
+    a_log = torch.randn(hv, device=DEV).to(dtype)
+    dt_bias = torch.randn(hv, device=DEV).to(dtype)
+    pool = poisoned_pool((num_slots, 2, hv, 128, 128), batch, torch.float32)
+    before, ref_pool = pool.clone(), pool.clone()
+    out = ops.gated_delta(q, k, v, a, b, a_log, dt_bias, pool[:, layer], batch, 128**-0.5)
+    ref = ReferenceOps().gated_delta(
+        q, k, v, a, b, a_log, dt_bias, ref_pool[:, layer], batch, 128**-0.5
+    )
+    tol = 1e-2 if dtype == torch.bfloat16 else (1e-5 if batch.is_decode else 5e-3)
+    assert rel_err(out, ref) < tol
+    slots = batch.state_slots
+    assert rel_err(pool[slots, layer], ref_pool[slots, layer]) < tol
+    check_untouched(pool, before, batch, layer)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("rows", BATCHES)
 def test_conv_matches_reference(ops, rows, dtype) -> None:
     channels, width, layer, num_slots = 1024 + 3 * 128, 4, 2, 16
     batch = make_batch(rows, 256, num_slots)

@@ -7,10 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.ops.reference import (
+    ReferenceOps,
     causal_conv1d_ref,
     causal_conv1d_update_ref,
     chunk_gated_delta_rule_ref,
     gated_rms_norm_ref,
+    moe_block_ref,
     moe_ref,
     paged_attention_ref,
     recurrent_gated_delta_rule_ref,
@@ -220,3 +222,31 @@ def test_moe_matches_per_token_loop():
             for wt, ex in zip(top.values, top.indices.tolist(), strict=True)
         )
         torch.testing.assert_close(got[t], want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shared_i", [7, 10], ids=["Is=I", "Is!=I"])
+def test_moe_block_matches_per_token_loop(shared_i):
+    """Routed experts plus sigmoid(x . router[E]) * shared(x), per token in fp32; the same
+    tensor through `ReferenceOps.moe_block`; bit for bit the separate ops' sum (what the model
+    computes without the fused router)."""
+    g = _gen(12)
+    n, h, e, i, top_k = 9, 12, 5, 7, 2
+    x, router = torch.randn(n, h, generator=g), torch.randn(e + 1, h, generator=g)
+    gate_up, down = torch.randn(e, 2 * i, h, generator=g), torch.randn(e, h, i, generator=g)
+    s_gate_up = torch.randn(2 * shared_i, h, generator=g)
+    s_down = torch.randn(h, shared_i, generator=g)
+    args = (x, router, gate_up, down, s_gate_up, s_down, top_k)
+    got = moe_block_ref(*args)
+    assert torch.equal(ReferenceOps().moe_block(*args), got)
+    routed = moe_ref(x, router[:e], gate_up, down, top_k)
+    for t in range(n):
+        g_t, u_t = (s_gate_up @ x[t]).chunk(2)
+        want = routed[t] + torch.sigmoid(router[e] @ x[t]) * (s_down @ (F.silu(g_t) * u_t))
+        torch.testing.assert_close(got[t], want, atol=1e-4, rtol=1e-5)
+    ops = ReferenceOps()
+    gate, up = F.linear(x, s_gate_up).chunk(2, dim=-1)
+    shared = ops.linear(ops.silu_mul(gate, up), s_down)
+    separate = routed + ops.sigmoid_mul(shared, ops.linear(x, router[e:]))
+    assert torch.equal(got, separate)
+    bf16 = moe_block_ref(*(a.bfloat16() if torch.is_tensor(a) else a for a in args))
+    assert bf16.dtype == torch.bfloat16

@@ -4,7 +4,8 @@ Every forward pass plans once (on the host lists of its `ForwardBatch`) and all 
 of that pass reuse the plan: a decode batch (every row one token after a cached context) runs
 `BatchDecodeWithPagedKVCacheWrapper` with tensor cores, anything else
 `BatchPrefillWithPagedKVCacheWrapper` (fa3 on sm_90 for bf16; fa2 for bf16 q over an fp8 cache).
-K/V are written with one `index_copy_` per tensor (graph-safe). Knows nothing about the model.
+K/V are written by one Triton launch (`write_kv`; `index_copy_` for scaled fp8), graph-safe.
+Knows nothing about the model.
 
 CUDA-graph decode (`ninfer.engine.graphs`) uses two hooks: `graph_wrapper(bs, kv_dtype, ...)`
 makes a decode wrapper with `use_cuda_graph=True` over fixed metadata buffers (one per captured
@@ -62,9 +63,18 @@ def write_kv(
     """Stores k, v [T, Hkv, D] at slot_mapping [T] (page * 64 + offset) of the contiguous
     kv_cache [pages, 2, 64, Hkv, D], divided by the scales first when given. In place.
 
-    In the flat view [pages * 2 * 64, Hkv, D], K of (page, off) is row page * 128 + off and V
-    is 64 rows further.
+    Same dtype, no scales: one Triton launch for K and V (a decode step's attention layer
+    would otherwise launch six small kernels: the row arithmetic and two `index_copy_`).
+    Otherwise, in the flat view [pages * 2 * 64, Hkv, D], K of (page, off) is row
+    page * 128 + off and V is 64 rows further, written by `index_copy_`.
     """
+    same = k.dtype == v.dtype == kv_cache.dtype and k_scale is None and v_scale is None
+    dim = k.shape[-1]
+    if same and kv_cache.is_cuda and k.stride(-1) == v.stride(-1) == 1 and dim & (dim - 1) == 0:
+        from ninfer.ops.cuda.glue import write_kv_rows
+
+        write_kv_rows(k, v, kv_cache, slot_mapping)
+        return
     bits = _BITS[kv_cache.element_size()]  # index_copy_ has no fp8 kernel: copy the bits
     flat = kv_cache.view(bits).view(-1, *kv_cache.shape[-2:])
     k_rows = slot_mapping + (slot_mapping // PAGE_SIZE) * PAGE_SIZE

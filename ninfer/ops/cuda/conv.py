@@ -17,6 +17,8 @@ Inputs of row r (W = K - 1), token i of the row is x[cu_q[r] + i]:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +27,7 @@ from ninfer.models.batch import ForwardBatch
 from ninfer.ops.cuda.host import to_device
 
 BLOCK_T, BLOCK_C = 32, 128
+PREFILL_WARPS = 4
 
 
 @triton.jit
@@ -106,12 +109,41 @@ def _conv_decode_kernel(
     tl.store(base + m[None, :] * s_st2, new, mask=ok)
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillMeta:
+    """The prefill kernels' per-pass tables, built once per pass (not per GDN layer): the row
+    of every token and which rows continue a cached state (int32, on the device)."""
+
+    tok_row: torch.Tensor
+    has_state: torch.Tensor
+
+    @classmethod
+    def of(cls, batch: ForwardBatch) -> PrefillMeta:
+        dev = batch.cu_q.device
+        rows = torch.repeat_interleave(
+            torch.arange(batch.num_rows, dtype=torch.int64),
+            torch.tensor(batch.q_lens, dtype=torch.int64),
+            output_size=sum(batch.q_lens),
+        )
+        if dev.type == "cuda":
+            rows = rows.pin_memory()
+        return cls(
+            tok_row=rows.to(dev, non_blocking=True),
+            has_state=to_device([c > 0 for c in batch.ctx_lens], dev, torch.int32),
+        )
+
+
 def causal_conv(
-    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    batch: ForwardBatch,
+    meta: PrefillMeta | None = None,
 ) -> torch.Tensor:
     """`ninfer.ops.base.Ops.causal_conv`: x [T, C] (unit channel stride); weight [C, K];
     conv_state [slots, C, K-1] (any strides) read and written at batch.state_slots, zeros for
-    rows with ctx_lens == 0. Returns y [T, C] in x.dtype."""
+    rows with ctx_lens == 0. `meta`: `PrefillMeta.of(batch)`, shared by the pass's GDN layers
+    (built here when None; unused by decode). Returns y [T, C] in x.dtype."""
     n_tok, n_ch = x.shape
     width = weight.shape[1]
     if x.stride(1) != 1 or weight.stride(1) != 1:
@@ -125,13 +157,13 @@ def causal_conv(
             W=width - 1, WP=triton.next_power_of_2(width), BC=BLOCK_C,
         )  # fmt: skip
         return y
-    tok_row = to_device([r for r, n in enumerate(batch.q_lens) for _ in range(n)], x.device)
-    has_state = to_device([c > 0 for c in batch.ctx_lens], x.device, torch.int32)
+    meta = meta or PrefillMeta.of(batch)
+    tok_row, has_state = meta.tok_row, meta.has_state
     grid = (triton.cdiv(n_tok, BLOCK_T), triton.cdiv(n_ch, BLOCK_C))
     _conv_out_kernel[grid](
         x, weight, conv_state, y, tok_row, cu, slots, has_state, n_tok, n_ch,
         x.stride(0), y.stride(0), weight.stride(0), *conv_state.stride(),
-        K=width, BT=BLOCK_T, BC=BLOCK_C,
+        K=width, BT=BLOCK_T, BC=BLOCK_C, num_warps=PREFILL_WARPS,
     )  # fmt: skip
     _conv_state_kernel[(batch.num_rows, triton.cdiv(n_ch, BLOCK_C))](
         x, conv_state, cu, slots, has_state, n_ch, x.stride(0), *conv_state.stride(),

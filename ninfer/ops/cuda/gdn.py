@@ -36,12 +36,16 @@ def chunk_indices(q_lens: list[int], device: torch.device) -> torch.Tensor:
 
 @triton.jit
 def _gdn_decode_kernel(
-    q, k, v, g, beta, o, state, slots, scale,
+    q, k, v, g, beta, o, state, slots, scale, a_log, dt_bias,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_bt, s_ot, s_oh,
     s_slot, s_h, s_dk, s_dv,
     GROUP: tl.constexpr, DK: tl.constexpr, BV: tl.constexpr, EPS: tl.constexpr,
+    GATES: tl.constexpr,
 ):  # fmt: skip
-    """One program: row r, value head h, value columns [vb * BV, (vb + 1) * BV)."""
+    """One program: row r, value head h, value columns [vb * BV, (vb + 1) * BV). GATES: `g`
+    and `beta` hold the raw a and b projections, and the gates are computed here as
+    `gdn_gates_ref` does (g = -exp(A_log) softplus(a + dt_bias) in fp32, beta = sigmoid(b)
+    rounded to b's dtype)."""
     r, h, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = h // GROUP
     offs_k = tl.arange(0, DK)
@@ -51,8 +55,15 @@ def _gdn_decode_kernel(
     bq = bq * (1.0 / tl.sqrt(tl.sum(bq * bq) + EPS)) * scale
     bk = bk * (1.0 / tl.sqrt(tl.sum(bk * bk) + EPS))
     bv = tl.load(v + r * s_vt + h * s_vh + offs_v).to(tl.float32)
-    decay = tl.exp(tl.load(g + r * s_gt + h).to(tl.float32))
-    bb = tl.load(beta + r * s_bt + h).to(tl.float32)
+    gv = tl.load(g + r * s_gt + h).to(tl.float32)
+    bb = tl.load(beta + r * s_bt + h)
+    if GATES:
+        x = gv + tl.load(dt_bias + h).to(tl.float32)
+        soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        gv = -tl.exp(tl.load(a_log + h).to(tl.float32)) * soft
+        bb = tl.sigmoid(bb.to(tl.float32)).to(beta.dtype.element_ty)
+    decay = tl.exp(gv)
+    bb = bb.to(tl.float32)
     slot = tl.load(slots + r).to(tl.int64)
     ptrs = state + slot * s_slot + h * s_h + offs_k[:, None] * s_dk + offs_v[None, :] * s_dv
     s = tl.load(ptrs) * decay  # [DK, BV]
@@ -72,12 +83,15 @@ def gdn_decode(
     state: torch.Tensor,
     slots: torch.Tensor,
     scale: float,
+    gates: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One recurrent step per row, state updated in place at its slot.
 
     q, k [R, Hk, dk] (not normalised), v [R, Hv, dv], g, beta [R, Hv], state [slots, Hv, dk, dv]
     fp32 (any strides, e.g. a layer view of the slot-major pool), slots [R] int. The last dim of
-    q, k, v and the head dim of g, beta must have stride 1. Returns o [R, Hv, dv] in v.dtype.
+    q, k, v and the head dim of g, beta must have stride 1. `gates` = (A_log, dt_bias) [Hv]:
+    g and beta are the raw a and b projections, turned into gates in the kernel (one launch
+    less per layer and step). Returns o [R, Hv, dv] in v.dtype.
     """
     rows, hv, dv = v.shape
     dk = k.shape[-1]
@@ -85,11 +99,13 @@ def gdn_decode(
         raise ValueError("gdn_decode needs unit stride along the head dims")
     o = torch.empty_like(v)
     bv = min(32, dv)
+    a_log, dt_bias = gates if gates is not None else (g, g)  # unused without GATES
     _gdn_decode_kernel[(rows, hv, dv // bv)](
-        q, k, v, g, beta, o, state, slots, scale,
+        q, k, v, g, beta, o, state, slots, scale, a_log, dt_bias,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), beta.stride(0), o.stride(0), o.stride(1), *state.stride(),
-        GROUP=hv // k.shape[1], DK=dk, BV=bv, EPS=L2_EPS, num_warps=4,
+        GROUP=hv // k.shape[1], DK=dk, BV=bv, EPS=L2_EPS, GATES=gates is not None,
+        num_warps=4,
     )  # fmt: skip
     return o
 

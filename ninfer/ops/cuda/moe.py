@@ -1,26 +1,37 @@
 """Routed experts of Qwen3.5-MoE without host synchronisation (capturable in a CUDA graph).
 
 The reference (`moe_ref`) loops over the experts that received tokens, which needs their ids on
-the host. Every path here routes on the device and works on the N * top_k (token, expert) pairs
-p = (t, j) = t * top_k + j; which path runs depends only on shapes and dtypes, so a captured graph
-always replays the path it was captured with:
+the host. Every path here routes on the device and works on (token, expert) pairs p = (t, j) =
+t * P + j, P pairs per token: the top_k routed experts, plus (`moe_block`) the shared expert as
+pair j = top_k. Which path runs depends only on shapes and dtypes, so a captured graph always
+replays the path it was captured with:
 
 - decode (N * top_k <= DECODE_PAIRS, bf16 / fp16 / fp32): four launches, no torch glue:
 
-      logits = F.linear(x, router)                       [N, E] x.dtype (cuBLAS, as `route_ref`)
-      w, ids = route(logits)      one program per token: fp32 softmax, top-k, renormalised
+      logits = linear(x, router)                   [N, E] or [N, E + 1] x.dtype (F.linear or
+                                                   CudaOps' decode linear)
+      w, ids = route(logits)      one program per token: fp32 softmax, top-k, renormalised;
+                                  moe_block: pair top_k = (E, sigmoid(logits[t, E]))
       h[p]   = silu(gate_e x_t) * up_e x_t      one program per (pair, block of I rows)
       out[t] = sum_j w_tj * (down_e h[(t, j)])  one program per (token, block of H rows)
 
   `_route_kernel` equals `route_ref`: the same ids where the logits have no ties (ties go to the
   lowest expert id; torch.topk promises no order), weights within an ulp or two (the same expf
-  and IEEE divisions, fp32 sums in another order). The Triton
+  and IEEE divisions, fp32 sums in another order); the shared expert's weight is
+  1 / (1 + expf(-logit)) rounded to x.dtype, as torch's sigmoid of the x.dtype logit. The Triton
   kernels stream each pair's expert rows once with fp32 sums; gate, up, silu, each expert's down
   output and its product with w are rounded to x.dtype as in the reference, and the down kernel
-  adds the top_k experts of a token in fp32 in a fixed order (deterministic, rounded once).
+  adds the P terms of a token in fp32 in a fixed order (the routed ones, then the shared one:
+  deterministic) and rounds once. So `moe_block`'s decode output differs from the reference's
+  (routed sum rounded to x.dtype, then the shared term added and rounded again) by about an ulp
+  of x.dtype, in favour of the fused sum.
   At decode the work is a batch of matrix-vector products, bound by reading the weights, where
   the grouped GEMM below (GEMM tiles over a few rows per expert) was ~6x off that bound on an
-  H200 at 35B-A3B shapes (`tools/device/bench_moe.py` compares the two).
+  H200 at 35B-A3B shapes (`tools/device/bench_moe.py` compares the two). The shared expert's
+  weights stay where the model keeps them (its own gate_up [2I, H] and down [H, I]): the gate_up
+  kernel picks their base pointer for pair top_k, the down kernel reads them as one more tile.
+  Each pair reads its rows once, so at N tokens the shared expert is read N times (from L2 after
+  the first).
 - grouped (larger bf16 batches): routed by `route_ref`, the pairs sorted by expert on the
   device, each projection one grouped GEMM (`torch._grouped_mm`) over the sorted pairs:
 
@@ -28,6 +39,8 @@ always replays the path it was captured with:
       h  = grouped_mm(x[t_p], gate_up[e]^T)  -> silu(gate) * up
       y  = grouped_mm(h, down[e]^T) * w_p;   out[t_p] += y_p  (index_add_)
 
+  `moe_block` then adds the shared expert as the model's separate ops would (three linears,
+  SwiGLU, sigmoid gate, add).
 - bmm (larger batches in other dtypes, or no `torch._grouped_mm`): each pair's expert weights
   gathered and one bmm; it copies the weights, so it is only meant for small models.
 
@@ -42,9 +55,9 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from ninfer.ops.reference.dense import route_ref
+from ninfer.ops.reference.dense import route_ref, sigmoid_mul_ref, silu_mul_ref
 
-DECODE_PAIRS = 64  # pairs up to which the Triton path runs: 8 tokens at top-8
+DECODE_PAIRS = 64  # routed pairs (N * top_k) up to which the Triton path runs: 8 at top-8
 DECODE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ROUTE_MAX_EXPERTS = 1024  # one program holds a token's E logits (padded to a power of two)
 # Autotuned in the engine's eager warm-up, before any graph capture, per (pairs or tokens, rows,
@@ -62,7 +75,8 @@ DECODE_CONFIGS = (
 )
 # down: all top_k experts of a token at once (their loads in flight together, as when each pair
 # had its own programs), so top_k (padded to a power of two) times BLOCK_N * BLOCK_K / (32 *
-# num_warps) accumulators per thread: 32 or 64 for top-8 (sm_90, bf16: ~80 or ~165 registers).
+# num_warps) accumulators per thread: 32 or 64 for top-8 (sm_90, bf16: ~80 or ~165 registers);
+# `moe_block` adds the shared expert's tile, one more BLOCK_N * BLOCK_K (4 or 8 per thread).
 DOWN_CONFIGS = (
     (1, 512, 4, 1),
     (2, 256, 4, 1),
@@ -116,20 +130,24 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         """fp32 bits (int32) -> int32 with the floats' order as signed ints; an involution."""
         return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
-    @_autotune([triton.Config({}, num_warps=w) for w in ROUTE_WARPS], ["tokens", "E", "TOP_K"])
+    @_autotune(
+        [triton.Config({}, num_warps=w) for w in ROUTE_WARPS], ["tokens", "E", "TOP_K", "SHARED"]
+    )
     @triton.jit(do_not_specialize=["tokens"])
     def _route_kernel(
         logits, wts, ids, tokens, E, s_lt,
-        TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
+        TOP_K: tl.constexpr, SHARED: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
     ):  # fmt: skip
         """Program t: route_ref on logits[t, :E] -> wts[t, :TOP_K] (wts' dtype), ids[t, :TOP_K]
-        (int64), contiguous rows. probs = exp(l - max) / sum (fp32, expf and IEEE division as
-        torch's softmax); the TOP_K largest logits in descending order, ties to the lowest index
-        (one max per choice over int64 keys: ordered logit bits, then BLOCK_E - 1 - index);
-        weights = probs / their sum. Picking on the logits equals picking on the probabilities
-        unless two distinct fp32 logits round to one probability. ids are distinct and < E
-        whatever the logits (NaN ones give NaN weights). KP = next power of two >= TOP_K.
-        `tokens` (the grid) is only an autotune key."""
+        (int64), rows of P = TOP_K + SHARED. probs = exp(l - max) / sum (fp32, expf and IEEE
+        division as torch's softmax); the TOP_K largest logits in descending order, ties to the
+        lowest index (one max per choice over int64 keys: ordered logit bits, then
+        BLOCK_E - 1 - index); weights = probs / their sum. Picking on the logits equals picking
+        on the probabilities unless two distinct fp32 logits round to one probability. ids are
+        distinct and < E whatever the logits (NaN ones give NaN weights). SHARED (0 or 1): also
+        wts[t, TOP_K] = sigmoid(logits[t, E]) = 1 / (1 + expf(-l)) (fp32, IEEE division, as
+        torch's sigmoid) and ids[t, TOP_K] = E. KP = next power of two >= P. `tokens` (the grid)
+        is only an autotune key."""
         t = tl.program_id(0)
         offs = tl.arange(0, BLOCK_E)
         ok = offs < E
@@ -152,9 +170,14 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
             probs = tl.where(offs_j == j, prob, probs)
             picked = tl.where(offs_j == j, BLOCK_E - 1 - (best & (BLOCK_E - 1)), picked)
         weights = tl.math.div_rn(probs, tl.sum(probs, axis=0))  # the padding adds +0.0
-        j_ok = offs_j < TOP_K
-        tl.store(wts + t * TOP_K + offs_j, weights.to(wts.dtype.element_ty), mask=j_ok)
-        tl.store(ids + t * TOP_K + offs_j, picked, mask=j_ok)
+        if SHARED:
+            gate = tl.load(logits + t * s_lt + E).to(tl.float32)
+            weights = tl.where(offs_j == TOP_K, tl.math.div_rn(1.0, 1.0 + _expf(-gate)), weights)
+            picked = tl.where(offs_j == TOP_K, E, picked)
+        per: tl.constexpr = TOP_K + SHARED
+        j_ok = offs_j < per
+        tl.store(wts + t * per + offs_j, weights.to(wts.dtype.element_ty), mask=j_ok)
+        tl.store(ids + t * per + offs_j, picked, mask=j_ok)
 
     @triton.jit
     def _dot_rows(
@@ -177,48 +200,57 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
             acc += w.to(tl.float32) * v.to(tl.float32)[None, None, :]
         return tl.sum(acc, axis=2)
 
-    @_autotune(_block_configs(DECODE_CONFIGS), ["pairs", "N", "K"])
+    @_autotune(_block_configs(DECODE_CONFIGS), ["pairs", "N", "K", "SHARED"])
     @_even
     @triton.jit(do_not_specialize=["pairs"])
     def _gate_up_silu_kernel(
-        x, w, ids, h, pairs, N, K, s_xt, s_we, s_wn, s_hp,
-        TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-        EVEN: tl.constexpr,
+        x, w, ws, ids, h, pairs, N, K, s_xt, s_we, s_wn, s_hp,
+        TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        STAGES: tl.constexpr, EVEN: tl.constexpr,
     ):  # fmt: skip
-        """Program (pair p, block nb): h[p, n] = silu(w[e, n] . x[t]) * (w[e, N + n] . x[t]) for
-        n in [nb * BLOCK_N, (nb + 1) * BLOCK_N), e = ids[p], t = p // TOP_K; N = I, K = H.
+        """Program (pair p, block nb): h[p, n] = silu(W[n] . x[t]) * (W[N + n] . x[t]) for
+        n in [nb * BLOCK_N, (nb + 1) * BLOCK_N), t = p // P with P = TOP_K + SHARED pairs per
+        token, W = w[ids[p]] for the routed pairs; with SHARED, W = ws (the shared expert's
+        [2N, K], the same row stride s_wn) for pair j = p % P == TOP_K. N = I, K = H.
         `pairs` (the grid's first dim) is only an autotune key: not specialised on, so that every
         batch size shares one binary per config."""
         p, nb = tl.program_id(0), tl.program_id(1)
-        e = tl.load(ids + p)
+        per: tl.constexpr = TOP_K + SHARED
+        base = w + tl.load(ids + p) * s_we
+        if SHARED:
+            base = tl.where(p % per == TOP_K, ws, base)  # that pair's id (E) is not an expert
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         rows = offs_n[:, None] + tl.arange(0, 2)[None, :] * N  # [gate row n, up row N + n]
-        rows = w + e * s_we + rows * s_wn
-        xr = x + (p // TOP_K) * s_xt
+        rows = base + rows * s_wn
+        xr = x + (p // per) * s_xt
         acc = _dot_rows(rows, xr, K, (offs_n < N)[:, None], BLOCK_K, EVEN, STAGES)
         dt = h.dtype.element_ty
         gate, up = tl.split(acc.to(dt).to(tl.float32))
         act = (gate * tl.sigmoid(gate)).to(dt).to(tl.float32)
         tl.store(h + p * s_hp + offs_n, (act * up).to(dt), mask=offs_n < N)
 
-    @_autotune(_block_configs(DOWN_CONFIGS), ["tokens", "N", "K", "TOP_K"])
+    @_autotune(_block_configs(DOWN_CONFIGS), ["tokens", "N", "K", "TOP_K", "SHARED"])
     @_even
     @triton.jit(do_not_specialize=["tokens"])
     def _down_sum_kernel(
-        h, w, ids, wts, out, tokens, N, K, s_hp, s_we, s_wn, s_ot,
-        TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        STAGES: tl.constexpr, EVEN: tl.constexpr,
+        h, w, ws, ids, wts, out, tokens, N, K, s_hp, s_we, s_wn, s_ot,
+        TOP_K: tl.constexpr, SHARED: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
     ):  # fmt: skip
         """Program (token t, block nb): out[t, n] = sum_j wts[p] * (w[e, n] . h[p]) over the
-        TOP_K pairs p = t * TOP_K + j, e = ids[p], for n in [nb * BLOCK_N, (nb + 1) * BLOCK_N);
-        N = H, K = I. The TOP_K experts' tiles [KP, BLOCK_N, BLOCK_K] load together (slots
-        j >= TOP_K repeat the last pair and are dropped); each expert's dot product and its
-        product with the weight are rounded to out's dtype (as the reference's bf16 linear and
-        multiply), then the experts are added in fp32 (a fixed tree: deterministic) and rounded
-        once. `tokens` (the grid's first dim) is only an autotune key."""
+        TOP_K routed pairs p = t * P + j (P = TOP_K + SHARED), e = ids[p], for n in
+        [nb * BLOCK_N, (nb + 1) * BLOCK_N); N = H, K = I. The TOP_K experts' tiles
+        [KP, BLOCK_N, BLOCK_K] load together (slots j >= TOP_K repeat the last routed pair and
+        are dropped); with SHARED, the shared pair p = t * P + TOP_K adds wts[p] * (ws[n] . h[p])
+        from one more tile [BLOCK_N, BLOCK_K] of ws (the shared expert's [N, K], the same row
+        stride s_wn). Each dot product and its product with the weight are rounded to out's dtype
+        (as the reference's linear and multiply), then the terms are added in fp32 (the routed
+        ones in a fixed tree, then the shared one: deterministic) and rounded once. `tokens` (the
+        grid's first dim) is only an autotune key."""
         t, nb = tl.program_id(0), tl.program_id(1)
+        per: tl.constexpr = TOP_K + SHARED
         offs_j = tl.arange(0, KP)
-        pair = t * TOP_K + tl.minimum(offs_j, TOP_K - 1)
+        pair = t * per + tl.minimum(offs_j, TOP_K - 1)
         e = tl.load(ids + pair)
         weight = tl.load(wts + pair).to(tl.float32)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -228,6 +260,11 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         vecs = (h + pair * s_hp)[:, None, None] + offs_k[None, None, :]  # [KP, 1, BLOCK_K]
         n_ok = (offs_n < N)[None, :, None]
         acc = tl.zeros([KP, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        if SHARED:
+            s_pair = t * per + TOP_K
+            s_rows = ws + offs_n[:, None] * s_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+            s_vec = h + s_pair * s_hp + offs_k
+            s_acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             if EVEN:
                 v = tl.load(vecs + k0)
@@ -237,37 +274,109 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
                 v = tl.load(vecs + k0, mask=k_ok, other=0.0)
                 r = tl.load(rows + k0, mask=n_ok & k_ok, other=0.0)
             acc += r.to(tl.float32) * v.to(tl.float32)
+            if SHARED:
+                if EVEN:
+                    sv = tl.load(s_vec + k0)
+                    sr = tl.load(s_rows + k0)
+                else:
+                    sk_ok = k0 + offs_k < K
+                    sv = tl.load(s_vec + k0, mask=sk_ok, other=0.0)
+                    sr = tl.load(
+                        s_rows + k0, mask=(offs_n < N)[:, None] & sk_ok[None, :], other=0.0
+                    )
+                s_acc += sr.to(tl.float32) * sv.to(tl.float32)[None, :]
         dt = out.dtype.element_ty
         y = tl.sum(acc, axis=2).to(dt).to(tl.float32) * weight[:, None]  # [KP, BLOCK_N]
         y = tl.where((offs_j < TOP_K)[:, None], y.to(dt).to(tl.float32), 0.0)
-        tl.store(out + t * s_ot + offs_n, tl.sum(y, axis=0).to(dt), mask=offs_n < N)
+        total = tl.sum(y, axis=0)
+        if SHARED:
+            s_weight = tl.load(wts + s_pair).to(tl.float32)
+            s_y = tl.sum(s_acc, axis=1).to(dt).to(tl.float32) * s_weight
+            total += s_y.to(dt).to(tl.float32)
+        tl.store(out + t * s_ot + offs_n, total.to(dt), mask=offs_n < N)
 
 
 def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def moe_route(
-    x: torch.Tensor, router_weight: torch.Tensor, top_k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`route_ref` in two launches: the router's F.linear (cuBLAS, as the reference) and
-    `_route_kernel`. x [N, H], router_weight [E, H] -> weights [N, top_k] x.dtype, ids
-    [N, top_k] int64 (descending probability, ties to the lowest expert id)."""
-    num_experts = router_weight.shape[0]
+def _route(logits: torch.Tensor, num_experts: int, top_k: int, shared: bool, dtype: torch.dtype):
+    """`_route_kernel` on logits [N, E (+ 1)] (unit stride along the last dim) -> weights
+    [N, P] dtype, ids [N, P] int64, P = top_k + shared."""
     if not 0 < top_k <= num_experts <= ROUTE_MAX_EXPERTS:
         raise ValueError(
-            f"moe_route needs 0 < top_k <= E <= {ROUTE_MAX_EXPERTS}, got top_k={top_k}, "
+            f"moe routing needs 0 < top_k <= E <= {ROUTE_MAX_EXPERTS}, got top_k={top_k}, "
             f"E={num_experts}"
         )
-    n = x.shape[0]
-    logits = F.linear(x, router_weight)  # [N, E], last dim contiguous
-    weights = x.new_empty(n, top_k)
-    ids = torch.empty(n, top_k, dtype=torch.int64, device=x.device)
+    if logits.shape[-1] != num_experts + shared:
+        raise ValueError(f"router logits [N, {logits.shape[-1]}], want E + {int(shared)} columns")
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    n, per = logits.shape[0], top_k + shared
+    weights = torch.empty(n, per, dtype=dtype, device=logits.device)
+    ids = torch.empty(n, per, dtype=torch.int64, device=logits.device)
     _route_kernel[(n,)](
         logits, weights, ids, n, num_experts, logits.stride(0),
-        TOP_K=top_k, KP=_pow2(top_k), BLOCK_E=_pow2(num_experts),
+        TOP_K=top_k, SHARED=int(shared), KP=_pow2(per), BLOCK_E=_pow2(num_experts),
     )  # fmt: skip
     return weights, ids
+
+
+def moe_route(
+    x: torch.Tensor, router_weight: torch.Tensor, top_k: int, shared: bool = False, linear=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route_ref` in two launches: the router's linear (`linear`, default F.linear: cuBLAS, as
+    the reference) and `_route_kernel`. x [N, H], router_weight [E, H] -> weights [N, top_k]
+    x.dtype, ids [N, top_k] int64 (descending probability, ties to the lowest expert id).
+    shared: router_weight [E + 1, H], its last row the shared expert's gate; one more pair per
+    token, (E, sigmoid(x . router_weight[E])) -> weights, ids [N, top_k + 1]."""
+    num_experts = router_weight.shape[0] - shared
+    logits = (linear or F.linear)(x, router_weight)  # [N, E (+ 1)], last dim contiguous
+    return _route(logits, num_experts, top_k, shared, x.dtype)
+
+
+def _experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    top_k: int,
+    shared: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
+    """The gate_up and down kernels over the pairs of (weights, ids) [N, P], P = top_k (+ 1
+    when `shared` = (shared gate_up [2I, H], shared down [H, I]) is given)."""
+    n, hidden = x.shape
+    inter = down.shape[-1]
+    if gate_up.stride(-1) != 1 or down.stride(-1) != 1:
+        raise ValueError("moe_decode needs expert weights with unit stride along the last dim")
+    s_gate_up, s_down = shared if shared is not None else (gate_up, down)  # dummies unless shared
+    if shared is not None and (
+        s_gate_up.shape != gate_up.shape[1:]
+        or s_down.shape != down.shape[1:]
+        or s_gate_up.stride() != gate_up.stride()[1:]
+        or s_down.stride() != down.stride()[1:]
+    ):
+        raise ValueError(
+            "the fused shared expert needs the routed experts' shapes and row strides: "
+            f"{tuple(s_gate_up.shape)}, {tuple(s_down.shape)} vs experts {tuple(gate_up.shape)}, "
+            f"{tuple(down.shape)}"
+        )
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    has_shared = int(shared is not None)
+    pairs = n * (top_k + has_shared)
+    h = x.new_empty(pairs, inter)
+    out = x.new_empty(n, hidden)
+    _gate_up_silu_kernel[lambda m: (pairs, -(-inter // m["BLOCK_N"]))](
+        x, gate_up, s_gate_up, ids, h, pairs, inter, hidden,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
+        TOP_K=top_k, SHARED=has_shared,
+    )  # fmt: skip
+    _down_sum_kernel[lambda m: (n, -(-hidden // m["BLOCK_N"]))](
+        h, down, s_down, ids, weights, out, n, hidden, inter,
+        h.stride(0), down.stride(0), down.stride(1), out.stride(0),
+        TOP_K=top_k, SHARED=has_shared, KP=_pow2(top_k),
+    )  # fmt: skip
+    return out
 
 
 def moe_decode(
@@ -281,24 +390,33 @@ def moe_decode(
     [E, 2I, H]; down [E, H, I], the weights with unit stride along the last dim. Returns
     [N, H] in x.dtype. Reads each pair's expert rows once: an expert shared by two pairs is read
     twice (from L2 at best)."""
-    n, hidden = x.shape
-    inter = down.shape[-1]
-    if gate_up.stride(-1) != 1 or down.stride(-1) != 1:
-        raise ValueError("moe_decode needs expert weights with unit stride along the last dim")
     x = x if x.stride(-1) == 1 else x.contiguous()
     weights, ids = moe_route(x, router_weight, top_k)
-    pairs = n * top_k
-    h = x.new_empty(pairs, inter)
-    out = x.new_empty(n, hidden)
-    _gate_up_silu_kernel[lambda m: (pairs, -(-inter // m["BLOCK_N"]))](
-        x, gate_up, ids, h, pairs, inter, hidden,
-        x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0), TOP_K=top_k,
-    )  # fmt: skip
-    _down_sum_kernel[lambda m: (n, -(-hidden // m["BLOCK_N"]))](
-        h, down, ids, weights, out, n, hidden, inter,
-        h.stride(0), down.stride(0), down.stride(1), out.stride(0), TOP_K=top_k, KP=_pow2(top_k),
-    )  # fmt: skip
-    return out
+    return _experts(x, gate_up, down, weights, ids, top_k, None)
+
+
+def moe_block_decode(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    shared_gate_up: torch.Tensor,
+    shared_down: torch.Tensor,
+    top_k: int,
+    linear=None,
+) -> torch.Tensor:
+    """`Ops.moe_block` on the decode path (module docstring), any N, in four launches: the
+    router linear over router_weight [E + 1, H] (`linear`, default F.linear), the routing
+    kernel (top_k pairs + the shared one per token), gate_up + SwiGLU over all pairs, down
+    summed per token. The shared expert needs the routed experts' shapes (shared_gate_up
+    [2I, H], shared_down [H, I]) and row strides."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    weights, ids = moe_route(x, router_weight, top_k, shared=True, linear=linear)
+    return _experts(x, gate_up, down, weights, ids, top_k, (shared_gate_up, shared_down))
+
+
+def _decode_sized(x: torch.Tensor, top_k: int) -> bool:
+    return x.dtype in DECODE_DTYPES and x.shape[0] * top_k <= DECODE_PAIRS
 
 
 def moe_grouped(
@@ -310,9 +428,51 @@ def moe_grouped(
 ) -> torch.Tensor:
     """`ninfer.ops.base.Ops.moe`: x [N, H]; gate_up [E, 2I, H]; down [E, H, I] -> [N, H].
     The decode path up to DECODE_PAIRS pairs, else `moe_grouped_mm`."""
-    if x.dtype in DECODE_DTYPES and x.shape[0] * top_k <= DECODE_PAIRS:
+    if _decode_sized(x, top_k):
         return moe_decode(x, router_weight, gate_up, down, top_k)
     return moe_grouped_mm(x, router_weight, gate_up, down, top_k)
+
+
+def moe_block(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    shared_gate_up: torch.Tensor,
+    shared_down: torch.Tensor,
+    top_k: int,
+    linear=F.linear,
+    silu_mul=silu_mul_ref,
+    sigmoid_mul=sigmoid_mul_ref,
+) -> torch.Tensor:
+    """`ninfer.ops.base.Ops.moe_block` (`CudaOps` passes its linear, silu_mul and sigmoid_mul).
+    Decode-sized inputs (as `moe_grouped`) whose shared expert has the routed experts' shapes
+    and row strides: `moe_block_decode`, four launches. Otherwise `moe_grouped` on the routed
+    experts (router_weight[:E]) plus the shared expert through `linear`, `silu_mul` and
+    `sigmoid_mul`, as the model's separate ops compute it."""
+    num_experts = gate_up.shape[0]
+    if router_weight.shape[0] != num_experts + 1:
+        raise ValueError(
+            f"moe_block needs router_weight [E + 1, H], got {tuple(router_weight.shape)} for "
+            f"E={num_experts}"
+        )
+    fusable = (
+        shared_gate_up.shape == gate_up.shape[1:]
+        and shared_down.shape == down.shape[1:]
+        and shared_gate_up.stride() == gate_up.stride()[1:]
+        and shared_down.stride() == down.stride()[1:]
+        and gate_up.stride(-1) == 1
+        and down.stride(-1) == 1
+        and num_experts <= ROUTE_MAX_EXPERTS
+    )
+    if fusable and _decode_sized(x, top_k):
+        return moe_block_decode(
+            x, router_weight, gate_up, down, shared_gate_up, shared_down, top_k, linear
+        )
+    routed = moe_grouped(x, router_weight[:num_experts], gate_up, down, top_k)
+    gate, up = linear(x, shared_gate_up).chunk(2, dim=-1)
+    shared = linear(silu_mul(gate, up), shared_down)
+    return routed + sigmoid_mul(shared, linear(x, router_weight[num_experts:]))
 
 
 def moe_grouped_mm(

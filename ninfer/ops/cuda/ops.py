@@ -18,7 +18,7 @@ import logging
 import torch
 
 from ninfer.models.batch import ForwardBatch
-from ninfer.ops.cuda.moe import moe_grouped
+from ninfer.ops.cuda.moe import moe_block, moe_grouped
 from ninfer.ops.reference import ReferenceOps
 from ninfer.ops.reference.dense import (
     add_rms_norm_ref,
@@ -73,13 +73,13 @@ class CudaOps(ReferenceOps):
     def __init__(
         self, device: torch.device | str = "cuda", compile: bool = False, skinny: bool = True
     ) -> None:
-        from ninfer.ops.cuda import conv, gdn
+        from ninfer.ops.cuda import conv, gdn, glue
         from ninfer.ops.cuda.attention import PagedAttention
         from ninfer.ops.cuda.linear import DecodeLinear
 
         self._attention = PagedAttention(torch.device(device))
-        self._conv, self._gdn = conv, gdn
-        self._gdn_batch, self._gdn_key, self._gdn_meta = None, None, None  # per prefill pass
+        self._conv, self._gdn, self._glue = conv, gdn, glue
+        self._pass_batch, self._pass_key, self._pass_meta = None, None, None  # per prefill pass
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
         self._rms_norm = _compiled(rms_norm_ref, compile)
@@ -112,6 +112,8 @@ class CudaOps(ReferenceOps):
         return self._gdn_gates(a, b, a_log, dt_bias)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if gate.dim() == 2 and gate.shape == up.shape and gate.stride(1) == up.stride(1) == 1:
+            return self._glue.silu_mul(gate, up)  # Triton: the compiled one divides per element
         return self._silu_mul(gate, up)
 
     def sigmoid_mul(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -142,6 +144,21 @@ class CudaOps(ReferenceOps):
     ) -> torch.Tensor:
         return moe_grouped(x, router_weight, gate_up, down, top_k)
 
+    def moe_block(
+        self,
+        x: torch.Tensor,
+        router_weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        shared_gate_up: torch.Tensor,
+        shared_down: torch.Tensor,
+        top_k: int,
+    ) -> torch.Tensor:
+        return moe_block(
+            x, router_weight, gate_up, down, shared_gate_up, shared_down, top_k,
+            self.linear, self.silu_mul, self.sigmoid_mul,
+        )  # fmt: skip
+
     def attention(
         self,
         q: torch.Tensor,
@@ -162,7 +179,37 @@ class CudaOps(ReferenceOps):
         conv_state: torch.Tensor,
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        return self._conv.causal_conv(x, weight, conv_state, batch)
+        if batch.is_decode:
+            return self._conv.causal_conv(x, weight, conv_state, batch)
+        return self._conv.causal_conv(x, weight, conv_state, batch, self._prefill_meta(batch)[0])
+
+    def _prefill_meta(self, batch: ForwardBatch):
+        """(conv meta, GDN meta) of a prefill pass, built by its first GDN layer and shared by
+        the rest: the tables are host-built and copied, once per pass, not once per layer."""
+        key = (tuple(batch.q_lens), tuple(batch.ctx_lens))
+        if batch is not self._pass_batch or key != self._pass_key:
+            self._pass_batch, self._pass_key = batch, key
+            self._pass_meta = (self._conv.PrefillMeta.of(batch), self._gdn.PrefillMeta.of(batch))
+        return self._pass_meta
+
+    def gated_delta(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        a_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        state: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        if batch.is_decode:  # the gates inside the recurrence kernel: one launch, not three
+            slots = batch.state_slots
+            return self._gdn.gdn_decode(q, k, v, a, b, state, slots, scale, (a_log, dt_bias))
+        g, beta = self.gdn_gates(a, b, a_log, dt_bias)
+        return self.gdn(q, k, v, g, beta, state, batch, scale)
 
     def gdn(
         self,
@@ -177,8 +224,5 @@ class CudaOps(ReferenceOps):
     ) -> torch.Tensor:
         if batch.is_decode:
             return self._gdn.gdn_decode(q, k, v, g, beta, state, batch.state_slots, scale)
-        key = (tuple(batch.q_lens), tuple(batch.ctx_lens))
-        if batch is not self._gdn_batch or key != self._gdn_key:  # first GDN layer of a pass
-            self._gdn_batch, self._gdn_key = batch, key
-            self._gdn_meta = self._gdn.PrefillMeta.of(batch)
-        return self._gdn.gdn_prefill(q, k, v, g, beta, state, batch, scale, self._gdn_meta)
+        meta = self._prefill_meta(batch)[1]
+        return self._gdn.gdn_prefill(q, k, v, g, beta, state, batch, scale, meta)

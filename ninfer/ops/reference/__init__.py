@@ -18,6 +18,7 @@ from ninfer.ops.reference.dense import (
     apply_rope_ref,
     gated_rms_norm_ref,
     gdn_gates_ref,
+    moe_block_ref,
     moe_ref,
     rms_norm_ref,
     rope_cos_sin,
@@ -40,6 +41,7 @@ __all__ = [
     "gated_rms_norm_ref",
     "gather_kv_ref",
     "l2norm",
+    "moe_block_ref",
     "moe_ref",
     "paged_attention_ref",
     "recurrent_gated_delta_rule_ref",
@@ -155,6 +157,22 @@ class ReferenceOps:
                 _write_states(conv_state, batch, [r], final[None])
         return y
 
+    def gated_delta(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        a_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        state: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        g, beta = self.gdn_gates(a, b, a_log, dt_bias)
+        return self.gdn(q, k, v, g, beta, state, batch, scale)
+
     def gdn(
         self,
         q: torch.Tensor,
@@ -197,3 +215,15 @@ class ReferenceOps:
         top_k: int,
     ) -> torch.Tensor:
         return moe_ref(x, router_weight, gate_up, down, top_k)
+
+    def moe_block(
+        self,
+        x: torch.Tensor,
+        router_weight: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        shared_gate_up: torch.Tensor,
+        shared_down: torch.Tensor,
+        top_k: int,
+    ) -> torch.Tensor:
+        return moe_block_ref(x, router_weight, gate_up, down, shared_gate_up, shared_down, top_k)

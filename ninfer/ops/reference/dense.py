@@ -1,4 +1,4 @@
-"""Plain-PyTorch token-wise ops: the two RMSNorms, partial NeoX RoPE and the routed MoE experts.
+"""Plain-PyTorch token-wise ops: the two RMSNorms, partial NeoX RoPE and the MoE experts.
 
 Dtype behaviour follows transformers' Qwen3.5 modules (fp32 statistics, results in the input
 dtype) so that fp32 and bf16 runs compare like for like. Knows nothing about batches or caches.
@@ -105,3 +105,27 @@ def moe_ref(
         y = F.linear(F.silu(gate) * up, down[e]) * weights[token, slot, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out
+
+
+def moe_block_ref(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    shared_gate_up: torch.Tensor,
+    shared_down: torch.Tensor,
+    top_k: int,
+) -> torch.Tensor:
+    """The whole MoE block: routed experts plus the sigmoid-gated shared expert.
+
+    router_weight [E + 1, H] (the router's E rows, then the shared expert's gate row);
+    gate_up [E, 2I, H], down [E, H, I] as `moe_ref`; shared_gate_up [2Is, H] (first Is rows
+    gate), shared_down [H, Is]. Computed, and rounded to x.dtype, step by step as the separate
+    ops compute it: routed = moe_ref(x, router_weight[:E], ...); shared = shared_down(silu(g) * u)
+    with g | u = x @ shared_gate_up^T; out = routed + shared * sigmoid(x @ router_weight[E]^T).
+    """
+    e = gate_up.shape[0]
+    routed = moe_ref(x, router_weight[:e], gate_up, down, top_k)
+    gate, up = F.linear(x, shared_gate_up).chunk(2, dim=-1)
+    shared = F.linear(silu_mul_ref(gate, up), shared_down)
+    return routed + sigmoid_mul_ref(shared, F.linear(x, router_weight[e:]))
