@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     args = ap.parse_args()
     ns = argparse.Namespace(fuse=True, skinny=True)
-    ppr = -(-(1024 + args.steps + 16) // PAGE_SIZE)
+    ppr = -(-(1024 + 2 * args.steps + 16) // PAGE_SIZE)  # warm-up + two timed runs
     pages = max(8 * ppr, -(-args.prefill // PAGE_SIZE)) + 3
     model, cache, runner = be.build(args.model, True, ns, 8, pages, max(ppr, 64))
     rows = [Row(list(range(5, 5 + args.prefill)), 0, 0, list(range(-(-args.prefill // 64))),
