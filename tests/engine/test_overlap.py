@@ -11,6 +11,8 @@ import random
 
 import pytest
 from engine_helpers import assert_idle, rand_tokens, reference_greedy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ninfer.request import SamplingParams
 
@@ -105,3 +107,45 @@ def test_streams_and_cancellation_under_overlap(make_llm):
     (after,) = llm.generate([prompt], p)
     assert after.token_ids == plain.token_ids
     assert_idle(llm)
+
+
+@st.composite
+def _workloads(draw):
+    """A few requests over a shared stem (cache hits), each with its own stop rules."""
+    n = draw(st.integers(1, 5))
+    stem = draw(st.lists(st.integers(4, 2000), min_size=0, max_size=130))
+    prompts, params = [], []
+    for _ in range(n):
+        tail = draw(st.lists(st.integers(4, 2000), min_size=1, max_size=70))
+        prompts.append(stem + tail)
+        params.append(
+            SamplingParams(
+                max_tokens=draw(st.integers(1, 40)),
+                temperature=0,
+                ignore_eos=draw(st.booleans()),
+                stop_token_ids=draw(st.lists(st.integers(4, 2000), max_size=40)),
+            )
+        )
+    return prompts, params, draw(st.integers(1, 4))
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(_workloads())
+def test_overlap_equals_plain_on_random_workloads(make_llm, workload):
+    """Random prompts, lengths, stop tokens and concurrency: the overlapped engine gives the
+    plain engine's outputs, twice over (the second round resumes from the cache), and leaves
+    nothing pinned or leaked."""
+    prompts, params, concurrency = workload
+    outs = {}
+    for overlap in (False, True):
+        llm = make_llm(overlap_decode=overlap, max_concurrency=concurrency)
+        first = llm.generate(prompts, params)
+        second = llm.generate(prompts, params)
+        assert_idle(llm)
+        outs[overlap] = _summary(first) + _summary(second)
+        llm.close()
+    assert outs[True] == outs[False]
