@@ -221,7 +221,10 @@ class Engine:
         self.steps += 1
         if self.on_step is not None:
             self.on_step(self)
-        if not self._overlap_next():
+        if self._overlap_next():
+            if self.waiting:  # the head waits for a free lane: prefetch its Host-only path
+                self.bridge.prefetch_head(self.waiting[0])
+        else:
             self._settle_inflight()
             self._reap_cancelled()
             self._admit()

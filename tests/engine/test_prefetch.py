@@ -102,3 +102,29 @@ def test_same_head_is_retried_only_after_a_copy_or_more_room():
     assert pf.maybe_prefetch(other) == 0 and tried == [5, 5, 6]
     bridge.index.lanes = {}
     assert pf.maybe_prefetch(other) == 0 and tried == [5, 5, 6, 6]  # a new head: try
+
+
+def test_head_arriving_during_overlapped_decode_is_prefetched(make_llm):
+    """The follow-up arrives while the only lane is in its (overlapped) decode, so every step
+    until the blocker finishes is an overlapped one: the head's Host-only path is prefetched
+    during those steps all the same."""
+    rng = random.Random(21)
+    llm = make_llm(
+        host_cache_mib=4, kv_capacity=32 * 64, max_concurrency=1, device_snapshot_slots=2
+    )
+    prompt = rand_tokens(rng, 500)
+    first = run(llm, prompt, 20)
+    for _ in range(5):
+        run(llm, rand_tokens(rng, 600), 20)
+    follow = prompt + first.token_ids + rand_tokens(rng, 30)
+    blocker = llm.stream(rand_tokens(rng, 100), greedy(60))
+    for _ in range(5):  # the blocker decodes now
+        next(blocker)
+    (out,) = llm.generate([follow], greedy(10))
+    rest = list(blocker)
+    assert rest and rest[-1].finish_reason == "length"
+    assert llm._engine.overlapped_steps > 20
+    stats = llm.cache_stats()
+    assert stats.prefetches == 1 and stats.prefetched_blocks == 8
+    assert out.usage.cached_tokens == 519 and out.usage.restored_host_bytes == BUNDLE + IMAGE
+    assert_idle(llm)
