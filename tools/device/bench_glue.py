@@ -15,6 +15,7 @@ from triton.testing import do_bench
 
 from ninfer.models.batch import PAGE_SIZE, ForwardBatch
 from ninfer.ops.cuda import attention, conv, glue
+from ninfer.ops.cuda.passmeta import PassMeta
 from ninfer.ops.reference.dense import silu_mul_ref
 
 DEV, BF16 = torch.device("cuda"), torch.bfloat16
@@ -87,7 +88,7 @@ def bench_conv(tokens: int, channels: int, bw: float) -> None:
         slot_mapping=torch.arange(tokens, device=DEV),
         logits_indices=torch.tensor([tokens - 1], device=DEV),
     )  # fmt: skip
-    meta = conv.PrefillMeta.of(batch)  # per pass in the engine: not timed here
+    meta = PassMeta.of(batch.q_lens, batch.ctx_lens, DEV)  # per pass in the engine: untimed
     ref = conv.causal_conv(x, w, state, batch, meta)
     bound = 2 * tokens * channels * 2 / bw * 1e3
     base = (conv.BLOCK_T, conv.BLOCK_C)

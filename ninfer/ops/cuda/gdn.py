@@ -2,36 +2,23 @@
 in-place Triton decode step.
 
 Prefill (any batch with a row of more than one token, or a row starting a sequence): the rows'
-states are gathered from the pool (zeros for fresh rows), fla's varlen
-`chunk_gated_delta_rule` runs over all rows at once (cu_seqlens), and the final states are
-scattered back. Decode (every row one token after a cached context): one Triton launch reads
-each row's state from the pool by slot, through the pool's strides, and writes it back in place:
-no per-step gather or scatter copies, no host sync, safe to capture in a CUDA graph.
+states are gathered from the pool (zeros for fresh rows, one launch), fla's varlen chunked
+stages run over all rows at once (cu_seqlens), and the final states are scattered back; no host
+sync, capturable in a CUDA graph. Decode (every row one token after a cached context): one
+Triton launch reads each row's state from the pool by slot, through the pool's strides, and
+writes it back in place: no per-step gather or scatter copies, no host sync, capturable.
 Knows nothing about the model or the pool's other layers.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from ninfer.models.batch import ForwardBatch
-from ninfer.ops.cuda.host import to_device
+from ninfer.ops.cuda.passmeta import CHUNK, PassMeta
 
 L2_EPS = 1e-6
-CHUNK = 64  # fla's chunk size for the gated delta rule
-
-
-def chunk_indices(q_lens: list[int], device: torch.device) -> torch.Tensor:
-    """fla's varlen chunk table [chunks, 2] = (row, chunk within the row), built on the host and
-    sent without blocking. Left to fla, it is built on the host from cu_seqlens_cpu and copied
-    from pageable memory: a stream synchronisation in every GDN layer of every prefill pass."""
-    rows = [v for i, n in enumerate(q_lens) for j in range(-(-n // CHUNK)) for v in (i, j)]
-    return to_device(rows, device).view(-1, 2)
 
 
 @triton.jit
@@ -110,27 +97,35 @@ def gdn_decode(
     return o
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillMeta:
-    """What fla's varlen kernel needs about a batch, built once per pass (not per GDN layer):
-    cu_seqlens on the device (int64) and on the host, the chunk table, and the mask of rows
-    that start from a zero state (None when there are none)."""
+@triton.jit
+def _gather_states_kernel(
+    state, slots, has_state, h0, s_slot, s_h, s_dk, s_dv,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """h0[r, h] = state[slots[r], h] for a row that continues a cached state, zeros for a fresh
+    row (its slot is never read: whatever it holds, NaN included, cannot leak in)."""
+    r, h, kb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    keep = tl.load(has_state + r) != 0
+    slot = tl.load(slots + r).to(tl.int64)
+    offs_k = kb * BK + tl.arange(0, BK)
+    offs_v = tl.arange(0, DV)
+    src = state + slot * s_slot + h * s_h + offs_k[:, None] * s_dk + offs_v[None, :] * s_dv
+    x = tl.load(src, mask=keep & (offs_k[:, None] < DK), other=0.0)
+    dst = h0 + ((r * tl.num_programs(1) + h) * DK + offs_k[:, None]) * DV + offs_v[None, :]
+    tl.store(dst, x)
 
-    cu_seqlens: torch.Tensor
-    cu_seqlens_cpu: torch.Tensor
-    chunk_indices: torch.Tensor
-    fresh: torch.Tensor | None
 
-    @classmethod
-    def of(cls, batch: ForwardBatch) -> PrefillMeta:
-        dev = batch.cu_q.device
-        fresh = [c == 0 for c in batch.ctx_lens]
-        return cls(
-            cu_seqlens=batch.cu_q.long(),
-            cu_seqlens_cpu=torch.tensor([0, *itertools.accumulate(batch.q_lens)]),
-            chunk_indices=chunk_indices(batch.q_lens, dev),
-            fresh=to_device(fresh, dev, torch.bool) if any(fresh) else None,
-        )
+def gather_states(state: torch.Tensor, slots: torch.Tensor, has_state: torch.Tensor):
+    """The rows' initial states [R, Hv, dk, dv] fp32 (contiguous) from the pool `state`
+    [slots, Hv, dk, dv] (any strides): one launch."""
+    _, hv, dk, dv = state.shape
+    rows = slots.shape[0]
+    h0 = torch.empty((rows, hv, dk, dv), dtype=torch.float32, device=state.device)
+    bk = 16
+    _gather_states_kernel[(rows, hv, dk // bk)](
+        state, slots, has_state, h0, *state.stride(), DK=dk, DV=dv, BK=bk, num_warps=4
+    )
+    return h0
 
 
 def gdn_prefill(
@@ -140,29 +135,38 @@ def gdn_prefill(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
-    batch: ForwardBatch,
+    slots: torch.Tensor,
     scale: float,
-    meta: PrefillMeta | None = None,
+    meta: PassMeta,
 ) -> torch.Tensor:
-    """All rows of a ragged batch through fla's varlen chunked kernel (chunk 64).
+    """All rows of a ragged batch through fla's varlen chunked kernels (chunk 64).
 
-    Shapes as `ninfer.ops.base.Ops.gdn`. Reads and writes state[batch.state_slots]; rows with
-    ctx_lens == 0 start from zeros. `meta`: `PrefillMeta.of(batch)`, shared by the pass's GDN
-    layers (built here when None). Returns o [T, Hv, dv] in v.dtype.
+    Shapes as `ninfer.ops.base.Ops.gdn`. Reads and writes state[slots]; rows with
+    has_state == 0 start from zeros. `meta`: the pass's `PassMeta` (shared by its GDN layers).
+    fla's stages are called directly, as its `chunk_gated_delta_rule` forward composes them
+    (l2norm of q and k, chunk-local cumsum of g in log2 units, the fused intra-chunk solve, the
+    inter-chunk state pass, the output), with every varlen table passed in: no autograd
+    `Function`, no input guards, and nothing derived from `cu_seqlens` on the host or cached by
+    tensor identity, so the same code runs inside a CUDA graph whose tables are refilled
+    between replays. Returns o [T, Hv, dv] in v.dtype.
     """
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.modules.l2norm import l2norm_fwd
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+    from fla.ops.common.chunk_o import chunk_fwd_o
+    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
 
-    meta = meta or PrefillMeta.of(batch)
-    slots = batch.state_slots
-    h0 = state[slots]
-    if meta.fresh is not None:
-        h0.masked_fill_(meta.fresh[:, None, None, None], 0.0)
-    q, k, v, g, beta = (x.contiguous()[None] for x in (q, k, v, g.float(), beta))
-    o, final = chunk_gated_delta_rule(
-        q, k, v, g, beta, scale=scale,
-        initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
-        cu_seqlens=meta.cu_seqlens, cu_seqlens_cpu=meta.cu_seqlens_cpu,
-        chunk_indices=meta.chunk_indices,
+    h0 = gather_states(state, slots, meta.has_state)
+    q, k = (l2norm_fwd(x.contiguous()[None])[0] for x in (q, k))
+    v, beta = v.contiguous()[None], beta.contiguous()[None]
+    tables = {"cu_seqlens": meta.cu_seqlens, "chunk_indices": meta.chunk_indices}
+    g = chunk_local_cumsum(g.float().contiguous()[None], CHUNK, scale=RCP_LN2, **tables)
+    w, u, _ = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK, **tables)
+    h, v_new, final = chunk_gated_delta_rule_fwd_h(
+        k=k, w=w, u=u, g=g, initial_state=h0, output_final_state=True, chunk_size=CHUNK,
+        chunk_offsets=meta.chunk_offsets, **tables,
     )  # fmt: skip
+    o = chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, chunk_size=CHUNK, **tables)
     state[slots] = final.to(state.dtype)
     return o[0].to(v.dtype)

@@ -76,9 +76,10 @@ class CudaOps(ReferenceOps):
         from ninfer.ops.cuda import conv, gdn, glue
         from ninfer.ops.cuda.attention import PagedAttention
         from ninfer.ops.cuda.linear import DecodeLinear
+        from ninfer.ops.cuda.passmeta import PassMeta
 
         self._attention = PagedAttention(torch.device(device))
-        self._conv, self._gdn, self._glue = conv, gdn, glue
+        self._conv, self._gdn, self._glue, self._pass_meta_cls = conv, gdn, glue, PassMeta
         self._pass_batch, self._pass_key, self._pass_meta = None, None, None  # per prefill pass
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
@@ -181,16 +182,23 @@ class CudaOps(ReferenceOps):
     ) -> torch.Tensor:
         if batch.is_decode:
             return self._conv.causal_conv(x, weight, conv_state, batch)
-        return self._conv.causal_conv(x, weight, conv_state, batch, self._prefill_meta(batch)[0])
+        return self._conv.causal_conv(x, weight, conv_state, batch, self.pass_meta(batch))
 
-    def _prefill_meta(self, batch: ForwardBatch):
-        """(conv meta, GDN meta) of a prefill pass, built by its first GDN layer and shared by
-        the rest: the tables are host-built and copied, once per pass, not once per layer."""
+    def pass_meta(self, batch: ForwardBatch):
+        """The `PassMeta` tables of a prefill pass, built by its first GDN layer and shared by
+        the rest (host-built and copied once per pass, not once per layer), or the ones bound
+        to `batch` by `bind_pass`."""
         key = (tuple(batch.q_lens), tuple(batch.ctx_lens))
         if batch is not self._pass_batch or key != self._pass_key:
-            self._pass_batch, self._pass_key = batch, key
-            self._pass_meta = (self._conv.PrefillMeta.of(batch), self._gdn.PrefillMeta.of(batch))
+            meta = self._pass_meta_cls.of(batch.q_lens, batch.ctx_lens, batch.cu_q.device)
+            self.bind_pass(batch, meta)
         return self._pass_meta
+
+    def bind_pass(self, batch: ForwardBatch, meta) -> None:
+        """Makes `meta` (a `PassMeta`) the tables of `batch`'s pass: the prefill-graph runner
+        binds its static buffers before a capture (their contents are refilled per replay)."""
+        self._pass_batch, self._pass_key = batch, (tuple(batch.q_lens), tuple(batch.ctx_lens))
+        self._pass_meta = meta
 
     def gated_delta(
         self,
@@ -208,8 +216,7 @@ class CudaOps(ReferenceOps):
         if batch.is_decode:  # the gates inside the recurrence kernel: one launch, not three
             slots = batch.state_slots
             return self._gdn.gdn_decode(q, k, v, a, b, state, slots, scale, (a_log, dt_bias))
-        g, beta = self.gdn_gates(a, b, a_log, dt_bias)
-        return self.gdn(q, k, v, g, beta, state, batch, scale)
+        return super().gated_delta(q, k, v, a, b, a_log, dt_bias, state, batch, scale)
 
     def gdn(
         self,
@@ -224,5 +231,5 @@ class CudaOps(ReferenceOps):
     ) -> torch.Tensor:
         if batch.is_decode:
             return self._gdn.gdn_decode(q, k, v, g, beta, state, batch.state_slots, scale)
-        meta = self._prefill_meta(batch)[1]
-        return self._gdn.gdn_prefill(q, k, v, g, beta, state, batch, scale, meta)
+        meta = self.pass_meta(batch)
+        return self._gdn.gdn_prefill(q, k, v, g, beta, state, batch.state_slots, scale, meta)

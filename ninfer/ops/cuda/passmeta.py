@@ -1,0 +1,87 @@
+"""The index tables a prefill pass's GDN layers share: built once per pass, not per layer.
+
+For a ragged batch of R rows and T tokens (q_lens, ctx_lens on the host):
+
+    tok_row       [T]       int64  the row of every flat token (the causal conv's prefill)
+    has_state     [R]       int64  1 where the row continues a cached state, 0 if it is fresh
+    cu_seqlens    [R+1]     int64  row starts (fla's varlen layout)
+    chunk_offsets [R+1]     int64  first 64-token chunk of each row (fla's chunk states h)
+    chunk_indices [NC, 2]   int64  (row, chunk within the row) of every chunk
+
+All five live in ONE device buffer, filled from ONE pinned host buffer by one non-blocking
+copy. Each table starts 16-byte aligned (its length rounded up to an even count): Triton
+specializes a kernel on the alignment of its pointer arguments, so views at odd offsets would
+make new kernel variants (a JIT compile each, fla's included) whenever the parity of T or R
+changes: seconds of stall in the middle of serving.
+
+The eager path builds a fresh buffer per pass (`PassMeta.of`); the prefill-graph runner keeps
+one static buffer per captured shape and refills it before each replay (`layout`, `tables`,
+`PassMeta.view`), so that the captured kernels read the new tables.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+CHUNK = 64  # fla's chunk size for the gated delta rule
+
+
+def num_chunks(q_lens: list[int]) -> int:
+    return sum(-(-n // CHUNK) for n in q_lens)
+
+
+def even(n: int) -> int:
+    """n rounded up to an even count: int64 segments of that length keep 16-byte alignment."""
+    return n + (n & 1)
+
+
+def tables(q_lens: list[int], ctx_lens: list[int]) -> list[int]:
+    """The five tables of the module docstring, in that order, each padded to `even`."""
+    tok_row = [r for r, n in enumerate(q_lens) for _ in range(n)]
+    has_state = [int(c > 0) for c in ctx_lens]
+    cu = [0, *itertools.accumulate(q_lens)]
+    chunks = [-(-n // CHUNK) for n in q_lens]
+    offsets = [0, *itertools.accumulate(chunks)]
+    indices = [v for r, m in enumerate(chunks) for j in range(m) for v in (r, j)]
+    out: list[int] = []
+    for part in (tok_row, has_state, cu, offsets, indices):
+        out += part + [0] * (len(part) & 1)
+    return out
+
+
+def sizes(n_tok: int, n_rows: int, n_chunks: int) -> list[int]:
+    """Lengths of the five tables."""
+    return [n_tok, n_rows, n_rows + 1, n_rows + 1, 2 * n_chunks]
+
+
+def layout(n_tok: int, n_rows: int, n_chunks: int) -> list[int]:
+    """Their lengths in the flat buffer (each padded to `even`)."""
+    return [even(n) for n in sizes(n_tok, n_rows, n_chunks)]
+
+
+@dataclass(frozen=True, slots=True)
+class PassMeta:
+    tok_row: torch.Tensor
+    has_state: torch.Tensor
+    cu_seqlens: torch.Tensor
+    chunk_offsets: torch.Tensor
+    chunk_indices: torch.Tensor
+
+    @classmethod
+    def view(cls, flat: torch.Tensor, n_tok: int, n_rows: int, n_chunks: int) -> PassMeta:
+        """The tables as views of `flat` (int64, laid out by `layout`)."""
+        parts = flat.split(layout(n_tok, n_rows, n_chunks))
+        parts = [p[:n] for p, n in zip(parts, sizes(n_tok, n_rows, n_chunks), strict=True)]
+        return cls(*parts[:4], parts[4].view(n_chunks, 2))
+
+    @classmethod
+    def of(cls, q_lens: list[int], ctx_lens: list[int], device: torch.device) -> PassMeta:
+        """A new device buffer holding the tables of this batch (one non-blocking copy)."""
+        host = torch.tensor(tables(q_lens, ctx_lens), dtype=torch.int64)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        flat = host.to(device, non_blocking=True)
+        return cls.view(flat, sum(q_lens), len(q_lens), num_chunks(q_lens))
