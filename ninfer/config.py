@@ -51,6 +51,9 @@ class EngineOptions:
     # launch the next decode step before reading this one's tokens (same outputs; the GPU does
     # not wait for the host's per-step bookkeeping)
     overlap_decode: bool = True
+    # one-row prefill steps of at most this many tokens replay a captured CUDA graph (padded to
+    # a 64-token bucket; needs cuda_graphs); 0 = every prefill step runs eagerly
+    prefill_graph_tokens: int = 1024
     seed: int = 0
     # Queue timeout budget (seconds). In-flight coalescing (§12.2) lets the FIFO head wait for a
     # prefilling sibling only while twice the sibling's predicted prefill up to the shared
@@ -96,6 +99,7 @@ class EngineConfig:
     compile: bool
     cuda_graphs: bool
     overlap_decode: bool
+    prefill_graph_tokens: int  # 0 when off (no CUDA graphs); else a multiple of 64
     seed: int
     check_invariants: bool
 
@@ -103,6 +107,12 @@ class EngineConfig:
     def state_slots(self) -> int:
         """Physical state slots: C active + D snapshot (any slot may play either role)."""
         return self.max_concurrency + self.device_snapshot_slots
+
+    @property
+    def scratch_entries(self) -> int:
+        """KV pages and state slots held outside the pools, each: the prefill graphs' padding
+        row writes its K/V and state there (1 with prefill graphs, else 0)."""
+        return int(self.prefill_graph_tokens > 0)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -118,7 +128,7 @@ class EngineConfig:
         d["state_slots"] = self.state_slots
         d["kv_capacity_tokens"] = self.kv_capacity_tokens
         d["kv_pool_bytes"] = self.kv_pages * self.kv_page_bytes
-        d["state_pool_bytes"] = self.state_slots * self.state_image_bytes
+        d["state_pool_bytes"] = (self.state_slots + self.scratch_entries) * self.state_image_bytes
         return d
 
 
@@ -241,7 +251,12 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
     if opts.max_model_len is not None:
         _check_int("max_model_len", opts.max_model_len, 2, len_cfg)
         len_cfg = opts.max_model_len
-    pages = _resolve_pages(opts, facts, page_bytes, state_bytes * (c + slots), c, len_cfg)
+    graph_tokens = _check_int("prefill_graph_tokens", opts.prefill_graph_tokens, 0)
+    graphs = bool(opts.cuda_graphs) and on_cuda
+    graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
+    scratch = int(graph_tokens > 0)
+    states = state_bytes * (c + slots + scratch)
+    pages = _resolve_pages(opts, facts, page_bytes, states, c, len_cfg)
     max_len = min(len_cfg, pages * PAGE_SIZE)
     if opts.max_model_len is not None and max_len < opts.max_model_len:
         raise ValueError(
@@ -273,8 +288,9 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         concurrent_prefill=bool(opts.concurrent_prefill),
         pending_timeout_s=float(timeout),
         compile=bool(opts.compile) and on_cuda,
-        cuda_graphs=bool(opts.cuda_graphs) and on_cuda,
+        cuda_graphs=graphs,
         overlap_decode=bool(opts.overlap_decode),
+        prefill_graph_tokens=graph_tokens,
         seed=int(opts.seed),
         check_invariants=bool(opts.check_invariants),
     )

@@ -43,6 +43,11 @@ ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
         "overlap_decode",
         dict(action="store_false", help="read each decode step's tokens before the next"),
     ),
+    (
+        "--prefill-graph-tokens",
+        "prefill_graph_tokens",
+        dict(type=int, metavar="TOKENS", help="CUDA-graph prefill up to TOKENS; 0: off"),
+    ),
     ("--seed", "seed", dict(type=int)),
     (
         "--pending-timeout-s",

@@ -61,20 +61,28 @@ def prepare_runner(runner, cfg, bridge) -> dict[str, float]:
     capture = bool(cfg.cuda_graphs) and getattr(runner.ops, "name", "") == "cuda"
     pages = bridge.kv.alloc(3)
     slots = [bridge.states.acquire() for _ in range(cfg.max_concurrency)]
+    prefill_graph = None
+    if capture and cfg.prefill_graph_tokens > 0:
+        scratch = (bridge.kv.scratch_pages[0], bridge.states.scratch_slots[0])
+        prefill_graph = (cfg.prefill_graph_tokens, *scratch)
     try:
-        figures = runner.warm_up(pages, slots, capture, cfg.max_pages_per_lane)
+        figures = runner.warm_up(pages, slots, capture, cfg.max_pages_per_lane, prefill_graph)
     finally:  # in reverse, so the free lists end as they were
         for s in reversed(slots):
             bridge.states.release(s)
         bridge.kv.free(reversed(pages))
     figures["warm_up_s"] = time.perf_counter() - t0
+    prefill = runner.prefill_graphs
     logger.info(
-        "ninfer: %s ops, warm-up %.2f s (prefill %.2f, decode %.2f, graphs %.2f: %s)",
+        "ninfer: %s ops, warm-up %.2f s (prefill %.2f, decode %.2f, graphs %.2f: %s; "
+        "prefill graphs %.2f: %s)",
         runner.ops.name,
         figures["warm_up_s"],
         figures["warm_prefill_s"],
         figures["warm_decode_s"],
         figures["capture_s"],
         f"batch 1..{cfg.max_concurrency}" if runner.graphs is not None else "off",
+        figures.get("prefill_capture_s", 0.0),
+        f"{len(prefill.buckets)} sizes to {prefill.max_tokens} tokens" if prefill else "off",
     )
     return figures

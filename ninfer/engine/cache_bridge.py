@@ -68,6 +68,7 @@ class CacheBridge:
             mc.head_dim,
             torch_dtype(cfg.kv_dtype),
             device,
+            scratch=cfg.scratch_entries,
         )
         self.states = StatePool(
             cfg.max_concurrency,
@@ -80,6 +81,7 @@ class CacheBridge:
             mc.linear_value_head_dim,
             torch_dtype(cfg.dtype),
             device,
+            scratch=cfg.scratch_entries,
         )
         self.transfer: Transfer = DeviceOnlyTransfer()
         self.host_slabs = None  # the Host tier's HostSlabs (read by engine/persistence.py)

@@ -39,9 +39,20 @@ import torch
 from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache
 
 
-def _pinned(shape, dtype) -> torch.Tensor:
+def pinned_zeros(shape, dtype) -> torch.Tensor:
+    """A zeroed host buffer, page-locked when CUDA is present (CPU: unit tests of the fills)."""
     t = torch.zeros(shape, dtype=dtype)
-    return t.pin_memory() if torch.cuda.is_available() else t  # CPU: unit tests of _fill
+    return t.pin_memory() if torch.cuda.is_available() else t
+
+
+def plan_shape(model, cache: ModelCache) -> tuple:
+    """`PagedAttention.plan`'s shape for `model` over `cache`: (Hq, Hkv, head_dim, q dtype,
+    kv dtype, scale)."""
+    cfg = model.config
+    dtype = model.model.embed_tokens.weight.dtype
+    kv_dtype = cache.kv[0].dtype if cache.kv else dtype
+    heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    return (*heads, dtype, kv_dtype, cfg.head_dim**-0.5)
 
 
 class DecodeGraphs:
@@ -56,27 +67,22 @@ class DecodeGraphs:
         max_batch: int,
         max_pages_per_row: int,
     ) -> None:
-        cfg = model.config
         self.model, self.ops, self.cache, self.device = model, ops, cache, device
         self.max_batch, self.max_pages = max_batch, max_pages_per_row
         self.attn = ops.attention_planner
-        kv_dtype = cache.kv[0].dtype
-        dtype = model.model.embed_tokens.weight.dtype
-        self.shape = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, dtype, kv_dtype,
-            cfg.head_dim**-0.5,
-        )  # fmt: skip
+        self.shape = plan_shape(model, cache)
+        kv_dtype = self.shape[4]
         n = max_batch
-        self.meta_host = _pinned((4, n), torch.int64)
+        self.meta_host = pinned_zeros((4, n), torch.int64)
         self.meta_np = self.meta_host.numpy()
         self.meta_dev = torch.zeros((4, n), dtype=torch.int64, device=device)
         self.cu = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.logits_idx = torch.arange(n, dtype=torch.int64, device=device)
-        self.indices_host = _pinned(n * max_pages_per_row, torch.int32)
+        self.indices_host = pinned_zeros(n * max_pages_per_row, torch.int32)
         self.indices_np = self.indices_host.numpy()
         self.indices_dev = torch.zeros(n * max_pages_per_row, dtype=torch.int32, device=device)
-        self.indptr_host = {bs: _pinned(bs + 1, torch.int32) for bs in range(1, n + 1)}
-        self.last_host = {bs: _pinned(bs, torch.int32) for bs in range(1, n + 1)}
+        self.indptr_host = {bs: pinned_zeros(bs + 1, torch.int32) for bs in range(1, n + 1)}
+        self.last_host = {bs: pinned_zeros(bs, torch.int32) for bs in range(1, n + 1)}
         self.qo_host = {bs: torch.arange(bs + 1, dtype=torch.int32) for bs in range(1, n + 1)}
         dummy_table = torch.zeros((n, 1), dtype=torch.int32, device=device)  # unused in decode
         self.batches: dict[int, ForwardBatch] = {}

@@ -121,6 +121,7 @@ class Runner:
         # device, no host sync) and `logprobs` (per row or None; may sync when read)
         self.sampler = sampler
         self.graphs = None  # a DecodeGraphs once captured (ninfer.engine.backend)
+        self.prefill_graphs = None  # a PrefillGraphs once captured
         self.startup: dict[str, float] = {}  # warm-up figures (seconds)
 
     def build_batch(self, rows: list[Row], feed: Feed | None = None) -> ForwardBatch:
@@ -129,10 +130,13 @@ class Runner:
         n_rows, n_tok = len(rows), sum(q_lens)
         width = max(len(r.pages) for r in rows)
         want = [i for i, r in enumerate(rows) if r.sample is not None]
-        # one int64 host buffer: ids | positions | slot_mapping | cu_q | slots | logits idx | table
+        # one int64 host buffer: ids | positions | slot_mapping | cu_q | slots | logits idx | table,
+        # each segment 16-byte aligned (Triton specializes kernels on pointer alignment: views at
+        # odd offsets would compile new kernel variants whenever the parity of T or R changes)
         sizes = [n_tok, n_tok, n_tok, n_rows + 1, n_rows, len(want), n_rows * width]
-        host = torch.zeros(sum(sizes), dtype=torch.int64)
-        ids, pos, smap, cu, slots, lidx, table = host.split(sizes)
+        padded = [n + (n & 1) for n in sizes]
+        host = torch.zeros(sum(padded), dtype=torch.int64)
+        ids, pos, smap, cu, slots, lidx, table = _segments(host, padded, sizes)
         ids.copy_(torch.tensor([t for r in rows for t in r.token_ids], dtype=torch.int64))
         q_t = torch.tensor(q_lens, dtype=torch.int64)
         torch.cumsum(q_t, 0, out=cu[1:])
@@ -152,7 +156,7 @@ class Runner:
         if self.device.type == "cuda":
             host = host.pin_memory()
         dev = host.to(self.device, non_blocking=True)
-        ids, pos, smap, cu, slots, lidx, table = dev.split(sizes)
+        ids, pos, smap, cu, slots, lidx, table = _segments(dev, padded, sizes)
         if feed is not None:  # decode rows: flat token i is row i's only token
             ids.copy_(_gather(feed, self.device))
         return ForwardBatch(
@@ -175,6 +179,8 @@ class Runner:
             _check_feed(rows, feed)
         if self.graphs is not None and self.graphs.can_run(rows):
             return self.graphs.run(rows, None if feed is None else _gather(feed, self.device))
+        if feed is None and self.prefill_graphs is not None and self.prefill_graphs.can_run(rows):
+            return self.prefill_graphs.run(rows)
         return self.model(self.build_batch(rows, feed), self.cache, self.ops)
 
     def can_overlap(self, rows: list[Row]) -> bool:
@@ -187,11 +193,17 @@ class Runner:
 
     @torch.no_grad()
     def warm_up(
-        self, pages: list[int], slots: list[int], capture: bool, max_pages_per_row: int
+        self,
+        pages: list[int],
+        slots: list[int],
+        capture: bool,
+        max_pages_per_row: int,
+        prefill_graph: tuple[int, int, int] | None = None,
     ) -> dict[str, float]:
         """Runs every kernel path once before serving (JIT builds, Triton autotune,
         torch.compile): a fresh two-row prefill, a continuing chunk mixed with decode rows,
-        one eager decode per batch size, then (capture=True, CUDA) the decode graphs.
+        one eager decode per batch size, then (capture=True, CUDA) the decode graphs and, with
+        `prefill_graph` = (max tokens, scratch page, scratch slot), the prefill graphs.
         `pages` (>= 3) and `slots` (one per row, max batch = len(slots)) are free pool entries
         that are overwritten. Returns (and keeps in `startup`) the seconds per phase."""
         t0 = time.perf_counter()
@@ -220,6 +232,15 @@ class Runner:
             )
             self.startup["capture_s"] = graphs.capture(p[2], slots)
             self.graphs = graphs
+        if capture and self.device.type == "cuda" and prefill_graph is not None:
+            from ninfer.engine.prefill_graphs import PrefillGraphs
+
+            prefill = PrefillGraphs(
+                self.model, self.ops, self.cache, self.device, prefill_graph[0],
+                max_pages_per_row, *prefill_graph[1:],
+            )  # fmt: skip
+            self.startup["prefill_capture_s"] = prefill.capture()
+            self.prefill_graphs = prefill
         return self.startup
 
     def _sync(self) -> None:
@@ -240,6 +261,11 @@ class Runner:
     def step(self, rows: list[Row]) -> StepResult:
         """Run one ragged forward pass and sample every row that asks for it."""
         return self.launch(rows).result()
+
+
+def _segments(flat: torch.Tensor, padded: list[int], sizes: list[int]) -> list[torch.Tensor]:
+    """`flat` split into segments of `padded` lengths, each cut to its `sizes` length."""
+    return [s[:n] for s, n in zip(flat.split(padded), sizes, strict=True)]
 
 
 def _check_feed(rows: list[Row], feed: Feed) -> None:

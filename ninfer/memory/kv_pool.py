@@ -41,9 +41,13 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        scratch: int = 0,
     ) -> None:
         self.num_pages = num_pages
-        shape = (num_pages, 2, PAGE_SIZE, num_kv_heads, head_dim)
+        # `scratch` more pages after the pool's, never allocated: ids num_pages.. (the prefill
+        # graphs' padding row writes its K/V there)
+        self.scratch_pages = list(range(num_pages, num_pages + scratch))
+        shape = (num_pages + scratch, 2, PAGE_SIZE, num_kv_heads, head_dim)
         self.kv = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self._flags = bytearray(b"\x01") * num_pages  # 1 = free
         self._heap: list[int] = list(range(num_pages))  # a sorted list is a valid min-heap

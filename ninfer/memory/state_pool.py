@@ -1,7 +1,9 @@
 """The Device state pool: C active slots + D snapshot slots over one slot-major tensor pair.
 
-    conv: [S, n_gdn, conv_dim, K-1]  model dtype      S = C + D physical slots
-    ssm:  [S, n_gdn, Hv, dk, dv]     float32          (one slot's image is contiguous)
+    conv: [S + X, n_gdn, conv_dim, K-1]  model dtype      S = C + D physical slots
+    ssm:  [S + X, n_gdn, Hv, dk, dv]     float32          (one slot's image is contiguous)
+
+(X scratch slots after the S, outside every list: `scratch_slots`.)
 
 Any physical slot can play either role. Lanes hold physical slots taken from the active free
 list; the prefix index names snapshot slots 0..D-1 ("logical"), and `snap_phys[d]` says which
@@ -34,14 +36,17 @@ class StatePool:
         dv: int,
         dtype: torch.dtype,
         device: torch.device,
+        scratch: int = 0,
     ) -> None:
         self.active_slots = active_slots
         self.snapshot_slots = snapshot_slots
         total = active_slots + snapshot_slots
-        self.conv = torch.zeros(
-            (total, n_gdn, conv_dim, conv_width - 1), dtype=dtype, device=device
-        )
-        self.ssm = torch.zeros((total, n_gdn, heads, dk, dv), dtype=torch.float32, device=device)
+        # `scratch` more physical slots after the S pool slots, owned by no lane and no snapshot
+        # (the prefill graphs' padding row writes its state there)
+        self.scratch_slots = list(range(total, total + scratch))
+        phys = total + scratch
+        self.conv = torch.zeros((phys, n_gdn, conv_dim, conv_width - 1), dtype=dtype, device=device)
+        self.ssm = torch.zeros((phys, n_gdn, heads, dk, dv), dtype=torch.float32, device=device)
         self._free_active: list[int] = list(range(active_slots - 1, -1, -1))
         self.snap_phys: list[int] = list(range(active_slots, total))
 

@@ -33,6 +33,19 @@ def test_cuda_defaults_and_derived_ladder():
     assert resolve(EngineOptions(kv_dtype="fp8_e4m3"), TINY, CUDA).kv_dtype == "fp8_e4m3"
 
 
+def test_prefill_graphs_need_cuda_graphs_and_own_one_scratch_entry():
+    cfg = resolve(EngineOptions(), TINY, CUDA)
+    assert cfg.prefill_graph_tokens == 1024 and cfg.scratch_entries == 1
+    image = cfg.state_image_bytes
+    assert cfg.describe()["state_pool_bytes"] == (cfg.state_slots + 1) * image
+    assert resolve(EngineOptions(prefill_graph_tokens=100), TINY, CUDA).prefill_graph_tokens == 128
+    for opts in (EngineOptions(cuda_graphs=False), EngineOptions(prefill_graph_tokens=0)):
+        cfg = resolve(opts, TINY, CUDA)
+        assert cfg.prefill_graph_tokens == 0 and cfg.scratch_entries == 0
+    cpu = resolve(EngineOptions(host_cache_mib=0), TINY, CPU)
+    assert cpu.prefill_graph_tokens == 0 and cpu.scratch_entries == 0
+
+
 def test_int_kv_capacity_caps_max_model_len():
     cfg = resolve(EngineOptions(kv_capacity=1000), TINY, CPU)
     assert cfg.kv_pages == 15 and cfg.max_model_len == 960
@@ -53,6 +66,8 @@ def test_int_kv_capacity_caps_max_model_len():
         (dict(cache_tap_ladder=8), "cache_tap_ladder"),
         (dict(host_cache_mib=-1), "host_cache_mib"),
         (dict(pending_timeout_s=-1), "pending_timeout_s"),
+        (dict(prefill_graph_tokens=-64), "prefill_graph_tokens"),
+        (dict(prefill_graph_tokens="1k"), "prefill_graph_tokens"),
         (dict(host_cache_mib=0, prefix_cache_file="/tmp/x"), "prefix_cache_file"),
     ],
 )

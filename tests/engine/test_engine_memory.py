@@ -76,3 +76,18 @@ def test_alloc_prefers_the_lowest_consecutive_run():
     assert pool.alloc(4) == [5, 6, 14, 15]  # no run of 4: the lowest free pages, ascending
     assert pool.num_free == 0
     pool.check_partition(active=range(16), cached=())
+
+
+def test_scratch_entries_lie_outside_the_pools():
+    """The prefill graphs' scratch page and slot: physical entries after the pools', never
+    handed out, outside every ownership list (the invariants stay those of the pools)."""
+    kv = KVPool(4, 2, 1, 8, torch.float32, torch.device("cpu"), scratch=1)
+    assert kv.scratch_pages == [4] and kv.kv[0].shape[0] == 5
+    assert sorted(kv.alloc(4)) == [0, 1, 2, 3] and kv.num_free == 0
+    states = StatePool(2, 3, 2, 6, 4, 2, 3, 3, torch.float32, torch.device("cpu"), scratch=1)
+    assert states.scratch_slots == [5] and states.ssm.shape[0] == states.conv.shape[0] == 6
+    lanes = [states.acquire(), states.acquire()]
+    assert 5 not in lanes + states.snap_phys
+    states.check_invariants(lanes)
+    with pytest.raises(RuntimeError):
+        states.acquire()
