@@ -122,17 +122,34 @@ class PagedAttention:
             paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev),
         )  # fmt: skip
 
+    def prefill_graph_wrapper(self, rows: int, indices_buf: torch.Tensor):
+        """A prefill wrapper for exactly `rows` rows, capturable in a CUDA graph (the prefill
+        graphs, `ninfer.engine.prefill_graphs`): its indptr and last_page_len buffers are its
+        own, `indices_buf` (int32, on the device) may be shared."""
+        dev = self._workspace.device
+        return self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self._workspace, "NHD", use_cuda_graph=True,
+            qo_indptr_buf=torch.zeros(rows + 1, dtype=torch.int32, device=dev),
+            paged_kv_indptr_buf=torch.zeros(rows + 1, dtype=torch.int32, device=dev),
+            paged_kv_indices_buf=indices_buf,
+            paged_kv_last_page_len_buf=torch.ones(rows, dtype=torch.int32, device=dev),
+        )  # fmt: skip
+
     def plan(
         self,
         batch: ForwardBatch,
         shape: tuple[int, int, int, torch.dtype, torch.dtype, float],
         wrapper=None,
         metadata: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        limits: tuple[int, int] | None = None,
     ) -> None:
         """Plans `batch` now. shape = (Hq, Hkv, head_dim, q dtype, kv dtype, scale).
-        `wrapper`: a `graph_wrapper` (decode batches only) instead of the eager one;
+        `wrapper`: a `graph_wrapper` or `prefill_graph_wrapper` instead of the eager one;
         `metadata`: (qo_indptr, kv_indptr, last_page_len, kv_indices) as `page_metadata`
-        returns them (host lists pinned, indices on the device), else built from `batch`."""
+        returns them (host lists pinned, indices on the device), else built from `batch`;
+        `limits`: (max query tokens per row, max KV tokens per row) for a prefill plan, fixed
+        for a captured graph (FlashInfer passes them to the kernel call, which a replay
+        repeats as captured)."""
         hq, hkv, dim, q_dtype, kv_dtype, scale = shape
         qo_indptr, kv_indptr, last_len, indices = metadata or page_metadata(batch)
         dtypes = {"q_data_type": q_dtype, "kv_data_type": kv_dtype, "sm_scale": scale}
@@ -140,6 +157,8 @@ class PagedAttention:
         if batch.is_decode:
             self._wrapper.plan(kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE, **dtypes)
         else:
+            if limits is not None:
+                dtypes |= {"max_token_per_sequence": limits[0], "max_sequence_kv": limits[1]}
             self._wrapper.plan(
                 qo_indptr, kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE, causal=True,
                 **dtypes,
