@@ -122,6 +122,7 @@ class Runner:
         self.sampler = sampler
         self.graphs = None  # a DecodeGraphs once captured (ninfer.engine.backend)
         self.prefill_graphs = None  # a PrefillGraphs once captured
+        self.split_steps = 0  # mixed steps run as a decode replay + a prefill replay
         self.startup: dict[str, float] = {}  # warm-up figures (seconds)
 
     def build_batch(self, rows: list[Row], feed: Feed | None = None) -> ForwardBatch:
@@ -179,9 +180,29 @@ class Runner:
             _check_feed(rows, feed)
         if self.graphs is not None and self.graphs.can_run(rows):
             return self.graphs.run(rows, None if feed is None else _gather(feed, self.device))
-        if feed is None and self.prefill_graphs is not None and self.prefill_graphs.can_run(rows):
-            return self.prefill_graphs.run(rows)
+        if feed is None and self.prefill_graphs is not None:
+            if self.prefill_graphs.can_run(rows):
+                return self.prefill_graphs.run(rows)
+            logits = self._split_mixed(rows)
+            if logits is not None:
+                return logits
         return self.model(self.build_batch(rows, feed), self.cache, self.ops)
+
+    def _split_mixed(self, rows: list[Row]) -> torch.Tensor | None:
+        """A mixed step (the scheduler's decode rows, then one prefill chunk) as two graph
+        replays, decode rows first, when a captured graph serves each part: rows are
+        independent, so the two passes compute what the mixed one does, and two replays beat one
+        eager pass bound by the host (the 9B with a 1024-token chunk: ~5 + ~28 ms against ~90).
+        Returns the logits of the sampling rows in row order, or None (run it eagerly)."""
+        head, tail = rows[:-1], rows[-1:]
+        if not head or self.graphs is None or not self.graphs.can_run(head):
+            return None
+        if not self.prefill_graphs.can_run(tail):
+            return None
+        decode = self.graphs.run(head)  # every decode row samples (can_run)
+        prefill = self.prefill_graphs.run(tail)  # separate pools: decode's logits stay valid
+        self.split_steps += 1
+        return decode if tail[0].sample is None else torch.cat([decode, prefill])
 
     def can_overlap(self, rows: list[Row]) -> bool:
         """Whether the next step may be launched before this one's result is read: a pure

@@ -287,3 +287,27 @@ def test_engine_prefill_graphs_match_eager_on_cuda(model):
             if a != b:
                 assert top[0] - top[1] < 0.05, (i, a, b, top)
                 break
+
+
+def test_mixed_step_split_into_two_replays_on_cuda(model):
+    """A mixed step (two decode rows, then a prefill chunk) runs as a decode-graph replay and
+    a prefill-graph replay (`Runner._split_mixed`) and gives the eager mixed pass's logits."""
+    runners = []
+    for graphs in (False, True):
+        runner = Runner(model, CudaOps(DEV), new_cache(slots=9, pages=65), DEV, sampler=_greedy)
+        runner.warm_up([61, 62, 63], list(range(6)), graphs, 16, (256, 64, 8) if graphs else None)
+        runners.append(runner)
+    tok = [(7 * i) % 2400 + 4 for i in range(600)]
+    for runner in runners:  # the decoding lanes' contexts
+        runner.forward([Row(tok[:100], 0, 1, list(range(0, 4)), GREEDY)])
+        runner.forward([Row(tok[100:170], 0, 2, list(range(4, 8)), GREEDY)])
+    rows = [
+        Row([tok[200]], 100, 1, list(range(0, 4)), GREEDY),
+        Row([tok[201]], 70, 2, list(range(4, 8)), GREEDY),
+        Row(tok[300:500], 0, 3, list(range(10, 14)), GREEDY),
+    ]
+    eager, graph = runners
+    e = eager.forward(rows).float()
+    g = graph.forward(rows).float()
+    assert graph.split_steps == 1 and g.shape == e.shape == (3, CFG.vocab_size)
+    assert (g - e).abs().max().item() <= 0.1 * e.std().item()

@@ -133,3 +133,71 @@ def test_padded_pass_equals_one_row_pass(q, ctx, k):
 def test_padded_rejects_a_row_too_long():
     with pytest.raises(ValueError, match="bucket"):
         padded(list(range(65)), 0, 0, [0, 1], 1, 5, 5)
+
+
+class _EagerStandIn:
+    """A graph runner's interface on the CPU: serves the rows `accept` takes by an eager pass."""
+
+    def __init__(self, runner, accept) -> None:
+        self.runner, self.accept, self.replays = runner, accept, 0
+
+    def can_run(self, rows) -> bool:
+        return self.accept(rows)
+
+    def run(self, rows):
+        self.replays += 1
+        r = self.runner
+        return r.model(r.build_batch(rows), r.cache, r.ops)
+
+
+def _decode_rows(rows) -> bool:
+    return all(len(r.token_ids) == 1 for r in rows)
+
+
+def _one_chunk(rows) -> bool:
+    return len(rows) == 1 and len(rows[0].token_ids) > 1
+
+
+@pytest.mark.parametrize("chunk_samples", [True, False])
+@torch.no_grad()
+def test_mixed_step_split_into_two_replays_equals_the_mixed_pass(chunk_samples):
+    """`Runner._split_mixed`: decode rows then one prefill chunk, run as a decode replay and a
+    prefill replay, give the mixed pass's logits (sampling rows, in order) and leave the same
+    states and K/V."""
+    from ninfer.engine.runner import Row, Runner
+    from ninfer.request import SamplingParams
+
+    model = build_random_model(TINY, torch.float32, "cpu", seed=9)
+    greedy = SamplingParams(temperature=0.0)
+    rng = random.Random(4)
+    toks = [rng.randrange(4, TINY.vocab_size) for _ in range(400)]
+    runners = []
+    for split in (False, True):
+        runner = Runner(model, ReferenceOps(), _cache(TINY, 16, 4), torch.device("cpu"), None)
+        runner.model(  # two lanes' contexts: 70 and 130 tokens
+            _batch((toks[:70] + toks[70:200], list(range(70)) + list(range(130)),
+                    list(range(70)) + [3 * PAGE_SIZE + p for p in range(130)]),
+                   [70, 130], [0, 0], [[0, 1], [3, 4, 5]], [0, 1], 69),
+            runner.cache, runner.ops,
+        )  # fmt: skip
+        if split:
+            runner.graphs = _EagerStandIn(runner, _decode_rows)
+            runner.prefill_graphs = _EagerStandIn(runner, _one_chunk)
+        runners.append(runner)
+    rows = [
+        Row([toks[300]], 70, 0, [0, 1], greedy),
+        Row([toks[301]], 130, 1, [3, 4, 5], greedy),
+        Row(toks[200:290], 0, 2, [8, 9], greedy if chunk_samples else None),
+    ]
+    mixed = runners[0].forward(rows)
+    split = runners[1].forward(rows)
+    assert runners[1].split_steps == 1 and runners[0].split_steps == 0
+    assert split.shape == mixed.shape == (3 if chunk_samples else 2, TINY.vocab_size)
+    torch.testing.assert_close(split, mixed, rtol=1e-5, atol=1e-5)
+    a, b = runners[1].cache, runners[0].cache
+    for x, y in ((a.ssm, b.ssm), (a.conv, b.conv), *zip(a.kv, b.kv, strict=True)):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    # a step the stand-ins do not both serve runs as one eager pass
+    runners[1].prefill_graphs.accept = lambda rows: False
+    runners[1].forward([Row([toks[302]], 71, 0, [0, 1], greedy), rows[2]])
+    assert runners[1].split_steps == 1
