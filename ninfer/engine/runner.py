@@ -23,6 +23,7 @@ JIT / autotune / compile paths once and captures the graphs.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ import torch
 
 from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache
 from ninfer.request import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -224,7 +227,8 @@ class Runner:
         """Runs every kernel path once before serving (JIT builds, Triton autotune,
         torch.compile): a fresh two-row prefill, a continuing chunk mixed with decode rows,
         one eager decode per batch size, then (capture=True, CUDA) the decode graphs and, with
-        `prefill_graph` = (max tokens, scratch page, scratch slot), the prefill graphs.
+        `prefill_graph` = (max tokens, scratch page, scratch slot), the prefill graphs (a
+        capture that fails leaves every prefill eager, with one warning).
         `pages` (>= 3) and `slots` (one per row, max batch = len(slots)) are free pool entries
         that are overwritten. Returns (and keeps in `startup`) the seconds per phase."""
         t0 = time.perf_counter()
@@ -260,8 +264,12 @@ class Runner:
                 self.model, self.ops, self.cache, self.device, prefill_graph[0],
                 max_pages_per_row, *prefill_graph[1:],
             )  # fmt: skip
-            self.startup["prefill_capture_s"] = prefill.capture()
-            self.prefill_graphs = prefill
+            try:
+                self.startup["prefill_capture_s"] = prefill.capture()
+                self.prefill_graphs = prefill
+            except Exception as e:  # noqa: BLE001 - e.g. an op that cannot be captured
+                self._sync()
+                logger.warning("ninfer: prefill graphs unavailable (%r): prefill runs eagerly", e)
         return self.startup
 
     def _sync(self) -> None:
