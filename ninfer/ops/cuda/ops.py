@@ -19,6 +19,7 @@ import torch
 
 from ninfer.models.batch import ForwardBatch
 from ninfer.ops.cuda.moe import moe_block, moe_grouped
+from ninfer.ops.cuda.passmeta import PassMeta  # torch only: no kernel library imported
 from ninfer.ops.reference import ReferenceOps
 from ninfer.ops.reference.dense import (
     add_rms_norm_ref,
@@ -76,10 +77,9 @@ class CudaOps(ReferenceOps):
         from ninfer.ops.cuda import conv, gdn, glue
         from ninfer.ops.cuda.attention import PagedAttention
         from ninfer.ops.cuda.linear import DecodeLinear
-        from ninfer.ops.cuda.passmeta import PassMeta
 
         self._attention = PagedAttention(torch.device(device))
-        self._conv, self._gdn, self._glue, self._pass_meta_cls = conv, gdn, glue, PassMeta
+        self._conv, self._gdn, self._glue = conv, gdn, glue
         self._pass_batch, self._pass_key, self._pass_meta = None, None, None  # per prefill pass
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
@@ -190,7 +190,7 @@ class CudaOps(ReferenceOps):
         to `batch` by `bind_pass`."""
         key = (tuple(batch.q_lens), tuple(batch.ctx_lens))
         if batch is not self._pass_batch or key != self._pass_key:
-            meta = self._pass_meta_cls.of(batch.q_lens, batch.ctx_lens, batch.cu_q.device)
+            meta = PassMeta.of(batch.q_lens, batch.ctx_lens, batch.cu_q.device)
             self.bind_pass(batch, meta)
         return self._pass_meta
 
