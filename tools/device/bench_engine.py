@@ -10,8 +10,9 @@ GPU (one at a time, freed after), over pools sized for the run, and driven throu
                     weights: all matrices except an untied embedding (only bs rows read); MoE:
                     shared part + the expected distinct experts touched by bs * top_k uniform
                     picks, E * (1 - (1 - k/E)^bs), per layer
-    prefill MFU   = (2 * non-embedding params * L + 2 * L^2 * Hq * head_dim * full layers) / t
-                    / measured bf16 matmul peak (GDN chunk FLOPs not counted: < 1 % here)
+    prefill MFU   = `ninfer.bench.model_math.prefill_flops` (matmul weights but the LM head per
+                    token, the LM head once, causal attention, the GDN recurrence) / t
+                    / measured bf16 matmul peak
 
 The transformers baseline is `ninfer bench --compare-hf` (same weights, same run).
 
@@ -34,6 +35,8 @@ import traceback
 
 import torch
 
+from ninfer.bench.bounds import matmul_peak
+from ninfer.bench.model_math import param_counts, prefill_flops
 from ninfer.engine.runner import Row, Runner
 from ninfer.models.batch import PAGE_SIZE, ModelCache
 from ninfer.models.presets import PRESETS, build_random_model
@@ -72,9 +75,7 @@ def ceilings() -> tuple[float, float]:
     src = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
     dst = torch.empty_like(src)
     bw = 2 * src.numel() / (cuda_ms(lambda: dst.copy_(src)) / 1e3)
-    x = torch.randn(8192, 8192, dtype=BF16, device=DEV)
-    y = torch.randn(8192, 8192, dtype=BF16, device=DEV)
-    flops = 2 * 8192**3 / (cuda_ms(lambda: x @ y, reps=20) / 1e3)
+    flops = matmul_peak(DEV, BF16)  # best of 10 after 0.5 s at full clocks
     emit(kind="ceiling", copy_TBps=round(bw / 1e12, 3), bf16_matmul_TFLOPs=round(flops / 1e12, 1))
     return bw, flops
 
@@ -111,22 +112,6 @@ def weight_bytes(model, bs: int) -> float:
         else:
             read += n
     return read
-
-
-def active_params(model) -> float:
-    """Parameters multiplied per token (MoE: shared + top_k experts; lm_head once)."""
-    cfg = model.config
-    n = 0.0
-    for name, p in model.named_parameters():
-        if name == "model.embed_tokens.weight":
-            continue
-        if "experts." in name and "shared_expert" not in name:
-            n += p.numel() * cfg.num_experts_per_tok / cfg.num_experts
-        else:
-            n += p.numel()
-    if cfg.tie_word_embeddings:
-        n += model.lm_head.weight.numel()
-    return n
 
 
 def state_image_bytes(cache: ModelCache) -> int:
@@ -221,8 +206,7 @@ def _decode_steps(runner, rows, steps: int, overlap: bool) -> float:
 
 def bench_prefill(name, model, runner, lengths, peak) -> None:
     cfg = model.config
-    n_act = active_params(model)
-    hq, hd, n_full = cfg.num_attention_heads, cfg.head_dim, len(cfg.full_layer_ids)
+    counts = param_counts(cfg)
     for length in lengths:
         rows = [Row(list(range(5, 5 + length)), 0, 0, list(range(-(-length // PAGE_SIZE))),
                     GREEDY)]  # fmt: skip
@@ -234,7 +218,7 @@ def bench_prefill(name, model, runner, lengths, peak) -> None:
             runner.step(rows)
             times.append(time.perf_counter() - t0)
         dt = min(times)
-        flops = 2 * n_act * length + 2 * length**2 * hq * hd * n_full
+        flops = prefill_flops(cfg, counts, length)  # the LM head for the last token only
         emit(kind="prefill", model=name, tokens=length, s=round(dt, 4),
              tok_s=round(length / dt, 1), TFLOPs=round(flops / dt / 1e12, 1),
              mfu=round(flops / dt / peak, 3))  # fmt: skip
@@ -326,11 +310,52 @@ def profile_prefill(name, runner, length: int) -> None:
     launches += sum(e.count for e in stats if e.key == "cudaLaunchKernelExC")
     cpu = sorted(stats, key=lambda e: e.self_cpu_time_total, reverse=True)
     top = [[e.key[:60], round(e.self_cpu_time_total), e.count] for e in cpu[:25]]
-    dev = sorted(stats, key=lambda e: e.self_device_time_total, reverse=True)
-    top_dev = [[e.key[:60], round(e.self_device_time_total), e.count] for e in dev[:16]]
+    dev = sorted(
+        (e for e in stats if e.self_device_time_total > 0 and is_kernel(e)),
+        key=lambda e: e.self_device_time_total, reverse=True,
+    )  # fmt: skip
+    kernel_us = sum(e.self_device_time_total for e in dev)
+    top_dev = [[e.key[:90], round(e.self_device_time_total), e.count] for e in dev[:40]]
+    groups: dict[str, float] = {}
+    for e in dev:
+        g = kernel_group(e.key)
+        groups[g] = groups.get(g, 0.0) + e.self_device_time_total / 1e3
     emit(kind="profile_prefill", model=name, tokens=length, wall_ms=round(wall * 1e3, 2),
          kernel_ms=round(kernel_us / 1e3, 2), cpu_ops=sum(e.count for e in stats),
-         launches=launches, top_cpu_us=top, top_device_us=top_dev)  # fmt: skip
+         launches=launches, group_ms={g: round(v, 2) for g, v in sorted(groups.items())},
+         top_cpu_us=top, top_device_us=top_dev)  # fmt: skip
+
+
+KERNEL_GROUPS = (  # (group, substrings of a kernel name), first match wins
+    ("gemm", ("nvjet", "gemm", "sm90_xmma", "cutlass", "cublas")),
+    ("attention", ("flashinfer", "Prefill", "prefill", "FlashAttn", "fmha")),
+    ("fla_state_pass", ("fwd_kernel_h",)),
+    ("fla_output", ("chunk_fwd_kernel_o",)),
+    ("fla_intra", ("intra", "kkt", "solve_tril", "recompute_w_u", "wy")),
+    ("fla_cumsum", ("cumsum",)),
+    ("l2norm", ("l2norm",)),
+    ("conv", ("_conv_",)),
+    ("silu_mul", ("_silu_mul",)),
+    ("write_kv", ("_write_kv",)),
+    ("gather_states", ("_gather_states",)),
+    ("copies", ("copy", "Copy", "elementwise_kernel", "index", "scatter", "gather")),
+    ("compiled_glue", ("triton_",)),
+)
+
+
+def is_kernel(event) -> bool:
+    """A device kernel's entry (not a CPU op or span that carries its children's time)."""
+    kind = getattr(event, "device_type", None)
+    if kind is not None:
+        return str(kind).endswith("CUDA")
+    return not event.key.startswith(("aten::", "ninfer.", "Torch-Compiled", "CompiledFunction"))
+
+
+def kernel_group(name: str) -> str:
+    for group, keys in KERNEL_GROUPS:
+        if any(k in name for k in keys):
+            return group
+    return "other"
 
 
 def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool:
