@@ -119,11 +119,11 @@ class GatedDeltaNet(nn.Module):
         z = z.view(t, -1, dv)
 
         conv_weight = self.conv1d.weight.squeeze(1)  # [C, K]
-        mixed = ops.causal_conv(mixed, conv_weight, cache.conv[:, self.state_index], batch)
-        q, k, v = mixed.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
-        q, k, v = q.view(t, -1, dk), k.view(t, -1, dk), v.view(t, -1, dv)
-        state = cache.ssm[:, self.state_index]
-        o = ops.gated_delta(q, k, v, a, b, self.A_log, self.dt_bias, state, batch, dk**-0.5)
+        conv_state, state = cache.conv[:, self.state_index], cache.ssm[:, self.state_index]
+        o = ops.conv_gated_delta(
+            mixed, conv_weight, conv_state, a, b, self.A_log, self.dt_bias, state, batch,
+            dk**-0.5,
+        )  # fmt: skip
         o = ops.gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
         return ops.linear(o.reshape(t, cfg.value_dim), self.out_proj.weight)
 

@@ -160,6 +160,29 @@ class Ops(Protocol):
         compute the gates inside the recurrence kernel)."""
         ...
 
+    def conv_gated_delta(
+        self,
+        x: torch.Tensor,
+        conv_weight: torch.Tensor,
+        conv_state: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        a_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        state: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """A GDN layer's token mixer on its fused projection q | k | v: exactly
+        `y = causal_conv(x, conv_weight, conv_state, batch)`, y split by channels into
+        q, k [T, Hk, dk] and v [T, Hv, dv] (Hv, dk, dv from `state` [slots, Hv, dk, dv];
+        Hk * dk = (C - Hv * dv) / 2), then `gated_delta(q, k, v, a, b, a_log, dt_bias, state,
+        batch, scale)`. x [T, C] (unit channel stride). Returns o [T, Hv, dv] in x.dtype.
+        A fast path may write q, k and v from the conv kernel straight into the layout the
+        recurrence reads, L2-normalised (the same values: normalised from the conv output
+        rounded to x.dtype)."""
+        ...
+
     def moe(
         self,
         x: torch.Tensor,

@@ -192,6 +192,70 @@ def test_conv_matches_reference(ops, rows, dtype) -> None:
     check_untouched(pool, before, batch, layer)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("rows", BATCHES)
+def test_conv_gated_delta_matches_reference(ops, rows, dtype) -> None:
+    """The GDN mixer (conv writing normalised q, k and v straight into fla's layout at prefill;
+    conv + gated_delta decode kernels at decode) against the reference composition, from a
+    strided view of a fused projection as in the model, over NaN-poisoned conv and ssm pools."""
+    hk, hv, dk, width, num_slots = 16, 48, 128, 4, 16  # 27B GDN heads
+    channels = 2 * hk * dk + hv * dk
+    batch = make_batch(rows, 256, num_slots)
+    t = batch.num_tokens
+    proj = torch.randn(t, channels + 2 * hv + 40, device=DEV).to(dtype)  # q|k|v, then b, a, pad
+    x, b, a = (
+        proj[:, :channels],
+        proj[:, channels : channels + hv],
+        proj[:, channels + hv :][:, :hv],
+    )
+    weight = (torch.randn(channels, width, device=DEV) * 0.5).to(dtype)
+    a_log = torch.randn(hv, device=DEV).to(dtype)
+    dt_bias = torch.randn(hv, device=DEV).to(dtype)
+    conv_pool = poisoned_pool((num_slots, 2, channels, width - 1), batch, dtype)
+    ssm_pool = poisoned_pool((num_slots, 2, hv, dk, dk), batch, torch.float32)
+    conv_before, ssm_before = conv_pool.clone(), ssm_pool.clone()
+    ref_conv, ref_ssm = conv_pool.clone(), ssm_pool.clone()
+    args = (a, b, a_log, dt_bias)
+    out = ops.conv_gated_delta(x, weight, conv_pool[:, 1], *args, ssm_pool[:, 1], batch, dk**-0.5)
+    ref = ReferenceOps().conv_gated_delta(
+        x, weight, ref_conv[:, 1], *args, ref_ssm[:, 1], batch, dk**-0.5
+    )
+    assert out.shape == (t, hv, dk) and out.dtype == dtype
+    tol = 1e-2 if dtype == torch.bfloat16 else (1e-5 if batch.is_decode else 5e-3)
+    assert rel_err(out, ref) < tol
+    slots = batch.state_slots
+    assert torch.equal(conv_pool[slots, 1], ref_conv[slots, 1])
+    assert rel_err(ssm_pool[slots, 1], ref_ssm[slots, 1]) < tol
+    check_untouched(conv_pool, conv_before, batch, 1)
+    check_untouched(ssm_pool, ssm_before, batch, 1)
+
+
+def test_conv_qkv_layout_and_norm(ops) -> None:
+    """`causal_conv_qkv` gives the plain conv's output split by channels, q and k
+    L2-normalised per head from the output rounded to bf16: bit for bit for v, within an ulp
+    for q and k; three contiguous tensors."""
+    from ninfer.ops.cuda import conv
+    from ninfer.ops.cuda.passmeta import PassMeta
+
+    hk, hv, dk, num_slots = 4, 6, 128, 16
+    key_dim, channels = hk * dk, 2 * hk * dk + hv * dk
+    batch = make_batch(MIXED[0], 256, num_slots)
+    x = torch.randn(batch.num_tokens, channels + 8, device=DEV, dtype=torch.bfloat16)[:, 4:-4]
+    weight = torch.randn(channels, 4, device=DEV, dtype=torch.bfloat16)
+    pool = poisoned_pool((num_slots, 1, channels, 3), batch, torch.bfloat16)
+    plain_pool = pool.clone()
+    meta = PassMeta.of(batch.q_lens, batch.ctx_lens, DEV)
+    q, k, v = conv.causal_conv_qkv(x, weight, pool[:, 0], batch, meta, key_dim, dk)
+    y = conv.causal_conv(x, weight, plain_pool[:, 0], batch, meta)
+    assert torch.equal(pool.view(torch.uint8), plain_pool.view(torch.uint8))
+    assert all(z.is_contiguous() for z in (q, k, v))
+    assert torch.equal(v, y[:, 2 * key_dim :].reshape(v.shape))
+    for got, part in ((q, y[:, :key_dim]), (k, y[:, key_dim : 2 * key_dim])):
+        f = part.float().view(got.shape)
+        want = (f / torch.sqrt((f * f).sum(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+        assert (got.float() - want.float()).abs().max().item() <= 2**-8  # one ulp near 1
+
+
 def test_gdn_decode_graph_replay(ops) -> None:
     """The decode step captured in a CUDA graph gives the eager result on new inputs."""
     hk, hv, num_slots = 16, 48, 16

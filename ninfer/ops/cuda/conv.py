@@ -7,6 +7,11 @@ that another still reads). Decode (one token per row, every row continuing), one
 `_conv_decode_kernel` computes the output and shifts the state of its (row, channel block),
 which no other program reads; no host-built index and no host sync, so it can be captured in a
 CUDA graph. Math in fp32, as the reference.
+
+`causal_conv_qkv` is the prefill for a GDN layer's fused q | k | v channels: the output kernel
+writes q, k (L2-normalised per head) and v as three contiguous tensors, which is what fla's
+chunked kernels read; a separate split, `.contiguous()` and l2norm would move the conv output
+through memory four more times (27B, 8k tokens: ~470 MB per layer).
 Knows nothing about the model.
 
 Inputs of row r (W = K - 1), token i of the row is x[cu_q[r] + i]:
@@ -25,30 +30,38 @@ from ninfer.models.batch import ForwardBatch
 from ninfer.ops.cuda.passmeta import PassMeta
 
 # H200, 8k tokens x 10240 channels: 0.185 ms (32 x 128: 0.205, 16 x 512: 0.181; bound 0.079)
-BLOCK_T, BLOCK_C = 64, 128
+BLOCK_T, BLOCK_C = 64, 128  # BLOCK_C is also the GDN head dim that causal_conv_qkv normalises
 PREFILL_WARPS = 4
+L2_EPS = 1e-6  # the GDN's q / k l2norm (as fla's l2norm_fwd and the reference)
 
 
 @triton.jit(do_not_specialize=["n_tok"])  # one compiled variant for every pass length
 def _conv_out_kernel(
-    x, w, state, y, tok_row, cu, slots, has_state, n_tok, n_ch,
+    x, w, state, y, tok_row, cu, slots, has_state, n_tok, n_ch, key_dim, value_dim,
     s_xt, s_yt, s_wc, s_st0, s_st1, s_st2,
-    K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, QKV: tl.constexpr, EPS: tl.constexpr,
 ):  # fmt: skip
+    """Tile (tokens, channels). QKV: the channels are q | k | v of `key_dim`, `key_dim` and
+    `value_dim` (multiples of BC, a q or k tile being one head of BC channels); y is three
+    contiguous regions, q [T, key_dim] | k [T, key_dim] | v [T, value_dim], and q and k are
+    L2-normalised per head (from the output rounded to y's dtype, as a separate l2norm of it
+    would). Else y [T, C] with row stride s_yt."""
     t = tl.program_id(0) * BT + tl.arange(0, BT)
-    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    c0 = tl.program_id(1) * BC
+    c = c0 + tl.arange(0, BC)
     t_ok, c_ok = t < n_tok, c < n_ch
     row = tl.load(tok_row + t, mask=t_ok, other=0)
     i = t - tl.load(cu + row, mask=t_ok, other=0)
     has = tl.load(has_state + row, mask=t_ok, other=0) != 0
     slot = tl.load(slots + row, mask=t_ok, other=0).to(tl.int64)
+    tx = t.to(tl.int64)
     acc = tl.zeros((BT, BC), dtype=tl.float32)
     if tl.min(tl.where(t_ok, i, K)) < K - 1:  # a token of the tile reads its row's state
         for j in tl.static_range(K):
             p = i + j - (K - 1)  # position in the chunk; < 0: from the state
             m_x = (t_ok & (p >= 0))[:, None] & c_ok[None, :]
             m_s = (t_ok & (p < 0) & has)[:, None] & c_ok[None, :]
-            xv = tl.load(x + (t + j - (K - 1))[:, None] * s_xt + c[None, :], mask=m_x, other=0.0)
+            xv = tl.load(x + (tx + j - (K - 1))[:, None] * s_xt + c[None, :], mask=m_x, other=0.0)
             sp = state + slot[:, None] * s_st0 + c[None, :] * s_st1 + (i + j)[:, None] * s_st2
             sv = tl.load(sp, mask=m_s, other=0.0)
             wj = tl.load(w + c * s_wc + j, mask=c_ok, other=0.0).to(tl.float32)
@@ -56,15 +69,23 @@ def _conv_out_kernel(
     else:  # the common tile, inside rows: only x (the same sums: the state terms are 0)
         for j in tl.static_range(K):
             m_x = t_ok[:, None] & c_ok[None, :]
-            xv = tl.load(x + (t + j - (K - 1))[:, None] * s_xt + c[None, :], mask=m_x, other=0.0)
+            xv = tl.load(x + (tx + j - (K - 1))[:, None] * s_xt + c[None, :], mask=m_x, other=0.0)
             wj = tl.load(w + c * s_wc + j, mask=c_ok, other=0.0).to(tl.float32)
             acc += xv.to(tl.float32) * wj[None, :]
-    out = acc * tl.sigmoid(acc)
-    tl.store(
-        y + t[:, None] * s_yt + c[None, :],
-        out.to(y.dtype.element_ty),
-        mask=t_ok[:, None] & c_ok[None, :],
-    )
+    out = (acc * tl.sigmoid(acc)).to(y.dtype.element_ty)
+    m_y = t_ok[:, None] & c_ok[None, :]
+    if QKV:
+        part = (c0 >= key_dim).to(tl.int64) + (c0 >= 2 * key_dim).to(tl.int64)  # q, k, v
+        width = tl.where(part < 2, key_dim, value_dim).to(tl.int64)
+        base = y + part * n_tok * key_dim  # the regions: q at 0, k at T * kd, v at 2 T * kd
+        dst = base + tx[:, None] * width + (c - part * key_dim)[None, :]
+        if c0 < 2 * key_dim:  # a q or k head: l2norm over its BC channels, in fp32
+            xf = out.to(tl.float32)
+            xf = xf * (1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) + EPS))[:, None]
+            out = xf.to(y.dtype.element_ty)
+        tl.store(dst, out, mask=m_y)
+    else:
+        tl.store(y + tx[:, None] * s_yt + c[None, :], out, mask=m_y)
 
 
 @triton.jit
@@ -139,16 +160,60 @@ def causal_conv(
             W=width - 1, WP=triton.next_power_of_2(width), BC=BLOCK_C,
         )  # fmt: skip
         return y
+    _prefill(x, weight, conv_state, y, batch, meta, None)
+    return y
+
+
+def splits_heads(n_ch: int, key_dim: int, head_dim: int) -> bool:
+    """Whether `causal_conv_qkv` serves channels q | k | v of key_dim, key_dim and the rest:
+    every q and k head one channel tile, the three parts whole tiles."""
+    value_dim = n_ch - 2 * key_dim
+    tiles = key_dim % BLOCK_C == 0 and value_dim % BLOCK_C == 0
+    return head_dim == BLOCK_C and tiles and key_dim > 0 and value_dim > 0
+
+
+def causal_conv_qkv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    batch: ForwardBatch,
+    meta: PassMeta,
+    key_dim: int,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prefill pass's `causal_conv` of the GDN's fused q | k | v channels, split into heads:
+    q, k [T, key_dim / head_dim, head_dim] L2-normalised per head (eps 1e-6, from the conv
+    output rounded to x.dtype), v [T, value_dim / head_dim, head_dim], each contiguous, written
+    by the conv kernel itself (no split copies, no l2norm passes). Needs `splits_heads`."""
+    n_tok, n_ch = x.shape
+    if not splits_heads(n_ch, key_dim, head_dim):
+        raise ValueError(f"causal_conv_qkv: {n_ch} channels, key_dim {key_dim}, dk {head_dim}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("causal_conv_qkv needs unit channel stride in x and weight")
+    value_dim = n_ch - 2 * key_dim
+    flat = torch.empty(n_tok * n_ch, dtype=x.dtype, device=x.device)
+    _prefill(x, weight, conv_state, flat, batch, meta, (key_dim, value_dim))
+    q, k, v = flat.split([n_tok * key_dim, n_tok * key_dim, n_tok * value_dim])
+    return q.view(n_tok, -1, head_dim), k.view(n_tok, -1, head_dim), v.view(n_tok, -1, head_dim)
+
+
+def _prefill(x, weight, conv_state, y, batch, meta, qkv: tuple[int, int] | None) -> None:
+    """The prefill's two launches (module docstring); `qkv` = (key_dim, value_dim): y is the
+    flat q | k | v regions of `causal_conv_qkv`, else y [T, C]."""
+    n_tok, n_ch = x.shape
+    width = weight.shape[1]
+    slots = batch.state_slots
     meta = meta or PassMeta.of(batch.q_lens, batch.ctx_lens, x.device)
     tok_row, has_state, cu = meta.tok_row, meta.has_state, meta.cu_seqlens
+    key_dim, value_dim = qkv or (0, 0)
     grid = (triton.cdiv(n_tok, BLOCK_T), triton.cdiv(n_ch, BLOCK_C))
     _conv_out_kernel[grid](
-        x, weight, conv_state, y, tok_row, cu, slots, has_state, n_tok, n_ch,
-        x.stride(0), y.stride(0), weight.stride(0), *conv_state.stride(),
-        K=width, BT=BLOCK_T, BC=BLOCK_C, num_warps=PREFILL_WARPS,
+        x, weight, conv_state, y, tok_row, cu, slots, has_state, n_tok, n_ch, key_dim, value_dim,
+        x.stride(0), y.stride(0) if qkv is None else 0, weight.stride(0), *conv_state.stride(),
+        K=width, BT=BLOCK_T, BC=BLOCK_C, QKV=qkv is not None, EPS=L2_EPS,
+        num_warps=PREFILL_WARPS,
     )  # fmt: skip
     _conv_state_kernel[(batch.num_rows, triton.cdiv(n_ch, BLOCK_C))](
         x, conv_state, cu, slots, has_state, n_ch, x.stride(0), *conv_state.stride(),
         W=width - 1, WP=triton.next_power_of_2(width - 1), BC=BLOCK_C,
     )  # fmt: skip
-    return y

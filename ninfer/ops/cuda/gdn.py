@@ -138,6 +138,7 @@ def gdn_prefill(
     slots: torch.Tensor,
     scale: float,
     meta: PassMeta,
+    normalized: bool = False,
 ) -> torch.Tensor:
     """All rows of a ragged batch through fla's varlen chunked kernels (chunk 64).
 
@@ -148,7 +149,9 @@ def gdn_prefill(
     inter-chunk state pass, the output), with every varlen table passed in: no autograd
     `Function`, no input guards, and nothing derived from `cu_seqlens` on the host or cached by
     tensor identity, so the same code runs inside a CUDA graph whose tables are refilled
-    between replays. Returns o [T, Hv, dv] in v.dtype.
+    between replays. `normalized`: q and k are already L2-normalised and contiguous (as
+    `conv.causal_conv_qkv` writes them), so the l2norm stage is skipped. Returns o [T, Hv, dv]
+    in v.dtype.
     """
     from fla.modules.l2norm import l2norm_fwd
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
@@ -158,7 +161,9 @@ def gdn_prefill(
     from fla.ops.utils.constant import RCP_LN2
 
     h0 = gather_states(state, slots, meta.has_state)
-    q, k = (l2norm_fwd(x.contiguous()[None])[0] for x in (q, k))
+    if not normalized:
+        q, k = (l2norm_fwd(x.contiguous(), eps=L2_EPS)[0] for x in (q, k))
+    q, k = q.contiguous()[None], k.contiguous()[None]
     v, beta = v.contiguous()[None], beta.contiguous()[None]
     tables = {"cu_seqlens": meta.cu_seqlens, "chunk_indices": meta.chunk_indices}
     g = chunk_local_cumsum(g.float().contiguous()[None], CHUNK, scale=RCP_LN2, **tables)

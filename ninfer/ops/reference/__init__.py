@@ -73,6 +73,16 @@ def _write_states(pool: torch.Tensor, batch: ForwardBatch, rows: list[int], new)
     pool[batch.state_slots[idx]] = new.to(pool.dtype)
 
 
+def split_qkv(y: torch.Tensor, state: torch.Tensor):
+    """A GDN layer's conv output y [T, C] as views q, k [T, Hk, dk], v [T, Hv, dv], with Hv, dk
+    and dv from its state pool [slots, Hv, dk, dv] (`Ops.conv_gated_delta`)."""
+    hv, dk, dv = state.shape[1:]
+    key_dim = (y.shape[1] - hv * dv) // 2
+    q, k, v = y.split([key_dim, key_dim, hv * dv], dim=-1)
+    t = y.shape[0]
+    return q.view(t, -1, dk), k.view(t, -1, dk), v.view(t, hv, dv)
+
+
 class ReferenceOps:
     """Plain-PyTorch `Ops`. Decode rows (q_len == 1) of conv and GDN run batched in their
     one-step forms; prefill rows run one at a time in the chunked forms."""
@@ -172,6 +182,23 @@ class ReferenceOps:
     ) -> torch.Tensor:
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         return self.gdn(q, k, v, g, beta, state, batch, scale)
+
+    def conv_gated_delta(
+        self,
+        x: torch.Tensor,
+        conv_weight: torch.Tensor,
+        conv_state: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        a_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        state: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        y = self.causal_conv(x, conv_weight, conv_state, batch)
+        q, k, v = split_qkv(y, state)
+        return self.gated_delta(q, k, v, a, b, a_log, dt_bias, state, batch, scale)
 
     def gdn(
         self,
