@@ -9,10 +9,12 @@ Random bf16 logits often tie, and `moe_route` breaks ties towards the lowest exp
 torch.topk promises no order: the decode path is compared with `moe_ref` routed by a stable sort
 (`route_lowest`, same tie-break); `moe_route` against `route_ref` itself on tie-free logits.
 
-`moe_block` (routed experts + sigmoid-gated shared expert, router [E + 1, H]) against
-`moe_block_ref`: its decode path adds the shared term to the routed ones in fp32 and rounds once
-where the reference rounds the routed sum and then the total, a difference of about an ulp of
-the dtype per element, well inside TOL (which is ~2-3 ulps of a relative norm for bf16 / fp16).
+`CudaOps.moe_block` (routed experts + sigmoid-gated shared expert, router [E + 1, H]) against
+`moe_block_ref`: its decode path (`moe_block_decode`, where `block_fusable`) adds the shared term
+to the routed ones in fp32 and rounds once where the reference rounds the routed sum and then the
+total, a difference of about an ulp of the dtype per element, well inside TOL (which is ~2-3 ulps
+of a relative norm for bf16 / fp16). The tests through `CudaOps` also need flashinfer and fla
+(its constructor imports them).
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ pytest.importorskip("triton")
 
 from ninfer.models.config import Qwen35Config  # noqa: E402
 from ninfer.models.qwen3_5 import SparseMoE  # noqa: E402
+from ninfer.ops.cuda import CudaOps  # noqa: E402
 from ninfer.ops.cuda.linear import DecodeLinear  # noqa: E402
 from ninfer.ops.cuda.moe import (  # noqa: E402
     DECODE_PAIRS,
     ROUTE_MAX_EXPERTS,
-    moe_block,
+    block_fusable,
     moe_block_decode,
     moe_decode,
     moe_grouped,
@@ -46,6 +49,13 @@ EXPERTS, TOP_K = 16, 4
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 ROUTE_RTOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-6}
 DTYPES = [pytest.param(d, id=str(d)[6:]) for d in TOL]
+
+
+@pytest.fixture(scope="module")
+def ops() -> CudaOps:
+    for mod in ("flashinfer", "fla"):  # CudaOps' constructor imports them
+        pytest.importorskip(mod)
+    return CudaOps(DEV)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -233,15 +243,18 @@ def test_route_shared_matches_reference(n, num, top_k, dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", list(range(1, 9)))
-def test_moe_block_decode_matches_reference(n, dtype) -> None:
-    """Batch 1..8 tokens: the four-launch path, deterministic, and what `moe_block` runs."""
+def test_moe_block_decode_matches_reference(n, dtype, ops) -> None:
+    """Batch 1..8 tokens: the four-launch path, deterministic, and what `CudaOps.moe_block`
+    runs (with its router linear)."""
     weights = block_weights(256, 128, dtype)
     x = torch.randn(n, 256, device=DEV, dtype=dtype)
     out = moe_block_decode(x, *weights, TOP_K)
     assert out.shape == x.shape and out.dtype == dtype
     assert rel_err(out, moe_block_ref_lowest(x, *weights, TOP_K)) < TOL[dtype]
     assert torch.equal(out, moe_block_decode(x, *weights, TOP_K))  # deterministic
-    assert torch.equal(moe_block(x, *weights, TOP_K), out)  # the dispatch took this path
+    assert block_fusable(x, *weights, TOP_K)
+    got = ops.moe_block(x, *weights, TOP_K)
+    assert torch.equal(got, moe_block_decode(x, *weights, TOP_K, ops.linear))  # this path
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -266,49 +279,63 @@ def test_moe_block_decode_odd_shapes(dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [17, 40])
-def test_moe_block_larger_batches(n, dtype) -> None:
+def test_moe_block_larger_batches(n, dtype, ops) -> None:
     """Past DECODE_PAIRS routed pairs: the grouped (bf16) or bmm path plus the shared expert
     through separate ops, routed by torch.topk as the reference."""
     weights = block_weights(256, 128, dtype)
     x = torch.randn(n, 256, device=DEV, dtype=dtype)
-    out = moe_block(x, *weights, TOP_K)
+    assert not block_fusable(x, *weights, TOP_K)
+    out = ops.moe_block(x, *weights, TOP_K)
     assert out.dtype == dtype
     assert rel_err(out, moe_block_ref(x, *weights, TOP_K)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 8])
-def test_moe_block_other_shared_size(n, dtype) -> None:
+def test_moe_block_other_shared_size(n, dtype, ops) -> None:
     """A shared expert of another width than the routed ones: `moe_decode` plus separate ops."""
     weights = block_weights(256, 128, dtype, shared=200)
     x = torch.randn(n, 256, device=DEV, dtype=dtype)
+    assert not block_fusable(x, *weights, TOP_K)
     ref = moe_block_ref_lowest(x, *weights, TOP_K)
-    assert rel_err(moe_block(x, *weights, TOP_K), ref) < TOL[dtype]
+    assert rel_err(ops.moe_block(x, *weights, TOP_K), ref) < TOL[dtype]
 
 
-def test_moe_block_decode_with_decode_linear() -> None:
+@pytest.mark.parametrize("n", [1, 40])
+def test_moe_block_router_shape(n, ops) -> None:
+    """A router without the shared expert's gate row: ValueError on both paths."""
+    router, *weights = block_weights(256, 128, torch.bfloat16)
+    x = torch.randn(n, 256, device=DEV, dtype=torch.bfloat16)
+    assert not block_fusable(x, router[:-1], *weights, TOP_K)
+    with pytest.raises(ValueError, match="E \\+ 1"):
+        ops.moe_block(x, router[:-1], *weights, TOP_K)
+    with pytest.raises(ValueError, match="E \\+ 1"):
+        moe_block_decode(x, router[:-1], *weights, TOP_K)
+
+
+def test_moe_block_decode_with_decode_linear(ops) -> None:
     """The router GEMV through `DecodeLinear` (cuBLAS or the skinny Triton GEMM, raced), as
     `CudaOps.moe_block` runs it, at 35B-A3B's E and top_k."""
     weights = block_weights(512, 128, torch.bfloat16, 256)
-    linear = DecodeLinear()
+    assert isinstance(ops.linear, DecodeLinear) and ops.linear.enabled
     for n in (1, 8):
         x = torch.randn(n, 512, device=DEV, dtype=torch.bfloat16)
-        out = moe_block(x, *weights, 8, linear)
+        assert block_fusable(x, *weights, 8)
+        out = ops.moe_block(x, *weights, 8)
         ref = moe_block_ref_lowest(x, *weights, 8)
         assert rel_err(out, ref) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("n", [1, 3, 8])
-def test_moe_block_graph_replay(n) -> None:
+def test_moe_block_graph_replay(n, ops) -> None:
     """Captured in a CUDA graph after one eager call (autotune), replayed on new x contents:
     the routing, the shared gate and the output follow x."""
     weights = block_weights(256, 128, torch.bfloat16)
     x = torch.randn(n, 256, device=DEV, dtype=torch.bfloat16)
-    linear = DecodeLinear()
-    moe_block(x, *weights, TOP_K, linear)
+    ops.moe_block(x, *weights, TOP_K)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = moe_block(x, *weights, TOP_K, linear)
+        out = ops.moe_block(x, *weights, TOP_K)
     for _ in range(2):
         x.copy_(torch.randn_like(x))
         graph.replay()
@@ -316,18 +343,10 @@ def test_moe_block_graph_replay(n) -> None:
         assert rel_err(out, ref) < TOL[torch.bfloat16]
 
 
-class _BlockOps(ReferenceOps):
-    """ReferenceOps with `moe_block` on the CUDA path (what `CudaOps.moe_block` calls, with
-    F.linear and the reference glue)."""
-
-    def moe_block(self, *args):
-        return moe_block(*args)
-
-
 @pytest.mark.parametrize("n", [1, 8, 24])
-def test_sparse_moe_fused_on_cuda(n) -> None:
+def test_sparse_moe_fused_on_cuda(n, ops) -> None:
     """The model's SparseMoE after `fuse()` (router | shared gate as one weight, the original
-    parameters views of it) through the CUDA `moe_block`, against its unfused forward with the
+    parameters views of it) through `CudaOps.moe_block`, against its unfused forward with the
     reference ops (routed as the CUDA path: ties to the lowest id at decode sizes, torch.topk
     beyond); captured in a CUDA graph at decode sizes."""
     cfg = Qwen35Config(
@@ -352,7 +371,6 @@ def test_sparse_moe_fused_on_cuda(n) -> None:
         x = torch.randn(n, 256, device=DEV, dtype=torch.bfloat16)
         ref = reference(x)  # unfused: ops.moe + the separate shared expert
         moe.fuse()
-        ops = _BlockOps()
         out = moe(x, ops)
         assert moe.gate.weight.data_ptr() == moe.router.data_ptr()
         assert rel_err(out, ref) < TOL[torch.bfloat16]

@@ -2,16 +2,16 @@
 
 The reference (`moe_ref`) loops over the experts that received tokens, which needs their ids on
 the host. Every path here routes on the device and works on (token, expert) pairs p = (t, j) =
-t * P + j, P pairs per token: the top_k routed experts, plus (`moe_block`) the shared expert as
-pair j = top_k. Which path runs depends only on shapes and dtypes, so a captured graph always
-replays the path it was captured with:
+t * P + j, P pairs per token: the top_k routed experts, plus (`moe_block_decode`) the shared
+expert as pair j = top_k. Which path runs depends only on shapes and dtypes, so a captured graph
+always replays the path it was captured with:
 
 - decode (N * top_k <= DECODE_PAIRS, bf16 / fp16 / fp32): four launches, no torch glue:
 
       logits = linear(x, router)                   [N, E] or [N, E + 1] x.dtype (F.linear or
                                                    CudaOps' decode linear)
       w, ids = route(logits)      one program per token: fp32 softmax, top-k, renormalised;
-                                  moe_block: pair top_k = (E, sigmoid(logits[t, E]))
+                                  moe_block_decode: pair top_k = (E, sigmoid(logits[t, E]))
       h[p]   = silu(gate_e x_t) * up_e x_t      one program per (pair, block of I rows)
       out[t] = sum_j w_tj * (down_e h[(t, j)])  one program per (token, block of H rows)
 
@@ -22,9 +22,10 @@ replays the path it was captured with:
   kernels stream each pair's expert rows once with fp32 sums; gate, up, silu, each expert's down
   output and its product with w are rounded to x.dtype as in the reference, and the down kernel
   adds the P terms of a token in fp32 in a fixed order (the routed ones, then the shared one:
-  deterministic) and rounds once. So `moe_block`'s decode output differs from the reference's
+  deterministic) and rounds once. So `moe_block_decode`'s output differs from the reference's
   (routed sum rounded to x.dtype, then the shared term added and rounded again) by about an ulp
-  of x.dtype, in favour of the fused sum.
+  of x.dtype, in favour of the fused sum. `block_fusable` says which MoE blocks it takes
+  (`CudaOps.moe_block` runs it for those, else composes the block from its separate ops).
   At decode the work is a batch of matrix-vector products, bound by reading the weights, where
   the grouped GEMM below (GEMM tiles over a few rows per expert) was ~6x off that bound on an
   H200 at 35B-A3B shapes (`tools/device/bench_moe.py` compares the two). The shared expert's
@@ -39,8 +40,8 @@ replays the path it was captured with:
       h  = grouped_mm(x[t_p], gate_up[e]^T)  -> silu(gate) * up
       y  = grouped_mm(h, down[e]^T) * w_p;   out[t_p] += y_p  (index_add_)
 
-  `moe_block` then adds the shared expert as the model's separate ops would (three linears,
-  SwiGLU, sigmoid gate, add).
+  Past `block_fusable`, `CudaOps.moe_block` composes the block as the model's separate ops
+  would (`moe_block_ref` over `moe_grouped` and its linear, SwiGLU and sigmoid gate).
 - bmm (larger batches in other dtypes, or no `torch._grouped_mm`): each pair's expert weights
   gathered and one bmm; it copies the weights, so it is only meant for small models.
 
@@ -55,7 +56,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from ninfer.ops.reference.dense import route_ref, sigmoid_mul_ref, silu_mul_ref
+from ninfer.ops.reference.dense import moe_block_experts, route_ref
 
 DECODE_PAIRS = 64  # routed pairs (N * top_k) up to which the Triton path runs: 8 at top-8
 DECODE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -76,7 +77,8 @@ DECODE_CONFIGS = (
 # down: all top_k experts of a token at once (their loads in flight together, as when each pair
 # had its own programs), so top_k (padded to a power of two) times BLOCK_N * BLOCK_K / (32 *
 # num_warps) accumulators per thread: 32 or 64 for top-8 (sm_90, bf16: ~80 or ~165 registers);
-# `moe_block` adds the shared expert's tile, one more BLOCK_N * BLOCK_K (4 or 8 per thread).
+# `moe_block_decode` adds the shared expert's tile, one more BLOCK_N * BLOCK_K (4 or 8 per
+# thread).
 DOWN_CONFIGS = (
     (1, 512, 4, 1),
     (2, 256, 4, 1),
@@ -409,7 +411,8 @@ def moe_block_decode(
     router linear over router_weight [E + 1, H] (`linear`, default F.linear), the routing
     kernel (top_k pairs + the shared one per token), gate_up + SwiGLU over all pairs, down
     summed per token. The shared expert needs the routed experts' shapes (shared_gate_up
-    [2I, H], shared_down [H, I]) and row strides."""
+    [2I, H], shared_down [H, I]) and row strides (`block_fusable` checks all it needs)."""
+    moe_block_experts(router_weight, gate_up)  # router [E + 1, H], else ValueError
     x = x if x.stride(-1) == 1 else x.contiguous()
     weights, ids = moe_route(x, router_weight, top_k, shared=True, linear=linear)
     return _experts(x, gate_up, down, weights, ids, top_k, (shared_gate_up, shared_down))
@@ -417,6 +420,34 @@ def moe_block_decode(
 
 def _decode_sized(x: torch.Tensor, top_k: int) -> bool:
     return x.dtype in DECODE_DTYPES and x.shape[0] * top_k <= DECODE_PAIRS
+
+
+def block_fusable(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    shared_gate_up: torch.Tensor,
+    shared_down: torch.Tensor,
+    top_k: int,
+) -> bool:
+    """Whether `moe_block_decode` takes this MoE block (`Ops.moe_block`'s arguments): inputs
+    decode-sized as for `moe_grouped`, router_weight [E + 1, H] with E <= ROUTE_MAX_EXPERTS,
+    expert weights with unit stride along the last dim, and a shared expert with the routed
+    experts' shapes and row strides. Shapes, strides and dtypes only: a captured graph replays
+    the choice it was captured with."""
+    num_experts = gate_up.shape[0]
+    return (
+        _decode_sized(x, top_k)
+        and router_weight.shape[0] == num_experts + 1
+        and num_experts <= ROUTE_MAX_EXPERTS
+        and gate_up.stride(-1) == 1
+        and down.stride(-1) == 1
+        and shared_gate_up.shape == gate_up.shape[1:]
+        and shared_down.shape == down.shape[1:]
+        and shared_gate_up.stride() == gate_up.stride()[1:]
+        and shared_down.stride() == down.stride()[1:]
+    )
 
 
 def moe_grouped(
@@ -431,48 +462,6 @@ def moe_grouped(
     if _decode_sized(x, top_k):
         return moe_decode(x, router_weight, gate_up, down, top_k)
     return moe_grouped_mm(x, router_weight, gate_up, down, top_k)
-
-
-def moe_block(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    shared_gate_up: torch.Tensor,
-    shared_down: torch.Tensor,
-    top_k: int,
-    linear=F.linear,
-    silu_mul=silu_mul_ref,
-    sigmoid_mul=sigmoid_mul_ref,
-) -> torch.Tensor:
-    """`ninfer.ops.base.Ops.moe_block` (`CudaOps` passes its linear, silu_mul and sigmoid_mul).
-    Decode-sized inputs (as `moe_grouped`) whose shared expert has the routed experts' shapes
-    and row strides: `moe_block_decode`, four launches. Otherwise `moe_grouped` on the routed
-    experts (router_weight[:E]) plus the shared expert through `linear`, `silu_mul` and
-    `sigmoid_mul`, as the model's separate ops compute it."""
-    num_experts = gate_up.shape[0]
-    if router_weight.shape[0] != num_experts + 1:
-        raise ValueError(
-            f"moe_block needs router_weight [E + 1, H], got {tuple(router_weight.shape)} for "
-            f"E={num_experts}"
-        )
-    fusable = (
-        shared_gate_up.shape == gate_up.shape[1:]
-        and shared_down.shape == down.shape[1:]
-        and shared_gate_up.stride() == gate_up.stride()[1:]
-        and shared_down.stride() == down.stride()[1:]
-        and gate_up.stride(-1) == 1
-        and down.stride(-1) == 1
-        and num_experts <= ROUTE_MAX_EXPERTS
-    )
-    if fusable and _decode_sized(x, top_k):
-        return moe_block_decode(
-            x, router_weight, gate_up, down, shared_gate_up, shared_down, top_k, linear
-        )
-    routed = moe_grouped(x, router_weight[:num_experts], gate_up, down, top_k)
-    gate, up = linear(x, shared_gate_up).chunk(2, dim=-1)
-    shared = linear(silu_mul(gate, up), shared_down)
-    return routed + sigmoid_mul(shared, linear(x, router_weight[num_experts:]))
 
 
 def moe_grouped_mm(

@@ -18,7 +18,7 @@ import logging
 import torch
 
 from ninfer.models.batch import ForwardBatch
-from ninfer.ops.cuda.moe import moe_block, moe_grouped
+from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_grouped
 from ninfer.ops.cuda.passmeta import PassMeta  # torch only: no kernel library imported
 from ninfer.ops.reference import ReferenceOps
 from ninfer.ops.reference.dense import (
@@ -26,6 +26,7 @@ from ninfer.ops.reference.dense import (
     apply_rope_ref,
     gated_rms_norm_ref,
     gdn_gates_ref,
+    moe_block_ref,
     rms_norm_ref,
     rope_cos_sin,
     sigmoid_mul_ref,
@@ -155,10 +156,13 @@ class CudaOps(ReferenceOps):
         shared_down: torch.Tensor,
         top_k: int,
     ) -> torch.Tensor:
-        return moe_block(
-            x, router_weight, gate_up, down, shared_gate_up, shared_down, top_k,
-            self.linear, self.silu_mul, self.sigmoid_mul,
-        )  # fmt: skip
+        """Decode-sized blocks `block_fusable` accepts: `moe_block_decode` (four launches, the
+        router GEMV through self.linear). Otherwise the reference's composition over this
+        class's own ops (`moe` = `moe_grouped`, linear, silu_mul, sigmoid_mul)."""
+        args = (x, router_weight, gate_up, down, shared_gate_up, shared_down, top_k)
+        if block_fusable(*args):
+            return moe_block_decode(*args, self.linear)
+        return moe_block_ref(*args, self.moe, self.linear, self.silu_mul, self.sigmoid_mul)
 
     def attention(
         self,
@@ -217,6 +221,34 @@ class CudaOps(ReferenceOps):
             slots = batch.state_slots
             return self._gdn.gdn_decode(q, k, v, a, b, state, slots, scale, (a_log, dt_bias))
         return super().gated_delta(q, k, v, a, b, a_log, dt_bias, state, batch, scale)
+
+    def conv_gated_delta(
+        self,
+        x: torch.Tensor,
+        conv_weight: torch.Tensor,
+        conv_state: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        a_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        state: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """Prefill: the conv writes q, k (L2-normalised) and v contiguous, as fla reads them
+        (`conv.causal_conv_qkv`); decode, or channels the conv kernel cannot split by head:
+        the composition of `causal_conv` and `gated_delta`."""
+        hv, dk, dv = state.shape[1:]
+        key_dim = (x.shape[1] - hv * dv) // 2
+        if batch.is_decode or not self._conv.splits_heads(x.shape[1], key_dim, dk):
+            return super().conv_gated_delta(
+                x, conv_weight, conv_state, a, b, a_log, dt_bias, state, batch, scale
+            )
+        meta = self.pass_meta(batch)
+        q, k, v = self._conv.causal_conv_qkv(x, conv_weight, conv_state, batch, meta, key_dim, dk)
+        g, beta = self.gdn_gates(a, b, a_log, dt_bias)
+        slots = batch.state_slots
+        return self._gdn.gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=True)
 
     def gdn(
         self,

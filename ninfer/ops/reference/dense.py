@@ -107,6 +107,18 @@ def moe_ref(
     return out
 
 
+def moe_block_experts(router_weight: torch.Tensor, gate_up: torch.Tensor) -> int:
+    """E of a MoE block's experts gate_up [E, 2I, H]; ValueError unless router_weight is
+    [E + 1, H] (the router's E rows, then the shared expert's gate row)."""
+    num_experts = gate_up.shape[0]
+    if router_weight.shape[0] != num_experts + 1:
+        raise ValueError(
+            f"moe_block needs router_weight [E + 1, H], got {tuple(router_weight.shape)} for "
+            f"E={num_experts}"
+        )
+    return num_experts
+
+
 def moe_block_ref(
     x: torch.Tensor,
     router_weight: torch.Tensor,
@@ -115,17 +127,24 @@ def moe_block_ref(
     shared_gate_up: torch.Tensor,
     shared_down: torch.Tensor,
     top_k: int,
+    moe=moe_ref,
+    linear=F.linear,
+    silu_mul=silu_mul_ref,
+    sigmoid_mul=sigmoid_mul_ref,
 ) -> torch.Tensor:
     """The whole MoE block: routed experts plus the sigmoid-gated shared expert.
 
     router_weight [E + 1, H] (the router's E rows, then the shared expert's gate row);
     gate_up [E, 2I, H], down [E, H, I] as `moe_ref`; shared_gate_up [2Is, H] (first Is rows
-    gate), shared_down [H, Is]. Computed, and rounded to x.dtype, step by step as the separate
-    ops compute it: routed = moe_ref(x, router_weight[:E], ...); shared = shared_down(silu(g) * u)
-    with g | u = x @ shared_gate_up^T; out = routed + shared * sigmoid(x @ router_weight[E]^T).
+    gate), shared_down [H, Is]. Composed from the separate ops, each rounding to x.dtype as
+    the model's unfused forward does: routed = moe(x, router_weight[:E], ...); shared =
+    linear(silu_mul(g, u), shared_down) with g | u = linear(x, shared_gate_up);
+    out = routed + sigmoid_mul(shared, linear(x, router_weight[E:])). The ops default to the
+    reference ones (`ReferenceOps.moe_block`); `CudaOps.moe_block` passes its own where its
+    fused path does not apply.
     """
-    e = gate_up.shape[0]
-    routed = moe_ref(x, router_weight[:e], gate_up, down, top_k)
-    gate, up = F.linear(x, shared_gate_up).chunk(2, dim=-1)
-    shared = F.linear(silu_mul_ref(gate, up), shared_down)
-    return routed + sigmoid_mul_ref(shared, F.linear(x, router_weight[e:]))
+    e = moe_block_experts(router_weight, gate_up)
+    routed = moe(x, router_weight[:e], gate_up, down, top_k)
+    gate, up = linear(x, shared_gate_up).chunk(2, dim=-1)
+    shared = linear(silu_mul(gate, up), shared_down)
+    return routed + sigmoid_mul(shared, linear(x, router_weight[e:]))
