@@ -167,9 +167,10 @@ class GatedAttention(nn.Module):
         q, k, v = self._project(x, ops)
         q, gate = q.view(t, -1, 2 * hd).chunk(2, dim=-1)
         k, v = k.view(t, -1, hd), v.view(t, -1, hd)
-        q = ops.rms_norm(q, self.q_norm.weight, cfg.rms_norm_eps)
-        k = ops.rms_norm(k, self.k_norm.weight, cfg.rms_norm_eps)
-        q, k = ops.rope(q, k, batch.positions, inv_freq, cfg.rotary_dim)
+        q, k = ops.qk_norm_rope(
+            q, k, self.q_norm.weight, self.k_norm.weight, cfg.rms_norm_eps, batch.positions,
+            inv_freq, cfg.rotary_dim,
+        )  # fmt: skip
         f = self.kv_index
         k_scale = cache.k_scale[f] if cache.k_scale is not None else None
         v_scale = cache.v_scale[f] if cache.v_scale is not None else None

@@ -82,6 +82,23 @@ class Ops(Protocol):
         """
         ...
 
+    def qk_norm_rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        rotary_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """An attention layer's q / k norms then RoPE: exactly
+        `rope(rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps), positions, inv_freq,
+        rotary_dim)` (q, k [T, H, D], any token and head strides). A fast path may do both in
+        one kernel per tensor (rotation in fp32, rounded once)."""
+        ...
+
     def attention(
         self,
         q: torch.Tensor,

@@ -121,6 +121,30 @@ class _CsrWrapper:
         return out
 
 
+class _RaggedWrapper:
+    """FlashInfer's ragged prefill wrapper's contract in torch: each row's queries attend
+    causally over the row's own k, v (rows from the planned qo / kv indptr)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.runs = 0
+
+    def plan(self, qo_indptr, kv_indptr, hq, hkv, dim, causal, sm_scale, **kw):
+        assert causal and torch.equal(qo_indptr, kv_indptr)
+        self.indptr, self.scale = qo_indptr.clone(), sm_scale
+
+    def run(self, q, k, v):
+        self.runs += 1
+        out = torch.empty_like(q)
+        group = q.shape[1] // k.shape[1]
+        for r in range(len(self.indptr) - 1):
+            a, b = int(self.indptr[r]), int(self.indptr[r + 1])
+            kr, vr = (x[a:b].repeat_interleave(group, 1).float() for x in (k, v))
+            s = torch.einsum("ihd,jhd->hij", q[a:b].float(), kr) * self.scale
+            s = s.masked_fill(torch.ones(b - a, b - a).triu(1).bool(), float("-inf"))
+            out[a:b] = torch.einsum("hij,jhd->ihd", s.softmax(-1), vr).to(q.dtype)
+        return out
+
+
 class _Graph:
     """Replays the forward on the static batch with planning frozen (what the capture holds)."""
 
@@ -145,6 +169,7 @@ def _csr_ops(monkeypatch):
     fake = types.ModuleType("flashinfer")
     fake.BatchDecodeWithPagedKVCacheWrapper = _CsrWrapper
     fake.BatchPrefillWithPagedKVCacheWrapper = _CsrWrapper
+    fake.BatchPrefillWithRaggedKVCacheWrapper = _RaggedWrapper
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
     monkeypatch.setattr("ninfer.ops.cuda.attention.WORKSPACE_BYTES", 16)
 
@@ -191,6 +216,8 @@ def test_graph_decode_path_matches_eager(monkeypatch):
     ctx = [len(p) for p in prompts]
     for step in range(8):
         outs = [r.forward(rows) for r in (eager, graph, ref)]
+        if step == 0:  # the all-fresh prefill ran on the ragged wrapper (over its own k, v)
+            assert eager.ops.attention_planner.ragged_passes == 1
         torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(outs[0], outs[2], rtol=1e-4, atol=1e-4)
         ids = outs[0].argmax(-1).tolist()

@@ -75,3 +75,57 @@ def test_write_kv_in_a_graph():
     ref = torch.zeros_like(cache)
     _index_copy(k, v, ref, slots)
     assert torch.equal(cache, ref)
+
+
+def qg_views(tokens: int, heads: int, kv_heads: int, dim: int, dtype):
+    """q, gate [T, H, D] and k [T, Hkv, D] as strided views of one fused projection, laid out
+    as the model's (per head q | gate, then k)."""
+    proj = torch.randn(tokens, heads * 2 * dim + kv_heads * dim + 16, device=DEV) * 3
+    proj = proj.to(dtype)
+    qg = proj[:, : heads * 2 * dim].view(tokens, heads, 2 * dim)
+    k = proj[:, heads * 2 * dim : heads * 2 * dim + kv_heads * dim].view(tokens, kv_heads, dim)
+    return qg[..., :dim], qg[..., dim:], k
+
+
+def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not out.isnan().any()
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("tokens,heads,kv_heads", [(1, 24, 4), (8, 16, 4), (777, 24, 4), (5, 3, 1)])
+def test_norm_rope_matches_reference(dtype, tokens, heads, kv_heads):
+    """q / k norm + partial RoPE in one launch each against the reference's rms_norm then
+    rope, on the strided q half of the q | gate projection, positions up to 262k."""
+    from ninfer.ops.reference import ReferenceOps
+
+    dim, rotary = 256, 64
+    q, _, k = qg_views(tokens, heads, kv_heads, dim, dtype)
+    wq, wk = ((torch.randn(dim, device=DEV) * 0.1).to(dtype) for _ in "qk")
+    pos = torch.randint(0, 262_144, (tokens,), device=DEV)
+    inv_freq = 1.0 / (1e7 ** (torch.arange(0, rotary, 2, device=DEV).float() / rotary))
+    rq, rk = ReferenceOps().qk_norm_rope(q, k, wq, wk, 1e-6, pos, inv_freq, rotary)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5  # bf16: the reference rounds per op
+    for x, w, ref in ((q, wq, rq), (k, wk, rk)):
+        out = glue.norm_rope(x, w, 1e-6, pos, inv_freq, rotary)
+        assert out.shape == ref.shape and out.is_contiguous() and out.dtype == dtype
+        assert rel(out, ref) < tol
+        # the dims past the rotary ones are the norm alone, rounded once: at most an ulp off
+        assert rel(out[..., rotary:], ref[..., rotary:]) < (
+            1e-3 if dtype == torch.bfloat16 else 1e-6
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("tokens,heads", [(1, 24), (8, 16), (8192, 24), (3, 5)])
+def test_sigmoid_gate_matches_reference(dtype, tokens, heads):
+    from ninfer.ops.reference.dense import sigmoid_mul_ref
+
+    _, gate, _ = qg_views(tokens, heads, 1, 256, dtype)
+    o = torch.randn(tokens, heads, 256, device=DEV).to(dtype)
+    out = glue.sigmoid_gate(o, gate)
+    ref = sigmoid_mul_ref(o, gate)
+    assert out.shape == ref.shape and out.is_contiguous()
+    assert rel(out, ref) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
+    with pytest.raises(ValueError, match="sigmoid_gate"):
+        glue.sigmoid_gate(o, gate[:, :1])  # a broadcast gate is the compiled path's

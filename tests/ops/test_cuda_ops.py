@@ -28,7 +28,9 @@ from ninfer.ops.cuda import CudaOps  # noqa: E402
 DEV = torch.device("cuda")
 MIXED = ([(0, 130), (70, 100), (300, 1), (64, 1), (5, 3), (0, 1)], "mixed")
 DECODE = ([(200, 1), (64, 1), (63, 1), (1000, 1), (1, 1)], "decode")
+FRESH = ([(0, 130), (0, 64), (0, 1), (0, 300), (0, 65)], "fresh")  # a cold prompt's pass
 BATCHES = [pytest.param(rows, id=name) for rows, name in (MIXED, DECODE)]
+ATTENTION_BATCHES = [pytest.param(rows, id=name) for rows, name in (MIXED, DECODE, FRESH)]
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +83,17 @@ def owned_pages(batch: ForwardBatch, num_pages: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("rows", BATCHES)
+@pytest.mark.parametrize("rows", ATTENTION_BATCHES)
 def test_attention_matches_reference(ops, rows, kv_dtype) -> None:
+    """Paged decode and prefill, and the ragged prefill of an all-fresh bf16 pass (over the
+    pass's own k, v; the pages are written all the same), against the reference."""
     hq, hkv, dim, num_pages, layers = 24, 4, 256, 64, 2
     batch = make_batch(rows, num_pages, 16)
     fp8 = kv_dtype == torch.float8_e4m3fn
     k_scale, v_scale = (0.5, 2.0) if fp8 else (None, None)
     tol = 3e-2 if fp8 else 1e-2
     owned = owned_pages(batch, num_pages)
+    ragged = ops.attention_planner.ragged_passes
     for _ in range(layers):  # the second layer reuses the plan
         q = torch.randn(batch.num_tokens, hq, dim, device=DEV, dtype=torch.bfloat16)
         k, v = (
@@ -103,6 +108,8 @@ def test_attention_matches_reference(ops, rows, kv_dtype) -> None:
         assert out.shape == ref.shape and out.dtype == q.dtype
         assert rel_err(out, ref) < tol
         assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))
+    fresh_bf16 = not any(batch.ctx_lens) and not fp8
+    assert ops.attention_planner.ragged_passes - ragged == (1 if fresh_bf16 else 0)
 
 
 def gdn_inputs(batch: ForwardBatch, hk: int, hv: int, dtype: torch.dtype):

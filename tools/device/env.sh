@@ -2,6 +2,7 @@
 # JIT caches (.fi_cache/) and sets PYTHONPATH so that `python3 -m ninfer` and pytest use them.
 # Usage (the `run` tool, carry [".whl", ".fi_cache"]):  source tools/device/env.sh; ...
 # `save_caches` (at the end of a command) writes the grown caches to $OUT for the next call.
+if [ -z "${NINFER_DEVICE_ENV:-}" ]; then  # once per machine session (scripts source it too)
 python3 -c "import zipfile,glob; [zipfile.ZipFile(w).extractall('/tmp/site') for w in glob.glob('.whl/*')]"
 # unzip stamps files with the current time; older stamps keep ninja from rebuilding the carried
 # FlashInfer JIT cache (it would otherwise see every header as newer than the cached objects)
@@ -11,12 +12,16 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.
 export TRITON_CACHE_AUTOTUNING=1
 for f in .fi_cache/flashinfer.tgz .fi_cache/triton.tgz; do [ -f "$f" ] && tar xzf "$f" -C ~; done
 # a Triton cache over the 16 MiB a call may return comes back (and is carried) in parts
-if compgen -G ".fi_cache/triton.tgz.part-*" >/dev/null; then cat .fi_cache/triton.tgz.part-* | tar xz -C ~; fi
+for c in triton flashinfer; do
+  if compgen -G ".fi_cache/$c.tgz.part-*" >/dev/null; then cat ".fi_cache/$c.tgz.part-"* | tar xz -C ~; fi
+done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
+export NINFER_DEVICE_ENV=1
+fi
 # Then, here: replace .fi_cache/triton.tgz* by the returned parts (the carry limit is 64 MiB
 # with the wheels and the working tree: check `du -cb .whl/* .fi_cache/*` first).
 save_caches() {
-  tar czf "$OUT/flashinfer.tgz" -C ~ .cache/flashinfer 2>/dev/null
+  tar czf - -C ~ .cache/flashinfer 2>/dev/null | split -b 15m - "$OUT/flashinfer.tgz.part-"
   tar czf - -C ~ .triton 2>/dev/null | split -b 15m - "$OUT/triton.tgz.part-"
   ls -la "$OUT"/*.tgz*
 }

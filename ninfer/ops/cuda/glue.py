@@ -1,6 +1,10 @@
 """Glue kernels in Triton: SwiGLU over the (strided) halves of the fused gate | up projection,
-where the compiled torch version is slow, and the K/V write of an attention layer in one launch
-(the torch version takes six small kernels at decode: the row arithmetic and two index_copy_).
+where the compiled torch version is slow, the K/V write of an attention layer in one launch
+(the torch version takes six small kernels at decode: the row arithmetic and two index_copy_),
+the attention's q / k norm + partial RoPE in one launch per tensor, and its sigmoid output gate
+(compiled, those two read the strided q | gate halves at a fifth to a tenth of the copy rate:
+27B, 8k tokens, H200 profile: 0.53 ms for the RoPE of q, 0.375 ms for the gate, against
+bounds of ~0.05 and 0.07 ms).
 
 `torch.compile(dynamic=True)` turns `silu(gate) * up` into one kernel over a flat index, which
 it splits into (row, column) with a runtime 64-bit division per element; on the 27B's prefill
@@ -68,3 +72,114 @@ def write_kv_rows(
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
             D=k.shape[-1], PAGE=kv_cache.shape[2], num_warps=2,
         )  # fmt: skip
+
+
+@triton.jit
+def _norm_rope_kernel(
+    x, w, y, pos, inv_freq, n_heads, eps, s_xt, s_xh, s_yt, s_yh,
+    D: tl.constexpr, HALF: tl.constexpr, BH: tl.constexpr,
+):  # fmt: skip
+    """Token t, heads [hb * BH, (hb + 1) * BH): zero-centred RMSNorm over D (fp32, rounded to
+    y's dtype), then NeoX RoPE on dims [0, 2 * HALF) with cos / sin in fp32 rounded to y's
+    dtype, the rotation in fp32 with one rounding (as the compiled reference ops compute it)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    h_ok = h < n_heads
+    d = tl.arange(0, D)
+    src = x + t * s_xt + h[:, None] * s_xh
+    dst = y + t * s_yt + h[:, None] * s_yh
+    xf = tl.load(src + d[None, :], mask=h_ok[:, None], other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / D + eps)  # [BH]
+    wf = 1.0 + tl.load(w + d).to(tl.float32)
+    out = (xf * rstd[:, None] * wf[None, :]).to(y.dtype.element_ty)
+    rest = h_ok[:, None] & (d >= 2 * HALF)[None, :]
+    tl.store(dst + d[None, :], out, mask=rest)
+    i = tl.arange(0, HALF)
+    freq = tl.load(pos + t).to(tl.float32) * tl.load(inv_freq + i).to(tl.float32)
+    cos = tl.cos(freq).to(y.dtype.element_ty).to(tl.float32)[None, :]
+    sin = tl.sin(freq).to(y.dtype.element_ty).to(tl.float32)[None, :]
+    m = h_ok[:, None]
+    x1 = tl.load(src + i[None, :], mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + i[None, :], mask=m, other=0.0).to(tl.float32)
+    n1 = x1 * rstd[:, None] * (1.0 + tl.load(w + i).to(tl.float32))[None, :]
+    n2 = x2 * rstd[:, None] * (1.0 + tl.load(w + HALF + i).to(tl.float32))[None, :]
+    n1 = n1.to(y.dtype.element_ty).to(tl.float32)
+    n2 = n2.to(y.dtype.element_ty).to(tl.float32)
+    tl.store(dst + i[None, :], (n1 * cos - n2 * sin).to(y.dtype.element_ty), mask=m)
+    tl.store(dst + HALF + i[None, :], (n2 * cos + n1 * sin).to(y.dtype.element_ty), mask=m)
+
+
+def norm_rope_fits(x: torch.Tensor, rotary_dim: int) -> bool:
+    """Whether `norm_rope` takes x [T, H, D]: D and rotary_dim / 2 powers of two (>= 2),
+    rotary_dim <= D, unit stride along D."""
+    dim = x.shape[-1]
+    half = rotary_dim // 2
+    pow2 = dim & (dim - 1) == 0 and half >= 1 and half & (half - 1) == 0
+    return x.dim() == 3 and pow2 and rotary_dim % 2 == 0 and rotary_dim <= dim and x.stride(2) == 1
+
+
+def norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    rotary_dim: int,
+) -> torch.Tensor:
+    """`rope(rms_norm(x, weight, eps), ...)` of one of q, k [T, H, D] (any token and head
+    strides, e.g. q's half of the interleaved q | gate projection) in one launch; positions
+    [T] int, inv_freq [rotary_dim / 2] fp32. Returns a contiguous [T, H, D] in x.dtype.
+    Needs `norm_rope_fits`."""
+    if not norm_rope_fits(x, rotary_dim):
+        raise ValueError(f"norm_rope: x {tuple(x.shape)}, rotary_dim {rotary_dim}")
+    n_tok, heads, dim = x.shape
+    y = torch.empty((n_tok, heads, dim), dtype=x.dtype, device=x.device)
+    if n_tok:
+        bh = min(4, triton.next_power_of_2(heads))
+        _norm_rope_kernel[(n_tok, triton.cdiv(heads, bh))](
+            x, weight, y, positions, inv_freq, heads, eps, x.stride(0), x.stride(1),
+            y.stride(0), y.stride(1), D=dim, HALF=rotary_dim // 2, BH=bh, num_warps=4,
+        )  # fmt: skip
+    return y
+
+
+@triton.jit
+def _gate_kernel(x, g, o, n_heads, s_xt, s_xh, s_gt, s_gh, D: tl.constexpr, BH: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    m = (h < n_heads)[:, None]
+    d = tl.arange(0, D)[None, :]
+    a = tl.load(x + t * s_xt + h[:, None] * s_xh + d, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(g + t * s_gt + h[:, None] * s_gh + d, mask=m, other=0.0).to(tl.float32)
+    out = a * tl.sigmoid(b)
+    tl.store(o + (t * n_heads + h[:, None]) * D + d, out.to(o.dtype.element_ty), mask=m)
+
+
+def gate_fits(x: torch.Tensor, gate: torch.Tensor) -> bool:
+    """Whether `sigmoid_gate` takes (x, gate): both [T, H, D] of one shape and dtype, D a power
+    of two, unit stride along D."""
+    dim = x.shape[-1]
+    return (
+        x.dim() == 3
+        and x.shape == gate.shape
+        and x.dtype == gate.dtype
+        and dim & (dim - 1) == 0
+        and x.stride(2) == gate.stride(2) == 1
+    )
+
+
+def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(gate) for x, gate [T, H, D] (any token and head strides: the attention
+    output and the gate half of the q | gate projection), fp32 math, one rounding. Returns a
+    contiguous [T, H, D]. Needs `gate_fits`."""
+    if not gate_fits(x, gate):
+        raise ValueError(f"sigmoid_gate: x {tuple(x.shape)}, gate {tuple(gate.shape)}")
+    n_tok, heads, dim = x.shape
+    out = torch.empty((n_tok, heads, dim), dtype=x.dtype, device=x.device)
+    if n_tok:
+        bh = min(4, triton.next_power_of_2(heads))
+        _gate_kernel[(n_tok, triton.cdiv(heads, bh))](
+            x, gate, out, heads, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
+            D=dim, BH=bh, num_warps=4,
+        )  # fmt: skip
+    return out

@@ -3,8 +3,9 @@
 Attention (FlashInfer), GDN (fla-core prefill, own Triton decode), the causal conv (own
 Triton) and decode-sized linears (cuBLAS or a Triton skinny GEMM, whichever is faster per
 weight shape: `linear.py`) have fast paths; the routed MoE is sync-free (`moe.py`, capturable);
-norms, RoPE and the elementwise glue (residual add + norm, GDN gates, SwiGLU, output gates) are
-the reference's torch code, optionally through `torch.compile` (one compiled function per
+the attention's q / k norm + RoPE and its output gate, and SwiGLU, are Triton (`glue.py`); the
+other norms and the elementwise glue (residual add + norm, GDN gates, the shared expert's gate)
+are the reference's torch code, optionally through `torch.compile` (one compiled function per
 helper, dynamic shapes: each becomes one or two fused kernels, so that a CUDA graph can capture
 the compiled kernels once they have been warmed up for its batch size). The kernel modules
 import triton / flashinfer / fla, so they are imported when a `CudaOps` is built, not when this
@@ -119,6 +120,8 @@ class CudaOps(ReferenceOps):
         return self._silu_mul(gate, up)
 
     def sigmoid_mul(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if self._glue.gate_fits(x, gate):  # the attention's output gate: Triton
+            return self._glue.sigmoid_gate(x, gate)
         return self._sigmoid_mul(x, gate)
 
     def gated_rms_norm(
@@ -135,6 +138,26 @@ class CudaOps(ReferenceOps):
         rotary_dim: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._rope(q, k, positions, inv_freq, rotary_dim)
+
+    def qk_norm_rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        rotary_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One Triton launch per tensor (`glue.norm_rope`), else the compiled norms and RoPE."""
+        glue = self._glue
+        if glue.norm_rope_fits(q, rotary_dim) and glue.norm_rope_fits(k, rotary_dim):
+            return (
+                glue.norm_rope(q, q_weight, eps, positions, inv_freq, rotary_dim),
+                glue.norm_rope(k, k_weight, eps, positions, inv_freq, rotary_dim),
+            )
+        return super().qk_norm_rope(q, k, q_weight, k_weight, eps, positions, inv_freq, rotary_dim)
 
     def moe(
         self,

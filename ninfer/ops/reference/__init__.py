@@ -127,6 +127,20 @@ class ReferenceOps:
         cos, sin = rope_cos_sin(positions, inv_freq, q.dtype)
         return apply_rope_ref(q, cos, sin, rotary_dim), apply_rope_ref(k, cos, sin, rotary_dim)
 
+    def qk_norm_rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        rotary_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k = self.rms_norm(q, q_weight, eps), self.rms_norm(k, k_weight, eps)
+        return self.rope(q, k, positions, inv_freq, rotary_dim)
+
     def attention(
         self,
         q: torch.Tensor,
