@@ -327,8 +327,8 @@ def profile_prefill(name, runner, length: int) -> None:
 
 
 KERNEL_GROUPS = (  # (group, substrings of a kernel name), first match wins
+    ("attention", ("flashinfer", "PrefillWith", "BatchDecode", "FlashAttn", "fmha")),
     ("gemm", ("nvjet", "gemm", "sm90_xmma", "cutlass", "cublas")),
-    ("attention", ("flashinfer", "Prefill", "prefill", "FlashAttn", "fmha")),
     ("fla_state_pass", ("fwd_kernel_h",)),
     ("fla_output", ("chunk_fwd_kernel_o",)),
     ("fla_intra", ("intra", "kkt", "solve_tril", "recompute_w_u", "wy")),
@@ -338,8 +338,10 @@ KERNEL_GROUPS = (  # (group, substrings of a kernel name), first match wins
     ("silu_mul", ("_silu_mul",)),
     ("write_kv", ("_write_kv",)),
     ("gather_states", ("_gather_states",)),
+    ("norm_rope", ("_norm_rope",)),
+    ("output_gate", ("_gate_kernel",)),
+    ("compiled_glue", ("triton_",)),  # inductor's kernels (norms, gates): before "copies"
     ("copies", ("copy", "Copy", "elementwise_kernel", "index", "scatter", "gather")),
-    ("compiled_glue", ("triton_",)),
 )
 
 

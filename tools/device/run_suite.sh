@@ -21,7 +21,7 @@ tests=${GPU_TESTS:-"tests/ops/test_cuda_ops.py tests/ops/test_cuda_glue.py tests
 for t in $tests; do
   name=$(basename "$t" .py)
   timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
-    --durations=3 "$t" >"/tmp/$name.log" 2>&1
+    --durations=8 "$t" >"/tmp/$name.log" 2>&1
   rc=$?
   { echo "=== $t rc=$rc"; cat "/tmp/$name.log"; } >>"$OUT/tests.log"  # one file: $OUT returns 8
   echo "$name rc=$rc at $(($(date +%s) - start)) s: $(grep -E 'passed|failed|error' "/tmp/$name.log" | tail -1)"
