@@ -27,12 +27,12 @@ import triton
 import triton.language as tl
 
 from ninfer.models.batch import ForwardBatch
+from ninfer.ops.cuda.gdn import L2_EPS  # the GDN's q / k l2norm eps (fla's, the reference's)
 from ninfer.ops.cuda.passmeta import PassMeta
 
 # H200, 8k tokens x 10240 channels: 0.185 ms (32 x 128: 0.205, 16 x 512: 0.181; bound 0.079)
 BLOCK_T, BLOCK_C = 64, 128  # BLOCK_C is also the GDN head dim that causal_conv_qkv normalises
 PREFILL_WARPS = 4
-L2_EPS = 1e-6  # the GDN's q / k l2norm (as fla's l2norm_fwd and the reference)
 
 
 @triton.jit(do_not_specialize=["n_tok"])  # one compiled variant for every pass length
