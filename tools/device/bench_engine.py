@@ -35,7 +35,7 @@ import traceback
 
 import torch
 
-from ninfer.bench.bounds import matmul_peak
+from ninfer.bench.bounds import copy_bandwidth, matmul_peak
 from ninfer.bench.model_math import param_counts, prefill_flops
 from ninfer.engine.runner import Row, Runner
 from ninfer.models.batch import PAGE_SIZE, ModelCache
@@ -71,11 +71,9 @@ def cuda_ms(fn, reps: int = 10) -> float:
 
 
 def ceilings() -> tuple[float, float]:
-    """(copy bandwidth B/s counting read + write, bf16 matmul FLOP/s), measured here."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() / (cuda_ms(lambda: dst.copy_(src)) / 1e3)
-    flops = matmul_peak(DEV, BF16)  # best of 10 after 0.5 s at full clocks
+    """(copy bandwidth B/s counting read + write, bf16 matmul FLOP/s), measured here as
+    `ninfer bench` measures them (`ninfer.bench.bounds`: best event-timed batch)."""
+    bw, flops = copy_bandwidth(DEV), matmul_peak(DEV, BF16)
     emit(kind="ceiling", copy_TBps=round(bw / 1e12, 3), bf16_matmul_TFLOPs=round(flops / 1e12, 1))
     return bw, flops
 

@@ -21,7 +21,7 @@ import torch
 from ninfer.models.batch import ForwardBatch
 from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_grouped
 from ninfer.ops.cuda.passmeta import PassMeta  # torch only: no kernel library imported
-from ninfer.ops.reference import ReferenceOps
+from ninfer.ops.reference import ReferenceOps, gdn_key_dim
 from ninfer.ops.reference.dense import (
     add_rms_norm_ref,
     apply_rope_ref,
@@ -261,8 +261,7 @@ class CudaOps(ReferenceOps):
         """Prefill: the conv writes q, k (L2-normalised) and v contiguous, as fla reads them
         (`conv.causal_conv_qkv`); decode, or channels the conv kernel cannot split by head:
         the composition of `causal_conv` and `gated_delta`."""
-        hv, dk, dv = state.shape[1:]
-        key_dim = (x.shape[1] - hv * dv) // 2
+        key_dim, dk = gdn_key_dim(x.shape[1], state), state.shape[2]
         if batch.is_decode or not self._conv.splits_heads(x.shape[1], key_dim, dk):
             return super().conv_gated_delta(
                 x, conv_weight, conv_state, a, b, a_log, dt_bias, state, batch, scale

@@ -73,11 +73,18 @@ def _write_states(pool: torch.Tensor, batch: ForwardBatch, rows: list[int], new)
     pool[batch.state_slots[idx]] = new.to(pool.dtype)
 
 
+def gdn_key_dim(channels: int, state: torch.Tensor) -> int:
+    """Hk * dk of a GDN layer whose fused q | k | v has `channels` channels, from its state pool
+    [slots, Hv, dk, dv] (`Ops.conv_gated_delta`: C = 2 Hk dk + Hv dv)."""
+    hv, _, dv = state.shape[1:]
+    return (channels - hv * dv) // 2
+
+
 def split_qkv(y: torch.Tensor, state: torch.Tensor):
     """A GDN layer's conv output y [T, C] as views q, k [T, Hk, dk], v [T, Hv, dv], with Hv, dk
     and dv from its state pool [slots, Hv, dk, dv] (`Ops.conv_gated_delta`)."""
     hv, dk, dv = state.shape[1:]
-    key_dim = (y.shape[1] - hv * dv) // 2
+    key_dim = gdn_key_dim(y.shape[1], state)
     q, k, v = y.split([key_dim, key_dim, hv * dv], dim=-1)
     t = y.shape[0]
     return q.view(t, -1, dk), k.view(t, -1, dk), v.view(t, hv, dv)
