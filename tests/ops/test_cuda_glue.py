@@ -1,7 +1,8 @@
 """GPU tests of the Triton glue kernels against their torch versions: SwiGLU over the strided
 halves of a fused projection (`ninfer.ops.cuda.glue`) and the one-launch K/V write
 (`ninfer.ops.cuda.attention.write_kv`, bit-equal to the `index_copy_` path), also inside a
-captured CUDA graph. Skipped without CUDA or triton."""
+captured CUDA graph, and the attention's norm + RoPE and output gate and the GDN's gated
+output norm against the reference ops. Skipped without CUDA or triton."""
 
 from __future__ import annotations
 
@@ -129,3 +130,59 @@ def test_sigmoid_gate_matches_reference(dtype, tokens, heads):
     assert rel(out, ref) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
     with pytest.raises(ValueError, match="sigmoid_gate"):
         glue.sigmoid_gate(o, gate[:, :1])  # a broadcast gate is the compiled path's
+
+
+def bf16_ulps(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per element distance in bf16 steps (the bit patterns in float order)."""
+    a, b = (t.view(torch.int16).int() for t in (out, ref))
+    a, b = (torch.where(i < 0, -32768 - i, i) for i in (a, b))
+    return (a - b).abs()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float32], ids=["w_bf16", "w_fp32"])
+@pytest.mark.parametrize("tokens,heads", [(1, 48), (7, 48), (300, 32), (5, 3), (0, 16)])
+def test_gated_norm_matches_reference(dtype, w_dtype, tokens, heads):
+    """The GDN output norm on a contiguous o and z as the model's strided view of the fused
+    in_proj (q | k | v | z | b | a), row counts off the 16-row block. bf16: the kernel rounds
+    where the reference does, so it is bit-equal but where its fp32 rstd or silu differ by an
+    ulp and a rounding flips (the norm's flip can flip weight * norm's too: up to 3 bf16 steps
+    seen; on the CPU interpreter with a round-to-nearest-even cast, 0 to 12 of 1.8M elements
+    differed)."""
+    from ninfer.ops.reference.dense import gated_rms_norm_ref
+
+    dim, conv = 128, 2 * heads * 128
+    proj = (torch.randn(tokens, conv + heads * dim + 2 * heads, device=DEV) * 2).to(dtype)
+    z = proj[:, conv : conv + heads * dim].view(tokens, heads, dim)
+    o = (torch.randn(tokens, heads, dim, device=DEV) * 3).to(dtype)
+    w = (1 + 0.1 * torch.randn(dim, device=DEV)).to(w_dtype)
+    assert glue.gated_norm_fits(o, z, w)
+    out = glue.gated_norm(o, z, w, 1e-6)
+    ref = gated_rms_norm_ref(o, z, w, 1e-6)
+    assert out.shape == ref.shape and out.is_contiguous() and out.dtype == dtype
+    if not tokens:
+        return
+    if dtype == torch.bfloat16:
+        steps = bf16_ulps(out, ref)
+        assert steps.max() <= 4 and (steps > 0).float().mean() < 1e-3
+    else:
+        assert rel(out, ref) < 1e-6
+        torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+
+
+def test_gated_norm_layouts():
+    """[T, D] rows (strided) are taken; D = 96, unequal shapes or a strided last dim are not
+    (the compiled reference's)."""
+    from ninfer.ops.reference.dense import gated_rms_norm_ref
+
+    w = torch.randn(128, device=DEV)
+    y = torch.randn(9, 2, 128, device=DEV)
+    flat = glue.gated_norm(y[:, 0], y[:, 1], w, 1e-6)
+    assert flat.shape == (9, 128) and flat.is_contiguous()
+    torch.testing.assert_close(flat, gated_rms_norm_ref(y[:, 0], y[:, 1], w, 1e-6))
+    x = torch.randn(4, 2, 96, device=DEV)
+    assert not glue.gated_norm_fits(x, x, torch.ones(96, device=DEV))
+    assert not glue.gated_norm_fits(y, y[:, :1], w)
+    assert not glue.gated_norm_fits(y, torch.randn(9, 128, 2, device=DEV).transpose(1, 2), w)
+    with pytest.raises(ValueError, match="gated_norm"):
+        glue.gated_norm(x, x, torch.ones(96, device=DEV), 1e-6)

@@ -263,6 +263,39 @@ def test_conv_qkv_layout_and_norm(ops) -> None:
         assert (got.float() - want.float()).abs().max().item() <= 2**-8  # one ulp near 1
 
 
+@pytest.mark.parametrize(
+    "tile",
+    [(64, 128, 4), (16, 128, 4), (32, 256, 2), (16, 512, 8)],
+    ids=lambda t: "x".join(map(str, t)),
+)
+def test_conv_tiles_agree(ops, tile) -> None:
+    """Every prefill launch shape of the conv (across rows that start inside a tile, continue
+    a state or are shorter than the taps) gives the default tile's values: v and the plain
+    conv bit for bit, q and k within an ulp (their norm's sum order follows the layout); and
+    the same conv state."""
+    from ninfer.ops.cuda import conv
+    from ninfer.ops.cuda.passmeta import PassMeta
+
+    hk, hv, dk, num_slots = 2, 4, 128, 16
+    key_dim, channels = hk * dk, 2 * hk * dk + hv * dk
+    batch = make_batch([(0, 300), (70, 200), (5, 3), (0, 1), (2, 90), (300, 2)], 256, num_slots)
+    x = torch.randn(batch.num_tokens, channels + 8, device=DEV, dtype=torch.bfloat16)[:, 4:-4]
+    weight = torch.randn(channels, 4, device=DEV, dtype=torch.bfloat16)
+    pool = poisoned_pool((num_slots, 1, channels, 3), batch, torch.bfloat16)
+    meta = PassMeta.of(batch.q_lens, batch.ctx_lens, DEV)
+    pools = [pool.clone() for _ in range(4)]
+    t = conv.Tile(*tile)
+    want = conv.causal_conv_qkv(x, weight, pools[0][:, 0], batch, meta, key_dim, dk)
+    got = conv.causal_conv_qkv(x, weight, pools[1][:, 0], batch, meta, key_dim, dk, t)
+    assert torch.equal(got[2], want[2])
+    for g, w in zip(got[:2], want[:2], strict=True):
+        assert (g.float() - w.float()).abs().max().item() <= 2**-8
+    plain = conv.causal_conv(x, weight, pools[2][:, 0], batch, meta, t)
+    assert torch.equal(plain, conv.causal_conv(x, weight, pools[3][:, 0], batch, meta))
+    for p in pools[1:]:
+        assert torch.equal(p.view(torch.uint8), pools[0].view(torch.uint8))
+
+
 def test_gdn_decode_graph_replay(ops) -> None:
     """The decode step captured in a CUDA graph gives the eager result on new inputs."""
     hk, hv, num_slots = 16, 48, 16

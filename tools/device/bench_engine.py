@@ -130,11 +130,15 @@ def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row:
         model.fuse_projections()
     cache = make_cache(cfg, slots, pages)
     ops = CudaOps(DEV, compile=compile, skinny=args.skinny)
+    if args.conv_tile:  # e.g. "16,256,4": rows, channels, warps (`conv.Tile`)
+        from ninfer.ops.cuda.conv import Tile
+
+        ops.conv_tile = Tile(*(int(v) for v in args.conv_tile.split(",")))
     runner = Runner(model, ops, cache, DEV, greedy_sampler)
     t1 = time.perf_counter()
     warm = runner.warm_up([pages - 3, pages - 2, pages - 1], list(range(8)), True, max_pages_row)
-    emit(kind="startup", model=name, compile=compile, build_s=round(t1 - t0, 2),
-         **{k: round(v, 2) for k, v in warm.items()})  # fmt: skip
+    emit(kind="startup", model=name, compile=compile, conv_tile=list(ops.conv_tile),
+         build_s=round(t1 - t0, 2), **{k: round(v, 2) for k, v in warm.items()})  # fmt: skip
     if args.skinny:  # which decode linears the race gave to the Triton kernel
         race = [
             [m, n, k, round(c * 1e3, 1), round(t * 1e3, 1), ops.linear.choice[(m, n, k, d)]]
@@ -321,7 +325,35 @@ def profile_prefill(name, runner, length: int) -> None:
     emit(kind="profile_prefill", model=name, tokens=length, wall_ms=round(wall * 1e3, 2),
          kernel_ms=round(kernel_us / 1e3, 2), cpu_ops=sum(e.count for e in stats),
          launches=launches, group_ms={g: round(v, 2) for g, v in sorted(groups.items())},
-         top_cpu_us=top, top_device_us=top_dev)  # fmt: skip
+         idle=device_idle(prof.events()), top_cpu_us=top, top_device_us=top_dev)  # fmt: skip
+
+
+def device_idle(events) -> dict:
+    """Where the GPU waits during a profiled step: from the first CPU op to the first device
+    activity (lead), between device activities (the gaps, the largest ten with their offset
+    from the first activity and the kernel that ends each), after the last one (tail)."""
+    from torch.autograd import DeviceType
+
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in events
+        if e.device_type == DeviceType.CUDA
+    )
+    cpu = [e.time_range for e in events if e.device_type == DeviceType.CPU]
+    if not spans or not cpu:
+        return {}
+    first, end, gaps = spans[0][0], spans[0][1], []
+    for start, stop, kname in spans[1:]:
+        if start > end:
+            gaps.append((start - end, end - first, kname[:60]))
+        end = max(end, stop)
+    top = sorted(gaps, reverse=True)[:10]
+    return {
+        "lead_ms": round((first - min(r.start for r in cpu)) / 1e3, 3),
+        "gaps_ms": round(sum(g for g, _, _ in gaps) / 1e3, 3),
+        "tail_ms": round((max(r.end for r in cpu) - end) / 1e3, 3),
+        "top_gaps_us_at_ms": [[round(g, 1), round(at / 1e3, 2), k] for g, at, k in top],
+    }
 
 
 KERNEL_GROUPS = (  # (group, substrings of a kernel name), first match wins
@@ -407,6 +439,7 @@ def main() -> None:
     ap.add_argument("--tap", default="27B")
     ap.add_argument("--profile", default=None, help="DIR: trace one decode step (first model)")
     ap.add_argument("--profile-prefill", default="", help="e.g. 9B:1024: host time of a pass")
+    ap.add_argument("--conv-tile", default="", help="the prefill conv's Tile: rows,chans,warps")
     ap.add_argument("--out", default="bench_engine.json")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]

@@ -22,6 +22,8 @@ Inputs of row r (W = K - 1), token i of the row is x[cu_q[r] + i]:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -30,33 +32,86 @@ from ninfer.models.batch import ForwardBatch
 from ninfer.ops.cuda.gdn import L2_EPS  # the GDN's q / k l2norm eps (fla's, the reference's)
 from ninfer.ops.cuda.passmeta import PassMeta
 
-# H200, 8k tokens x 10240 channels: 0.185 ms (32 x 128: 0.205, 16 x 512: 0.181; bound 0.079)
-BLOCK_T, BLOCK_C = 64, 128  # BLOCK_C is also the GDN head dim that causal_conv_qkv normalises
-PREFILL_WARPS = 4
+
+class Tile(NamedTuple):
+    """The prefill output kernel's launch shape: `rows` tokens x `chans` channels per program
+    (`chans` a multiple of the GDN head dim when it writes q | k | v) and `warps`."""
+
+    rows: int
+    chans: int
+    warps: int
+
+
+# H200, 9B GDN channels (8192), 8k tokens, x a strided view of the in_proj: 0.173 ms (bound
+# 0.063); 64 x 128: 0.187; 27B's 10240 channels: 0.210 against 0.226 (tools/device/
+# bench_gdn_glue.py). A variant walking each tile's tokens in order, every input loaded once
+# into registers, ran at 0.23-0.60 ms: the K shifted loads hit the cache.
+TILE = Tile(16, 256, 4)
+HEAD = 128  # the GDN head dim that causal_conv_qkv normalises over
+BLOCK_C = 128  # decode and state kernels: channels per program
+
+
+@triton.jit
+def _emit(
+    acc, tx, t_ok, c, c0, c_ok, y, n_tok, key_dim, value_dim, s_yt,
+    QKV: tl.constexpr, HEAD: tl.constexpr, EPS: tl.constexpr,
+):  # fmt: skip
+    """Stores silu(acc) of tokens tx x channels c: y [T, C] with row stride s_yt, or with QKV
+    the q | k | v regions of `causal_conv_qkv` (the tile inside one part), q and k
+    L2-normalised per HEAD channels from the output rounded to y's dtype."""
+    out = (acc * tl.sigmoid(acc)).to(y.dtype.element_ty)
+    m_y = t_ok[:, None] & c_ok[None, :]
+    if QKV:
+        part = (c0 >= key_dim).to(tl.int64) + (c0 >= 2 * key_dim).to(tl.int64)  # q, k, v
+        width = tl.where(part < 2, key_dim, value_dim).to(tl.int64)
+        base = y + part * n_tok * key_dim  # the regions: q at 0, k at T * kd, v at 2 T * kd
+        dst = base + tx[:, None] * width + (c - part * key_dim)[None, :]
+        if c0 < 2 * key_dim:  # q or k heads: l2norm over each head's channels, in fp32
+            rows: tl.constexpr = acc.shape[0]
+            chans: tl.constexpr = acc.shape[1]
+            xf = tl.reshape(out.to(tl.float32), (rows, chans // HEAD, HEAD))
+            xf = xf * (1.0 / tl.sqrt(tl.sum(xf * xf, axis=2) + EPS))[:, :, None]
+            out = tl.reshape(xf, (rows, chans)).to(y.dtype.element_ty)
+        tl.store(dst, out, mask=m_y)
+    else:
+        tl.store(y + tx[:, None] * s_yt + c[None, :], out, mask=m_y)
 
 
 @triton.jit(do_not_specialize=["n_tok"])  # one compiled variant for every pass length
 def _conv_out_kernel(
     x, w, state, y, tok_row, cu, slots, has_state, n_tok, n_ch, key_dim, value_dim,
     s_xt, s_yt, s_wc, s_st0, s_st1, s_st2,
-    K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, QKV: tl.constexpr, EPS: tl.constexpr,
+    K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HEAD: tl.constexpr,
+    QKV: tl.constexpr, EPS: tl.constexpr,
 ):  # fmt: skip
-    """Tile (tokens, channels). QKV: the channels are q | k | v of `key_dim`, `key_dim` and
-    `value_dim` (multiples of BC, a q or k tile being one head of BC channels); y is three
-    contiguous regions, q [T, key_dim] | k [T, key_dim] | v [T, value_dim], and q and k are
-    L2-normalised per head (from the output rounded to y's dtype, as a separate l2norm of it
-    would). Else y [T, C] with row stride s_yt."""
-    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    """Tile (tokens, channels); see `Tile` and `_emit`. QKV: the channels are q | k | v of
+    `key_dim`, `key_dim` and `value_dim` (multiples of BC); y is three contiguous regions,
+    q [T, key_dim] | k [T, key_dim] | v [T, value_dim]. Else y [T, C] with row stride s_yt."""
+    t0 = tl.program_id(0) * BT
+    t = t0 + tl.arange(0, BT)
     c0 = tl.program_id(1) * BC
     c = c0 + tl.arange(0, BC)
     t_ok, c_ok = t < n_tok, c < n_ch
-    row = tl.load(tok_row + t, mask=t_ok, other=0)
-    i = t - tl.load(cu + row, mask=t_ok, other=0)
-    has = tl.load(has_state + row, mask=t_ok, other=0) != 0
-    slot = tl.load(slots + row, mask=t_ok, other=0).to(tl.int64)
     tx = t.to(tl.int64)
-    acc = tl.zeros((BT, BC), dtype=tl.float32)
-    if tl.min(tl.where(t_ok, i, K)) < K - 1:  # a token of the tile reads its row's state
+    # the common tile: its tokens and the K - 1 before them in one row (two scalar loads, so
+    # that its x loads wait on nothing else)
+    last = tl.load(tok_row + tl.minimum(t0 + BT, n_tok) - 1)
+    inside = (t0 >= K - 1) & (tl.load(tok_row + tl.maximum(t0 - (K - 1), 0)) == last)
+    if inside:  # K shifted loads of the tile (the state terms are 0)
+        acc = tl.zeros((BT, BC), dtype=tl.float32)
+        for j in tl.static_range(K):
+            m_x = t_ok[:, None] & c_ok[None, :]
+            xp = x + (tx + j - (K - 1))[:, None] * s_xt + c[None, :]
+            xv = tl.load(xp, mask=m_x, other=0.0)
+            wj = tl.load(w + c * s_wc + j, mask=c_ok, other=0.0).to(tl.float32)
+            acc += xv.to(tl.float32) * wj[None, :]
+        _emit(acc, tx, t_ok, c, c0, c_ok, y, n_tok, key_dim, value_dim, s_yt, QKV, HEAD, EPS)
+    else:  # a token of the tile reads its row's state, or the tile holds two rows
+        row = tl.load(tok_row + t, mask=t_ok, other=0)
+        i = t - tl.load(cu + row, mask=t_ok, other=0)
+        has = tl.load(has_state + row, mask=t_ok, other=0) != 0
+        slot = tl.load(slots + row, mask=t_ok, other=0).to(tl.int64)
+        acc = tl.zeros((BT, BC), dtype=tl.float32)
         for j in tl.static_range(K):
             p = i + j - (K - 1)  # position in the chunk; < 0: from the state
             m_x = (t_ok & (p >= 0))[:, None] & c_ok[None, :]
@@ -66,26 +121,7 @@ def _conv_out_kernel(
             sv = tl.load(sp, mask=m_s, other=0.0)
             wj = tl.load(w + c * s_wc + j, mask=c_ok, other=0.0).to(tl.float32)
             acc += (xv.to(tl.float32) + sv.to(tl.float32)) * wj[None, :]
-    else:  # the common tile, inside rows: only x (the same sums: the state terms are 0)
-        for j in tl.static_range(K):
-            m_x = t_ok[:, None] & c_ok[None, :]
-            xv = tl.load(x + (tx + j - (K - 1))[:, None] * s_xt + c[None, :], mask=m_x, other=0.0)
-            wj = tl.load(w + c * s_wc + j, mask=c_ok, other=0.0).to(tl.float32)
-            acc += xv.to(tl.float32) * wj[None, :]
-    out = (acc * tl.sigmoid(acc)).to(y.dtype.element_ty)
-    m_y = t_ok[:, None] & c_ok[None, :]
-    if QKV:
-        part = (c0 >= key_dim).to(tl.int64) + (c0 >= 2 * key_dim).to(tl.int64)  # q, k, v
-        width = tl.where(part < 2, key_dim, value_dim).to(tl.int64)
-        base = y + part * n_tok * key_dim  # the regions: q at 0, k at T * kd, v at 2 T * kd
-        dst = base + tx[:, None] * width + (c - part * key_dim)[None, :]
-        if c0 < 2 * key_dim:  # a q or k head: l2norm over its BC channels, in fp32
-            xf = out.to(tl.float32)
-            xf = xf * (1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) + EPS))[:, None]
-            out = xf.to(y.dtype.element_ty)
-        tl.store(dst, out, mask=m_y)
-    else:
-        tl.store(y + tx[:, None] * s_yt + c[None, :], out, mask=m_y)
+        _emit(acc, tx, t_ok, c, c0, c_ok, y, n_tok, key_dim, value_dim, s_yt, QKV, HEAD, EPS)
 
 
 @triton.jit
@@ -142,11 +178,13 @@ def causal_conv(
     conv_state: torch.Tensor,
     batch: ForwardBatch,
     meta: PassMeta | None = None,
+    tile: Tile = TILE,
 ) -> torch.Tensor:
     """`ninfer.ops.base.Ops.causal_conv`: x [T, C] (unit channel stride); weight [C, K];
     conv_state [slots, C, K-1] (any strides) read and written at batch.state_slots, zeros for
     rows with ctx_lens == 0. `meta`: the pass's `PassMeta`, shared by its GDN layers (built
-    here when None; unused by decode). Returns y [T, C] in x.dtype."""
+    here when None; unused by decode). `tile`: the prefill launch shape (a tuning knob; every
+    tile gives the same values). Returns y [T, C] in x.dtype."""
     n_tok, n_ch = x.shape
     width = weight.shape[1]
     if x.stride(1) != 1 or weight.stride(1) != 1:
@@ -160,16 +198,22 @@ def causal_conv(
             W=width - 1, WP=triton.next_power_of_2(width), BC=BLOCK_C,
         )  # fmt: skip
         return y
-    _prefill(x, weight, conv_state, y, batch, meta, None)
+    _prefill(x, weight, conv_state, y, batch, meta, None, tile)
     return y
 
 
 def splits_heads(n_ch: int, key_dim: int, head_dim: int) -> bool:
     """Whether `causal_conv_qkv` serves channels q | k | v of key_dim, key_dim and the rest:
-    every q and k head one channel tile, the three parts whole tiles."""
+    heads of HEAD channels, the three parts whole heads."""
     value_dim = n_ch - 2 * key_dim
-    tiles = key_dim % BLOCK_C == 0 and value_dim % BLOCK_C == 0
-    return head_dim == BLOCK_C and tiles and key_dim > 0 and value_dim > 0
+    heads = key_dim % HEAD == 0 and value_dim % HEAD == 0
+    return head_dim == HEAD and heads and key_dim > 0 and value_dim > 0
+
+
+def _fit(tile: Tile, parts: tuple[int, ...]) -> Tile:
+    """`tile` narrowed to one head of channels where its channels do not divide every part:
+    a tile must lie in one of q, k, v."""
+    return tile._replace(chans=HEAD) if any(p % tile.chans for p in parts) else tile
 
 
 def causal_conv_qkv(
@@ -180,11 +224,13 @@ def causal_conv_qkv(
     meta: PassMeta,
     key_dim: int,
     head_dim: int,
+    tile: Tile = TILE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A prefill pass's `causal_conv` of the GDN's fused q | k | v channels, split into heads:
     q, k [T, key_dim / head_dim, head_dim] L2-normalised per head (eps 1e-6, from the conv
     output rounded to x.dtype), v [T, value_dim / head_dim, head_dim], each contiguous, written
-    by the conv kernel itself (no split copies, no l2norm passes). Needs `splits_heads`."""
+    by the conv kernel itself (no split copies, no l2norm passes). Needs `splits_heads`.
+    `tile` as `causal_conv`'s."""
     n_tok, n_ch = x.shape
     if not splits_heads(n_ch, key_dim, head_dim):
         raise ValueError(f"causal_conv_qkv: {n_ch} channels, key_dim {key_dim}, dk {head_dim}")
@@ -192,12 +238,12 @@ def causal_conv_qkv(
         raise ValueError("causal_conv_qkv needs unit channel stride in x and weight")
     value_dim = n_ch - 2 * key_dim
     flat = torch.empty(n_tok * n_ch, dtype=x.dtype, device=x.device)
-    _prefill(x, weight, conv_state, flat, batch, meta, (key_dim, value_dim))
+    _prefill(x, weight, conv_state, flat, batch, meta, (key_dim, value_dim), tile)
     q, k, v = flat.split([n_tok * key_dim, n_tok * key_dim, n_tok * value_dim])
     return q.view(n_tok, -1, head_dim), k.view(n_tok, -1, head_dim), v.view(n_tok, -1, head_dim)
 
 
-def _prefill(x, weight, conv_state, y, batch, meta, qkv: tuple[int, int] | None) -> None:
+def _prefill(x, weight, conv_state, y, batch, meta, qkv: tuple[int, int] | None, tile) -> None:
     """The prefill's two launches (module docstring); `qkv` = (key_dim, value_dim): y is the
     flat q | k | v regions of `causal_conv_qkv`, else y [T, C]."""
     n_tok, n_ch = x.shape
@@ -206,12 +252,13 @@ def _prefill(x, weight, conv_state, y, batch, meta, qkv: tuple[int, int] | None)
     meta = meta or PassMeta.of(batch.q_lens, batch.ctx_lens, x.device)
     tok_row, has_state, cu = meta.tok_row, meta.has_state, meta.cu_seqlens
     key_dim, value_dim = qkv or (0, 0)
-    grid = (triton.cdiv(n_tok, BLOCK_T), triton.cdiv(n_ch, BLOCK_C))
+    tile = _fit(tile, qkv or ())
+    grid = (triton.cdiv(n_tok, tile.rows), triton.cdiv(n_ch, tile.chans))
     _conv_out_kernel[grid](
         x, weight, conv_state, y, tok_row, cu, slots, has_state, n_tok, n_ch, key_dim, value_dim,
         x.stride(0), y.stride(0) if qkv is None else 0, weight.stride(0), *conv_state.stride(),
-        K=width, BT=BLOCK_T, BC=BLOCK_C, QKV=qkv is not None, EPS=L2_EPS,
-        num_warps=PREFILL_WARPS,
+        K=width, BT=tile.rows, BC=tile.chans, HEAD=HEAD, QKV=qkv is not None,
+        EPS=L2_EPS, num_warps=tile.warps,
     )  # fmt: skip
     _conv_state_kernel[(batch.num_rows, triton.cdiv(n_ch, BLOCK_C))](
         x, conv_state, cu, slots, has_state, n_ch, x.stride(0), *conv_state.stride(),

@@ -3,13 +3,13 @@
 Attention (FlashInfer), GDN (fla-core prefill, own Triton decode), the causal conv (own
 Triton) and decode-sized linears (cuBLAS or a Triton skinny GEMM, whichever is faster per
 weight shape: `linear.py`) have fast paths; the routed MoE is sync-free (`moe.py`, capturable);
-the attention's q / k norm + RoPE and its output gate, and SwiGLU, are Triton (`glue.py`); the
-other norms and the elementwise glue (residual add + norm, GDN gates, the shared expert's gate)
-are the reference's torch code, optionally through `torch.compile` (one compiled function per
-helper, dynamic shapes: each becomes one or two fused kernels, so that a CUDA graph can capture
-the compiled kernels once they have been warmed up for its batch size). The kernel modules
-import triton / flashinfer / fla, so they are imported when a `CudaOps` is built, not when this
-module is.
+the attention's q / k norm + RoPE and its output gate, SwiGLU and the GDN's gated output norm
+are Triton (`glue.py`); the other norms and the elementwise glue (residual add + norm, GDN
+gates, the shared expert's gate) are the reference's torch code, optionally through
+`torch.compile` (one compiled function per helper, dynamic shapes: each becomes one or two
+fused kernels, so that a CUDA graph can capture the compiled kernels once they have been warmed
+up for its batch size). The kernel modules import triton / flashinfer / fla, so they are
+imported when a `CudaOps` is built, not when this module is.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ class CudaOps(ReferenceOps):
         self._pass_batch, self._pass_key, self._pass_meta = None, None, None  # per prefill pass
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
+        self.conv_tile = conv.TILE  # the prefill conv's launch shape (benchmarks sweep it)
         self._rms_norm = _compiled(rms_norm_ref, compile)
         self._gated_rms_norm = _compiled(gated_rms_norm_ref, compile)
         self._rope = _compiled(_rope, compile)
@@ -127,6 +128,8 @@ class CudaOps(ReferenceOps):
     def gated_rms_norm(
         self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> torch.Tensor:
+        if self._glue.gated_norm_fits(x, z, weight):  # the GDN output norm over strided z: Triton
+            return self._glue.gated_norm(x, z, weight, eps)
         return self._gated_rms_norm(x, z, weight, eps)
 
     def rope(
@@ -209,7 +212,8 @@ class CudaOps(ReferenceOps):
     ) -> torch.Tensor:
         if batch.is_decode:
             return self._conv.causal_conv(x, weight, conv_state, batch)
-        return self._conv.causal_conv(x, weight, conv_state, batch, self.pass_meta(batch))
+        meta = self.pass_meta(batch)
+        return self._conv.causal_conv(x, weight, conv_state, batch, meta, self.conv_tile)
 
     def pass_meta(self, batch: ForwardBatch):
         """The `PassMeta` tables of a prefill pass, built by its first GDN layer and shared by
@@ -267,7 +271,9 @@ class CudaOps(ReferenceOps):
                 x, conv_weight, conv_state, a, b, a_log, dt_bias, state, batch, scale
             )
         meta = self.pass_meta(batch)
-        q, k, v = self._conv.causal_conv_qkv(x, conv_weight, conv_state, batch, meta, key_dim, dk)
+        q, k, v = self._conv.causal_conv_qkv(
+            x, conv_weight, conv_state, batch, meta, key_dim, dk, self.conv_tile
+        )
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         slots = batch.state_slots
         return self._gdn.gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=True)
