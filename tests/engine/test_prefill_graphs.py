@@ -201,3 +201,18 @@ def test_mixed_step_split_into_two_replays_equals_the_mixed_pass(chunk_samples):
     runners[1].prefill_graphs.accept = lambda rows: False
     runners[1].forward([Row([toks[302]], 71, 0, [0, 1], greedy), rows[2]])
     assert runners[1].split_steps == 1
+
+
+def test_pass_tables_long_and_short_agree():
+    """`tables` builds long passes by vectorised ops and short ones from lists: the same
+    tables, over ragged rows straddling the threshold."""
+    rng = random.Random(5)
+    long_seen = set()
+    for _ in range(60):
+        q_lens = [rng.choice([1, 2, 63, 64, 65, 300, 700]) for _ in range(rng.randint(1, 6))]
+        ctx_lens = [rng.choice([0, 0, 9, 128]) for _ in q_lens]
+        assert passmeta.tables(q_lens, ctx_lens).tolist() == passmeta._table_lists(
+            q_lens, ctx_lens
+        ), (q_lens, ctx_lens)
+        long_seen.add(sum(q_lens) > passmeta.SHORT_PASS)
+    assert long_seen == {False, True}  # both paths ran
