@@ -45,7 +45,7 @@ class Tile(NamedTuple):
 # H200, 9B GDN channels (8192), 8k tokens, x a strided view of the in_proj: 0.173 ms (bound
 # 0.063); 64 x 128: 0.187; 27B's 10240 channels: 0.210 against 0.226 (tools/device/
 # bench_gdn_glue.py). A variant walking each tile's tokens in order, every input loaded once
-# into registers, ran at 0.23-0.60 ms: the K shifted loads hit the cache.
+# into registers, ran at 0.23-0.60 ms (the K shifted loads of a tile hit the cache, presumably).
 TILE = Tile(16, 256, 4)
 HEAD = 128  # the GDN head dim that causal_conv_qkv normalises over
 BLOCK_C = 128  # decode and state kernels: channels per program
