@@ -51,14 +51,10 @@ def tables(q_lens: list[int], ctx_lens: list[int]) -> torch.Tensor:
     chunks = (q + CHUNK - 1) // CHUNK
     n_chunks = int(chunks.sum())
     rows = torch.arange(n_rows)
-    out = torch.zeros(sum(layout(n_tok, n_rows, n_chunks)), dtype=torch.int64)
+    lengths = layout(n_tok, n_rows, n_chunks)
+    out = torch.zeros(sum(lengths), dtype=torch.int64)
     tok_row, has_state, cu, offsets, indices = (
-        seg[:n]
-        for seg, n in zip(
-            out.split(layout(n_tok, n_rows, n_chunks)),
-            sizes(n_tok, n_rows, n_chunks),
-            strict=True,
-        )
+        seg[:n] for seg, n in zip(out.split(lengths), sizes(n_tok, n_rows, n_chunks), strict=True)
     )
     tok_row.copy_(torch.repeat_interleave(rows, q, output_size=n_tok))
     has_state.copy_(torch.tensor([c > 0 for c in ctx_lens], dtype=torch.int64))
