@@ -128,7 +128,8 @@ class DecodeGraphs:
         """Fills the static buffers for rows given as (token, ctx_len, slot, pages), queues the
         H2D copies and plans the bs-wrapper. Returns the static batch of that size."""
         bs = len(rows_meta)
-        if self._copied is not None:  # the previous step may still be reading the mirrors
+        # the previous step may still be reading the mirrors: wait only if its copies are queued
+        if self._copied is not None and not self._copied.query():
             self._copied.synchronize()
         meta, ind = self.meta_np, self.indices_np
         indptr, last = self.indptr_host[bs].numpy(), self.last_host[bs].numpy()

@@ -207,7 +207,8 @@ class PrefillGraphs:
     def fill(self, b: _Bucket, tokens: list[int], ctx: int, slot: int, pages: list[int]) -> None:
         """Writes bucket b's pinned mirrors for the real row (tokens at [ctx, ctx + q), its
         slot and pages) plus the padding row, queues the H2D copies and plans b's wrapper."""
-        if self._copied is not None:  # an earlier replay's copies may still read the mirrors
+        # an earlier replay's copies may still read the mirrors: wait only if still queued
+        if self._copied is not None and not self._copied.query():
             self._copied.synchronize()
         p = padded(tokens, ctx, slot, pages, b.k, self.scratch_page, self.scratch_slot)
         t, o, h = b.tokens, b.starts, b.host_np

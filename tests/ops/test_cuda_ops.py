@@ -112,6 +112,42 @@ def test_attention_matches_reference(ops, rows, kv_dtype) -> None:
     assert ops.attention_planner.ragged_passes - ragged == (1 if fresh_bf16 else 0)
 
 
+def test_attention_plan_waits_for_a_queued_pass(ops) -> None:
+    """Two paged prefill passes queued back to back behind a GPU spin (the host a pass ahead):
+    the second plan must not rewrite the schedule the first pass has yet to copy (FlashInfer
+    stages it in one page-locked buffer per wrapper). Each pass gives the reference's output,
+    and the second plan waited."""
+    hq, hkv, dim, num_pages = 16, 4, 256, 64
+    first = make_batch([(128, 192), (64, 100)], num_pages, 8)
+    second = make_batch([(64, 40), (256, 3), (0, 7)], num_pages, 8)
+    cache = torch.randn(num_pages, 2, PAGE_SIZE, hkv, dim, device=DEV).to(torch.bfloat16)
+    ref_cache = cache.clone()
+    inputs = [
+        [
+            torch.randn(b.num_tokens, h, dim, device=DEV, dtype=torch.bfloat16)
+            for h in (hq, hkv, hkv)
+        ]
+        for b in (first, second)
+    ]
+    batches = (first, second)
+
+    def both() -> list[torch.Tensor]:
+        return [
+            ops.attention(*x, cache, b, dim**-0.5) for x, b in zip(inputs, batches, strict=True)
+        ]
+
+    both()  # first use: FlashInfer loads its kernels (which synchronises), not timed here
+    torch.cuda.synchronize()
+    cache.copy_(ref_cache)
+    waits = ops.attention_planner.guard.waits
+    torch.cuda._sleep(500_000_000)  # the GPU busy for ~0.3 s: both passes queue behind it
+    outs = both()
+    assert ops.attention_planner.guard.waits == waits + 1
+    for out, x, b in zip(outs, inputs, batches, strict=True):
+        ref = ReferenceOps().attention(*x, ref_cache, b, dim**-0.5)
+        assert rel_err(out, ref) < 1e-2
+
+
 def gdn_inputs(batch: ForwardBatch, hk: int, hv: int, dtype: torch.dtype):
     t, dk = batch.num_tokens, 128
     q, k = (torch.randn(t, hk, dk, device=DEV, dtype=dtype) for _ in "qk")

@@ -17,11 +17,20 @@ batch size), and `plan(...)` plans a given wrapper for a batch from metadata the
 (pinned host indptr / last_page_len, device indices), OUTSIDE the graph, before every capture
 and replay. While `frozen` is set (during capture) the forward never plans: every layer runs the
 wrapper planned last.
+
+Plans never overtake a queued pass: FlashInfer's plan() writes its work schedule into the
+wrapper's one page-locked buffer and queues an asynchronous copy of it to the device; a second
+plan() before the GPU has run that copy rewrites the buffer under it, and the earlier pass then
+runs the later pass's schedule (an illegal address, or silently wrong rows: seen with eager
+2048-token chunks of a 32k prompt, the host a pass ahead). So every plan() first waits for
+the event recorded after the wrapper's previous one (`_PlanGuard`); it only ever waits when the
+host is a whole pass ahead of the GPU.
 """
 
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import torch
 
@@ -87,6 +96,30 @@ def write_kv(
         flat.index_copy_(0, rows, x.to(kv_cache.dtype).view(bits))
 
 
+class _PlanGuard:
+    """Per FlashInfer wrapper, the event recorded after its last plan() (module docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"  # else (CPU tests over a stand-in FlashInfer): no-op
+        self._events: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.waits = 0  # plans that found the previous copy still queued (tests, benchmarks)
+
+    def plan(self, wrapper, *args, **kwargs) -> None:
+        """`wrapper.plan(*args, **kwargs)`, once the GPU has run the wrapper's previous plan
+        copy; then records the event that the next plan of `wrapper` waits for."""
+        if not self._cuda:
+            wrapper.plan(*args, **kwargs)
+            return
+        event = self._events.get(wrapper)
+        if event is not None and not event.query():
+            self.waits += 1
+            event.synchronize()
+        wrapper.plan(*args, **kwargs)
+        event = torch.cuda.Event()
+        event.record()
+        self._events[wrapper] = event
+
+
 class PagedAttention:
     """The attention op of `CudaOps`: holds the FlashInfer wrappers and the current plan."""
 
@@ -104,6 +137,7 @@ class PagedAttention:
         self._ragged_batch: ForwardBatch | None = None
         self.ragged_passes = 0  # passes planned (so run) on the ragged wrapper: tests, benchmarks
         self.frozen = False  # set by the graph runner while capturing: never plan in the forward
+        self.guard = _PlanGuard(device)
 
     def _get_wrapper(self, decode: bool, kv_dtype: torch.dtype):
         """One wrapper per (decode, kv dtype): a wrapper fixes its backend at its first plan
@@ -163,13 +197,15 @@ class PagedAttention:
         dtypes = {"q_data_type": q_dtype, "kv_data_type": kv_dtype, "sm_scale": scale}
         self._wrapper = wrapper or self._get_wrapper(batch.is_decode, kv_dtype)
         if batch.is_decode:
-            self._wrapper.plan(kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE, **dtypes)
+            self.guard.plan(
+                self._wrapper, kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE, **dtypes
+            )
         else:
             if limits is not None:
                 dtypes |= {"max_token_per_sequence": limits[0], "max_sequence_kv": limits[1]}
-            self._wrapper.plan(
-                qo_indptr, kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE, causal=True,
-                **dtypes,
+            self.guard.plan(
+                self._wrapper, qo_indptr, kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE,
+                causal=True, **dtypes,
             )  # fmt: skip
         self._plan_batch = batch
         self._plan_key = (tuple(batch.q_lens), tuple(batch.ctx_lens), *shape)
@@ -230,9 +266,9 @@ class PagedAttention:
             )
         if batch is not self._ragged_batch or key != self._ragged_key:
             indptr = pinned([0, *itertools.accumulate(batch.q_lens)])
-            self._ragged.plan(
-                indptr, indptr, hq, hkv, dim, causal=True, sm_scale=scale, q_data_type=q.dtype,
-                kv_data_type=k.dtype,
+            self.guard.plan(
+                self._ragged, indptr, indptr, hq, hkv, dim, causal=True, sm_scale=scale,
+                q_data_type=q.dtype, kv_data_type=k.dtype,
             )  # fmt: skip
             self._ragged_batch, self._ragged_key = batch, key
             self.ragged_passes += 1
