@@ -52,8 +52,10 @@ class EngineOptions:
     # not wait for the host's per-step bookkeeping)
     overlap_decode: bool = True
     # one-row prefill steps of at most this many tokens replay a captured CUDA graph (padded to
-    # a 64-token bucket; needs cuda_graphs); 0 = every prefill step runs eagerly
-    prefill_graph_tokens: int = 1024
+    # a 64-token bucket; needs cuda_graphs; capped at prefill_chunk, which no prefill step
+    # exceeds); 0 = every prefill step runs eagerly. 2048 = the CUDA chunk: every chunk of a
+    # long cold prompt replays a graph (eager 2048-token passes of a 9B are bound by the host)
+    prefill_graph_tokens: int = 2048
     seed: int = 0
     # Queue timeout budget (seconds). In-flight coalescing (§12.2) lets the FIFO head wait for a
     # prefilling sibling only while twice the sibling's predicted prefill up to the shared
@@ -253,6 +255,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         len_cfg = opts.max_model_len
     graph_tokens = _check_int("prefill_graph_tokens", opts.prefill_graph_tokens, 0)
     graphs = bool(opts.cuda_graphs) and on_cuda
+    graph_tokens = min(graph_tokens, chunk)
     graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
     scratch = int(graph_tokens > 0)
     states = state_bytes * (c + slots + scratch)

@@ -108,7 +108,7 @@ class LLM:
         compile: bool = True,
         cuda_graphs: bool = True,
         overlap_decode: bool = True,
-        prefill_graph_tokens: int = 1024,
+        prefill_graph_tokens: int = 2048,
         seed: int = 0,
         pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
         check_invariants: bool = False,

@@ -35,7 +35,9 @@ def test_cuda_defaults_and_derived_ladder():
 
 def test_prefill_graphs_need_cuda_graphs_and_own_one_scratch_entry():
     cfg = resolve(EngineOptions(), TINY, CUDA)
-    assert cfg.prefill_graph_tokens == 1024 and cfg.scratch_entries == 1
+    assert cfg.prefill_graph_tokens == 2048 == cfg.prefill_chunk and cfg.scratch_entries == 1
+    capped = resolve(EngineOptions(prefill_chunk=1000, prefill_graph_tokens=4096), TINY, CUDA)
+    assert capped.prefill_graph_tokens == 1024  # the chunk, rounded up to a 64-token bucket
     image = cfg.state_image_bytes
     assert cfg.describe()["state_pool_bytes"] == (cfg.state_slots + 1) * image
     assert resolve(EngineOptions(prefill_graph_tokens=100), TINY, CUDA).prefill_graph_tokens == 128
