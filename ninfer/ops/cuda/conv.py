@@ -53,40 +53,45 @@ BLOCK_C = 128  # decode and state kernels: channels per program
 
 @triton.jit
 def _emit(
-    acc, tx, t_ok, c, c0, c_ok, y, n_tok, key_dim, value_dim, s_yt,
+    acc, tx, t_ok, c, c0, c_ok, y, yk, yv, key_dim, value_dim, s_yt,
     QKV: tl.constexpr, HEAD: tl.constexpr, EPS: tl.constexpr,
 ):  # fmt: skip
     """Stores silu(acc) of tokens tx x channels c: y [T, C] with row stride s_yt, or with QKV
-    the q | k | v regions of `causal_conv_qkv` (the tile inside one part), q and k
-    L2-normalised per HEAD channels from the output rounded to y's dtype."""
+    into q = y, k = yk [T, key_dim] or v = yv [T, value_dim] of `causal_conv_qkv` (the tile
+    inside one part), q and k L2-normalised per HEAD channels from the output rounded to y's
+    dtype. Each part is its own pointer argument (Triton specialises each on its alignment),
+    not an offset of part * n_tok * key_dim into one buffer."""
     out = (acc * tl.sigmoid(acc)).to(y.dtype.element_ty)
     m_y = t_ok[:, None] & c_ok[None, :]
     if QKV:
-        part = (c0 >= key_dim).to(tl.int64) + (c0 >= 2 * key_dim).to(tl.int64)  # q, k, v
-        width = tl.where(part < 2, key_dim, value_dim).to(tl.int64)
-        base = y + part * n_tok * key_dim  # the regions: q at 0, k at T * kd, v at 2 T * kd
-        dst = base + tx[:, None] * width + (c - part * key_dim)[None, :]
         if c0 < 2 * key_dim:  # q or k heads: l2norm over each head's channels, in fp32
             rows: tl.constexpr = acc.shape[0]
             chans: tl.constexpr = acc.shape[1]
             xf = tl.reshape(out.to(tl.float32), (rows, chans // HEAD, HEAD))
             xf = xf * (1.0 / tl.sqrt(tl.sum(xf * xf, axis=2) + EPS))[:, :, None]
             out = tl.reshape(xf, (rows, chans)).to(y.dtype.element_ty)
-        tl.store(dst, out, mask=m_y)
+            if c0 < key_dim:
+                tl.store(y + tx[:, None] * key_dim + c[None, :], out, mask=m_y)
+            else:
+                tl.store(yk + tx[:, None] * key_dim + (c - key_dim)[None, :], out, mask=m_y)
+        else:
+            dst = yv + tx[:, None] * value_dim + (c - 2 * key_dim)[None, :]
+            tl.store(dst, out, mask=m_y)
     else:
         tl.store(y + tx[:, None] * s_yt + c[None, :], out, mask=m_y)
 
 
 @triton.jit(do_not_specialize=["n_tok"])  # one compiled variant for every pass length
 def _conv_out_kernel(
-    x, w, state, y, tok_row, cu, slots, has_state, n_tok, n_ch, key_dim, value_dim,
+    x, w, state, y, yk, yv, tok_row, cu, slots, has_state, n_tok, n_ch, key_dim, value_dim,
     s_xt, s_yt, s_wc, s_st0, s_st1, s_st2,
     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HEAD: tl.constexpr,
     QKV: tl.constexpr, EPS: tl.constexpr,
 ):  # fmt: skip
     """Tile (tokens, channels); see `Tile` and `_emit`. QKV: the channels are q | k | v of
-    `key_dim`, `key_dim` and `value_dim` (multiples of BC); y is three contiguous regions,
-    q [T, key_dim] | k [T, key_dim] | v [T, value_dim]. Else y [T, C] with row stride s_yt."""
+    `key_dim`, `key_dim` and `value_dim` (multiples of BC), written to the contiguous q = y,
+    k = yk [T, key_dim] and v = yv [T, value_dim]. Else y [T, C] with row stride s_yt (yk and
+    yv unused)."""
     t0 = tl.program_id(0) * BT
     t = t0 + tl.arange(0, BT)
     c0 = tl.program_id(1) * BC
@@ -105,7 +110,7 @@ def _conv_out_kernel(
             xv = tl.load(xp, mask=m_x, other=0.0)
             wj = tl.load(w + c * s_wc + j, mask=c_ok, other=0.0).to(tl.float32)
             acc += xv.to(tl.float32) * wj[None, :]
-        _emit(acc, tx, t_ok, c, c0, c_ok, y, n_tok, key_dim, value_dim, s_yt, QKV, HEAD, EPS)
+        _emit(acc, tx, t_ok, c, c0, c_ok, y, yk, yv, key_dim, value_dim, s_yt, QKV, HEAD, EPS)
     else:  # a token of the tile reads its row's state, or the tile holds two rows
         row = tl.load(tok_row + t, mask=t_ok, other=0)
         i = t - tl.load(cu + row, mask=t_ok, other=0)
@@ -121,7 +126,7 @@ def _conv_out_kernel(
             sv = tl.load(sp, mask=m_s, other=0.0)
             wj = tl.load(w + c * s_wc + j, mask=c_ok, other=0.0).to(tl.float32)
             acc += (xv.to(tl.float32) + sv.to(tl.float32)) * wj[None, :]
-        _emit(acc, tx, t_ok, c, c0, c_ok, y, n_tok, key_dim, value_dim, s_yt, QKV, HEAD, EPS)
+        _emit(acc, tx, t_ok, c, c0, c_ok, y, yk, yv, key_dim, value_dim, s_yt, QKV, HEAD, EPS)
 
 
 @triton.jit
@@ -198,7 +203,7 @@ def causal_conv(
             W=width - 1, WP=triton.next_power_of_2(width), BC=BLOCK_C,
         )  # fmt: skip
         return y
-    _prefill(x, weight, conv_state, y, batch, meta, None, tile)
+    _prefill(x, weight, conv_state, (y, y, y), batch, meta, None, tile)
     return y
 
 
@@ -238,14 +243,14 @@ def causal_conv_qkv(
         raise ValueError("causal_conv_qkv needs unit channel stride in x and weight")
     value_dim = n_ch - 2 * key_dim
     flat = torch.empty(n_tok * n_ch, dtype=x.dtype, device=x.device)
-    _prefill(x, weight, conv_state, flat, batch, meta, (key_dim, value_dim), tile)
     q, k, v = flat.split([n_tok * key_dim, n_tok * key_dim, n_tok * value_dim])
+    _prefill(x, weight, conv_state, (q, k, v), batch, meta, (key_dim, value_dim), tile)
     return q.view(n_tok, -1, head_dim), k.view(n_tok, -1, head_dim), v.view(n_tok, -1, head_dim)
 
 
-def _prefill(x, weight, conv_state, y, batch, meta, qkv: tuple[int, int] | None, tile) -> None:
-    """The prefill's two launches (module docstring); `qkv` = (key_dim, value_dim): y is the
-    flat q | k | v regions of `causal_conv_qkv`, else y [T, C]."""
+def _prefill(x, weight, conv_state, out, batch, meta, qkv: tuple[int, int] | None, tile) -> None:
+    """The prefill's two launches (module docstring); `qkv` = (key_dim, value_dim): `out` is
+    the contiguous (q, k, v) of `causal_conv_qkv`, else (y, y, y) with y [T, C]."""
     n_tok, n_ch = x.shape
     width = weight.shape[1]
     slots = batch.state_slots
@@ -255,8 +260,9 @@ def _prefill(x, weight, conv_state, y, batch, meta, qkv: tuple[int, int] | None,
     tile = _fit(tile, qkv or ())
     grid = (triton.cdiv(n_tok, tile.rows), triton.cdiv(n_ch, tile.chans))
     _conv_out_kernel[grid](
-        x, weight, conv_state, y, tok_row, cu, slots, has_state, n_tok, n_ch, key_dim, value_dim,
-        x.stride(0), y.stride(0) if qkv is None else 0, weight.stride(0), *conv_state.stride(),
+        x, weight, conv_state, *out, tok_row, cu, slots, has_state, n_tok, n_ch, key_dim,
+        value_dim, x.stride(0), out[0].stride(0) if qkv is None else 0, weight.stride(0),
+        *conv_state.stride(),
         K=width, BT=tile.rows, BC=tile.chans, HEAD=HEAD, QKV=qkv is not None,
         EPS=L2_EPS, num_warps=tile.warps,
     )  # fmt: skip
