@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import gzip
 import json
+import os
 import time
 import traceback
 
@@ -47,6 +49,7 @@ DEV = torch.device("cuda")
 BF16 = torch.bfloat16
 GREEDY = SamplingParams(temperature=0.0)
 RESULTS: list[dict] = []
+STEP_SPAN = "ninfer.step"  # the host span of a profiled step: where `device_idle` counts from
 
 
 def emit(**row) -> None:
@@ -226,6 +229,54 @@ def bench_prefill(name, model, runner, lengths, peak) -> None:
              mfu=round(flops / dt / peak, 3))  # fmt: skip
 
 
+def chunk_rows(length: int, chunk: int) -> list[list[Row]]:
+    """A cold prompt of `length` tokens as the engine feeds it with `--prefill-chunk` chunk:
+    one single-row step per chunk, each continuing the one before, the last sampling."""
+    tokens = list(range(5, 5 + length))
+    steps = []
+    for s in range(0, length, chunk):
+        e = min(length, s + chunk)
+        pages = list(range(-(-e // PAGE_SIZE)))
+        steps.append([Row(tokens[s:e], s, 0, pages, GREEDY if e == length else None)])
+    return steps
+
+
+def bench_chunked(name, model, runner, length: int, chunks: list[int], peak) -> None:
+    """A cold prompt fed in chunks (the engine's default path for long prompts): seconds and
+    MFU per chunk size, and, profiled, the device time by kernel group over all its passes."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    flops = prefill_flops(model.config, param_counts(model.config), length)
+    for chunk in chunks:
+        steps = chunk_rows(length, chunk)
+
+        def run(steps=steps) -> None:
+            for rows in steps:
+                runner.step(rows)
+            torch.cuda.synchronize()
+
+        run()
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        dt = min(times)
+        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+        with profile(activities=activities) as prof, record_function(STEP_SPAN):
+            run()
+        groups: dict[str, float] = {}
+        for e in prof.key_averages():
+            if e.self_device_time_total > 0 and is_kernel(e):
+                g = kernel_group(e.key)
+                groups[g] = groups.get(g, 0.0) + e.self_device_time_total / 1e3
+        emit(kind="prefill_chunked", model=name, tokens=length, chunk=chunk, passes=len(steps),
+             s=round(dt, 4), mfu=round(flops / dt / peak, 3),
+             kernel_ms=round(sum(groups.values()), 2),
+             group_ms={g: round(v, 2) for g, v in sorted(groups.items())},
+             idle=device_idle(prof.events()))  # fmt: skip
+
+
 def bench_tap(name, cache, bw) -> None:
     img = state_image_bytes(cache)
 
@@ -259,7 +310,15 @@ def profile_decode(name, runner, ppr, out_dir: str, bs: int) -> None:
     trace = f"{out_dir}/decode_{name}_bs{bs}.json"
     prof.export_chrome_trace(trace)
     events = prof.events()
-    spans = {e.name: e.time_range for e in events if e.name.startswith("ninfer.")}
+    from torch.autograd import DeviceType
+
+    # the host side of each span (the profiler also records each on the device's timeline,
+    # where it ends with the GPU's work, after the step's own closing synchronize)
+    spans = {
+        e.name: e.time_range
+        for e in events
+        if e.name.startswith("ninfer.") and e.device_type == DeviceType.CPU
+    }
     sync_names = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
     def syncs(span):
@@ -292,10 +351,11 @@ def profile_decode(name, runner, ppr, out_dir: str, bs: int) -> None:
          device_us=round(device_us, 1), top_kernels_us=top)  # fmt: skip
 
 
-def profile_prefill(name, runner, length: int) -> None:
+def profile_prefill(name, runner, length: int, out_dir: str | None = None) -> None:
     """Where the host time of one eager prefill pass goes: wall time against kernel time, the
-    number of CPU ops and kernel launches, and the top ops by self CPU time."""
-    from torch.profiler import ProfilerActivity, profile
+    number of CPU ops and kernel launches, and the top ops by self CPU time; with `out_dir`,
+    the pass's Chrome trace (gzipped) too, to line the GPU's gaps up with the host's ops."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     rows = [Row(list(range(5, 5 + length)), 0, 0, list(range(-(-length // PAGE_SIZE))), GREEDY)]
     runner.step(rows)
@@ -304,10 +364,18 @@ def profile_prefill(name, runner, length: int) -> None:
     runner.step(rows)
     wall = time.perf_counter() - t0
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        runner.step(rows)
+        with record_function(STEP_SPAN):
+            runner.step(rows)
         torch.cuda.synchronize()
+    trace = None
+    if out_dir:
+        trace = f"{out_dir}/prefill_{name}_{length}.json"
+        prof.export_chrome_trace(trace)
+        with open(trace, "rb") as f, gzip.open(trace + ".gz", "wb") as g:
+            g.write(f.read())
+        os.remove(trace)
+        trace += ".gz"
     stats = prof.key_averages()
-    kernel_us = sum(e.self_device_time_total for e in stats if e.self_device_time_total > 0)
     launches = sum(e.count for e in stats if e.key in ("cudaLaunchKernel", "cuLaunchKernel"))
     launches += sum(e.count for e in stats if e.key == "cudaLaunchKernelExC")
     cpu = sorted(stats, key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -322,16 +390,19 @@ def profile_prefill(name, runner, length: int) -> None:
     for e in dev:
         g = kernel_group(e.key)
         groups[g] = groups.get(g, 0.0) + e.self_device_time_total / 1e3
-    emit(kind="profile_prefill", model=name, tokens=length, wall_ms=round(wall * 1e3, 2),
+    emit(kind="profile_prefill", model=name, tokens=length, trace=trace,
+         wall_ms=round(wall * 1e3, 2),
          kernel_ms=round(kernel_us / 1e3, 2), cpu_ops=sum(e.count for e in stats),
          launches=launches, group_ms={g: round(v, 2) for g, v in sorted(groups.items())},
          idle=device_idle(prof.events()), top_cpu_us=top, top_device_us=top_dev)  # fmt: skip
 
 
 def device_idle(events) -> dict:
-    """Where the GPU waits during a profiled step: from the first CPU op to the first device
-    activity (lead), between device activities (the gaps, the largest ten with their offset
-    from the first activity and the kernel that ends each), after the last one (tail)."""
+    """Where the GPU waits during a profiled step: from the start of the step's host span
+    (`STEP_SPAN`; else the first CPU op, which includes the profiler's own start-up) to the
+    first device activity (lead), between device activities (the gaps, the largest ten with
+    their offset from the first activity and the kernel that starts after each), after the last
+    one (tail)."""
     from torch.autograd import DeviceType
 
     spans = sorted(
@@ -342,6 +413,8 @@ def device_idle(events) -> dict:
     cpu = [e.time_range for e in events if e.device_type == DeviceType.CPU]
     if not spans or not cpu:
         return {}
+    step = [e.time_range for e in events if e.device_type == DeviceType.CPU and e.name == STEP_SPAN]
+    origin = step[0].start if step else min(r.start for r in cpu)
     first, end, gaps = spans[0][0], spans[0][1], []
     for start, stop, kname in spans[1:]:
         if start > end:
@@ -349,7 +422,7 @@ def device_idle(events) -> dict:
         end = max(end, stop)
     top = sorted(gaps, reverse=True)[:10]
     return {
-        "lead_ms": round((first - min(r.start for r in cpu)) / 1e3, 3),
+        "lead_ms": round((first - origin) / 1e3, 3),
         "gaps_ms": round(sum(g for g, _, _ in gaps) / 1e3, 3),
         "tail_ms": round((max(r.end for r in cpu) - end) / 1e3, 3),
         "top_gaps_us_at_ms": [[round(g, 1), round(at / 1e3, 2), k] for g, at, k in top],
@@ -393,6 +466,7 @@ def kernel_group(name: str) -> str:
 def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool:
     ppr = -(-(args.ctx + args.steps + 8) // PAGE_SIZE)
     longest = max(prefill.get(name, [0]) + args.profile_prefill.get(name, [0]))
+    longest = max([longest] + [n for n, _ in args.chunked.get(name, [])])
     pages = max(8 * ppr, -(-longest // PAGE_SIZE)) + 3
     max_row = max(ppr, -(-longest // PAGE_SIZE))
     tag = ("compile" if compile else "eager-dense") + ("" if args.fuse else "-unfused")
@@ -403,8 +477,10 @@ def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool
         if compile == args.compile:
             if name in prefill:
                 bench_prefill(name, model, runner, prefill[name], peak)
+            for length, chunks in args.chunked.get(name, []):
+                bench_chunked(name, model, runner, length, chunks, peak)
             for length in args.profile_prefill.get(name, []):
-                profile_prefill(name, runner, length)
+                profile_prefill(name, runner, length, args.profile)
             if name == args.tap:
                 bench_tap(name, cache, bw)
             if args.profile and not profiled:
@@ -425,6 +501,15 @@ def model_lengths(spec: str) -> dict[str, list[int]]:
     return out
 
 
+def chunked_specs(spec: str) -> dict[str, list[tuple[int, list[int]]]]:
+    """'9B:32768:2048/8192' -> {'9B': [(32768, [2048, 8192])]}."""
+    out: dict[str, list[tuple[int, list[int]]]] = {}
+    for item in filter(None, spec.split(",")):
+        m, n, chunks = item.split(":")
+        out.setdefault(m, []).append((int(n), [int(c) for c in chunks.split("/")]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="0.8B,4B,9B,27B,35B-A3B")
@@ -439,12 +524,14 @@ def main() -> None:
     ap.add_argument("--tap", default="27B")
     ap.add_argument("--profile", default=None, help="DIR: trace one decode step (first model)")
     ap.add_argument("--profile-prefill", default="", help="e.g. 9B:1024: host time of a pass")
+    ap.add_argument("--chunked", default="", help="e.g. 9B:32768:2048/8192: chunked cold prompt")
     ap.add_argument("--conv-tile", default="", help="the prefill conv's Tile: rows,chans,warps")
     ap.add_argument("--out", default="bench_engine.json")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     prefill = model_lengths(args.prefill)
     args.profile_prefill = model_lengths(args.profile_prefill)
+    args.chunked = chunked_specs(args.chunked)
     checks = set(filter(None, args.compile_check.split(",")))
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     bw, peak = ceilings()
