@@ -86,6 +86,7 @@ class CudaOps(ReferenceOps):
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
         self.conv_tile = conv.TILE  # the prefill conv's launch shape (benchmarks sweep it)
+        self.gdn_intra = "ninfer"  # the GDN prefill's intra-chunk kernel: "ninfer" or "fla"
         self._rms_norm = _compiled(rms_norm_ref, compile)
         self._gated_rms_norm = _compiled(gated_rms_norm_ref, compile)
         self._rope = _compiled(_rope, compile)
@@ -276,7 +277,9 @@ class CudaOps(ReferenceOps):
         )
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         slots = batch.state_slots
-        return self._gdn.gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=True)
+        return self._gdn.gdn_prefill(
+            q, k, v, g, beta, state, slots, scale, meta, normalized=True, intra=self.gdn_intra
+        )
 
     def gdn(
         self,
@@ -292,4 +295,6 @@ class CudaOps(ReferenceOps):
         if batch.is_decode:
             return self._gdn.gdn_decode(q, k, v, g, beta, state, batch.state_slots, scale)
         meta = self.pass_meta(batch)
-        return self._gdn.gdn_prefill(q, k, v, g, beta, state, batch.state_slots, scale, meta)
+        return self._gdn.gdn_prefill(
+            q, k, v, g, beta, state, batch.state_slots, scale, meta, intra=self.gdn_intra
+        )
