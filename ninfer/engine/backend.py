@@ -66,7 +66,9 @@ def prepare_runner(runner, cfg, bridge) -> dict[str, float]:
         scratch = (bridge.kv.scratch_pages[0], bridge.states.scratch_slots[0])
         prefill_graph = (cfg.prefill_graph_tokens, *scratch)
     try:
-        figures = runner.warm_up(pages, slots, capture, cfg.max_pages_per_lane, prefill_graph)
+        figures = runner.warm_up(
+            pages, slots, capture, cfg.max_pages_per_lane, prefill_graph, cfg.prefill_chunk
+        )
     finally:  # in reverse, so the free lists end as they were
         for s in reversed(slots):
             bridge.states.release(s)

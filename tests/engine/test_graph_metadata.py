@@ -5,6 +5,8 @@ the static buffers and the FlashInfer CSR it plans with equal what the eager pat
 
 from __future__ import annotations
 
+import random
+
 import torch
 from engine_helpers import TINY
 
@@ -84,6 +86,33 @@ def test_build_batch_layout():
     assert b.logits_indices.tolist() == [2, 5]
     assert b.block_table.tolist() == [[4, 5], [7, 0], [6, 0]]
     assert b.block_table.dtype == torch.int32
+
+
+def test_build_batch_token_by_token():
+    """Random ragged batches (decode-only ones, which take the vectorised path, and prefill
+    ones, filled row by row): every token's id, position and KV slot as computed one token at
+    a time from its row."""
+    rng = random.Random(5)
+    runner = Runner(None, ReferenceOps(), None, torch.device("cpu"), None)
+    for trial in range(60):
+        rows = []
+        for i in range(rng.randint(1, 6)):
+            ctx = rng.choice([0, 5, 63, 64, 130])
+            q = 1 if trial % 3 == 0 else rng.choice([1, 2, 63, 64, 65, 200])
+            pages = rng.sample(range(1, 500), -(-(ctx + q) // 64) + rng.randint(0, 1))
+            ids = [rng.randrange(1000) for _ in range(q)]
+            rows.append(Row(ids, ctx, i, pages, SamplingParams(temperature=0.0)))
+        b = runner.build_batch(rows)
+        ids = [t for r in rows for t in r.token_ids]
+        pos = [r.ctx_len + j for r in rows for j in range(len(r.token_ids))]
+        slots = [
+            r.pages[(r.ctx_len + j) // 64] * 64 + (r.ctx_len + j) % 64
+            for r in rows
+            for j in range(len(r.token_ids))
+        ]
+        assert b.input_ids.tolist() == ids
+        assert b.positions.tolist() == pos
+        assert b.slot_mapping.tolist() == slots
 
 
 # ---- the graph decode path end to end on the CPU, with a CSR-reading stand-in for FlashInfer ----
