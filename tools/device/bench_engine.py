@@ -137,10 +137,15 @@ def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row:
         from ninfer.ops.cuda.conv import Tile
 
         ops.conv_tile = Tile(*(int(v) for v in args.conv_tile.split(",")))
+    ops.gdn_intra = args.gdn_intra.split(",")[0]
     runner = Runner(model, ops, cache, DEV, greedy_sampler)
     t1 = time.perf_counter()
-    warm = runner.warm_up([pages - 3, pages - 2, pages - 1], list(range(8)), True, max_pages_row)
+    tune = args.tune_tokens if args.tune_tokens >= 0 else max(args.longest.get(name, [0]))
+    warm = runner.warm_up(
+        [pages - 3, pages - 2, pages - 1], list(range(8)), True, max_pages_row, tune_tokens=tune
+    )
     emit(kind="startup", model=name, compile=compile, conv_tile=list(ops.conv_tile),
+         gdn_intra=ops.gdn_intra, tune_tokens=tune,
          build_s=round(t1 - t0, 2), **{k: round(v, 2) for k, v in warm.items()})  # fmt: skip
     if args.skinny:  # which decode linears the race gave to the Triton kernel
         race = [
@@ -224,7 +229,8 @@ def bench_prefill(name, model, runner, lengths, peak) -> None:
             times.append(time.perf_counter() - t0)
         dt = min(times)
         flops = prefill_flops(cfg, counts, length)  # the LM head for the last token only
-        emit(kind="prefill", model=name, tokens=length, s=round(dt, 4),
+        emit(kind="prefill", model=name, tokens=length, gdn_intra=runner.ops.gdn_intra,
+             s=round(dt, 4),
              tok_s=round(length / dt, 1), TFLOPs=round(flops / dt / 1e12, 1),
              mfu=round(flops / dt / peak, 3))  # fmt: skip
 
@@ -408,8 +414,8 @@ def device_idle(events) -> dict:
     spans = sorted(
         (e.time_range.start, e.time_range.end, e.name)
         for e in events
-        if e.device_type == DeviceType.CUDA
-    )
+        if e.device_type == DeviceType.CUDA and not e.name.startswith("ninfer.")
+    )  # (not the device-side copy of a span: it covers the gaps)
     cpu = [e.time_range for e in events if e.device_type == DeviceType.CPU]
     if not spans or not cpu:
         return {}
@@ -449,11 +455,12 @@ KERNEL_GROUPS = (  # (group, substrings of a kernel name), first match wins
 
 
 def is_kernel(event) -> bool:
-    """A device kernel's entry (not a CPU op or span that carries its children's time)."""
+    """A device kernel's entry (not a CPU op or span that carries its children's time: a
+    `record_function` span also has a device-side copy, which must not count as a kernel)."""
+    if event.key.startswith(("aten::", "ninfer.", "Torch-Compiled", "CompiledFunction")):
+        return False
     kind = getattr(event, "device_type", None)
-    if kind is not None:
-        return str(kind).endswith("CUDA")
-    return not event.key.startswith(("aten::", "ninfer.", "Torch-Compiled", "CompiledFunction"))
+    return True if kind is None else str(kind).endswith("CUDA")
 
 
 def kernel_group(name: str) -> str:
@@ -476,7 +483,10 @@ def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool
         bench_decode(name, model, cache, runner, batches, args.ctx, args.steps, bw, ppr, tag)
         if compile == args.compile:
             if name in prefill:
-                bench_prefill(name, model, runner, prefill[name], peak)
+                for intra in args.gdn_intra.split(","):  # e.g. ninfer,fla,ninfer: interleaved
+                    runner.ops.gdn_intra = intra
+                    bench_prefill(name, model, runner, prefill[name], peak)
+                runner.ops.gdn_intra = args.gdn_intra.split(",")[0]
             for length, chunks in args.chunked.get(name, []):
                 bench_chunked(name, model, runner, length, chunks, peak)
             for length in args.profile_prefill.get(name, []):
@@ -526,12 +536,20 @@ def main() -> None:
     ap.add_argument("--profile-prefill", default="", help="e.g. 9B:1024: host time of a pass")
     ap.add_argument("--chunked", default="", help="e.g. 9B:32768:2048/8192: chunked cold prompt")
     ap.add_argument("--conv-tile", default="", help="the prefill conv's Tile: rows,chans,warps")
+    ap.add_argument("--gdn-intra", default="ninfer", help="GDN intra kernel(s): ninfer,fla")
+    ap.add_argument("--tune-tokens", type=int, default=-1,
+                    help="first warm-up pass (autotune); -1: the longest prefill")  # fmt: skip
     ap.add_argument("--out", default="bench_engine.json")
     args = ap.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = [int(b) for b in args.batches.split(",") if b]  # "": no decode bench
     prefill = model_lengths(args.prefill)
     args.profile_prefill = model_lengths(args.profile_prefill)
     args.chunked = chunked_specs(args.chunked)
+    args.longest = {  # per model: the longest pass a prefill bench runs (tune_tokens = -1)
+        m: [max(prefill.get(m, [0]) + args.profile_prefill.get(m, [0]))]
+        + [c for _, chunks in args.chunked.get(m, []) for c in chunks]
+        for m in args.models.split(",")
+    }
     checks = set(filter(None, args.compile_check.split(",")))
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     bw, peak = ceilings()
