@@ -13,13 +13,12 @@ over the copy bandwidth (`ninfer.bench.bounds.copy_bandwidth`). One JSON line pe
 
 from __future__ import annotations
 
-import argparse
 import json
 
+import case_runner  # tools/device/, beside this script
 import torch
 import triton.testing
 
-from ninfer.bench import bounds
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.presets import PRESETS
 from ninfer.ops.cuda import conv
@@ -125,17 +124,7 @@ def gated_norm_rows(name, tokens, proj, ch, value_dim, copy_bps) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="9B:8192,27B:8192,9B:32768")
-    ap.add_argument("--out", default="bench_gdn_glue.json")
-    args = ap.parse_args()
-    copy_bps = bounds.copy_bandwidth(DEV)
-    rows: list[dict] = [{"copy_TBps": round(copy_bps / 1e12, 3)}]
-    for case in args.cases.split(","):
-        name, tokens = case.split(":")
-        rows += run_case(name, int(tokens), copy_bps)
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
+    case_runner.main(__doc__, "9B:8192,27B:8192,9B:32768", "bench_gdn_glue.json", run_case)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,13 @@ measured copy bandwidth. One JSON line per measurement.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
+import case_runner  # tools/device/, beside this script
 import torch
 import triton.testing
 
-from ninfer.bench import bounds
 from ninfer.models.presets import PRESETS
 from ninfer.ops.cuda.gdn_intra import wy_repr
 from ninfer.ops.cuda.passmeta import CHUNK, PassMeta
@@ -122,17 +121,7 @@ def run_case(name: str, tokens: int, copy_bps: float) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="9B:8192,27B:8192,9B:32768")
-    ap.add_argument("--out", default="bench_gdn_intra.json")
-    args = ap.parse_args()
-    copy_bps = bounds.copy_bandwidth(DEV)
-    rows: list[dict] = [{"copy_TBps": round(copy_bps / 1e12, 3)}]
-    for case in args.cases.split(","):
-        name, tokens = case.split(":")
-        rows += run_case(name, int(tokens), copy_bps)
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
+    case_runner.main(__doc__, "9B:8192,27B:8192,9B:32768", "bench_gdn_intra.json", run_case)
 
 
 if __name__ == "__main__":
