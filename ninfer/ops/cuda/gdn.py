@@ -1,5 +1,5 @@
-"""Gated delta rule over a slot-indexed fp32 state pool: fla-core chunked prefill and an
-in-place Triton decode step.
+"""Gated delta rule over a slot-indexed fp32 state pool: chunked prefill (fla-core's stages and
+our intra-chunk kernel, `gdn_intra`) and an in-place Triton decode step.
 
 Prefill (any batch with a row of more than one token, or a row starting a sequence): the rows'
 states are gathered from the pool (zeros for fresh rows, one launch), fla's varlen chunked
@@ -142,7 +142,8 @@ def gdn_prefill(
     normalized: bool = False,
     intra: str = "ninfer",
 ) -> torch.Tensor:
-    """All rows of a ragged batch through fla's varlen chunked kernels (chunk 64).
+    """All rows of a ragged batch through the varlen chunked stages (chunk 64): fla's, with
+    our own intra-chunk kernel by default (`intra`).
 
     Shapes as `ninfer.ops.base.Ops.gdn`. Reads and writes state[slots]; rows with
     has_state == 0 start from zeros. `meta`: the pass's `PassMeta` (shared by its GDN layers).
