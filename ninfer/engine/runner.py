@@ -310,13 +310,13 @@ def _fill_prefill_rows(rows, table2d, ids, pos, smap) -> None:
     ids from one array per row (an `array` of a list is twice as fast as of a chained
     iterator), positions as a range, slots as a slice of its pages' slot ranges."""
     offset = 0
-    lane = torch.arange(PAGE_SIZE, dtype=torch.int64)
+    in_page = torch.arange(PAGE_SIZE, dtype=torch.int64)
     for i, r in enumerate(rows):
         q, c = len(r.token_ids), r.ctx_len
         span = slice(offset, offset + q)
         ids[span].copy_(_int64(r.token_ids))
         torch.arange(c, c + q, out=pos[span])
-        slots = (table2d[i, : len(r.pages), None] * PAGE_SIZE + lane).view(-1)
+        slots = (table2d[i, : len(r.pages), None] * PAGE_SIZE + in_page).view(-1)
         smap[span].copy_(slots[c : c + q])
         offset += q
 

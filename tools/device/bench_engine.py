@@ -123,7 +123,7 @@ def kv_token_bytes(cfg) -> int:
     return len(cfg.full_layer_ids) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
 
 
-def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row: int):
+def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row: int, tune: int):
     from ninfer.ops.cuda import CudaOps
 
     cfg = PRESETS[name]
@@ -140,7 +140,6 @@ def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row:
     ops.gdn_intra = args.gdn_intra.split(",")[0]
     runner = Runner(model, ops, cache, DEV, greedy_sampler)
     t1 = time.perf_counter()
-    tune = args.tune_tokens if args.tune_tokens >= 0 else max(args.longest.get(name, [0]))
     warm = runner.warm_up(
         [pages - 3, pages - 2, pages - 1], list(range(8)), True, max_pages_row, tune_tokens=tune
     )
@@ -474,11 +473,14 @@ def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool
     ppr = -(-(args.ctx + args.steps + 8) // PAGE_SIZE)
     longest = max(prefill.get(name, [0]) + args.profile_prefill.get(name, [0]))
     longest = max([longest] + [n for n, _ in args.chunked.get(name, [])])
+    passes = prefill.get(name, []) + args.profile_prefill.get(name, [])
+    passes += [c for _, chunks in args.chunked.get(name, []) for c in chunks]
+    tune = args.tune_tokens if args.tune_tokens >= 0 else max(passes, default=0)
     pages = max(8 * ppr, -(-longest // PAGE_SIZE)) + 3
     max_row = max(ppr, -(-longest // PAGE_SIZE))
     tag = ("compile" if compile else "eager-dense") + ("" if args.fuse else "-unfused")
     tag += "" if args.skinny else "-cublas"
-    model, cache, runner = build(name, compile, args, 8, pages, max_row)
+    model, cache, runner = build(name, compile, args, 8, pages, max_row, tune)
     try:
         bench_decode(name, model, cache, runner, batches, args.ctx, args.steps, bw, ppr, tag)
         if compile == args.compile:
@@ -545,11 +547,6 @@ def main() -> None:
     prefill = model_lengths(args.prefill)
     args.profile_prefill = model_lengths(args.profile_prefill)
     args.chunked = chunked_specs(args.chunked)
-    args.longest = {  # per model: the longest pass a prefill bench runs (tune_tokens = -1)
-        m: [max(prefill.get(m, [0]) + args.profile_prefill.get(m, [0]))]
-        + [c for _, chunks in args.chunked.get(m, []) for c in chunks]
-        for m in args.models.split(",")
-    }
     checks = set(filter(None, args.compile_check.split(",")))
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     bw, peak = ceilings()

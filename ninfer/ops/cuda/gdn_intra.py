@@ -11,9 +11,9 @@ chunk's keys [64, dk], beta [64], g [64] the chunk-local cumulative log2 decay:
 which is what fla's `chunk_gated_delta_rule_fwd_intra` returns (its kkt + triangular solve
 kernel, then its `recompute_w_u`), for the inter-chunk state pass and the output stage that
 follow. Two differences, both for time: the inverse is not a row-by-row forward substitution
-(fla's kernel spends most of its time in 4 x 14 dependent steps of cross-thread reductions)
-but a product of tensor-core matmuls, and T never leaves the registers (no [T, Hv, 64] buffer,
-no memset, no second launch reading it back).
+(fla's kernel runs 4 x 14 dependent steps of cross-thread reductions for it) but a product of
+tensor-core matmuls, and T never leaves the registers (no [T, Hv, 64] buffer, no memset, no
+second launch reading it back).
 
 The inverse: A is strictly lower triangular, so A^64 = 0 and
 
