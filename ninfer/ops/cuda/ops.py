@@ -1,6 +1,7 @@
 """`CudaOps`: the op contract (`ninfer.ops.base.Ops`) on FlashInfer, fla-core and Triton.
 
-Attention (FlashInfer), GDN (fla-core prefill, own Triton decode), the causal conv (own
+Attention (FlashInfer), GDN (fla-core prefill stages around our own intra-chunk kernel, own
+Triton decode), the causal conv (own
 Triton) and decode-sized linears (cuBLAS or a Triton skinny GEMM, whichever is faster per
 weight shape: `linear.py`) have fast paths; the routed MoE is sync-free (`moe.py`, capturable);
 the attention's q / k norm + RoPE and its output gate, SwiGLU and the GDN's gated output norm
