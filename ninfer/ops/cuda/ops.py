@@ -1,9 +1,9 @@
 """`CudaOps`: the op contract (`ninfer.ops.base.Ops`) on FlashInfer, fla-core and Triton.
 
 Attention (FlashInfer), GDN (fla-core prefill stages around our own intra-chunk kernel, own
-Triton decode), the causal conv (own
-Triton) and decode-sized linears (cuBLAS or a Triton skinny GEMM, whichever is faster per
-weight shape: `linear.py`) have fast paths; the routed MoE is sync-free (`moe.py`, capturable);
+Triton decode), the causal conv (own Triton) and decode-sized linears (cuBLAS or a Triton
+skinny GEMM, whichever is faster per weight shape: `linear.py`) have fast paths; the routed MoE
+is sync-free (`moe.py`, capturable);
 the attention's q / k norm + RoPE and its output gate, SwiGLU and the GDN's gated output norm
 are Triton (`glue.py`); the other norms and the elementwise glue (residual add + norm, GDN
 gates, the shared expert's gate) are the reference's torch code, optionally through
