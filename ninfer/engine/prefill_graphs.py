@@ -25,7 +25,9 @@ one non-blocking copy:
                  | the GDN pass tables (`ninfer.ops.cuda.passmeta`, bound to the batch),
                  each segment 16-byte aligned
     cu_q int32 [3]; the FlashInfer graph-mode prefill wrapper (2 rows), planned on the host
-    before the replay; its kv indices buffer is shared by every bucket
+    before the replay; its kv indices buffer is shared by every bucket. A bucket with enough
+    queries takes the gathered attention path (`PagedAttention.prefill_graph_wrapper`): its
+    K/V scratch holds every page the indices buffer can name, shared by those buckets
 
 One replay on the host: fill the pinned mirrors (numpy) -> 2 H2D copies -> plan -> replay.
 No host synchronisation; an event guards the mirrors against a refill while an earlier
@@ -255,7 +257,9 @@ class PrefillGraphs:
         stream = torch.cuda.Stream(self.device)
         for k in sorted(self.buckets, reverse=True):
             b = self.buckets[k]
-            b.wrapper = self.attn.prefill_graph_wrapper(2, self.indices_dev)
+            b.wrapper = self.attn.prefill_graph_wrapper(
+                2, self.indices_dev, self.shape, k * PAGE_SIZE, self.indices_dev.numel() * PAGE_SIZE
+            )
             q = k * PAGE_SIZE
             pages = [self.scratch_page] * -(-q // PAGE_SIZE)
             self.fill(b, [0] * q, 0, self.scratch_slot, pages)

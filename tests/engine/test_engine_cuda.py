@@ -216,13 +216,20 @@ def test_engine_overlap_equals_plain_on_cuda(model):
     assert outs[True] == outs[False]
 
 
-def test_prefill_graph_replay_equals_eager(model):
+@pytest.mark.parametrize("gather", [False, True], ids=["paged", "gathered"])
+def test_prefill_graph_replay_equals_eager(model, gather):
     """One-row prefill steps replayed from the prefill graphs (fresh prompts across buckets,
     lengths at both ends of a bucket, one token, chunks continuing a cached context) give the
-    eager passes' logits, and leave the same states and K/V in the rows' slots and pages."""
+    eager passes' logits, and leave the same states and K/V in the rows' slots and pages.
+    `gathered`: every bucket and every eager pass over a context on the gathered attention
+    path (forced: at this model's 4 query heads per KV head no bucket of 256 tokens reaches
+    the threshold), the graphs' gather over a fixed grid of every page a bucket can name."""
     runners = []
     for graphs in (False, True):
-        runner = Runner(model, CudaOps(DEV), new_cache(slots=9, pages=65), DEV, sampler=_greedy)
+        ops = CudaOps(DEV)
+        if gather:
+            ops.attention_planner.gather_min_rows = 0
+        runner = Runner(model, ops, new_cache(slots=9, pages=65), DEV, sampler=_greedy)
         prefill = (256, 64, 8) if graphs else None  # scratch page 64, scratch slot 8
         runner.warm_up([61, 62, 63], list(range(6)), graphs, 16, prefill)
         runners.append(runner)
@@ -238,6 +245,7 @@ def test_prefill_graph_replay_equals_eager(model):
         (tok[:256], 0, 4, list(range(20, 24))),  # the largest bucket, full
         (tok[256:321], 256, 4, list(range(20, 26))),  # 65 tokens: bucket 2, crossing pages
     ]
+    gathered = [r.ops.attention_planner.gathered_passes for r in runners]  # capture planned too
     for tokens, ctx, slot, pages in cases:
         row = [Row(tokens, ctx, slot, pages, GREEDY)]
         e = eager.forward(row).float()
@@ -256,6 +264,10 @@ def test_prefill_graph_replay_equals_eager(model):
     # every case but the one-token row after a context, which the decode graphs serve
     assert graph.prefill_graphs.replays == len(cases) - 1
     assert graph.graphs.replays == 1
+    pairs = zip(runners, gathered, strict=True)
+    gathered = [r.ops.attention_planner.gathered_passes - n for r, n in pairs]
+    # eager: the two chunks after a context (the one-token row decodes); graphs: every replay
+    assert gathered == ([2, len(cases) - 1] if gather else [0, 0]), gathered
 
 
 def test_engine_prefill_graphs_match_eager_on_cuda(model):

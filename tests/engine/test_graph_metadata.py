@@ -14,7 +14,7 @@ from ninfer.engine.graphs import DecodeGraphs
 from ninfer.engine.runner import Row, Runner
 from ninfer.models.batch import PAGE_SIZE, ModelCache
 from ninfer.models.presets import build_random_model
-from ninfer.ops.cuda.attention import page_metadata
+from ninfer.ops.cuda.attention import GATHER_MIN_ROWS, gather_pays, page_metadata
 from ninfer.ops.reference import ReferenceOps
 from ninfer.request import SamplingParams
 
@@ -151,25 +151,28 @@ class _CsrWrapper:
 
 
 class _RaggedWrapper:
-    """FlashInfer's ragged prefill wrapper's contract in torch: each row's queries attend
-    causally over the row's own k, v (rows from the planned qo / kv indptr)."""
+    """FlashInfer's ragged prefill wrapper's contract in torch: each row's queries (qo indptr)
+    attend causally over the row's k, v (kv indptr), aligned to the end of the keys (a row
+    with a context sees it all: query i of q sees keys [0, kv_len - q + i])."""
 
     def __init__(self, *args, **kwargs) -> None:
         self.runs = 0
 
     def plan(self, qo_indptr, kv_indptr, hq, hkv, dim, causal, sm_scale, **kw):
-        assert causal and torch.equal(qo_indptr, kv_indptr)
-        self.indptr, self.scale = qo_indptr.clone(), sm_scale
+        assert causal
+        self.qo, self.kv, self.scale = qo_indptr.clone(), kv_indptr.clone(), sm_scale
 
     def run(self, q, k, v):
         self.runs += 1
         out = torch.empty_like(q)
         group = q.shape[1] // k.shape[1]
-        for r in range(len(self.indptr) - 1):
-            a, b = int(self.indptr[r]), int(self.indptr[r + 1])
-            kr, vr = (x[a:b].repeat_interleave(group, 1).float() for x in (k, v))
+        for r in range(len(self.qo) - 1):
+            a, b = int(self.qo[r]), int(self.qo[r + 1])
+            c, d = int(self.kv[r]), int(self.kv[r + 1])
+            kr, vr = (x[c:d].repeat_interleave(group, 1).float() for x in (k, v))
             s = torch.einsum("ihd,jhd->hij", q[a:b].float(), kr) * self.scale
-            s = s.masked_fill(torch.ones(b - a, b - a).triu(1).bool(), float("-inf"))
+            mask = torch.ones(b - a, d - c).triu(d - c - (b - a) + 1).bool()
+            s = s.masked_fill(mask, float("-inf"))
             out[a:b] = torch.einsum("hij,jhd->ihd", s.softmax(-1), vr).to(q.dtype)
         return out
 
@@ -255,3 +258,44 @@ def test_graph_decode_path_matches_eager(monkeypatch):
         rows = [Row([t], c, s, pg, greedy) for t, c, s, pg in grid]
         ctx = [c + 1 for c in ctx[:n]]
     assert graph.graphs.replays == 7
+
+
+def test_gathered_prefill_matches_reference(monkeypatch):
+    """Later prefill chunks over a cached context on the gathered path (K/V pages copied into
+    contiguous buffers, then the ragged kernel; forced here, the GPU threshold aside) and on
+    the paged path give the reference's logits, with a decode row in the same pass and
+    partial last pages; the gathered plans ran, the paged runner planned none."""
+    csr_ops = _csr_ops(monkeypatch)
+    model = build_random_model(TINY, torch.float32, "cpu", seed=7)
+    greedy = SamplingParams(temperature=0.0)
+    cpu = torch.device("cpu")
+    runners = []
+    for min_rows in (0, float("inf")):  # gathered, paged
+        ops = csr_ops()
+        ops.attention_planner.gather_min_rows = min_rows
+        runners.append(Runner(model, ops, _tiny_cache(), cpu, None))
+    ref = Runner(model, ReferenceOps(), _tiny_cache(), cpu, None)
+    a, b = list(range(3, 153)), list(range(200, 261))
+    pages_a, pages_b = [7, 1, 9], [4, 11]
+    steps = [
+        [Row(a[:70], 0, 1, pages_a, greedy), Row(b[:60], 0, 3, pages_b, greedy)],
+        [Row(a[70:130], 70, 1, pages_a, greedy), Row(b[60:61], 60, 3, pages_b, greedy)],
+        [Row(a[130:], 130, 1, pages_a, greedy)],
+    ]
+    for rows in steps:
+        gathered, paged, want = (r.forward(rows) for r in (*runners, ref))
+        torch.testing.assert_close(gathered, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(paged, want, rtol=1e-4, atol=1e-4)
+    assert runners[0].ops.attention_planner.gathered_passes == 2
+    assert runners[1].ops.attention_planner.gathered_passes == 0
+
+
+def test_gather_pays():
+    # one 2048-token chunk after 30k tokens, 9B heads (group 4): pays; one decode-sized row
+    # after the same context does not; nor a short suffix of 64 tokens
+    assert gather_pays([2048], [30720], 4, GATHER_MIN_ROWS)
+    assert not gather_pays([1], [30720], 4, GATHER_MIN_ROWS)
+    assert not gather_pays([64], [30720], 4, GATHER_MIN_ROWS)
+    # a big chunk beside decode rows with long contexts: weighed by KV tokens
+    assert gather_pays([2048, 1, 1], [4096, 8192, 8192], 4, GATHER_MIN_ROWS)
+    assert not gather_pays([512, 1, 1], [4096, 30000, 30000], 4, GATHER_MIN_ROWS)

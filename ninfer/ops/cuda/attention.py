@@ -1,14 +1,26 @@
 """Paged causal attention on FlashInfer, over the NHD page layout [pages, 2, 64, Hkv, D].
 
 Every forward pass plans once (on the host lists of its `ForwardBatch`) and all attention layers
-of that pass reuse the plan: a decode batch (every row one token after a cached context) runs
-`BatchDecodeWithPagedKVCacheWrapper` with tensor cores; a prefill pass whose rows all start a
-sequence (no cached context: a cold prompt, its first chunk) attends over the pass's own k and
-v with `BatchPrefillWithRaggedKVCacheWrapper` when the cache holds them unscaled in their dtype
-(H200, one 8k row of the 27B's heads: 1.27 ms against 1.80 ms paged; 9B's at 32k: 12.7 ms
-against 18.2 ms; fa3 both); anything else `BatchPrefillWithPagedKVCacheWrapper` (fa3 on sm_90
-for bf16; fa2 for bf16 q over an fp8 cache). K/V are written to the pages first either way, by
-one Triton launch (`write_kv`; `index_copy_` for scaled fp8), graph-safe.
+of that pass reuse the plan. Four paths, by pass:
+
+- a decode batch (every row one token after a cached context):
+  `BatchDecodeWithPagedKVCacheWrapper` with tensor cores;
+- a prefill pass whose rows all start a sequence (no cached context: a cold prompt, its first
+  chunk), run eagerly: `BatchPrefillWithRaggedKVCacheWrapper` over the pass's own k and v,
+  when the cache holds them unscaled in their dtype (H200, one 8k row of the 27B's heads:
+  1.27 ms against 1.80 ms paged; 9B's at 32k: 12.7 ms against 18.2 ms; fa3 both);
+- the gathered path: a prefill pass over a cached context with enough queries per KV head
+  (`gather_pays`; a long prompt's later chunks, a cached turn's new tokens, every gathered
+  bucket of the prefill graphs), an unscaled cache in the queries' dtype: each row's K and V
+  pages are copied into contiguous buffers (`kv_gather`, one launch) and the ragged kernel
+  attends over them, queries aligned to the end of the keys as the paged kernel aligns them
+  (H200, 9B heads, a 2048-token chunk after 30k tokens: 1.64 ms with the gather, against 2.27
+  ms paged; `tools/device/bench_prefix_attention.py`);
+- anything else `BatchPrefillWithPagedKVCacheWrapper` (fa3 on sm_90 for bf16; fa2 for bf16 q
+  over an fp8 cache).
+
+K/V are written to the pages first on every path, by one Triton launch (`write_kv`;
+`index_copy_` for scaled fp8), graph-safe.
 Knows nothing about the model.
 
 CUDA-graph decode (`ninfer.engine.graphs`) uses two hooks: `graph_wrapper(bs, kv_dtype, ...)`
@@ -16,7 +28,10 @@ makes a decode wrapper with `use_cuda_graph=True` over fixed metadata buffers (o
 batch size), and `plan(...)` plans a given wrapper for a batch from metadata the caller built
 (pinned host indptr / last_page_len, device indices), OUTSIDE the graph, before every capture
 and replay. While `frozen` is set (during capture) the forward never plans: every layer runs the
-wrapper planned last.
+wrapper planned last. The prefill graphs (`ninfer.engine.prefill_graphs`) take
+`prefill_graph_wrapper(...)`: a paged one, or, for a bucket with enough queries, a gathered one
+(ragged graph wrapper, fixed indptr buffers, the gather's fixed grid and one scratch shared by
+every bucket, at most `GATHER_SCRATCH_BYTES`).
 
 Plans never overtake a queued pass: FlashInfer's plan() writes its work schedule into the
 wrapper's one page-locked buffer and queues an asynchronous copy of it to the device; a second
@@ -31,13 +46,19 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from dataclasses import dataclass
 
 import torch
 
 from ninfer.models.batch import PAGE_SIZE, ForwardBatch
 from ninfer.ops.cuda.host import pinned, to_device
+from ninfer.ops.cuda.kv_gather import gather_kv
 
 WORKSPACE_BYTES = 256 << 20
+# The gathered path pays when the pass's query rows per KV head (q_len x GQA group), averaged
+# over its KV tokens, reach this: the measured break-even is ~1100 (9B and 27B heads, H200).
+GATHER_MIN_ROWS = 1536
+GATHER_SCRATCH_BYTES = 2 << 30  # the prefill graphs' K/V scratch; larger: paged graphs
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
@@ -96,6 +117,30 @@ def write_kv(
         flat.index_copy_(0, rows, x.to(kv_cache.dtype).view(bits))
 
 
+def gather_pays(q_lens: list[int], ctx_lens: list[int], group: int, min_rows: float) -> bool:
+    """Whether a prefill pass should take the gathered path: attention saved grows with the
+    query rows (q_len x group) times the KV tokens, the gather's copy with the KV tokens."""
+    kv = [c + q for c, q in zip(ctx_lens, q_lens, strict=True)]
+    return sum(q * n for q, n in zip(q_lens, kv, strict=True)) * group >= min_rows * sum(kv)
+
+
+@dataclass(slots=True)
+class _Gathered:
+    """The gathered path of one plan: the ragged wrapper, the gather's device tables (row r's
+    pages indices[page_indptr[r]:page_indptr[r + 1]], its tokens at tok_indptr[r]:...) and
+    launch grid, and the K/V buffers it fills. A prefill graph's bucket holds one for its
+    life (fixed buffers, grid = every page the bucket may have); an eager pass a fresh one."""
+
+    wrapper: object
+    indices: torch.Tensor
+    page_indptr: torch.Tensor
+    tok_indptr: torch.Tensor
+    rows: int
+    grid_pages: int
+    k: torch.Tensor
+    v: torch.Tensor
+
+
 class _PlanGuard:
     """Per FlashInfer wrapper, the event recorded after its last plan() (module docstring)."""
 
@@ -136,6 +181,12 @@ class PagedAttention:
         self._ragged_key: tuple | None = None
         self._ragged_batch: ForwardBatch | None = None
         self.ragged_passes = 0  # passes planned (so run) on the ragged wrapper: tests, benchmarks
+        self._gather: _Gathered | None = None  # the current plan's, when it is gathered
+        self._gather_ragged = None  # the eager gathered path's ragged wrapper
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # the graphs' K/V
+        self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # smaller, still captured
+        self.gather_min_rows: float = GATHER_MIN_ROWS  # tests and benchmarks force or forbid
+        self.gathered_passes = 0  # plans on the gathered path: tests, benchmarks
         self.frozen = False  # set by the graph runner while capturing: never plan in the forward
         self.guard = _PlanGuard(device)
 
@@ -164,18 +215,64 @@ class PagedAttention:
             paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev),
         )  # fmt: skip
 
-    def prefill_graph_wrapper(self, rows: int, indices_buf: torch.Tensor):
+    def prefill_graph_wrapper(
+        self,
+        rows: int,
+        indices_buf: torch.Tensor,
+        shape: tuple | None = None,
+        max_q: int = 0,
+        max_kv_tokens: int = 0,
+    ):
         """A prefill wrapper for exactly `rows` rows, capturable in a CUDA graph (the prefill
         graphs, `ninfer.engine.prefill_graphs`): its indptr and last_page_len buffers are its
-        own, `indices_buf` (int32, on the device) may be shared."""
+        own, `indices_buf` (int32, on the device) may be shared. Gathered instead of paged
+        when `shape` (as `plan`'s) allows it, a row of `max_q` queries pays for its gather,
+        and the scratch for `max_kv_tokens` (every row's KV tokens together) fits."""
         dev = self._workspace.device
+        i32 = dict(dtype=torch.int32, device=dev)
+        if shape is not None and self._graph_gathers(shape, max_q, max_kv_tokens):
+            k, v = self._graph_scratch(shape, max_kv_tokens)
+            ragged = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+                self._workspace, "NHD", use_cuda_graph=True,
+                qo_indptr_buf=torch.zeros(rows + 1, **i32),
+                kv_indptr_buf=torch.zeros(rows + 1, **i32),
+            )  # fmt: skip
+            return _Gathered(
+                ragged, indices_buf, torch.zeros(rows + 1, **i32), torch.zeros(rows + 1, **i32),
+                rows, indices_buf.numel(), k, v,
+            )  # fmt: skip
         return self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self._workspace, "NHD", use_cuda_graph=True,
-            qo_indptr_buf=torch.zeros(rows + 1, dtype=torch.int32, device=dev),
-            paged_kv_indptr_buf=torch.zeros(rows + 1, dtype=torch.int32, device=dev),
+            qo_indptr_buf=torch.zeros(rows + 1, **i32),
+            paged_kv_indptr_buf=torch.zeros(rows + 1, **i32),
             paged_kv_indices_buf=indices_buf,
-            paged_kv_last_page_len_buf=torch.ones(rows, dtype=torch.int32, device=dev),
+            paged_kv_last_page_len_buf=torch.ones(rows, **i32),
         )  # fmt: skip
+
+    def _graph_gathers(self, shape: tuple, max_q: int, max_kv_tokens: int) -> bool:
+        hq, hkv, dim, q_dtype, kv_dtype, _ = shape
+        nbytes = 2 * max_kv_tokens * hkv * dim * torch.empty((), dtype=kv_dtype).element_size()
+        return (
+            q_dtype == kv_dtype
+            and max_q * (hq // hkv) >= self.gather_min_rows
+            and 0 < nbytes <= GATHER_SCRATCH_BYTES
+        )
+
+    def _graph_scratch(self, shape: tuple, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V buffers of `tokens` rows, one pair shared by every gathered graph bucket
+        (replays run one at a time, in stream order): grown, never shrunk, before capture."""
+        _, hkv, dim, _, kv_dtype, _ = shape
+        have = self._scratch
+        if have is None or have[0].shape[0] < tokens or have[0].shape[1:] != (hkv, dim):
+            if have is not None and have[0].shape[1:] == (hkv, dim):
+                tokens = max(tokens, have[0].shape[0])
+            dev = self._workspace.device
+            if have is not None:  # earlier graphs were captured over it: keep it alive
+                self._retired.append(have)
+            self._scratch = tuple(
+                torch.empty(tokens, hkv, dim, dtype=kv_dtype, device=dev) for _ in "kv"
+            )
+        return self._scratch
 
     def plan(
         self,
@@ -195,6 +292,15 @@ class PagedAttention:
         hq, hkv, dim, q_dtype, kv_dtype, scale = shape
         qo_indptr, kv_indptr, last_len, indices = metadata or page_metadata(batch)
         dtypes = {"q_data_type": q_dtype, "kv_data_type": kv_dtype, "sm_scale": scale}
+        self._plan_batch = batch
+        self._plan_key = (tuple(batch.q_lens), tuple(batch.ctx_lens), *shape)
+        self._gather = None
+        gathers = wrapper is None and not batch.is_decode and q_dtype == kv_dtype
+        if isinstance(wrapper, _Gathered) or (
+            gathers and gather_pays(batch.q_lens, batch.ctx_lens, hq // hkv, self.gather_min_rows)
+        ):
+            self._plan_gathered(shape, qo_indptr, kv_indptr, last_len, indices, wrapper)
+            return
         self._wrapper = wrapper or self._get_wrapper(batch.is_decode, kv_dtype)
         if batch.is_decode:
             self.guard.plan(
@@ -207,8 +313,44 @@ class PagedAttention:
                 self._wrapper, qo_indptr, kv_indptr, indices, last_len, hq, hkv, dim, PAGE_SIZE,
                 causal=True, **dtypes,
             )  # fmt: skip
-        self._plan_batch = batch
-        self._plan_key = (tuple(batch.q_lens), tuple(batch.ctx_lens), *shape)
+
+    def _plan_gathered(self, shape, qo_indptr, kv_indptr, last_len, indices, graph) -> None:
+        """Plans the gathered path (module docstring) from page metadata: on `graph` (a
+        `_Gathered` of `prefill_graph_wrapper`, its tables refilled in place), else on a
+        fresh `_Gathered` over the eager ragged wrapper and buffers for this pass."""
+        hq, hkv, dim, q_dtype, kv_dtype, scale = shape
+        pages, last = kv_indptr.tolist(), last_len.tolist()
+        spans = zip(pages[:-1], pages[1:], last, strict=True)
+        kv_lens = [(b - a - 1) * PAGE_SIZE + n for a, b, n in spans]
+        tok_indptr = pinned([0, *itertools.accumulate(kv_lens)])
+        rows, tokens = len(kv_lens), sum(kv_lens)
+        if graph is None:
+            dev = self._workspace.device
+            if self._gather_ragged is None:
+                self._gather_ragged = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+                    self._workspace, "NHD"
+                )
+            have = self._scratch  # the graphs' scratch: never in use between passes
+            if have is not None and have[0].shape[0] >= tokens and have[0].shape[1:] == (hkv, dim):
+                k, v = have
+            else:
+                k, v = (torch.empty(tokens, hkv, dim, dtype=kv_dtype, device=dev) for _ in "kv")
+            graph = _Gathered(
+                self._gather_ragged, indices, kv_indptr.to(dev, non_blocking=True),
+                tok_indptr.to(dev, non_blocking=True), rows, pages[-1], k, v,
+            )  # fmt: skip
+        else:
+            if rows != graph.rows or pages[-1] > graph.grid_pages or tokens > graph.k.shape[0]:
+                raise ValueError(f"gathered graph wrapper: {rows} rows, {tokens} KV tokens")
+            graph.page_indptr.copy_(kv_indptr, non_blocking=True)
+            graph.tok_indptr.copy_(tok_indptr, non_blocking=True)
+        self.guard.plan(
+            graph.wrapper, qo_indptr, tok_indptr, hq, hkv, dim, causal=True, sm_scale=scale,
+            q_data_type=q_dtype, kv_data_type=kv_dtype,
+        )  # fmt: skip
+        self._gather = graph
+        self._wrapper = graph.wrapper
+        self.gathered_passes += 1
 
     def _plan(
         self, batch: ForwardBatch, q: torch.Tensor, kv_cache: torch.Tensor, scale: float
@@ -239,7 +381,13 @@ class PagedAttention:
         if self._fresh(batch, k, v, kv_cache, k_scale, v_scale):
             return self._run_ragged(q, k, v, batch, scale)
         self._plan(batch, q, kv_cache, scale)
-        return self._wrapper.run(q.contiguous(), kv_cache, k_scale=k_scale, v_scale=v_scale)
+        g = self._gather
+        if g is None:
+            return self._wrapper.run(q.contiguous(), kv_cache, k_scale=k_scale, v_scale=v_scale)
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("attention: the gathered path reads an unscaled cache")
+        gather_kv(kv_cache, g.indices, g.page_indptr, g.tok_indptr, g.rows, g.grid_pages, g.k, g.v)
+        return g.wrapper.run(q.contiguous(), g.k, g.v)
 
     def _fresh(self, batch, k, v, kv_cache, k_scale, v_scale) -> bool:
         """Whether the pass can attend over its own k, v: a prefill pass (not being captured)
