@@ -31,6 +31,7 @@ import argparse
 import gc
 import gzip
 import json
+import math
 import os
 import time
 import traceback
@@ -42,6 +43,7 @@ from ninfer.bench.model_math import param_counts, prefill_flops
 from ninfer.engine.runner import Row, Runner
 from ninfer.models.batch import PAGE_SIZE, ModelCache
 from ninfer.models.presets import PRESETS, build_random_model
+from ninfer.ops.cuda.attention import GATHER_MIN_ROWS
 from ninfer.request import SamplingParams
 from ninfer.sampling import SampleResult
 
@@ -246,9 +248,10 @@ def chunk_rows(length: int, chunk: int) -> list[list[Row]]:
     return steps
 
 
-def bench_chunked(name, model, runner, length: int, chunks: list[int], peak) -> None:
+def bench_chunked(name, model, runner, length: int, chunks: list[int], peak, gather) -> None:
     """A cold prompt fed in chunks (the engine's default path for long prompts): seconds and
-    MFU per chunk size, and, profiled, the device time by kernel group over all its passes."""
+    MFU per chunk size, and, profiled, the device time by kernel group over all its passes.
+    `gather`: "on" (later chunks' attention on the gathered path when it pays) or "off"."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     flops = prefill_flops(model.config, param_counts(model.config), length)
@@ -275,7 +278,8 @@ def bench_chunked(name, model, runner, length: int, chunks: list[int], peak) -> 
             if e.self_device_time_total > 0 and is_kernel(e):
                 g = kernel_group(e.key)
                 groups[g] = groups.get(g, 0.0) + e.self_device_time_total / 1e3
-        emit(kind="prefill_chunked", model=name, tokens=length, chunk=chunk, passes=len(steps),
+        emit(kind="prefill_chunked", model=name, tokens=length, chunk=chunk, gather=gather,
+             passes=len(steps),
              s=round(dt, 4), mfu=round(flops / dt / peak, 3),
              kernel_ms=round(sum(groups.values()), 2),
              group_ms={g: round(v, 2) for g, v in sorted(groups.items())},
@@ -489,8 +493,12 @@ def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool
                     runner.ops.gdn_intra = intra
                     bench_prefill(name, model, runner, prefill[name], peak)
                 runner.ops.gdn_intra = args.gdn_intra.split(",")[0]
+            planner = runner.ops.attention_planner
             for length, chunks in args.chunked.get(name, []):
-                bench_chunked(name, model, runner, length, chunks, peak)
+                for gather in args.gather.split(","):  # e.g. on,off,on: interleaved
+                    planner.gather_min_rows = GATHER_MIN_ROWS if gather == "on" else math.inf
+                    bench_chunked(name, model, runner, length, chunks, peak, gather)
+            planner.gather_min_rows = GATHER_MIN_ROWS
             for length in args.profile_prefill.get(name, []):
                 profile_prefill(name, runner, length, args.profile)
             if name == args.tap:
@@ -539,6 +547,11 @@ def main() -> None:
     ap.add_argument("--chunked", default="", help="e.g. 9B:32768:2048/8192: chunked cold prompt")
     ap.add_argument("--conv-tile", default="", help="the prefill conv's Tile: rows,chans,warps")
     ap.add_argument("--gdn-intra", default="ninfer", help="GDN intra kernel(s): ninfer,fla")
+    ap.add_argument(
+        "--gather",
+        default="on",
+        help="--chunked attention: on,off (interleaved): the gathered path or paged",
+    )
     ap.add_argument("--tune-tokens", type=int, default=-1,
                     help="first warm-up pass (autotune); -1: the longest prefill")  # fmt: skip
     ap.add_argument("--out", default="bench_engine.json")
