@@ -11,7 +11,8 @@ of that pass reuse the plan. Four paths, by pass:
   1.27 ms against 1.80 ms paged; 9B's at 32k: 12.7 ms against 18.2 ms; fa3 both);
 - the gathered path: a prefill pass over a cached context with enough queries per KV head
   (`gather_pays`; a long prompt's later chunks, a cached turn's new tokens, every gathered
-  bucket of the prefill graphs), an unscaled cache in the queries' dtype: each row's K and V
+  bucket of the prefill graphs), an unscaled cache in the queries' dtype, at most
+  `GATHER_SCRATCH_BYTES` of K/V to copy: each row's K and V
   pages are copied into contiguous buffers (`kv_gather`, one launch) and the ragged kernel
   attends over them, queries aligned to the end of the keys as the paged kernel aligns them
   (H200, 9B heads, a 2048-token chunk after 30k tokens: 1.64 ms with the gather, against 2.27
@@ -52,13 +53,12 @@ import torch
 
 from ninfer.models.batch import PAGE_SIZE, ForwardBatch
 from ninfer.ops.cuda.host import pinned, to_device
-from ninfer.ops.cuda.kv_gather import gather_kv
 
 WORKSPACE_BYTES = 256 << 20
 # The gathered path pays when the pass's query rows per KV head (q_len x GQA group), averaged
 # over its KV tokens, reach this: the measured break-even is ~1100 (9B and 27B heads, H200).
 GATHER_MIN_ROWS = 1536
-GATHER_SCRATCH_BYTES = 2 << 30  # the prefill graphs' K/V scratch; larger: paged graphs
+GATHER_SCRATCH_BYTES = 2 << 30  # the most K/V a gather may copy (a pass, the graphs' scratch)
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
@@ -122,6 +122,28 @@ def gather_pays(q_lens: list[int], ctx_lens: list[int], group: int, min_rows: fl
     query rows (q_len x group) times the KV tokens, the gather's copy with the KV tokens."""
     kv = [c + q for c, q in zip(ctx_lens, q_lens, strict=True)]
     return sum(q * n for q, n in zip(q_lens, kv, strict=True)) * group >= min_rows * sum(kv)
+
+
+def _gather(kv_cache: torch.Tensor, g: _Gathered) -> None:
+    """Fills g.k, g.v with each row's K and V from `kv_cache`: `kv_gather` (one Triton launch)
+    on CUDA; the same copy in torch elsewhere (CPU tests over a stand-in FlashInfer)."""
+    if kv_cache.is_cuda:
+        from ninfer.ops.cuda.kv_gather import gather_kv
+
+        gather_kv(kv_cache, g.indices, g.page_indptr, g.tok_indptr, g.rows, g.grid_pages, g.k, g.v)
+        return
+    pages, tokens = g.page_indptr.tolist(), g.tok_indptr.tolist()
+    shape = kv_cache.shape[-2:]
+    for r in range(g.rows):
+        rows = g.indices[pages[r] : pages[r + 1]].long()
+        a, b = tokens[r], tokens[r + 1]
+        for out, plane in ((g.k, 0), (g.v, 1)):
+            out[a:b] = kv_cache[rows, plane].reshape(-1, *shape)[: b - a]
+
+
+def _kv_bytes(tokens: int, hkv: int, dim: int, dtype: torch.dtype) -> int:
+    """Bytes of the gathered path's K and V buffers for `tokens` KV tokens."""
+    return 2 * tokens * hkv * dim * torch.empty((), dtype=dtype).element_size()
 
 
 @dataclass(slots=True)
@@ -251,11 +273,10 @@ class PagedAttention:
 
     def _graph_gathers(self, shape: tuple, max_q: int, max_kv_tokens: int) -> bool:
         hq, hkv, dim, q_dtype, kv_dtype, _ = shape
-        nbytes = 2 * max_kv_tokens * hkv * dim * torch.empty((), dtype=kv_dtype).element_size()
         return (
             q_dtype == kv_dtype
             and max_q * (hq // hkv) >= self.gather_min_rows
-            and 0 < nbytes <= GATHER_SCRATCH_BYTES
+            and 0 < _kv_bytes(max_kv_tokens, hkv, dim, kv_dtype) <= GATHER_SCRATCH_BYTES
         )
 
     def _graph_scratch(self, shape: tuple, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,10 +316,15 @@ class PagedAttention:
         self._plan_batch = batch
         self._plan_key = (tuple(batch.q_lens), tuple(batch.ctx_lens), *shape)
         self._gather = None
-        gathers = wrapper is None and not batch.is_decode and q_dtype == kv_dtype
-        if isinstance(wrapper, _Gathered) or (
-            gathers and gather_pays(batch.q_lens, batch.ctx_lens, hq // hkv, self.gather_min_rows)
-        ):
+        kv_tokens = sum(batch.ctx_lens) + sum(batch.q_lens)
+        gathers = (
+            wrapper is None
+            and not batch.is_decode
+            and q_dtype == kv_dtype
+            and _kv_bytes(kv_tokens, hkv, dim, kv_dtype) <= GATHER_SCRATCH_BYTES
+            and gather_pays(batch.q_lens, batch.ctx_lens, hq // hkv, self.gather_min_rows)
+        )
+        if isinstance(wrapper, _Gathered) or gathers:
             self._plan_gathered(shape, qo_indptr, kv_indptr, last_len, indices, wrapper)
             return
         self._wrapper = wrapper or self._get_wrapper(batch.is_decode, kv_dtype)
@@ -386,7 +412,7 @@ class PagedAttention:
             return self._wrapper.run(q.contiguous(), kv_cache, k_scale=k_scale, v_scale=v_scale)
         if k_scale is not None or v_scale is not None:
             raise ValueError("attention: the gathered path reads an unscaled cache")
-        gather_kv(kv_cache, g.indices, g.page_indptr, g.tok_indptr, g.rows, g.grid_pages, g.k, g.v)
+        _gather(kv_cache, g)
         return g.wrapper.run(q.contiguous(), g.k, g.v)
 
     def _fresh(self, batch, k, v, kv_cache, k_scale, v_scale) -> bool:

@@ -59,23 +59,14 @@ def gather_kv(
     k_out: torch.Tensor,
     v_out: torch.Tensor,
 ) -> None:
-    """Fills k_out, v_out (module docstring). `grid_pages` >= page_indptr[rows]: the launch's
-    page programs. Off CUDA (CPU tests with a stand-in FlashInfer): the same copy in torch,
-    reading the index tensors on the host."""
+    """Fills k_out, v_out (module docstring) on the GPU. `grid_pages` >= page_indptr[rows]:
+    the launch's page programs."""
     _, planes, page, hkv, dim = cache.shape
     width = hkv * dim
     if planes != 2 or page != PAGE_SIZE or cache[0, 0].stride() != (width, dim, 1):
         raise ValueError("gather_kv: cache [pages, 2, 64, Hkv, D] with contiguous planes")
     if not (k_out.is_contiguous() and v_out.is_contiguous()):
         raise ValueError("gather_kv: contiguous k_out and v_out")
-    if not cache.is_cuda:
-        pi, ti = page_indptr.tolist(), tok_indptr.tolist()
-        for r in range(rows):
-            pages = indices[pi[r] : pi[r + 1]].long()
-            a, b = ti[r], ti[r + 1]
-            for out, plane in ((k_out, 0), (v_out, 1)):
-                out[a:b] = cache[pages, plane].reshape(-1, hkv, dim)[: b - a]
-        return
     block = min(width, 256)
     if width % block or block & (block - 1):
         raise ValueError(f"gather_kv: Hkv * D = {width} is not a multiple of a power of two")
