@@ -560,6 +560,8 @@ def main() -> None:
     prefill = model_lengths(args.prefill)
     args.profile_prefill = model_lengths(args.profile_prefill)
     args.chunked = chunked_specs(args.chunked)
+    if not set(args.gather.split(",")) <= {"on", "off"}:
+        ap.error(f"--gather: on and off only, not {args.gather!r}")
     checks = set(filter(None, args.compile_check.split(",")))
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     bw, peak = ceilings()

@@ -143,7 +143,14 @@ def _gather(kv_cache: torch.Tensor, g: _Gathered) -> None:
 
 def _kv_bytes(tokens: int, hkv: int, dim: int, dtype: torch.dtype) -> int:
     """Bytes of the gathered path's K and V buffers for `tokens` KV tokens."""
-    return 2 * tokens * hkv * dim * torch.empty((), dtype=dtype).element_size()
+    return 2 * tokens * hkv * dim * dtype.itemsize
+
+
+def _holds(buffers: tuple[torch.Tensor, torch.Tensor] | None, tokens: int, hkv: int, dim: int):
+    """Whether K/V `buffers` [n, Hkv, D] exist with n >= tokens."""
+    return (
+        buffers is not None and buffers[0].shape[0] >= tokens and buffers[0].shape[1:] == (hkv, dim)
+    )
 
 
 @dataclass(slots=True)
@@ -284,12 +291,12 @@ class PagedAttention:
         (replays run one at a time, in stream order): grown, never shrunk, before capture."""
         _, hkv, dim, _, kv_dtype, _ = shape
         have = self._scratch
-        if have is None or have[0].shape[0] < tokens or have[0].shape[1:] != (hkv, dim):
-            if have is not None and have[0].shape[1:] == (hkv, dim):
-                tokens = max(tokens, have[0].shape[0])
+        if not _holds(have, tokens, hkv, dim):
             dev = self._workspace.device
             if have is not None:  # earlier graphs were captured over it: keep it alive
                 self._retired.append(have)
+                if have[0].shape[1:] == (hkv, dim):
+                    tokens = max(tokens, have[0].shape[0])
             self._scratch = tuple(
                 torch.empty(tokens, hkv, dim, dtype=kv_dtype, device=dev) for _ in "kv"
             )
@@ -356,9 +363,8 @@ class PagedAttention:
                 self._gather_ragged = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
                     self._workspace, "NHD"
                 )
-            have = self._scratch  # the graphs' scratch: never in use between passes
-            if have is not None and have[0].shape[0] >= tokens and have[0].shape[1:] == (hkv, dim):
-                k, v = have
+            if _holds(self._scratch, tokens, hkv, dim):  # the graphs': idle between passes
+                k, v = self._scratch
             else:
                 k, v = (torch.empty(tokens, hkv, dim, dtype=kv_dtype, device=dev) for _ in "kv")
             graph = _Gathered(
