@@ -34,6 +34,11 @@ class EngineOptions:
     kv_dtype: str = "auto"
     max_concurrency: int = 8
     prefill_chunk: int | None = None
+    # tokens per prefill pass while no lane decodes (a lone prompt: fewer, longer passes; the
+    # prompt's final pass stays within prefill_chunk when a flexible tap waits for its start);
+    # None = derived: SOLO_CHUNK_CUDA for a model whose eager pass of that size is bound by the
+    # GPU (`solo_chunk_pays`) when prefill_chunk is derived too, else prefill_chunk
+    solo_prefill_chunk: int | None = None
     max_model_len: int | None = None
     kv_capacity: int | str = "auto"
     # > 0 builds the Host tier (pinned on CUDA; torch.empty, so untouched slabs cost no memory
@@ -83,6 +88,7 @@ class EngineConfig:
     kv_dtype: str
     max_concurrency: int
     prefill_chunk: int
+    solo_prefill_chunk: int  # >= prefill_chunk; the budget of a step without decode rows
     max_model_len: int
     kv_pages: int  # Device KV page pool size (pages of 64 tokens, shared by all FA layers)
     kv_page_bytes: int  # one page over every full-attention layer, K + V
@@ -172,6 +178,42 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     return value
 
 
+SOLO_CHUNK_CUDA = 8192
+# An eager prefill pass's host time on the H200 machine (eighth session, profiled): Python and
+# launches per layer; and the GPU's rate on a long pass (~0.75 of a ~780 TFLOP/s bf16 peak).
+HOST_S_PER_GDN_LAYER = 2.4e-3
+HOST_S_PER_FULL_LAYER = 1.05e-3
+PREFILL_FLOP_PER_S = 585e12
+
+
+def solo_chunk_pays(model: Qwen35Config, tokens: int) -> bool:
+    """Whether an eager pass of `tokens` tokens keeps the GPU busy: its matmul time (2 x the
+    active projection and MLP parameters per token, estimated from the shape) is at least
+    twice the host's time to launch it. Passes above `prefill_graph_tokens` run eagerly, so a
+    small model's long pass would wait on the host: the 9B and 27B pay at 8192 tokens, the 4B
+    (~0.7x) and the 35B-A3B (3B active) do not."""
+    h = model.hidden_size
+    if model.is_moe:
+        mlp = model.num_experts_per_tok * model.moe_intermediate_size
+        mlp += model.shared_expert_intermediate_size
+    else:
+        mlp = model.intermediate_size
+    per_layer = 4 * h * h + 3 * h * mlp  # projections (~4 h^2) + the SwiGLU MLP
+    gpu_s = 2 * per_layer * model.num_hidden_layers * tokens / PREFILL_FLOP_PER_S
+    n_full = len(model.full_layer_ids)
+    host_s = HOST_S_PER_GDN_LAYER * (model.num_hidden_layers - n_full)
+    host_s += HOST_S_PER_FULL_LAYER * n_full
+    return gpu_s >= 2 * host_s
+
+
+def _solo_chunk(opts: EngineOptions, model: Qwen35Config, chunk: int, on_cuda: bool) -> int:
+    if opts.solo_prefill_chunk is not None:
+        return _check_int("solo_prefill_chunk", opts.solo_prefill_chunk, chunk)
+    if on_cuda and opts.prefill_chunk is None and solo_chunk_pays(model, SOLO_CHUNK_CUDA):
+        return max(chunk, SOLO_CHUNK_CUDA)
+    return chunk
+
+
 def resolve_dtypes(opts: EngineOptions, on_cuda: bool) -> tuple[str, str]:
     """(dtype, kv_dtype) names: "auto" is bfloat16 on CUDA, float32 on the CPU."""
     dtype = opts.dtype
@@ -230,6 +272,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
     dtype, kv_dtype = resolve_dtypes(opts, on_cuda)
     chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
     chunk = _check_int("prefill_chunk", chunk, 16)
+    solo = _solo_chunk(opts, model, chunk, on_cuda)
     host_mib = _check_int("host_cache_mib", opts.host_cache_mib, 0)
     page_bytes = model.kv_bytes_per_token(_itemsize(kv_dtype)) * PAGE_SIZE
     state_bytes = model.state_image_bytes(_itemsize(dtype))
@@ -275,6 +318,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         kv_dtype=kv_dtype,
         max_concurrency=c,
         prefill_chunk=chunk,
+        solo_prefill_chunk=solo,
         max_model_len=max_len,
         kv_pages=pages,
         kv_page_bytes=page_bytes,

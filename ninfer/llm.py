@@ -95,6 +95,7 @@ class LLM:
         kv_dtype: str = "auto",
         max_concurrency: int = 8,
         prefill_chunk: int | None = None,
+        solo_prefill_chunk: int | None = None,
         max_model_len: int | None = None,
         kv_capacity: int | str = "auto",
         host_cache_mib: int = DEFAULT_HOST_CACHE_MIB,

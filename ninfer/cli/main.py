@@ -26,6 +26,11 @@ ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--kv-dtype", "kv_dtype", dict(help='"auto" (= dtype), "bfloat16" or "fp8_e4m3"')),
     ("--max-concurrency", "max_concurrency", dict(type=int, metavar="N", help="lanes, 1..8")),
     ("--prefill-chunk", "prefill_chunk", dict(type=int, metavar="TOKENS")),
+    (
+        "--solo-prefill-chunk",
+        "solo_prefill_chunk",
+        dict(type=int, metavar="TOKENS", help="tokens per prefill pass while no lane decodes"),
+    ),
     ("--max-model-len", "max_model_len", dict(type=int, metavar="TOKENS")),
     ("--kv-capacity", "kv_capacity", dict(metavar="TOKENS", help='or "auto" (free memory)')),
     ("--host-cache-mib", "host_cache_mib", dict(type=int, metavar="MIB", help="0: Device only")),

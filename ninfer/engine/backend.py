@@ -67,7 +67,7 @@ def prepare_runner(runner, cfg, bridge) -> dict[str, float]:
         prefill_graph = (cfg.prefill_graph_tokens, *scratch)
     try:
         figures = runner.warm_up(
-            pages, slots, capture, cfg.max_pages_per_lane, prefill_graph, cfg.prefill_chunk
+            pages, slots, capture, cfg.max_pages_per_lane, prefill_graph, cfg.solo_prefill_chunk
         )
     finally:  # in reverse, so the free lists end as they were
         for s in reversed(slots):

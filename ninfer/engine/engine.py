@@ -231,7 +231,8 @@ class Engine:
             if self.waiting:  # the FIFO head stays blocked: prefetch its Host-only path (§6.6)
                 self.bridge.prefetch_head(self.waiting[0])
             if self.lanes:
-                self._run(plan_step(self.lanes, self.cfg.prefill_chunk))
+                cfg = self.cfg
+                self._run(plan_step(self.lanes, cfg.prefill_chunk, cfg.solo_prefill_chunk))
         if self.inflight is not None and not any(
             s.lane.finish_reason is None and s.lane in self.lanes for s in self.inflight.slices
         ):

@@ -48,6 +48,21 @@ def test_prefill_graphs_need_cuda_graphs_and_own_one_scratch_entry():
     assert cpu.prefill_graph_tokens == 0 and cpu.scratch_entries == 0
 
 
+def test_solo_chunk_derived_only_for_models_whose_long_eager_pass_pays():
+    from ninfer.models.presets import PRESETS
+
+    big, small = dataclasses.replace(PRESETS["9B"], max_position_embeddings=8192), PRESETS["4B"]
+    assert resolve(EngineOptions(kv_capacity=65536), big, CUDA).solo_prefill_chunk == 8192
+    assert resolve(EngineOptions(kv_capacity=65536), small, CUDA).solo_prefill_chunk == 2048
+    assert resolve(EngineOptions(), TINY, CUDA).solo_prefill_chunk == 2048
+    assert resolve(EngineOptions(host_cache_mib=0), TINY, CPU).solo_prefill_chunk == 256
+    # a chunk the user chose is the pass size unless the solo one is given too
+    chosen = EngineOptions(prefill_chunk=1024, kv_capacity=65536)
+    assert resolve(chosen, big, CUDA).solo_prefill_chunk == 1024
+    both = dataclasses.replace(chosen, solo_prefill_chunk=4096)
+    assert resolve(both, big, CUDA).solo_prefill_chunk == 4096
+
+
 def test_int_kv_capacity_caps_max_model_len():
     cfg = resolve(EngineOptions(kv_capacity=1000), TINY, CPU)
     assert cfg.kv_pages == 15 and cfg.max_model_len == 960
@@ -61,6 +76,7 @@ def test_int_kv_capacity_caps_max_model_len():
         (dict(kv_dtype="fp8_e4m3"), "kv_dtype"),
         (dict(dtype="int8"), "dtype"),
         (dict(prefill_chunk=0), "prefill_chunk"),
+        (dict(prefill_chunk=512, solo_prefill_chunk=256), "solo_prefill_chunk"),
         (dict(kv_capacity=10), "kv_capacity"),
         (dict(kv_capacity=640, max_model_len=1024), "kv_capacity"),
         (dict(max_model_len=10**9), "max_model_len"),

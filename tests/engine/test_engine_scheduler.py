@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import queue
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ninfer.engine.lane import Job, Lane, PromptHints
 from ninfer.engine.scheduler import chunk_end, may_admit, plan_step
 from ninfer.request import SamplingParams
@@ -51,3 +54,57 @@ def test_may_admit_respects_concurrency_and_prefill_policy():
     assert may_admit([prefilling], 4, concurrent_prefill=True)
     assert may_admit([decoding], 4, concurrent_prefill=False)
     assert not may_admit([decoding] * 4, 4, concurrent_prefill=True)
+
+
+def test_solo_budget_only_when_no_lane_decodes():
+    lone = _lane(9000, 0)
+    assert [(r.start, r.end) for r in plan_step([lone], 2048, 8192)] == [(0, 8192)]
+    decoding = _lane(10, 10, generated=1)
+    rows = plan_step([decoding, lone], 2048, 8192)
+    assert [(r.start, r.end) for r in rows] == [(10, 11), (0, 2048)]  # decoders wait less
+    assert [(r.start, r.end) for r in plan_step([lone], 2048)] == [(0, 2048)]  # no solo budget
+
+
+def test_final_chunk_with_a_flexible_tap_stays_within_prefill_chunk():
+    tail = _lane(8192, 0, taps=[(8128, False)])  # the prompt tail: taken at the final start
+    assert chunk_end(tail, 8192, 2048) == 6144
+    tail.computed = 6144
+    assert chunk_end(tail, 8192, 2048) == 8192
+    assert chunk_end(_lane(8192, 0), 8192, 2048) == 8192  # no flexible tap: one pass
+    assert chunk_end(_lane(8010, 0, taps=[(7936, False)]), 8192, 2048) == 6016  # ceil64(5962)
+    exact = _lane(8192, 0, taps=[(5000, True), (8128, False)])
+    assert chunk_end(exact, 8192, 2048) == 5000  # an exact tap still splits first
+    ladder = _lane(20000, 0, taps=[(12288, False), (19968, False)])
+    assert chunk_end(ladder, 8192, 2048) == 8192  # flexible taps never split a middle chunk
+    ladder.computed = 16384
+    assert chunk_end(ladder, 8192, 2048) == 17984  # ceil64(20000 - 2048): final pass 2016
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 5000),
+    start=st.integers(0, 4999),
+    base=st.sampled_from([64, 128, 256]),
+    factor=st.integers(1, 8),
+    taps=st.lists(st.tuples(st.integers(1, 5000), st.booleans()), max_size=6),
+)
+def test_chunk_ends_over_a_whole_prompt(n, start, base, factor, taps):
+    """Chunks tile [start, n) within the budget; a middle end is an exact tap, a page boundary
+    or (nothing to floor to) s + budget; the final chunk that takes a flexible tap at its start
+    is at most `base` tokens."""
+    start = min(start, n - 1)
+    budget = base * factor
+    flexible = [(p - p % 64 or 64, False) for p, exact in taps if not exact]
+    plan = sorted({(p, e) for p, e in taps if e} | set(flexible))
+    lane = _lane(n, start, taps=[(p, e) for p, e in plan if start < p <= n])
+    while lane.computed < n:
+        s = lane.computed
+        end = chunk_end(lane, budget, base)
+        assert s < end <= min(n, s + budget)
+        exact_cut = any(e and p == end for p, e in lane.taps)
+        if end < n:
+            assert exact_cut or end % 64 == 0 or end == s + budget
+        elif any(not e and s < p <= n for p, e in lane.taps):
+            assert n - s <= base
+        lane.taps = [(p, e) for p, e in lane.taps if p > end]
+        lane.computed = end
