@@ -25,15 +25,18 @@ one non-blocking copy:
                  | the GDN pass tables (`ninfer.ops.cuda.passmeta`, bound to the batch),
                  each segment 16-byte aligned
     cu_q int32 [3]; the FlashInfer graph-mode prefill wrapper (2 rows), planned on the host
-    before the replay; its kv indices buffer is shared by every bucket. A bucket with enough
-    queries takes the gathered attention path (`PagedAttention.prefill_graph_wrapper`): its
-    K/V scratch holds every page the indices buffer can name, shared by those buckets
+    before the replay; its kv indices buffer is shared by every bucket. With
+    `PagedAttention.gather_graphs` (off by default: see `ninfer.ops.cuda.attention`), a
+    bucket with enough queries takes the gathered attention path
+    (`PagedAttention.prefill_graph_wrapper`): its K/V scratch holds every page the indices
+    buffer can name, shared by those buckets
 
 One replay on the host: fill the pinned mirrors (numpy) -> 2 H2D copies -> plan -> replay.
 No host synchronisation; an event guards the mirrors against a refill while an earlier
 replay's copies may still read them. Capture (`capture()`): largest bucket first, one shared
 memory pool (separate from the decode graphs'), each bucket run once eagerly on a side stream
-(JIT, autotune, torch.compile for its shape) and then captured with `PagedAttention.frozen`.
+(JIT, autotune, torch.compile for its shape) and then captured, both with
+`PagedAttention.frozen` (the eager run takes the captured attention path).
 """
 
 from __future__ import annotations
@@ -264,12 +267,16 @@ class PrefillGraphs:
             pages = [self.scratch_page] * -(-q // PAGE_SIZE)
             self.fill(b, [0] * q, 0, self.scratch_slot, pages)
             stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self.model(b.batch, self.cache, self.ops)  # JIT / autotune / compile, uncaptured
-            torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
+            # frozen for the uncaptured run too, so that it runs the attention path the graph
+            # captures (fill's plan): unfrozen, a bucket's rows at position 0 would take the
+            # fresh-rows ragged path, and a gathered bucket's gather and ragged graph wrapper
+            # would first run inside the capture
             self.attn.frozen = True
             try:
+                with torch.cuda.stream(stream):
+                    self.model(b.batch, self.cache, self.ops)  # JIT / autotune / compile
+                torch.cuda.current_stream(self.device).wait_stream(stream)
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
                     b.logits = self.model(b.batch, self.cache, self.ops)
             finally:

@@ -30,9 +30,17 @@ batch size), and `plan(...)` plans a given wrapper for a batch from metadata the
 (pinned host indptr / last_page_len, device indices), OUTSIDE the graph, before every capture
 and replay. While `frozen` is set (during capture) the forward never plans: every layer runs the
 wrapper planned last. The prefill graphs (`ninfer.engine.prefill_graphs`) take
-`prefill_graph_wrapper(...)`: a paged one, or, for a bucket with enough queries, a gathered one
-(ragged graph wrapper, fixed indptr buffers, the gather's fixed grid and one scratch shared by
-every bucket, at most `GATHER_SCRATCH_BYTES`).
+`prefill_graph_wrapper(...)`: a paged one, or, with `gather_graphs` on and for a bucket with
+enough queries, a gathered one (ragged graph wrapper, fixed indptr buffers, the gather's fixed
+grid and one scratch shared by every bucket, at most `GATHER_SCRATCH_BYTES`).
+
+Why `gather_graphs` is off by default (`GATHER_GRAPHS`): on the H200 a gathered bucket's first
+replay gave NaN logits in every cold full run of tests/engine/test_engine_cuda.py (4 of 4;
+never in a warm run or a fresh process). A replay fills only its own rows of the shared
+scratch, and the ragged kernel's last K/V tile of a row reads on past them: masked scores, but
+P = 0 times whatever reused memory held there (0 x NaN = NaN). The scratch is now zeroed when
+made, which removes that input; `test_gathered_replay_is_finite_over_reused_nan_memory` checks
+it, but has not run on the device yet, so the graphs stay paged until it has.
 
 Plans never overtake a queued pass: FlashInfer's plan() writes its work schedule into the
 wrapper's one page-locked buffer and queues an asynchronous copy of it to the device; a second
@@ -59,6 +67,7 @@ WORKSPACE_BYTES = 256 << 20
 # over its KV tokens, reach this: the measured break-even is ~1100 (9B and 27B heads, H200).
 GATHER_MIN_ROWS = 1536
 GATHER_SCRATCH_BYTES = 2 << 30  # the most K/V a gather may copy (a pass, the graphs' scratch)
+GATHER_GRAPHS = False  # prefill-graph buckets may capture the gathered path (module docstring)
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
@@ -215,6 +224,7 @@ class PagedAttention:
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # the graphs' K/V
         self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # smaller, still captured
         self.gather_min_rows: float = GATHER_MIN_ROWS  # tests and benchmarks force or forbid
+        self.gather_graphs = GATHER_GRAPHS  # read when the prefill graphs are captured
         self.gathered_passes = 0  # plans on the gathered path: tests, benchmarks
         self.frozen = False  # set by the graph runner while capturing: never plan in the forward
         self.guard = _PlanGuard(device)
@@ -281,7 +291,8 @@ class PagedAttention:
     def _graph_gathers(self, shape: tuple, max_q: int, max_kv_tokens: int) -> bool:
         hq, hkv, dim, q_dtype, kv_dtype, _ = shape
         return (
-            q_dtype == kv_dtype
+            self.gather_graphs
+            and q_dtype == kv_dtype
             and max_q * (hq // hkv) >= self.gather_min_rows
             and 0 < _kv_bytes(max_kv_tokens, hkv, dim, kv_dtype) <= GATHER_SCRATCH_BYTES
         )
@@ -297,8 +308,11 @@ class PagedAttention:
                 self._retired.append(have)
                 if have[0].shape[1:] == (hkv, dim):
                     tokens = max(tokens, have[0].shape[0])
+            # zeros, not empty: a pass fills only its own rows, and the ragged kernel's last
+            # K/V tile of a row reads on past them (masked scores, but P = 0 times whatever
+            # the rows hold: NaN left in reused memory made a replay's logits NaN)
             self._scratch = tuple(
-                torch.empty(tokens, hkv, dim, dtype=kv_dtype, device=dev) for _ in "kv"
+                torch.zeros(tokens, hkv, dim, dtype=kv_dtype, device=dev) for _ in "kv"
             )
         return self._scratch
 
