@@ -6,8 +6,8 @@ this module decides, for the admitted lanes, the rows of one step:
   * every decoding lane contributes one row of one token (its last sampled token);
   * prefilling lanes (one at a time unless `concurrent_prefill`) share a budget of
     `prefill_chunk` tokens, in admission order; of `solo_chunk` tokens when no lane decodes
-    (nobody waits between tokens, so a lone prompt takes fewer, longer passes: on the H200 a
-    9B's 8k prompt in one 8192-token pass instead of four of 2048 is ~5 % faster).
+    (nobody waits between tokens, so a lone prompt takes fewer, longer passes: on the H200 the
+    9B's 32k prompt in five passes instead of sixteen took 892 ms instead of 926).
 
 Chunk ends, for a lane at frontier s with prompt length n (planned exact tap e_x, spec §7.1):
 
