@@ -47,6 +47,30 @@ def test_chunked_gdn_matches_recurrent(t, heads):
     torch.testing.assert_close(s_c, s_r, atol=2e-5, rtol=1e-5)
 
 
+def test_chunked_gdn_matches_recurrent_on_correlated_keys():
+    """A repeated token's chunk: keys nearly parallel, beta near 1, little decay, so the
+    chunk's (I + A) is close to singular-looking (A ~ beta x the all-ones lower triangle). The
+    reference's triangular solve still matches the recurrent form: it is the oracle the GPU
+    test of this case (`test_gdn_prefill_is_stable_on_correlated_keys`) compares against,
+    where a matmul-product inverse was off by ~1e5."""
+    g = _gen(3)
+    t, hk, hv, dk, dv = 150, 2, 4, 32, 16
+
+    def near(direction, noise):
+        return direction + noise * torch.randn(1, t, *direction.shape[2:], generator=g)
+
+    q = near(torch.randn(1, 1, hk, dk, generator=g), 0.05)
+    k = near(torch.randn(1, 1, hk, dk, generator=g), 0.05)
+    v = near(torch.randn(1, 1, hv, dv, generator=g), 0.1)
+    decay = torch.full((1, t, hv), -0.01)
+    beta = 0.9 + 0.09 * torch.rand(1, t, hv, generator=g)
+    s0 = torch.randn(1, hv, dk, dv, generator=g)
+    o_c, s_c = chunk_gated_delta_rule_ref(q, k, v, decay, beta, 0.25, s0)
+    o_r, s_r = recurrent_gated_delta_rule_ref(q, k, v, decay, beta, 0.25, s0)
+    torch.testing.assert_close(o_c, o_r, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(s_c, s_r, atol=1e-4, rtol=1e-4)
+
+
 def test_recurrent_gdn_matches_explicit_loop():
     q, k, v, g, beta, s0 = _gdn_inputs(7, 2, 4, 8, 8)
     o, s_final = recurrent_gated_delta_rule_ref(q, k, v, g, beta, 0.3, s0)

@@ -546,7 +546,7 @@ def main() -> None:
     ap.add_argument("--profile-prefill", default="", help="e.g. 9B:1024: host time of a pass")
     ap.add_argument("--chunked", default="", help="e.g. 9B:32768:2048/8192: chunked cold prompt")
     ap.add_argument("--conv-tile", default="", help="the prefill conv's Tile: rows,chans,warps")
-    ap.add_argument("--gdn-intra", default="ninfer", help="GDN intra kernel(s): ninfer,fla")
+    ap.add_argument("--gdn-intra", default="fla", help="GDN intra kernel(s): fla,ninfer")
     ap.add_argument(
         "--gather",
         default="on",

@@ -1,5 +1,5 @@
-"""Gated delta rule over a slot-indexed fp32 state pool: chunked prefill (fla-core's stages and
-our intra-chunk kernel, `gdn_intra`) and an in-place Triton decode step.
+"""Gated delta rule over a slot-indexed fp32 state pool: chunked prefill (fla-core's stages) and
+an in-place Triton decode step.
 
 Prefill (any batch with a row of more than one token, or a row starting a sequence): the rows'
 states are gathered from the pool (zeros for fresh rows, one launch), fla's varlen chunked
@@ -140,10 +140,10 @@ def gdn_prefill(
     scale: float,
     meta: PassMeta,
     normalized: bool = False,
-    intra: str = "ninfer",
+    intra: str = "fla",
 ) -> torch.Tensor:
-    """All rows of a ragged batch through the varlen chunked stages (chunk 64): fla's, with
-    our own intra-chunk kernel by default (`intra`).
+    """All rows of a ragged batch through the varlen chunked stages (chunk 64): fla's (`intra`
+    picks the intra-chunk stage).
 
     Shapes as `ninfer.ops.base.Ops.gdn`. Reads and writes state[slots]; rows with
     has_state == 0 start from zeros. `meta`: the pass's `PassMeta` (shared by its GDN layers).
@@ -153,10 +153,11 @@ def gdn_prefill(
     `Function`, no input guards, and nothing derived from `cu_seqlens` on the host or cached by
     tensor identity, so the same code runs inside a CUDA graph whose tables are refilled
     between replays. `normalized`: q and k are already L2-normalised and contiguous (as
-    `conv.causal_conv_qkv` writes them), so the l2norm stage is skipped. `intra`: "ninfer"
-    computes the intra-chunk stage (w, u) with `gdn_intra.wy_repr` (one launch, the inverse
-    by tensor-core matmuls), "fla" with fla's kkt + solve and recompute kernels (benchmarks
-    compare the two). Returns o [T, Hv, dv] in v.dtype.
+    `conv.causal_conv_qkv` writes them), so the l2norm stage is skipped. `intra`: "fla" (the
+    default) computes the intra-chunk stage (w, u) with fla's kkt + triangular solve and
+    recompute kernels; "ninfer" with `gdn_intra.wy_repr` (one launch, the inverse by a
+    product of matmuls: faster, but unstable when a chunk's keys are correlated, as repeated
+    tokens make them; see that module; benchmarks only). Returns o [T, Hv, dv] in v.dtype.
     """
     from fla.modules.l2norm import l2norm_fwd
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h

@@ -1,5 +1,20 @@
 """The intra-chunk stage of the chunked gated delta rule, in one Triton launch.
 
+**Not the engine's kernel: numerically unstable when a chunk's keys are correlated.** The
+product of matmuls below equals (I + A)^-1 in exact arithmetic, but its factors A^(2^i) grow
+like binomial coefficients when the keys point the same way (A[i, j] ~ beta for k_i = k_j), and
+their rounding errors do not cancel. Against the float64 inverse (largest entry 1), with tf32
+products: keys of mean cosine 0.7 and beta = 0.5, off by 1.8e3; one repeated key, beta = 0.5,
+by 4.6e5, beta = 0.9 by 1.1e13; even fp32 products give 2.1e9 there; random keys, 7e-5
+(`tools/gdn_inverse_stability.py`, CPU). A run of one repeated token is such a chunk:
+the engine's warm-up and prefill-graph capture passes (one token repeated) produced NaN
+states with it on the H200, which then reached a real row through the gathered attention's
+shared K/V scratch (`ninfer.ops.cuda.attention`). Random test inputs (near-orthogonal keys)
+never showed it: error 2e-5. So `CudaOps.gdn_intra` defaults to "fla" (fla's kkt + blocked
+triangular solve: substitution, stable), and this kernel stays for the benchmarks that
+compare the two (`tools/device/bench_gdn_intra.py`); making it stable (substitution on the
+16 x 16 diagonal blocks, products only to merge them, as fla does) is open.
+
 For every 64-token chunk of a row and every value head h (key head h // group), with k the
 chunk's keys [64, dk], beta [64], g [64] the chunk-local cumulative log2 decay:
 

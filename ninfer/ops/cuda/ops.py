@@ -1,9 +1,9 @@
 """`CudaOps`: the op contract (`ninfer.ops.base.Ops`) on FlashInfer, fla-core and Triton.
 
-Attention (FlashInfer), GDN (fla-core prefill stages around our own intra-chunk kernel, own
-Triton decode), the causal conv (own Triton) and decode-sized linears (cuBLAS or a Triton
-skinny GEMM, whichever is faster per weight shape: `linear.py`) have fast paths; the routed MoE
-is sync-free (`moe.py`, capturable);
+Attention (FlashInfer), GDN (fla-core prefill stages, own Triton decode), the causal conv (own
+Triton) and decode-sized linears (cuBLAS or a Triton skinny GEMM, whichever is faster per
+weight shape: `linear.py`) have fast paths; the routed MoE is sync-free (`moe.py`,
+capturable);
 the attention's q / k norm + RoPE and its output gate, SwiGLU and the GDN's gated output norm
 are Triton (`glue.py`); the other norms and the elementwise glue (residual add + norm, GDN
 gates, the shared expert's gate) are the reference's torch code, optionally through
@@ -87,7 +87,9 @@ class CudaOps(ReferenceOps):
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
         self.conv_tile = conv.TILE  # the prefill conv's launch shape (benchmarks sweep it)
-        self.gdn_intra = "ninfer"  # the GDN prefill's intra-chunk kernel: "ninfer" or "fla"
+        # the GDN prefill's intra-chunk kernel: "fla", or "ninfer" (unstable on correlated keys:
+        # `gdn_intra`; benchmarks only)
+        self.gdn_intra = "fla"
         self._rms_norm = _compiled(rms_norm_ref, compile)
         self._gated_rms_norm = _compiled(gated_rms_norm_ref, compile)
         self._rope = _compiled(_rope, compile)
