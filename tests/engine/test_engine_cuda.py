@@ -271,66 +271,52 @@ def test_prefill_graph_replay_equals_eager(model, gather):
     assert gathered == ([2, len(cases) - 1] if gather else [0, 0]), gathered
 
 
-def test_gathered_replay_is_finite_over_reused_nan_memory(model):
-    """A gathered prefill-graph replay fills only its rows of the shared K/V scratch; the
-    ragged kernel's last tile of a row reads past them (masked, but 0 x NaN = NaN). With the
-    allocator's free blocks full of NaN before the scratch is made, the replayed logits stay
-    finite and equal the eager pass's (a NaN here once came from earlier tests' memory)."""
-    junk = [
-        torch.full((64 << 20,), float("nan"), dtype=torch.bfloat16, device=DEV) for _ in range(24)
-    ]  # fmt: skip  (3 GiB of NaN for the caching allocator to reuse)
-    del junk
-    runners = []
-    for graphs in (False, True):
-        ops = CudaOps(DEV)
-        ops.attention_planner.gather_min_rows = 0
-        ops.attention_planner.gather_graphs = True
-        runner = Runner(model, ops, new_cache(slots=9, pages=65), DEV, sampler=_greedy)
-        runner.warm_up([61, 62, 63], list(range(6)), graphs, 16, (256, 64, 8) if graphs else None)
-        runners.append(runner)
-    eager, graph = runners
-    assert graph.ops.attention_planner._scratch is not None  # a gathered bucket was captured
-    tok = [(11 * i) % 2500 + 4 for i in range(600)]
-    # the real row's KV ends 1 padding row before what its last K/V tile covers (tiles of 80
-    # or 128 keys): 250 fresh tokens in bucket 4 (T = 257), then a full bucket of 256 after
-    # 250 cached (506 keys, T = 257: tiles to 512 or 560)
-    for tokens, ctx, pages in ((tok[:250], 0, range(4)), (tok[250:506], 250, range(8))):
-        row = [Row(tokens, ctx, 1, list(pages), GREEDY)]
-        e, g = eager.forward(row).float(), graph.forward(row).float()
-        assert torch.isfinite(g).all() and torch.isfinite(e).all(), (len(tokens), ctx)
-        assert (g - e).abs().max().item() <= 0.1 * e.std().item(), (len(tokens), ctx)
-    assert graph.prefill_graphs.replays == 2
-
-
 LOGPROB_TOL = 0.1  # bf16 logits of two pass shapes: the runner test above measured 0.063 x std
 
 
-def test_engine_prefill_graphs_match_eager_on_cuda(model):
-    """The engine with prefill graphs (a cached multi-turn conversation: every later turn is a
-    short prefill after a restored prefix) gives the eager engine's tokens and their logprobs
-    within LOGPROB_TOL, up to a flip where the eager run's top two are within twice that of
-    each other (bf16, other GEMM shapes; a flip at a 0.055 gap was seen once in ~6 runs)."""
+@pytest.mark.parametrize("gather", [False, True], ids=["paged", "gathered"])
+def test_engine_prefill_graphs_match_eager_on_cuda(model, monkeypatch, gather):
+    """The engine with prefill graphs over a conversation whose later turns echo the previous
+    answer, so that each resumes from that turn's endpoint snapshot and is one short prefill
+    after a cached context: 401 tokens after 307 (bucket 7: gathered with `gather`), then 41
+    after 715. It gives the eager engine's tokens and their logprobs within LOGPROB_TOL, up
+    to a flip where the eager run's top two are within twice that of each other (bf16, other
+    GEMM shapes; a flip at a 0.055 gap was seen once in ~6 runs). Every logprob is finite:
+    with gathered graphs this once gave NaN (the warm-up's repeated-token rows made NaN GDN
+    states, which the gathered attention's shared K/V scratch carried into a real row)."""
     from ninfer.llm import LLM
+    from ninfer.ops.cuda import attention
 
+    monkeypatch.setattr(attention, "GATHER_GRAPHS", gather)
     base = [(13 * i) % 2500 + 4 for i in range(300)]
-    turns = [base, base + list(range(900, 1000)), base + list(range(900, 1000)) + [7] * 40]
+    news = [list(range(900, 1300)), [7] * 40]
     params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
-    outs = {}
-    for tokens in (0, 512):
+    outs, prompts = {}, []
+    for tokens in (0, 512):  # eager first: its answers make the later prompts
         llm = LLM.from_model(
             model, device="cuda", max_concurrency=2, kv_capacity=8192, host_cache_mib=0,
             prefill_chunk=512, check_invariants=True, prefill_graph_tokens=tokens,
         )  # fmt: skip
         try:
             prefill = llm._engine.runner.prefill_graphs
+            planner = llm._engine.runner.ops.attention_planner
             assert (prefill is not None) == (tokens > 0)
-            outs[tokens] = [llm.generate([{"prompt_token_ids": t}], params)[0] for t in turns]
-            if prefill is not None:
-                assert prefill.replays >= 2  # the later turns' suffixes
+            outs[tokens] = []
+            for i in range(3):
+                if tokens == 0:
+                    prompts.append(
+                        base if i == 0 else prompts[-1] + outs[0][-1].token_ids + news[i - 1]
+                    )
+                outs[tokens].append(llm.generate([{"prompt_token_ids": prompts[i]}], params)[0])
+            if tokens == 0:
+                assert [o.usage.cached_tokens for o in outs[0]] == [0, 307, 715]
+            else:
+                assert prefill.replays >= 3  # every turn's prompt or suffix
+                assert (planner.gathered_passes > 0) == gather
         finally:
             llm.close()
     compared = 0
-    for out in outs[512] + outs[0]:  # a graph once gave NaN logits (its first gathered replay)
+    for out in outs[512] + outs[0]:
         assert all(v == v for lp in out.logprobs for v in lp.values()), out.logprobs
     for turn, (warm, cold) in enumerate(zip(outs[512], outs[0], strict=True)):
         for i, (a, b) in enumerate(zip(warm.token_ids, cold.token_ids, strict=True)):

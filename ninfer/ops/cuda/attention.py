@@ -34,13 +34,19 @@ wrapper planned last. The prefill graphs (`ninfer.engine.prefill_graphs`) take
 enough queries, a gathered one (ragged graph wrapper, fixed indptr buffers, the gather's fixed
 grid and one scratch shared by every bucket, at most `GATHER_SCRATCH_BYTES`).
 
-Why `gather_graphs` is off by default (`GATHER_GRAPHS`): on the H200 a gathered bucket's first
-replay gave NaN logits in every cold full run of tests/engine/test_engine_cuda.py (4 of 4;
-never in a warm run or a fresh process). A replay fills only its own rows of the shared
-scratch, and the ragged kernel's last K/V tile of a row reads on past them: masked scores, but
-P = 0 times whatever reused memory held there (0 x NaN = NaN). The scratch is now zeroed when
-made, which removes that input; `test_gathered_replay_is_finite_over_reused_nan_memory` checks
-it, but has not run on the device yet, so the graphs stay paged until it has.
+Why `gather_graphs` is off by default (`GATHER_GRAPHS`): FlashInfer's fa3 ragged kernel reads
+a row's last K/V tile whole, past the row's end into the next row's (or stale) scratch rows;
+those scores are masked, but P = 0 times a non-finite V is NaN, so one non-finite row poisons
+its right neighbour. A graph bucket's right neighbour is its padding row, computed on the
+shared scratch slot and page. On the H200 (2026-12-01) the warm-up's and the captures' rows of
+one repeated token made NaN GDN states with the matmul-product chunk inverse (`gdn_intra`,
+then the default), the padding rows carried them into the scratch, and a gathered replay's
+real row read them: NaN logits in every cold full run of tests/engine/test_engine_cuda.py.
+The GDN prefill now runs fla's stable solve; the engine test covers both graph kinds, and the
+paged kind stays the default: the gathered one was not faster through the engine (9B, 32k
+prompt: 892 ms with it, 886 ms without, not head to head: two machines). Why the NaN showed
+only in a machine's first process is not known. The scratch is zeroed when made, so no row
+ever reads uninitialised memory.
 
 Plans never overtake a queued pass: FlashInfer's plan() writes its work schedule into the
 wrapper's one page-locked buffer and queues an asynchronous copy of it to the device; a second
@@ -310,7 +316,7 @@ class PagedAttention:
                     tokens = max(tokens, have[0].shape[0])
             # zeros, not empty: a pass fills only its own rows, and the ragged kernel's last
             # K/V tile of a row reads on past them (masked scores, but P = 0 times whatever
-            # the rows hold: NaN left in reused memory made a replay's logits NaN)
+            # the rows hold: module docstring)
             self._scratch = tuple(
                 torch.zeros(tokens, hkv, dim, dtype=kv_dtype, device=dev) for _ in "kv"
             )
