@@ -166,9 +166,13 @@ class CacheBridge:
     def try_admit(self, job: Job, now: float, lanes: list[Lane]) -> admission.Verdict:
         return admission.try_admit(self, job, now, lanes)
 
-    def before_chunk(self, lane: Lane, start: int, end: int) -> None:
-        if self.index is not None:
-            publication.before_chunk(self, lane, start, end)
+    def before_chunk(
+        self, lane: Lane, start: int, end: int, tap_at: int | None = None
+    ) -> int | None:
+        """Taps due before the chunk runs; the physical slot of an in-pass tap at `tap_at`."""
+        if self.index is None:
+            return None
+        return publication.before_chunk(self, lane, start, end, tap_at)
 
     def after_advance(self, lane: Lane) -> None:
         if self.index is not None:

@@ -286,7 +286,7 @@ class Engine:
             if not self.bridge.budget.grow(s.lane, s.end):
                 s.lane.finish_reason = "length"  # bounded completion (§9.5)
                 continue
-            self.bridge.before_chunk(s.lane, s.start, s.end)
+            dst = self.bridge.before_chunk(s.lane, s.start, s.end, s.tap_at)
             lane = s.lane
             rows.append(
                 Row(
@@ -297,6 +297,7 @@ class Engine:
                     sample=lane.job.params if s.samples else None,
                     generator=lane.generator,
                     before_layer=lane.restore_ticket.hook() if lane.restore_ticket else None,
+                    tap=None if dst is None else (s.tap_at - s.start, dst),
                 )
             )
             lane.restore_ticket = None  # later passes are stream-ordered behind this one

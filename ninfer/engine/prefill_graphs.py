@@ -205,6 +205,7 @@ class PrefillGraphs:
             b is not None
             and b.graph is not None
             and r.before_layer is None
+            and r.tap is None
             and n_pages <= min(len(r.pages), self.max_pages)
         )
 

@@ -4,7 +4,9 @@ Tap realization against chunk boundaries (s = chunk start, e = chunk end, n = pr
 
     exact tap p        the scheduler cut the chunk at p, so e == p: capture at e
     flexible tap p     s < p <= e < n: capture at e (a page boundary, no split)
-                       s < p <= e == n (final chunk): capture at s, before the chunk runs
+                       s < p <= e == n (final chunk): capture at s, before the chunk runs,
+                       or at the scheduler's `tap_at` inside it (the pass's GDN layers copy
+                       the state there: `models.batch.GdnSplit`; the slot is reserved here)
     capture            D2D copy lane slot -> a staging snapshot slot; a non-aligned frontier also
                        copies its partial block into a cache-owned tail page
     publication        deferred until blocks 0 .. f//64 - 1 (and f//64 for a tail) are committed
@@ -31,14 +33,38 @@ if TYPE_CHECKING:
     from ninfer.engine.cache_bridge import CacheBridge
 
 
-def before_chunk(bridge: CacheBridge, lane: Lane, start: int, end: int) -> None:
-    """Flexible taps inside the prompt's final chunk are taken at its start."""
-    if end != lane.prompt_len or start <= lane.cached_tokens or not lane.taps:
-        return
+def before_chunk(
+    bridge: CacheBridge, lane: Lane, start: int, end: int, tap_at: int | None = None
+) -> int | None:
+    """Flexible taps inside the prompt's final chunk are taken at its start, or at `tap_at`
+    inside the pass: then returns the physical slot the pass copies the state into (None when
+    no snapshot slot is free: the tap is skipped)."""
+    if end != lane.prompt_len or not lane.taps:
+        return None
     inside = [(p, exact) for p, exact in lane.taps if start < p <= end and not exact]
-    if inside:
-        lane.taps = [t for t in lane.taps if t not in inside]
+    if not inside:
+        return None
+    lane.taps = [t for t in lane.taps if t not in inside]
+    if tap_at is not None:
+        return _reserve_in_pass(bridge, lane, start, tap_at)
+    if start > lane.cached_tokens:
         _capture(bridge, lane, start, SnapshotKind.TAP)
+    return None
+
+
+def _reserve_in_pass(bridge: CacheBridge, lane: Lane, start: int, f: int) -> int | None:
+    """A pending tap at page boundary f whose image the next pass writes (no copy here)."""
+    if not (start < f < lane.prompt_len and f % PAGE_SIZE == 0):
+        raise ValueError(f"in-pass tap at {f}: not a page boundary inside ({start}, n)")
+    if f <= lane.last_snapshot:
+        return None
+    grant = bridge.index.allocate_snapshot_slot(lane.lane_id, f, SnapshotKind.TAP)
+    if grant is None:
+        return None
+    bridge.kv.free(grant.freed_pages)
+    lane.pending.append(PendingTap(f, grant.slot, SnapshotKind.TAP))
+    lane.last_snapshot = f
+    return bridge.states.snap_phys[grant.slot]
 
 
 def after_advance(bridge: CacheBridge, lane: Lane) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache, split_last_row
 from ninfer.request import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,9 @@ class Row:
     sample: SamplingParams | None  # None: no logits wanted (a non-final prefill chunk)
     generator: torch.Generator | None = None
     before_layer: Callable[[int], None] | None = None  # waits for a Host restore's layer
+    # (offset, physical slot): snapshot the row's state after its first `offset` tokens into
+    # that slot, inside the pass (the last row of an eager step only; `models.batch.GdnSplit`)
+    tap: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -163,7 +166,7 @@ class Runner:
         ids, pos, smap, cu, slots, lidx, table = _segments(dev, padded, sizes)
         if feed is not None:  # decode rows: flat token i is row i's only token
             ids.copy_(_gather(feed, self.device))
-        return ForwardBatch(
+        batch = ForwardBatch(
             input_ids=ids,
             positions=pos,
             q_lens=q_lens,
@@ -175,6 +178,12 @@ class Runner:
             logits_indices=lidx,
             before_layer=_join_hooks([r.before_layer for r in rows if r.before_layer]),
         )
+        if any(r.tap is not None for r in rows[:-1]):
+            raise ValueError("Row.tap: only the last row of a step may snapshot inside the pass")
+        tap = rows[-1].tap
+        if tap is not None:
+            batch.gdn_split = split_last_row(batch, tap[0], rows[-1].slot, tap[1])
+        return batch
 
     def forward(self, rows: list[Row], feed: Feed | None = None) -> torch.Tensor:
         """Logits [N, vocab] fp32 of the rows that sample: a graph replay for a pure-decode

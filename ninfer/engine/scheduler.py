@@ -18,11 +18,15 @@ Chunk ends, for a lane at frontier s with prompt length n (planned exact tap e_x
     after a non-aligned resume every later chunk boundary is page-aligned and flexible taps,
     which land on chunk boundaries, are aligned too.
 
-A final chunk (end = n) longer than `final_cap` (= prefill_chunk) that holds a flexible tap is
-cut at the page boundary ceil64(n - final_cap) instead: flexible taps inside the final chunk
-are taken at its start (spec §7.1; the prompt tail always is one), so this keeps the tail
-snapshot within prefill_chunk of the end whatever the budget. With budget = final_cap it never
-fires: a final chunk is at most the budget.
+A final chunk (end = n) longer than `final_cap` (= prefill_chunk) that holds a flexible tap
+takes its snapshot at the page boundary c = ceil64(n - final_cap), so that a retry resumes
+within prefill_chunk of the end whatever the budget (flexible taps inside a final chunk are
+otherwise taken at its start, spec §7.1; the prompt tail always is one). The snapshot is taken
+inside the pass (`Slice.tap_at` = c: the GDN layers run the row in two parts, see
+`models.batch.GdnSplit`), one such row per step, moved to the step's end; a second one in the
+same step is cut at c instead (two passes). With budget = final_cap neither happens: a final
+chunk is at most the budget. On the H200 the 9B's 8k prompt took 194 ms in one pass and 201 ms
+cut into 6144 + 2048 (eleventh and twelfth sessions, docs/results-h200.md).
 """
 
 from __future__ import annotations
@@ -35,11 +39,12 @@ from ninfer.models.batch import PAGE_SIZE
 
 @dataclass(slots=True)
 class Slice:
-    """Tokens [start, end) of `lane` in this step."""
+    """Tokens [start, end) of `lane` in this step; `tap_at`: a snapshot position inside them."""
 
     lane: Lane
     start: int
     end: int
+    tap_at: int | None = None
 
     @property
     def samples(self) -> bool:
@@ -48,7 +53,8 @@ class Slice:
 
 
 def chunk_end(lane: Lane, budget: int, final_cap: int | None = None) -> int:
-    """End of the next prefill chunk of `lane` with `budget` tokens available (see above)."""
+    """End of the next prefill chunk of `lane` with `budget` tokens available (see above),
+    cut at `final_tap` when the final chunk would exceed `final_cap`."""
     s, n = lane.computed, lane.prompt_len
     end = min(n, s + budget)
     for pos, exact in lane.taps:
@@ -58,30 +64,55 @@ def chunk_end(lane: Lane, budget: int, final_cap: int | None = None) -> int:
         aligned = end - end % PAGE_SIZE
         if aligned > s:
             end = aligned
-    elif final_cap is not None and n - s > final_cap and _flexible_tap_in(lane, s, n):
-        cut = -(-(n - final_cap) // PAGE_SIZE) * PAGE_SIZE
-        if s < cut < n:
+    elif final_cap is not None:
+        cut = final_tap(lane, s, end, final_cap)
+        if cut is not None:
             end = cut
     return end
+
+
+def final_tap(lane: Lane, start: int, end: int, final_cap: int) -> int | None:
+    """The snapshot position c = ceil64(n - final_cap) of a final chunk [start, n) longer than
+    `final_cap` that holds a flexible tap, or None."""
+    n = lane.prompt_len
+    if end != n or n - start <= final_cap or not _flexible_tap_in(lane, start, n):
+        return None
+    cut = -(-(n - final_cap) // PAGE_SIZE) * PAGE_SIZE
+    return cut if start < cut < n else None
 
 
 def _flexible_tap_in(lane: Lane, s: int, n: int) -> bool:
     return any(not exact and s < pos <= n for pos, exact in lane.taps)
 
 
-def plan_step(lanes: list[Lane], prefill_chunk: int, solo_chunk: int | None = None) -> list[Slice]:
+def plan_step(
+    lanes: list[Lane], prefill_chunk: int, solo_chunk: int | None = None, in_pass: bool = True
+) -> list[Slice]:
     """Rows of the next step: decode rows first (one token each), then prefill chunks of
-    `prefill_chunk` tokens in all, or of `solo_chunk` when there is no decode row."""
+    `prefill_chunk` tokens in all, or of `solo_chunk` when there is no decode row; a chunk
+    with an in-pass snapshot (`in_pass`) last."""
     rows: list[Slice] = []
     for lane in lanes:
         if not lane.prefilling:
             rows.append(Slice(lane, lane.computed, lane.computed + 1))
     budget = prefill_chunk if rows or solo_chunk is None else max(solo_chunk, prefill_chunk)
+    tapped: Slice | None = None
     for lane in lanes:
         if lane.prefilling and budget > 0:
-            end = chunk_end(lane, budget, prefill_chunk)
-            rows.append(Slice(lane, lane.computed, end))
-            budget -= end - lane.computed
+            s = lane.computed
+            if in_pass and tapped is None:
+                end = chunk_end(lane, budget)
+                tap = final_tap(lane, s, end, prefill_chunk)
+            else:
+                end, tap = chunk_end(lane, budget, prefill_chunk), None
+            row = Slice(lane, s, end, tap)
+            if tap is None:
+                rows.append(row)
+            else:
+                tapped = row
+            budget -= end - s
+    if tapped is not None:
+        rows.append(tapped)
     return rows
 
 

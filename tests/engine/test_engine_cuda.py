@@ -352,3 +352,77 @@ def test_mixed_step_split_into_two_replays_on_cuda(model):
     g = graph.forward(rows).float()
     assert graph.split_steps == 1 and g.shape == e.shape == (3, CFG.vocab_size)
     assert (g - e).abs().max().item() <= 0.1 * e.std().item()
+
+
+def test_in_pass_snapshot_on_cuda(model):
+    """A pass whose last row snapshots its state inside (`Row.tap`, CudaOps eager): its logits
+    and final states are the plain pass's (bf16: two GDN calls chunk the row differently), and
+    the snapshot slot holds what a pass ending at the cut leaves there."""
+    prompts = [[(11 * i) % 2400 + 4 for i in range(90)], [(17 * i) % 2400 + 4 for i in range(700)]]
+    pages = [list(range(0, 2)), list(range(2, 13))]
+    caches = []
+    for tap in (None, (576, 6)):
+        runner = Runner(model, CudaOps(DEV), new_cache(), DEV, sampler=_greedy)
+        rows = [Row(prompts[0], 0, 5, pages[0], GREEDY), Row(prompts[1], 0, 1, pages[1], GREEDY)]
+        rows[1].tap = tap
+        caches.append((runner.forward(rows).float(), runner.cache))
+    (plain, c0), (cut, c1) = caches
+    assert_close([cut.cpu()], [plain.cpu()], tol=0.05)
+    for pool in ("conv", "ssm"):
+        for slot in (5, 1):
+            a, b = getattr(c1, pool)[slot].float(), getattr(c0, pool)[slot].float()
+            assert (a - b).abs().max().item() <= 0.02 * b.abs().max().item(), (pool, slot)
+    runner = Runner(model, CudaOps(DEV), new_cache(), DEV, sampler=_greedy)
+    runner.forward([Row(prompts[1][:576], 0, 2, pages[1], GREEDY)])
+    ref = runner.cache
+    for pool in ("conv", "ssm"):
+        a, b = getattr(c1, pool)[6].float(), getattr(ref, pool)[2].float()
+        assert b.abs().max().item() > 0, pool
+        assert (a - b).abs().max().item() <= 0.02 * b.abs().max().item(), pool
+
+
+def test_engine_in_pass_tap_matches_the_cut_on_cuda(model, monkeypatch):
+    """The engine on CUDA with a solo chunk over the whole 700-token prompt: the tail snapshot
+    taken inside the pass (at ceil64(700 - 128) = 576) or by cutting the pass there gives the
+    same tokens (logprobs within LOGPROB_TOL, up to a near-tie flip) and the same resume point;
+    the retry's tokens match the cold run's the same way."""
+    import functools
+
+    from ninfer.engine import scheduler
+    from ninfer.llm import LLM
+
+    prompt = {"prompt_token_ids": [(13 * i) % 2500 + 4 for i in range(700)]}
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
+    outs = {}
+    for in_pass in (True, False):
+        plan = functools.partial(scheduler.plan_step, in_pass=in_pass)
+        monkeypatch.setattr("ninfer.engine.engine.plan_step", plan)
+        llm = LLM.from_model(
+            model, device="cuda", max_concurrency=2, kv_capacity=8192, host_cache_mib=0,
+            prefill_chunk=128, solo_prefill_chunk=1024, check_invariants=True,
+        )  # fmt: skip
+        try:
+            taps: list = []
+            runner, launch = llm._engine.runner, llm._engine.runner.launch
+
+            def spy(rows, *args, taps=taps, launch=launch):
+                taps.extend(r.tap for r in rows)
+                return launch(rows, *args)
+
+            runner.launch = spy
+            cold = llm.generate([prompt], params)[0]
+            assert any(t is not None for t in taps) == in_pass, taps
+            retry = llm.generate([prompt], params)[0]
+            assert retry.usage.cached_tokens == 576
+            outs[in_pass] = (cold, retry)
+        finally:
+            llm.close()
+    base = outs[False][0]
+    for out in (outs[True][0], outs[True][1], outs[False][1]):
+        assert all(v == v for lp in out.logprobs for v in lp.values()), out.logprobs
+        for i, (a, b) in enumerate(zip(out.token_ids, base.token_ids, strict=True)):
+            top = sorted(base.logprobs[i].values(), reverse=True)
+            if a != b:
+                assert a in base.logprobs[i] and top[0] - top[1] < 2 * LOGPROB_TOL, (i, a, b)
+                break
+            assert abs(out.logprobs[i][a] - base.logprobs[i][a]) < LOGPROB_TOL, (i, a)

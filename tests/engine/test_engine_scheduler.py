@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import queue
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ninfer.engine.lane import Job, Lane, PromptHints
-from ninfer.engine.scheduler import chunk_end, may_admit, plan_step
+from ninfer.engine.scheduler import chunk_end, final_tap, may_admit, plan_step
 from ninfer.request import SamplingParams
 
 
@@ -80,6 +81,25 @@ def test_final_chunk_with_a_flexible_tap_stays_within_prefill_chunk():
     assert chunk_end(ladder, 8192, 2048) == 17984  # ceil64(20000 - 2048): final pass 2016
 
 
+def test_a_long_final_chunk_snapshots_inside_its_pass_one_row_per_step():
+    tail = _lane(8192, 0, taps=[(8128, False)])
+    assert final_tap(tail, 0, 8192, 2048) == 6144 and final_tap(tail, 0, 6144, 2048) is None
+    assert final_tap(tail, 6144, 8192, 2048) is None  # within the cap: taken at its start
+    rows = plan_step([tail], 2048, 8192)
+    assert [(r.start, r.end, r.tap_at) for r in rows] == [(0, 8192, 6144)]
+    rows = plan_step([tail], 2048, 8192, in_pass=False)
+    assert [(r.start, r.end, r.tap_at) for r in rows] == [(0, 6144, None)]
+    a, b = _lane(3000, 0, taps=[(2999, False)]), _lane(5000, 0, taps=[(4999, False)])
+    rows = plan_step([a, b], 2048, 8192)  # a snapshots inside (and goes last), b is cut
+    assert [(r.lane, r.start, r.end, r.tap_at) for r in rows] == [
+        (b, 0, 3008, None),
+        (a, 0, 3000, 960),
+    ]
+    decoding = _lane(10, 10, generated=1)
+    rows = plan_step([decoding, tail], 2048, 8192)  # the short budget: no long final chunk
+    assert [(r.start, r.end, r.tap_at) for r in rows] == [(10, 11, None), (0, 2048, None)]
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     n=st.integers(1, 5000),
@@ -88,10 +108,12 @@ def test_final_chunk_with_a_flexible_tap_stays_within_prefill_chunk():
     factor=st.integers(1, 8),
     taps=st.lists(st.tuples(st.integers(1, 5000), st.booleans()), max_size=6),
 )
-def test_chunk_ends_over_a_whole_prompt(n, start, base, factor, taps):
+@pytest.mark.parametrize("in_pass", [False, True])
+def test_chunk_ends_over_a_whole_prompt(in_pass, n, start, base, factor, taps):
     """Chunks tile [start, n) within the budget; a middle end is an exact tap, a page boundary
     or (nothing to floor to) s + budget; the final chunk that takes a flexible tap at its start
-    is at most `base` tokens."""
+    is at most `base` tokens, or (in_pass) snapshots at a page boundary at most `base` tokens
+    before the end."""
     start = min(start, n - 1)
     budget = base * factor
     flexible = [(p - p % 64 or 64, False) for p, exact in taps if not exact]
@@ -99,12 +121,17 @@ def test_chunk_ends_over_a_whole_prompt(n, start, base, factor, taps):
     lane = _lane(n, start, taps=[(p, e) for p, e in plan if start < p <= n])
     while lane.computed < n:
         s = lane.computed
-        end = chunk_end(lane, budget, base)
-        assert s < end <= min(n, s + budget)
+        [row] = plan_step([lane], base, budget, in_pass=in_pass)
+        end, tap = row.end, row.tap_at
+        assert row.start == s < end <= min(n, s + max(budget, base))
         exact_cut = any(e and p == end for p, e in lane.taps)
         if end < n:
             assert exact_cut or end % 64 == 0 or end == s + budget
+            assert tap is None
         elif any(not e and s < p <= n for p, e in lane.taps):
-            assert n - s <= base
+            if tap is None:
+                assert n - s <= base
+            else:
+                assert in_pass and s < tap < n and tap % 64 == 0 and n - tap <= base < n - s
         lane.taps = [(p, e) for p, e in lane.taps if p > end]
         lane.computed = end

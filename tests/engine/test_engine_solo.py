@@ -1,11 +1,15 @@
 """A lone prompt's longer passes (`solo_prefill_chunk`): the same tokens as `prefill_chunk`
-passes, fewer steps, the prompt-tail snapshot still within `prefill_chunk` of the end, and
-decode rows keep the short budget."""
+passes, fewer steps, the prompt-tail snapshot still within `prefill_chunk` of the end (taken
+inside the final pass, without a second one), and decode rows keep the short budget."""
 
 from __future__ import annotations
 
+import functools
 import random
 
+import pytest
+
+from ninfer.engine import scheduler
 from ninfer.request import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -29,11 +33,65 @@ def test_solo_passes_give_the_same_tokens_in_fewer_steps(make_llm):
         runs[solo] = (out.token_ids, steps, retry)
     (base, base_steps, base_retry), (solo, solo_steps, solo_retry) = runs[64], runs[256]
     assert solo == base  # fp32: the pass boundaries do not change the greedy tokens
-    # 700 tokens: 11 passes of 64 against 256 + 256 + 128 + 60 (the tail's cut), then decode
-    assert solo_steps < base_steps - 6, (solo_steps, base_steps)
+    # 700 tokens: 11 passes of 64 against 256 + 256 + 188 (the tail tapped inside), then decode
+    assert solo_steps == base_steps - 8, (solo_steps, base_steps)
     for retry in (base_retry, solo_retry):
         assert retry.token_ids == base
-        assert 700 - 64 <= retry.usage.cached_tokens < 700  # the tail snapshot
+        assert retry.usage.cached_tokens == 640  # the tail snapshot: ceil64(700 - 64)
+
+
+def _spy_steps(engine) -> list[list[tuple[int, int, int | None]]]:
+    """(start, end, tap_at) of every slice of every step the engine runs from now on."""
+    steps: list[list[tuple[int, int, int | None]]] = []
+    run = engine._run
+
+    def spy(slices):
+        steps.append([(s.start, s.end, s.tap_at) for s in slices])
+        return run(slices)
+
+    engine._run = spy
+    return steps
+
+
+@pytest.mark.parametrize("in_pass", [True, False])
+def test_tail_snapshot_inside_the_final_pass_or_cut_before_it(make_llm, monkeypatch, in_pass):
+    """The in-pass tap and the cut give the same tokens and the same snapshot; the in-pass one
+    saves a pass. The retry's cold oracle is a run without the prefix cache."""
+    plan = functools.partial(scheduler.plan_step, in_pass=in_pass)
+    monkeypatch.setattr("ninfer.engine.engine.plan_step", plan)
+    prompt = _prompt(4, 700)
+    cold = make_llm(prefill_chunk=64, solo_prefill_chunk=256, prefix_reuse=False)
+    want = cold.generate([prompt], GREEDY)[0].token_ids
+    llm = make_llm(prefill_chunk=64, solo_prefill_chunk=256)
+    steps = _spy_steps(llm._engine)
+    assert llm.generate([prompt], GREEDY)[0].token_ids == want
+    prefill = [s for step in steps for s in step if s[1] - s[0] > 1]
+    if in_pass:
+        assert prefill == [(0, 256, None), (256, 512, None), (512, 700, 640)], prefill
+    else:
+        assert prefill == [(0, 256, None), (256, 512, None), (512, 640, None), (640, 700, None)]
+    retry = llm.generate([prompt], GREEDY)[0]
+    assert retry.token_ids == want and retry.usage.cached_tokens == 640
+
+
+def test_in_pass_tap_without_a_free_snapshot_slot_is_skipped(make_llm, monkeypatch):
+    """No snapshot slot for the in-pass tap: the pass runs whole, unsplit, the same tokens."""
+    prompt = _prompt(5, 700)
+    cold = make_llm(prefill_chunk=64, solo_prefill_chunk=256, prefix_reuse=False)
+    want = cold.generate([prompt], GREEDY)[0].token_ids
+    llm = make_llm(prefill_chunk=64, solo_prefill_chunk=256)
+    index, rows = llm._engine.bridge.index, []
+    allocate = index.allocate_snapshot_slot
+    monkeypatch.setattr(
+        index,
+        "allocate_snapshot_slot",
+        lambda lane, f, kind: None if f == 640 else allocate(lane, f, kind),
+    )
+    launch = llm._engine.runner.launch
+    monkeypatch.setattr(llm._engine.runner, "launch", lambda r, *a: rows.append(r) or launch(r, *a))
+    assert llm.generate([prompt], GREEDY)[0].token_ids == want
+    assert all(r.tap is None for step in rows for r in step)
+    assert llm.generate([prompt], GREEDY)[0].usage.cached_tokens != 640
 
 
 def test_decoding_lanes_keep_the_short_budget(make_llm):
@@ -54,4 +112,4 @@ def test_decoding_lanes_keep_the_short_budget(make_llm):
     assert all(len(o.token_ids) == 40 for o in outs)
     mixed = [s for s in sizes if len(s) > 1]  # steps with decode rows and a prefill chunk
     assert mixed and all(max(s) <= 64 for s in mixed), sizes
-    assert sizes[0] == [256], sizes  # the lone first prompt: ceil64(300 - 64), then 44
+    assert sizes[0] == [300], sizes  # the lone first prompt: one pass, its tail tapped inside

@@ -42,6 +42,7 @@ def _rope(q, k, positions, inv_freq, rotary_dim: int):
 
 
 logger = logging.getLogger(__name__)
+PASSES_HELD = 3  # prefill passes whose GDN tables are kept: a pass and its GdnSplit's two
 
 
 class _Compiled:
@@ -83,7 +84,9 @@ class CudaOps(ReferenceOps):
 
         self._attention = PagedAttention(torch.device(device))
         self._conv, self._gdn, self._glue = conv, gdn, glue
-        self._pass_batch, self._pass_key, self._pass_meta = None, None, None  # per prefill pass
+        # (batch, key, PassMeta) of the latest prefill passes, newest first: a pass and the two
+        # GDN sub-batches of a snapshot inside it (`models.batch.GdnSplit`) alternate per layer
+        self._passes: list[tuple[ForwardBatch, tuple, object]] = []
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
         self.conv_tile = conv.TILE  # the prefill conv's launch shape (benchmarks sweep it)
@@ -224,16 +227,19 @@ class CudaOps(ReferenceOps):
         the rest (host-built and copied once per pass, not once per layer), or the ones bound
         to `batch` by `bind_pass`."""
         key = (tuple(batch.q_lens), tuple(batch.ctx_lens))
-        if batch is not self._pass_batch or key != self._pass_key:
-            meta = PassMeta.of(batch.q_lens, batch.ctx_lens, batch.cu_q.device)
-            self.bind_pass(batch, meta)
-        return self._pass_meta
+        for held, held_key, meta in self._passes:
+            if held is batch and held_key == key:
+                return meta
+        meta = PassMeta.of(batch.q_lens, batch.ctx_lens, batch.cu_q.device)
+        self.bind_pass(batch, meta)
+        return meta
 
     def bind_pass(self, batch: ForwardBatch, meta) -> None:
         """Makes `meta` (a `PassMeta`) the tables of `batch`'s pass: the prefill-graph runner
         binds its static buffers before a capture (their contents are refilled per replay)."""
-        self._pass_batch, self._pass_key = batch, (tuple(batch.q_lens), tuple(batch.ctx_lens))
-        self._pass_meta = meta
+        key = (tuple(batch.q_lens), tuple(batch.ctx_lens))
+        held = [p for p in self._passes if p[0] is not batch]
+        self._passes = [(batch, key, meta), *held[: PASSES_HELD - 1]]
 
     def gated_delta(
         self,
