@@ -35,7 +35,7 @@ class EngineOptions:
     max_concurrency: int = 8
     prefill_chunk: int | None = None
     # tokens per prefill pass while no lane decodes (a lone prompt: fewer, longer passes; the
-    # prompt's final pass stays within prefill_chunk when a flexible tap waits for its start);
+    # prompt-tail snapshot is taken inside the final pass, within prefill_chunk of the end);
     # None = derived: SOLO_CHUNK_CUDA for a model whose eager pass of that size is bound by the
     # GPU (`solo_chunk_pays`) when prefill_chunk is derived too, else prefill_chunk
     solo_prefill_chunk: int | None = None
