@@ -37,7 +37,9 @@ class EngineOptions:
     # tokens per prefill pass while no lane decodes (a lone prompt: fewer, longer passes; the
     # prompt-tail snapshot is taken inside the final pass, within prefill_chunk of the end);
     # None = derived: SOLO_CHUNK_CUDA for a model whose eager pass of that size is bound by the
-    # GPU (`solo_chunk_pays`) when prefill_chunk is derived too, else prefill_chunk
+    # GPU (`solo_chunk_pays`) when prefill_chunk is derived too, doubled (up to SOLO_CHUNK_MAX)
+    # while such a pass is estimated within SOLO_PASS_S (a request arriving meanwhile waits
+    # for the pass: 9B 16384, 27B 8192), else prefill_chunk
     solo_prefill_chunk: int | None = None
     max_model_len: int | None = None
     kv_capacity: int | str = "auto"
@@ -179,11 +181,29 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
 
 
 SOLO_CHUNK_CUDA = 8192
+SOLO_CHUNK_MAX = 32768
+# the longest estimated solo pass (`pass_seconds`) a derived solo chunk doubles up to. On the
+# H200, one machine, the 9B's 32k prompt: 895.9 ms in passes of 8192, 886.5 in passes of
+# 16384 (two, so ~0.44 s a pass), 881.8 in one pass (thirteenth session).
+SOLO_PASS_S = 0.5
 # An eager prefill pass's host time on the H200 machine (eighth session, profiled): Python and
 # launches per layer; and the GPU's rate on a long pass (~0.75 of a ~780 TFLOP/s bf16 peak).
 HOST_S_PER_GDN_LAYER = 2.4e-3
 HOST_S_PER_FULL_LAYER = 1.05e-3
 PREFILL_FLOP_PER_S = 585e12
+
+
+def pass_seconds(model: Qwen35Config, tokens: int) -> float:
+    """A prefill pass's matmul time on the GPU, estimated from the shape: 2 x the active
+    projection and MLP parameters per token at PREFILL_FLOP_PER_S (attention not counted)."""
+    h = model.hidden_size
+    if model.is_moe:
+        mlp = model.num_experts_per_tok * model.moe_intermediate_size
+        mlp += model.shared_expert_intermediate_size
+    else:
+        mlp = model.intermediate_size
+    per_layer = 4 * h * h + 3 * h * mlp  # projections (~4 h^2) + the SwiGLU MLP
+    return 2 * per_layer * model.num_hidden_layers * tokens / PREFILL_FLOP_PER_S
 
 
 def solo_chunk_pays(model: Qwen35Config, tokens: int) -> bool:
@@ -192,26 +212,26 @@ def solo_chunk_pays(model: Qwen35Config, tokens: int) -> bool:
     twice the host's time to launch it. Passes above `prefill_graph_tokens` run eagerly, so a
     small model's long pass would wait on the host: the 9B and 27B pay at 8192 tokens, the 4B
     (~0.7x) and the 35B-A3B (3B active) do not."""
-    h = model.hidden_size
-    if model.is_moe:
-        mlp = model.num_experts_per_tok * model.moe_intermediate_size
-        mlp += model.shared_expert_intermediate_size
-    else:
-        mlp = model.intermediate_size
-    per_layer = 4 * h * h + 3 * h * mlp  # projections (~4 h^2) + the SwiGLU MLP
-    gpu_s = 2 * per_layer * model.num_hidden_layers * tokens / PREFILL_FLOP_PER_S
+    gpu_s = pass_seconds(model, tokens)
     n_full = len(model.full_layer_ids)
     host_s = HOST_S_PER_GDN_LAYER * (model.num_hidden_layers - n_full)
     host_s += HOST_S_PER_FULL_LAYER * n_full
     return gpu_s >= 2 * host_s
 
 
-def _solo_chunk(opts: EngineOptions, model: Qwen35Config, chunk: int, on_cuda: bool) -> int:
+def _solo_chunk(
+    opts: EngineOptions, model: Qwen35Config, chunk: int, on_cuda: bool, max_len: int
+) -> int:
     if opts.solo_prefill_chunk is not None:
         return _check_int("solo_prefill_chunk", opts.solo_prefill_chunk, chunk)
-    if on_cuda and opts.prefill_chunk is None and solo_chunk_pays(model, SOLO_CHUNK_CUDA):
-        return max(chunk, SOLO_CHUNK_CUDA)
-    return chunk
+    if not (on_cuda and opts.prefill_chunk is None and solo_chunk_pays(model, SOLO_CHUNK_CUDA)):
+        return chunk
+    solo = max(chunk, SOLO_CHUNK_CUDA)
+    while solo < max_len and 2 * solo <= SOLO_CHUNK_MAX:
+        if pass_seconds(model, 2 * solo) > SOLO_PASS_S:
+            break
+        solo *= 2
+    return solo
 
 
 def resolve_dtypes(opts: EngineOptions, on_cuda: bool) -> tuple[str, str]:
@@ -272,7 +292,8 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
     dtype, kv_dtype = resolve_dtypes(opts, on_cuda)
     chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
     chunk = _check_int("prefill_chunk", chunk, 16)
-    solo = _solo_chunk(opts, model, chunk, on_cuda)
+    max_len = opts.max_model_len or model.max_position_embeddings
+    solo = _solo_chunk(opts, model, chunk, on_cuda, max_len)
     host_mib = _check_int("host_cache_mib", opts.host_cache_mib, 0)
     page_bytes = model.kv_bytes_per_token(_itemsize(kv_dtype)) * PAGE_SIZE
     state_bytes = model.state_image_bytes(_itemsize(dtype))

@@ -53,6 +53,12 @@ def test_solo_chunk_derived_only_for_models_whose_long_eager_pass_pays():
 
     big, small = dataclasses.replace(PRESETS["9B"], max_position_embeddings=8192), PRESETS["4B"]
     assert resolve(EngineOptions(kv_capacity=65536), big, CUDA).solo_prefill_chunk == 8192
+    # doubled while a pass stays within SOLO_PASS_S (estimated): the 9B's 16384, the 27B's 8192
+    for name, solo in (("9B", 16384), ("27B", 8192)):
+        assert (
+            resolve(EngineOptions(kv_capacity=65536), PRESETS[name], CUDA).solo_prefill_chunk
+            == solo
+        )
     assert resolve(EngineOptions(kv_capacity=65536), small, CUDA).solo_prefill_chunk == 2048
     assert resolve(EngineOptions(), TINY, CUDA).solo_prefill_chunk == 2048
     assert resolve(EngineOptions(host_cache_mib=0), TINY, CPU).solo_prefill_chunk == 256
