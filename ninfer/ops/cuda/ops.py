@@ -42,7 +42,7 @@ def _rope(q, k, positions, inv_freq, rotary_dim: int):
 
 
 logger = logging.getLogger(__name__)
-PASSES_HELD = 3  # prefill passes whose GDN tables are kept: a pass and its GdnSplit's two
+PASSES_HELD = 3  # batches whose GDN tables are kept: a pass and its GdnSplit sub-batches
 
 
 class _Compiled:
