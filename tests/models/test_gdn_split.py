@@ -3,29 +3,18 @@ without one, and the snapshot slot receives the state a pass ending at the cut l
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from ninfer.models.batch import split_last_row
 from ninfer.models.presets import PRESETS, build_random_model
-from tests.models.util import Row, make_batch, make_cache
+from tests.models.util import Row, make_batch, make_cache, narrow
 
 SLOTS = 4  # 0, 1: the rows' slots; 2: the snapshot; 3: a separate pass ending at the cut
 
 
 def _model(name: str):
-    cfg = dataclasses.replace(
-        PRESETS[name], vocab_size=512, hidden_size=64, num_hidden_layers=4,
-        layer_types=PRESETS[name].layer_types[:4],
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-        intermediate_size=128 if PRESETS[name].intermediate_size else 0,
-        num_experts=8 if PRESETS[name].is_moe else 0,
-        moe_intermediate_size=32 if PRESETS[name].is_moe else 0,
-        shared_expert_intermediate_size=32 if PRESETS[name].is_moe else 0,
-    )  # fmt: skip
+    cfg = narrow(PRESETS[name], layers=4)  # 3 GDN layers and 1 attention layer
     return cfg, build_random_model(cfg, torch.float32, "cpu", seed=5)
 
 

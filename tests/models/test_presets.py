@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from ninfer.models.presets import PRESETS, build_random_model
 from ninfer.models.qwen3_5 import Qwen35ForCausalLM
-from tests.models.util import Row, make_batch, make_cache
+from tests.models.util import Row, make_batch, make_cache, narrow
 
 # text-model parameters (the released names also count the vision tower)
 BILLIONS = {"0.8B": 0.75, "2B": 1.88, "4B": 4.21, "9B": 8.95, "27B": 26.9, "35B-A3B": 34.66}
@@ -27,19 +25,8 @@ def test_preset_shapes(name):
     assert PRESETS["35B-A3B"].is_moe
 
 
-def _narrow(cfg):
-    """Real depth and layer pattern, tiny widths (CPU)."""
-    return dataclasses.replace(
-        cfg, vocab_size=512, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-        head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-        linear_value_head_dim=32, intermediate_size=128 if cfg.intermediate_size else 0,
-        num_experts=8 if cfg.is_moe else 0, moe_intermediate_size=32 if cfg.is_moe else 0,
-        shared_expert_intermediate_size=32 if cfg.is_moe else 0,
-    )  # fmt: skip
-
-
 def test_random_model_is_deterministic_and_fully_random():
-    cfg = _narrow(PRESETS["0.8B"])
+    cfg = narrow(PRESETS["0.8B"])
     a = build_random_model(cfg, torch.float32, "cpu", seed=3)
     b = build_random_model(cfg, torch.float32, "cpu", seed=3)
     c = build_random_model(cfg, torch.float32, "cpu", seed=4)
@@ -54,7 +41,7 @@ def test_random_model_is_deterministic_and_fully_random():
 
 @pytest.mark.parametrize("name", ["27B", "35B-A3B"])
 def test_random_model_bf16_outputs_are_finite_and_vary(ref_ops, name):
-    cfg = _narrow(PRESETS[name])
+    cfg = narrow(PRESETS[name])
     model = build_random_model(cfg, torch.bfloat16, "cpu", seed=0)
     cache = make_cache(cfg, num_pages=2, num_slots=2, dtype=torch.bfloat16)
     prompt = list(range(10, 40))

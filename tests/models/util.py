@@ -6,6 +6,7 @@ Page and slot choice here is deliberately random; the engine allocates its own.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 
@@ -13,6 +14,20 @@ import torch
 
 from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache
 from ninfer.models.config import Qwen35Config
+
+
+def narrow(cfg: Qwen35Config, layers: int | None = None) -> Qwen35Config:
+    """A preset's layer pattern (its first `layers` layers, or all) at tiny widths (CPU)."""
+    depth = {} if layers is None else {
+        "num_hidden_layers": layers, "layer_types": cfg.layer_types[:layers],
+    }  # fmt: skip
+    return dataclasses.replace(
+        cfg, vocab_size=512, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+        linear_value_head_dim=32, intermediate_size=128 if cfg.intermediate_size else 0,
+        num_experts=8 if cfg.is_moe else 0, moe_intermediate_size=32 if cfg.is_moe else 0,
+        shared_expert_intermediate_size=32 if cfg.is_moe else 0, **depth,
+    )  # fmt: skip
 
 
 @dataclass
