@@ -10,6 +10,11 @@ then the root, until one fits:
  pages      shared (a)   private COW          entitlement - ceil(F / 64)
  need = host_only_path_blocks + host_only_tail + (F % 64 != 0) + entitlement - ceil(F / 64)
  fits iff need <= free_pages + evictable (evictable without this admission's own path/tail)
+
+`free_pages` is what the caller may count on: the engine passes free minus the pages it has
+reserved for active lanes, unclamped, so the check is the engine's own need <= free +
+evictable - reserved. `evictable` counts exactly what eviction frees (`evictable_pages`): not
+an unbacked node whose subtree is pinned, which eviction skips.
 """
 
 from __future__ import annotations
@@ -40,9 +45,9 @@ class AdmissionMixin:
         path, cands, _ = self._walk_prompt(prompt)
         return _match_result(path, cands)
 
-    def _walk_prompt(self, prompt: PromptBlocks):
+    def _walk_prompt(self, prompt: PromptBlocks, blocked: set[int] | frozenset = frozenset()):
         """Walk the tree along the prompt; returns (path, [(snapshot, stats at its anchor)]
-        deepest first, root stats)."""
+        deepest first, root stats). `blocked`: LRU nodes eviction skips (not counted in_lru)."""
         n = prompt.n_tokens
         limit = min((n - 1) // BLOCK_TOKENS if n > 0 else 0, len(prompt.hashes))
         data, hashes, extras = prompt.data, prompt.hashes, prompt.extras
@@ -70,7 +75,7 @@ class AdmissionMixin:
                     break
             ds = node.device_state
             if ds == resident:
-                if not node.active_refs and not node.restore_pins:
+                if not node.active_refs and not node.restore_pins and parent not in blocked:
                     in_lru += 1
             elif ds == absent:
                 host_only += 1
@@ -97,17 +102,17 @@ class AdmissionMixin:
         cands.sort(key=lambda c: -c[0].frontier)
         return path, cands, root_stats
 
-    def _source_cost(self, s, st, n: int, ent: int) -> SourceCost:
+    def _source_cost(self, s, st, n: int, ent: int, evictable_now: int) -> SourceCost:
         cfg = self.config
         if s is None:
-            f, blocks, tail, image, evictable = 0, 0, False, False, len(self.lru)
+            f, blocks, tail, image, evictable = 0, 0, False, False, evictable_now
         else:
             f = s.frontier
             blocks = st.host_only
             tail = bool(s.tail) and s.tail_device == _ABSENT
             image = s.device_state == _ABSENT
             tail_in_lru = DeviceEntry(EntryKind.TAIL, s.id) in self.lru
-            evictable = len(self.lru) - st.in_lru - tail_in_lru
+            evictable = evictable_now - st.in_lru - tail_in_lru
         nbytes = (blocks + tail) * cfg.slab_bytes + image * cfg.image_bytes
         need = blocks + tail + (f % BLOCK_TOKENS != 0) + max(0, ent - ceil_div(f, BLOCK_TOKENS))
         cost_s = self.cost.restore_seconds(nbytes) + self.cost.prefill_seconds(f, n - f)
@@ -118,7 +123,9 @@ class AdmissionMixin:
     def quote(self, prompt: PromptBlocks, params: QuoteParams) -> Quote:
         """§6.2-§6.3: choose the source and classify readiness. Mutates nothing, pins nothing."""
         n, ent = prompt.n_tokens, params.entitlement_pages
-        path, cands, root_stats = self._walk_prompt(prompt)
+        blocked = self._blocked_nodes()
+        ev = len(self.lru) - len(blocked)
+        path, cands, root_stats = self._walk_prompt(prompt, blocked)
         match = _match_result(path, cands)
         s_star = s_dev = None
         for s, st in cands:  # deepest first
@@ -129,14 +136,14 @@ class AdmissionMixin:
             if st.all_device and s.device_complete:
                 s_dev = (s, st)
                 break
-        root = self._source_cost(None, root_stats, n, ent)
-        star = None if s_star is None else self._source_cost(*s_star, n, ent)
+        root = self._source_cost(None, root_stats, n, ent, ev)
+        star = None if s_star is None else self._source_cost(*s_star, n, ent, ev)
         if s_dev is None:
             dev = None
         elif s_star is not None and s_dev[0] is s_star[0]:
             dev = star
         else:
-            dev = self._source_cost(*s_dev, n, ent)
+            dev = self._source_cost(*s_dev, n, ent, ev)
         options = _unique([root, star, dev])
         chosen = min(options, key=lambda o: (o.cost_s, o.restore_bytes))
         order = _unique([chosen, dev, root])  # then the cheaper-to-materialise fallbacks

@@ -4,7 +4,13 @@ An entry is a node's page or a snapshot tail's page whose owner has no refs and 
 ordered lists, head = least recently used: `backed` (a Host copy exists: eviction only drops the
 Device copy) and `unbacked` (eviction loses the last copy, §9.4). Backed entries are always
 consumed first. Release appends a lane's nodes in reverse block order, so the deepest block is
-evicted first.
+evicted first; nodes that enter later (a write-through or a restore landing) re-order their
+whole path deepest first behind them (`LivenessMixin._order_path`), so on any path deeper
+blocks go before shallower ones (spec §7.7 step 2):
+
+    turn 1 releases 1-4, turn 2 resumes at 4 and writes 5-8 through:
+    at release   backed [4, 3, 2, 1]              (5-8 pinned until their copy lands)
+    at landing   backed [8, 7, 6, 5, 4, 3, 2, 1]  (not [4, 3, 2, 1, 8, 7, 6, 5])
 """
 
 from __future__ import annotations

@@ -235,6 +235,8 @@ class PrefixIndex(
             node.device_state = _RESIDENT
             node.restore_pins -= 1
             self._node_changed(node)
+        if b.nodes:
+            self._order_path(b.nodes[-1])  # deeper blocks are evicted first (§7.7, §9.1)
         if b.snapshot is not None:
             s = self.snaps[b.snapshot]
             if b.tail:
@@ -255,6 +257,8 @@ class PrefixIndex(
             node.host_state = _RESIDENT
             node.restore_pins -= 1
             self._node_changed(node)
+        if b.nodes:
+            self._order_path(b.nodes[-1])  # behind the path's shallower blocks (§7.7 step 2)
         if b.snapshot is not None:
             s = self.snaps[b.snapshot]
             s.host_state = _RESIDENT

@@ -54,6 +54,55 @@ class LivenessMixin:
         else:
             self.lru.discard(entry)
 
+    def _order_path(self, deepest: int) -> None:
+        """§7.7 step 2, §9.1: deeper blocks are evicted before shallower ones on a path. Move
+        every Device LRU entry from `deepest` up to the root to its list's MRU end, deepest
+        first. Called when nodes enter the LRU late (a write-through or restore landing): a
+        released lane's shallower, already backed blocks went in at its release and would
+        otherwise be evicted before the deeper blocks that landed after them (O(depth))."""
+        nodes, lru = self.tree.nodes, self.lru
+        nid = deepest
+        while nid != ROOT:
+            lru.touch(DeviceEntry(EntryKind.NODE, nid))
+            nid = nodes[nid].parent
+
+    # ---- what eviction can free (§6.3, §9.1) -----------------------------------------------
+
+    def _blocked_nodes(self) -> set[int]:
+        """Unbacked Device LRU nodes that eviction skips because their subtree holds a pinned
+        node or snapshot (losing their last copy would delete it, §9.4).
+
+        A lane's path pins are prefix-closed (its ancestors are pinned with it, so none is in
+        the LRU); every other pin is held by an in-flight transfer batch or a staged lane's
+        source, so walking up from those finds every blocked node: O(pinned + ancestors)."""
+        unbacked = self.lru.unbacked
+        if not unbacked:
+            return set()
+        nodes, snaps = self.tree.nodes, self.snaps
+        starts: list[int] = []
+        for b in self.batches.values():
+            starts.extend(b.nodes)
+            if b.snapshot is not None:
+                starts.append(snaps[b.snapshot].anchor)
+        for rec in self.lanes.values():
+            if rec.source_pinned:
+                starts.append(snaps[rec.source].anchor)
+        seen: set[int] = set()
+        blocked: set[int] = set()
+        for nid in starts:
+            while nid != ROOT and nid not in seen:
+                seen.add(nid)
+                if DeviceEntry(EntryKind.NODE, nid) in unbacked:
+                    blocked.add(nid)
+                nid = nodes[nid].parent
+        return blocked
+
+    def evictable_pages(self) -> int:
+        """Device pages eviction can free now (§9.5 `evictable`): every Device LRU entry but
+        the unbacked nodes whose subtree is pinned. Evicting them all frees exactly this many
+        pages (a subtree deleted with its root is made of LRU entries counted here)."""
+        return len(self.lru) - len(self._blocked_nodes())
+
     # ---- counters along a path -------------------------------------------------------------
 
     def _walk(self, anchor: int, live_delta: int, retained_delta: int, sid: int) -> None:

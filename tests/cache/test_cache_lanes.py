@@ -127,7 +127,7 @@ def test_prefetch_copies_the_heads_host_only_path_into_spare_pages():
     assert [(b.node, b.page) for b in rb.blocks] == [(1, 31), (2, 32), (3, 33), (4, 34)]
     assert len(ix.lru) == 0  # Filling nodes are pinned
     ix.on_restore_landed(rb.batch_id)
-    assert list(ix.lru.order()) == [N(1), N(2), N(3), N(4)]
+    assert list(ix.lru.order()) == [N(4), N(3), N(2), N(1)]  # deeper blocks go first
     q = ix.quote(prepare_prompt(A), QuoteParams(12, 20, 100))
     assert (q.readiness, q.source, q.restore_blocks) == (Readiness.READY, 1, 0)
     assert ix.counters.prefetched_blocks == 4
