@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from ninfer.request import Metrics, RequestOutput, SamplingParams, Usage
+from ninfer.request import EngineError, Metrics, RequestOutput, SamplingParams, Usage
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "Metrics", "RequestOutput", "SamplingParams", "Usage", "__version__"]
+__all__ = [
+    "LLM",
+    "EngineError",
+    "Metrics",
+    "RequestOutput",
+    "SamplingParams",
+    "Usage",
+    "__version__",
+]
 
 
 def __getattr__(name: str):

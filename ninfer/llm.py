@@ -11,8 +11,8 @@ import contextlib
 import itertools
 import logging
 import queue
+import threading
 import time
-from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -33,7 +33,8 @@ from ninfer.engine.backend import select_ops
 from ninfer.engine.cache_bridge import torch_dtype
 from ninfer.engine.engine import Engine
 from ninfer.engine.lane import Job
-from ninfer.request import RequestOutput, SamplingParams, StreamDelta
+from ninfer.engine.outputs import is_engine_error
+from ninfer.request import EngineError, RequestOutput, SamplingParams, StreamDelta
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,8 @@ class LLM:
         self.startup_s = time.perf_counter() - t_start  # weights, pools, warm-up, graphs
         logger.info("ninfer: engine ready in %.2f s", self.startup_s)
         self._ids = itertools.count()
+        self._live: dict[str, Job] = {}  # submitted, final output not yet read (for cancel)
+        self._live_lock = threading.Lock()
 
     # ---- properties -------------------------------------------------------------------------
     @property
@@ -214,30 +217,74 @@ class LLM:
         job.blocks = prepare_prompt(ids) if error is None and self._cfg.prefix_reuse else None
         return job
 
-    def _prepare(self, make_input, params: SamplingParams, single: bool, stream=False) -> Job:
+    def _prepare(self, make_input, params, single: bool, stream=False, field="prompt") -> Job:
+        """Validate one request into a Job: ValueError naming the field when `single`, else a
+        Job that finishes at once with that error. `params` are copied (frozen) here."""
         try:
-            params.validate()
-            prompt = make_input()
+            frozen = _checked_params(params)
+            try:
+                prompt = make_input()
+            except ValueError:
+                raise
+            except Exception as e:  # a malformed value of the wrong type (TypeError, ...)
+                raise ValueError(f"{field}: malformed input ({type(e).__name__}: {e})") from e
             forms.validate(prompt, self._model_config.vocab_size, self._cfg.max_model_len)
+            if prompt.token_ids and any(  # a tokenizer or template returned non-int ids
+                isinstance(t, bool) or not isinstance(t, int) for t in prompt.token_ids
+            ):
+                raise ValueError(f"{field}: rendered to token ids that are not integers")
         except ValueError as e:
             if single:
                 raise
-            return self._job(None, params, str(e), stream)
-        return self._job(prompt, params, None, stream)
+            return self._job(None, SamplingParams(), _error_text(e), stream)
+        return self._job(prompt, frozen, None, stream)
+
+    def _submit(self, job: Job) -> None:
+        with self._live_lock:
+            self._live[job.request_id] = job
+        try:
+            self._engine.submit(job)
+        except BaseException:
+            self._forget(job)
+            raise
+
+    def _forget(self, job: Job) -> None:
+        with self._live_lock:
+            if self._live.get(job.request_id) is job:
+                del self._live[job.request_id]
+
+    def cancel(self, request_id: str) -> bool:
+        """Thread-safe: the request ends "abort" (what it committed stays cached). True when
+        a live request had that id; False when it is unknown or already answered."""
+        with self._live_lock:
+            job = self._live.get(request_id)
+        if job is None:
+            return False
+        self._engine.cancel(job)
+        return True
 
     def _run_batch(self, jobs: list[Job], single: bool) -> list[RequestOutput]:
-        for job in jobs:
-            self._engine.submit(job)
-        outs = [self._wait_final(job) for job in jobs]
+        submitted: list[Job] = []
+        try:
+            for job in jobs:
+                self._submit(job)
+                submitted.append(job)
+            outs = [self._wait_final(job) for job in jobs]
+        except BaseException:  # KeyboardInterrupt, or a submit refused: stop what runs
+            for job in submitted:
+                self._engine.cancel(job)
+                self._forget(job)
+            raise
         if single and outs[0].finish_reason == "error":
-            raise ValueError(outs[0].error)
+            _raise_for(outs[0])
         return outs
 
     def generate(self, prompts, sampling_params=None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. A single prompt that cannot be served raises
-        ValueError naming the field; inside a list it comes back with finish_reason "error"."""
+        ValueError naming the field (EngineError when the engine failed it); inside a list it
+        comes back with finish_reason "error". Ctrl+C cancels the call's requests."""
         single = forms.is_single_prompt(prompts)
-        items = [prompts] if single else list(prompts)
+        items = [prompts] if single else _as_list(prompts, "prompts")
         params = _params_list(sampling_params, len(items))
         jobs = [
             self._prepare(lambda it=it: forms.from_prompt(it, self._tokenizer), p, single)
@@ -249,53 +296,49 @@ class LLM:
         self, conversations, sampling_params=None, tools=None, enable_thinking: bool = True
     ) -> list[RequestOutput]:
         single = forms.is_conversation(conversations)
-        items = [conversations] if single else list(conversations)
+        items = [conversations] if single else _as_list(conversations, "conversations")
         params = _params_list(sampling_params, len(items))
         jobs = [
-            self._prepare(lambda c=c: self._render(c, tools, enable_thinking), p, single)
+            self._prepare(
+                lambda c=c: self._render(c, tools, enable_thinking), p, single, field="messages"
+            )
             for c, p in zip(items, params, strict=True)
         ]
         return self._run_batch(jobs, single)
 
     def _render(self, messages, tools, enable_thinking) -> forms.PromptInput:
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("messages: a conversation is a list of message dicts")
         return forms.from_conversation(messages, self._template, tools, enable_thinking)
 
     def stream(
-        self, prompt_or_messages, sampling_params=None, tools=None, enable_thinking: bool = True
-    ) -> Iterator[StreamDelta | RequestOutput]:
-        """Token deltas, then the final RequestOutput. Closing the iterator early cancels the
-        request (finish_reason "abort"); what it committed stays cached."""
-        params = sampling_params or SamplingParams()
+        self,
+        prompt_or_messages,
+        sampling_params=None,
+        tools=None,
+        enable_thinking: bool = True,
+    ) -> RequestStream:
+        """Token deltas, then the final RequestOutput. The request is submitted at once; its id
+        is `.request_id` (for `cancel`). Closing the iterator early, from any thread, cancels
+        the request (finish_reason "abort"); what it committed stays cached."""
+        params = SamplingParams() if sampling_params is None else sampling_params
         item = prompt_or_messages
+        conversation = forms.is_conversation(item)
         make = (
             (lambda: self._render(item, tools, enable_thinking))
-            if forms.is_conversation(item)
+            if conversation
             else (lambda: forms.from_prompt(item, self._tokenizer))
         )
-        return self._stream(self._prepare(make, params, True, True))
-
-    def _stream(self, job: Job) -> Iterator[StreamDelta | RequestOutput]:
-        self._engine.submit(job)
-        done = False
-        try:
-            while True:
-                event = self._engine.next_event(job)
-                if isinstance(event, RequestOutput):
-                    done = True
-                    if event.finish_reason == "error":
-                        raise ValueError(event.error)
-                    yield event
-                    return
-                yield event
-        finally:
-            if not done:
-                self._engine.cancel(job)
-                self._wait_final(job)  # settled (published, released) before close() returns
+        field = "messages" if conversation else "prompt"
+        job = self._prepare(make, params, True, True, field=field)
+        self._submit(job)
+        return RequestStream(self, job)
 
     def _wait_final(self, job: Job) -> RequestOutput:
         while True:
             event = self._engine.next_event(job)
             if isinstance(event, RequestOutput):
+                self._forget(job)
                 return event
 
     # ---- lifetime ---------------------------------------------------------------------------
@@ -341,12 +384,104 @@ def _options(model: str | None, kwargs: dict) -> EngineOptions:
     return EngineOptions(model=model, **kwargs)
 
 
-def _params_list(sampling_params, n: int) -> list[SamplingParams]:
+def _params_list(sampling_params, n: int) -> list:
+    """One entry per prompt (each checked per request by `_checked_params`)."""
     if sampling_params is None:
         return [SamplingParams() for _ in range(n)]
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params] * n
-    params = list(sampling_params)
+    params = _as_list(sampling_params, "sampling_params")
     if len(params) != n:
         raise ValueError(f"sampling_params: {len(params)} given for {n} prompts")
     return params
+
+
+def _as_list(items, name: str) -> list:
+    if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
+        raise ValueError(f"{name}: expected a list, got {type(items).__name__}")
+    return list(items)
+
+
+def _checked_params(params) -> SamplingParams:
+    """A validated, frozen copy of one request's SamplingParams (ValueError naming the field)."""
+    if params is None:
+        params = SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+    return params.validated()
+
+
+def _error_text(e: ValueError) -> str:
+    text = str(e)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a message quoting a lone surrogate: keep it printable
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _raise_for(out: RequestOutput):
+    """A single-prompt call's failure: EngineError for an engine fault, else ValueError."""
+    if is_engine_error(out):
+        raise EngineError(out.error)
+    raise ValueError(out.error)
+
+
+class RequestStream:
+    """The iterator `LLM.stream` returns: StreamDelta events, then the final RequestOutput.
+
+    `close()` may be called from any thread: from the iterating thread (or with no iteration in
+    progress) it cancels the request and waits until it is settled (published, released);
+    from another thread while `next()` blocks it cancels, and the iterating thread then gets
+    the final "abort" output and the iteration ends."""
+
+    def __init__(self, llm: LLM, job: Job) -> None:
+        self._llm = llm
+        self._job = job
+        self._lock = threading.Lock()  # held by whoever reads the job's events
+        self._done = False
+        self.request_id = job.request_id
+
+    def __iter__(self) -> RequestStream:
+        return self
+
+    def __next__(self) -> StreamDelta | RequestOutput:
+        with self._lock:
+            if self._done:
+                raise StopIteration
+            try:
+                event = self._llm._engine.next_event(self._job)
+            except BaseException:
+                self._llm._engine.cancel(self._job)  # Ctrl+C while waiting
+                raise
+            if isinstance(event, RequestOutput):
+                self._done = True
+                self._llm._forget(self._job)
+                if event.finish_reason == "error":
+                    _raise_for(event)
+            return event
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._llm._engine.cancel(self._job)
+        if not self._lock.acquire(blocking=False):
+            return  # another thread is reading: it gets the "abort" output
+        try:
+            if not self._done:
+                self._llm._wait_final(self._job)  # settled before close() returns
+                self._done = True
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> RequestStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if not self._done:
+                self._llm._engine.cancel(self._job)
+                self._llm._forget(self._job)

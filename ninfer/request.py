@@ -6,10 +6,27 @@ above the engine and by the CLI.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+# Limits of SamplingParams (checked at submission, named in the errors):
+MAX_LOGPROBS = 20  # top-k log-probabilities per position (OpenAI's top_logprobs cap)
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes an unsigned 64-bit seed
+MAX_TEMPERATURE = 100.0  # logits / T stay finite and meaningful in fp32
+# A temperature below this is greedy (as vLLM's sampling epsilon): dividing the logits by a
+# subnormal number overflows them to inf, and the softmax of those is NaN.
+MIN_TEMPERATURE = 1e-5
+MAX_STOP_STRINGS = 64
+MAX_STOP_TOKEN_IDS = 1024
+
+
+class EngineError(RuntimeError):
+    """The engine could not serve a request for a reason that is not the request's fault: an
+    injected or transient fault in its step, or a fault that ended the engine. Raised by a
+    single-prompt call; inside a batch it is that output's error (finish_reason "error")."""
 
 
 @dataclass(slots=True)
@@ -37,24 +54,40 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
-        if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
-        if self.stop_token_ids is not None and not all(
-            isinstance(t, int) for t in self.stop_token_ids
-        ):
-            raise ValueError("stop_token_ids must be a list of integers")
+        self.validated()
+
+    def validated(self) -> SamplingParams:
+        """A checked, frozen copy (ValueError naming the first bad field): numbers normalised
+        (floats as float), `stop` and `stop_token_ids` as tuples. The engine keeps this copy,
+        so changing the caller's object after submission has no effect on the request."""
+        max_tokens = _int_field("max_tokens", self.max_tokens, 1, None, ">= 1")
+        temperature = _float_field("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        top_p = _float_field("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        top_k = _int_field("top_k", self.top_k, None, None, "-1 (off) or >= 1")
+        if top_k < 1 and top_k != -1:
+            raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {top_k!r}")
+        min_p = _float_field("min_p", self.min_p, 0.0, 1.0)
+        seed = None
+        if self.seed is not None:
+            seed = _int_field("seed", self.seed, 0, MAX_SEED, f"in [0, {MAX_SEED}]")
+        logprobs = None
+        if self.logprobs is not None:
+            rng = f"in [0, {MAX_LOGPROBS}] (or None)"
+            logprobs = _int_field("logprobs", self.logprobs, 0, MAX_LOGPROBS, rng)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {_show(self.ignore_eos)}")
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0 if temperature < MIN_TEMPERATURE else temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            seed=seed,
+            stop=_stop_field(self.stop),
+            stop_token_ids=_stop_ids_field(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+        )
 
     @property
     def greedy(self) -> bool:
@@ -68,6 +101,9 @@ class Usage:
     cached_tokens: the reuse frontier the request resumed from (prompt tokens not prefilled).
     cached_prefix_tokens: the longest cached block prefix, reusable or not.
     restored_host_bytes: bytes copied from the Host tier for this request.
+    cache_creation_tokens: prompt tokens this request prefilled into blocks it newly inserted
+    into the prefix cache (Anthropic's `cache_creation_input_tokens`); a block another request
+    had already cached, or a Host-only block given a Device copy, is not counted.
     """
 
     prompt_tokens: int = 0
@@ -75,6 +111,7 @@ class Usage:
     cached_tokens: int = 0
     cached_prefix_tokens: int = 0
     restored_host_bytes: int = 0
+    cache_creation_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -121,3 +158,70 @@ class StreamDelta:
     request_id: str
     token_ids: list[int]
     text: str
+
+
+def _show(value: object) -> str:
+    """A bounded repr for error messages (a hostile value may be huge)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _int_field(name: str, value: object, lo: int | None, hi: int | None, rule: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer {rule}, got {_show(value)}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(f"{name} must be an integer {rule}, got {_show(value)}")
+    return int(value)
+
+
+def _float_field(
+    name: str, value: object, lo: float, hi: float, *, low_open: bool = False
+) -> float:
+    rule = f"{'(' if low_open else '['}{lo:g}, {hi:g}]"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a finite number in {rule}, got {_show(value)}")
+    try:
+        x = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite number in {rule}, got {_show(value)}") from None
+    ok = math.isfinite(x) and (lo < x if low_open else lo <= x) and x <= hi
+    if not ok:
+        raise ValueError(f"{name} must be a finite number in {rule}, got {_show(value)}")
+    return x
+
+
+def _text_ok(s: str) -> bool:
+    try:
+        s.encode("utf-8")  # lone surrogates cannot be encoded (nor matched in decoded text)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _stop_field(stop: object) -> tuple[str, ...] | None:
+    if stop is None:
+        return None
+    items = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(
+            f"stop must be a non-empty string or a list of them, got {type(stop).__name__}"
+        )
+    if len(items) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop: at most {MAX_STOP_STRINGS} strings, got {len(items)}")
+    for s in items:
+        if not isinstance(s, str) or not s or not _text_ok(s):
+            raise ValueError(f"stop must hold non-empty, valid UTF-8 strings, got {_show(s)}")
+    return tuple(items)
+
+
+def _stop_ids_field(ids: object) -> tuple[int, ...] | None:
+    if ids is None:
+        return None
+    if not isinstance(ids, (list, tuple)):
+        raise ValueError(f"stop_token_ids must be a list of integers, got {type(ids).__name__}")
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise ValueError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise ValueError(f"stop_token_ids must be a list of integers, got {_show(t)}")
+    return tuple(ids)

@@ -80,6 +80,7 @@ def final_output(lane: Lane, now: float) -> RequestOutput:
             cached_tokens=lane.cached_tokens,
             cached_prefix_tokens=lane.cached_prefix_tokens,
             restored_host_bytes=lane.restored_host_bytes,
+            cache_creation_tokens=lane.created_prompt_tokens,
         ),
         metrics=Metrics(
             queued_s=max(lane.t_admit - job.t_submit, 0.0),
@@ -99,6 +100,27 @@ def _restore_seconds(ticket) -> float:
         return 0.0  # (a lane cancelled before its first pass may not have waited)
     elapsed = ticket.elapsed_ms()
     return max(elapsed.values()) / 1e3 if elapsed else 0.0
+
+
+# Errors the engine gives a request that did nothing wrong (a fault in its step, or the engine's
+# end) start with this; `LLM` raises EngineError for them instead of ValueError.
+ENGINE_ERROR_PREFIX = "engine error: "
+
+
+def engine_error_text(message: str) -> str:
+    return message if message.startswith(ENGINE_ERROR_PREFIX) else ENGINE_ERROR_PREFIX + message
+
+
+def is_engine_error(out: RequestOutput) -> bool:
+    return out.finish_reason == "error" and (out.error or "").startswith(ENGINE_ERROR_PREFIX)
+
+
+def fault_output(lane: Lane, message: str, now: float) -> RequestOutput:
+    """A lane failed by a fault: what it generated so far, finish_reason "error"."""
+    out = final_output(lane, now)
+    out.finish_reason = "error"
+    out.error = engine_error_text(message)
+    return out
 
 
 def error_output(job: Job, message: str, reason: str = "error") -> RequestOutput:
