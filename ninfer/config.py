@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, prefill_seconds
 from ninfer.models.batch import PAGE_SIZE
 from ninfer.models.config import Qwen35Config
 
@@ -78,6 +79,8 @@ class DeviceFacts:
     device: str  # "cpu" | "cuda" | "cuda:N"
     free_bytes: int  # free device memory (CPU: available RAM, informational)
     total_bytes: int
+    # matmul peaks and copy rates (`ninfer.costs`); None: the CPU's or the nominal CUDA figures
+    rates: DeviceRates | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,14 @@ class EngineConfig:
     prefill_graph_tokens: int  # 0 when off (no CUDA graphs); else a multiple of 64
     seed: int
     check_invariants: bool
+    # the rates every time estimate uses (`ninfer.costs`): the scheduler's pass sizing and the
+    # cache's cost model (spec §6.2, §9.4)
+    prefill_flops_per_s: float = CPU_RATES.prefill_flops_per_s("float32")
+    h2d_bytes_per_s: float = CPU_RATES.h2d_bytes_per_s
+    d2h_bytes_per_s: float = CPU_RATES.d2h_bytes_per_s
+    pass_overhead_s: float = CPU_RATES.pass_overhead_s
+    copy_latency_s: float = CPU_RATES.copy_latency_s
+    device_rates: str = CPU_RATES.source  # where the rates come from: probe | nominal | cpu
 
     @property
     def state_slots(self) -> int:
@@ -151,8 +162,11 @@ def probe_device(device: str) -> DeviceFacts:
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ValueError(f"device={device!r}: CUDA is not available on this machine")
+        from ninfer.costs import rates_for
+
+        rates = rates_for(device)  # probed once per process, before free memory is read
         free, total = torch.cuda.mem_get_info(torch.device(device))
-        return DeviceFacts(device=device, free_bytes=int(free), total_bytes=int(total))
+        return DeviceFacts(device, int(free), int(total), rates)
     if device != "cpu":
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
     total = _cpu_total_bytes()
@@ -187,32 +201,26 @@ SOLO_CHUNK_MAX = 32768
 # 16384 (two, so ~0.44 s a pass), 881.8 in one pass (thirteenth session).
 SOLO_PASS_S = 0.5
 # An eager prefill pass's host time on the H200 machine (eighth session, profiled): Python and
-# launches per layer; and the GPU's rate on a long pass (~0.75 of a ~780 TFLOP/s bf16 peak).
+# launches per layer.
 HOST_S_PER_GDN_LAYER = 2.4e-3
 HOST_S_PER_FULL_LAYER = 1.05e-3
-PREFILL_FLOP_PER_S = 585e12
 
 
-def pass_seconds(model: Qwen35Config, tokens: int) -> float:
-    """A prefill pass's matmul time on the GPU, estimated from the shape: 2 x the active
-    projection and MLP parameters per token at PREFILL_FLOP_PER_S (attention not counted)."""
-    h = model.hidden_size
-    if model.is_moe:
-        mlp = model.num_experts_per_tok * model.moe_intermediate_size
-        mlp += model.shared_expert_intermediate_size
-    else:
-        mlp = model.intermediate_size
-    per_layer = 4 * h * h + 3 * h * mlp  # projections (~4 h^2) + the SwiGLU MLP
-    return 2 * per_layer * model.num_hidden_layers * tokens / PREFILL_FLOP_PER_S
+def pass_seconds(model: Qwen35Config, tokens: int, flops_per_s: float | None = None) -> float:
+    """A prefill pass's GPU time from the shape (`ninfer.costs.prefill_seconds`: matmuls,
+    attention, GDN), at `flops_per_s` (default: the nominal CUDA device's bf16 rate). The same
+    model the cache's cost model is built from (`CacheBridge`)."""
+    rate = flops_per_s or CUDA_NOMINAL.prefill_flops_per_s("bfloat16")
+    return prefill_seconds(model, rate, tokens)
 
 
-def solo_chunk_pays(model: Qwen35Config, tokens: int) -> bool:
+def solo_chunk_pays(model: Qwen35Config, tokens: int, flops_per_s: float | None = None) -> bool:
     """Whether an eager pass of `tokens` tokens keeps the GPU busy: its matmul time (2 x the
     active projection and MLP parameters per token, estimated from the shape) is at least
     twice the host's time to launch it. Passes above `prefill_graph_tokens` run eagerly, so a
     small model's long pass would wait on the host: the 9B and 27B pay at 8192 tokens, the 4B
     (~0.7x) and the 35B-A3B (3B active) do not."""
-    gpu_s = pass_seconds(model, tokens)
+    gpu_s = pass_seconds(model, tokens, flops_per_s)
     n_full = len(model.full_layer_ids)
     host_s = HOST_S_PER_GDN_LAYER * (model.num_hidden_layers - n_full)
     host_s += HOST_S_PER_FULL_LAYER * n_full
@@ -220,15 +228,17 @@ def solo_chunk_pays(model: Qwen35Config, tokens: int) -> bool:
 
 
 def _solo_chunk(
-    opts: EngineOptions, model: Qwen35Config, chunk: int, on_cuda: bool, max_len: int
-) -> int:
+    opts: EngineOptions, model: Qwen35Config, chunk: int, on_cuda: bool, max_len: int,
+    rate: float,
+) -> int:  # fmt: skip
     if opts.solo_prefill_chunk is not None:
         return _check_int("solo_prefill_chunk", opts.solo_prefill_chunk, chunk)
-    if not (on_cuda and opts.prefill_chunk is None and solo_chunk_pays(model, SOLO_CHUNK_CUDA)):
+    pays = solo_chunk_pays(model, SOLO_CHUNK_CUDA, rate)
+    if not (on_cuda and opts.prefill_chunk is None and pays):
         return chunk
     solo = max(chunk, SOLO_CHUNK_CUDA)
     while solo < max_len and 2 * solo <= SOLO_CHUNK_MAX:
-        if pass_seconds(model, 2 * solo) > SOLO_PASS_S:
+        if pass_seconds(model, 2 * solo, rate) > SOLO_PASS_S:
             break
         solo *= 2
     return solo
@@ -293,7 +303,9 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
     chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
     chunk = _check_int("prefill_chunk", chunk, 16)
     max_len = opts.max_model_len or model.max_position_embeddings
-    solo = _solo_chunk(opts, model, chunk, on_cuda, max_len)
+    rates = facts.rates or (CUDA_NOMINAL if on_cuda else CPU_RATES)
+    rate = rates.prefill_flops_per_s(dtype)
+    solo = _solo_chunk(opts, model, chunk, on_cuda, max_len, rate)
     host_mib = _check_int("host_cache_mib", opts.host_cache_mib, 0)
     page_bytes = model.kv_bytes_per_token(_itemsize(kv_dtype)) * PAGE_SIZE
     state_bytes = model.state_image_bytes(_itemsize(dtype))
@@ -361,4 +373,10 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         prefill_graph_tokens=graph_tokens,
         seed=int(opts.seed),
         check_invariants=bool(opts.check_invariants),
+        prefill_flops_per_s=rate,
+        h2d_bytes_per_s=rates.h2d_bytes_per_s,
+        d2h_bytes_per_s=rates.d2h_bytes_per_s,
+        pass_overhead_s=rates.pass_overhead_s,
+        copy_latency_s=rates.copy_latency_s,
+        device_rates=rates.source,
     )

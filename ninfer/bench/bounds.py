@@ -95,6 +95,15 @@ def link_bandwidth(device: torch.device, mib: int = 256, iters: int = 5) -> floa
     return src.numel() / device_seconds(lambda: dst.copy_(src, non_blocking=True), device, iters)
 
 
+def readback_bandwidth(device: torch.device, mib: int = 256, iters: int = 5) -> float:
+    """Bytes per second from the device to pinned Host memory (CPU: half the copy traffic)."""
+    if device.type != "cuda":
+        return copy_bandwidth(device) / 2
+    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
+    return src.numel() / device_seconds(lambda: dst.copy_(src, non_blocking=True), device, iters)
+
+
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None) -> float:
     """FLOP/s of an n x n x n matmul in `dtype` (n: 8192 on CUDA, 1024 on a CPU), random data;
     `device_seconds`. Earlier versions timed single calls on the host after two warm-ups (H200

@@ -11,12 +11,12 @@ import argparse
 import json
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from ninfer.cli.bench_view import flatten
 from ninfer.cli.chat_view import human_bytes
 from ninfer.cli.main import engine_kwargs, open_llm
+from ninfer.cli.terminal import output_console
 
 # describe() key -> (LLM keyword it comes from, spec §14.2 name)
 SPEC_NAMES = {
@@ -38,13 +38,45 @@ def run(args: argparse.Namespace) -> int:
     with open_llm(args) as llm:
         config = dict(llm.engine_config.describe())
         ledger = llm.memory_ledger()
+        costs = cost_estimates(llm.engine_config, llm._model_config)
     if args.json:
-        print(json.dumps({"config": config, "memory_ledger": ledger}, indent=2, default=str))
+        out = {"config": config, "memory_ledger": ledger, "cost_model": costs}
+        print(json.dumps(out, indent=2, default=str))
         return 0
-    console = Console()
+    console = output_console()
     console.print(config_table(config, set(engine_kwargs(args))))
     console.print(ledger_table(ledger))
+    console.print(cost_table(costs, config["device_rates"]))
     return 0
+
+
+COST_TOKENS = (1024, 8192, 32768)
+
+
+def cost_estimates(cfg, model_config) -> dict[str, dict[str, float]]:
+    """The cache's cost model on this device (spec §6.2, `ninfer.costs`): seconds to prefill
+    a cold prompt of n tokens and to restore its blocks and one state image from Host."""
+    from ninfer.engine.cache_bridge import engine_cost_model
+
+    cost = engine_cost_model(cfg, model_config)
+    out = {}
+    for n in COST_TOKENS:
+        nbytes = -(-n // 64) * cfg.kv_page_bytes + cfg.state_image_bytes
+        out[str(n)] = {
+            "prefill_s": cost.prefill_seconds(0, n),
+            "restore_s": cost.restore_seconds(nbytes),
+        }
+    return out
+
+
+def cost_table(costs: dict, source: str) -> Table:
+    table = Table(title=f"cost model (rates: {source})", header_style="bold")
+    table.add_column("prompt tokens", justify="right")
+    table.add_column("prefill", justify="right")
+    table.add_column("Host restore", justify="right")
+    for n, row in costs.items():
+        table.add_row(n, f"{row['prefill_s'] * 1e3:.1f} ms", f"{row['restore_s'] * 1e3:.2f} ms")
+    return table
 
 
 def _value(name: str, value: Any) -> str:
@@ -64,7 +96,7 @@ def config_table(config: dict, given: set[str]) -> Table:
     table.add_column("setting", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     table.add_column("from")
-    table.add_column("spec §14.2", style="dim", no_wrap=True)
+    table.add_column("design name", style="dim", no_wrap=True)
     for name, value in config.items():
         keyword, spec = SPEC_NAMES.get(name, (name, ""))
         table.add_row(name, _value(name, value), "flag" if keyword in given else "",

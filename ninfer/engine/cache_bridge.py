@@ -56,6 +56,22 @@ def slab_bytes(page_bytes: int) -> int:
     return -(-page_bytes // 4096) * 4096
 
 
+def engine_cost_model(cfg: EngineConfig, model_config):
+    """The cache's cost model for this model on this device: the prefill FLOPs of the model's
+    shape and the rates `resolve()` recorded (`ninfer.costs`; the scheduler's pass sizing uses
+    the same), passes of `prefill_chunk` tokens."""
+    from ninfer.costs import cache_cost_model
+
+    return cache_cost_model(
+        model_config,
+        cfg.prefill_flops_per_s,
+        cfg.h2d_bytes_per_s,
+        cfg.pass_overhead_s,
+        cfg.prefill_chunk,
+        cfg.copy_latency_s,
+    )
+
+
 class CacheBridge:
     def __init__(self, cfg: EngineConfig, model_config, device: torch.device) -> None:
         self.cfg = cfg
@@ -96,14 +112,11 @@ class CacheBridge:
     def _build_index(self, cfg: EngineConfig, model_config, device: torch.device):
         """The PrefixIndex, and with a Host tier the pinned slabs and their Transfer, sized
         from one geometry so that slab ids mean the same on both sides."""
-        from ninfer.cache.cost import CacheCostModel
         from ninfer.cache.index import PrefixIndex
         from ninfer.cache.records import CacheConfig
         from ninfer.cache.taps import TapConfig
 
-        cost = CacheCostModel.cpu(cfg.prefill_chunk)
-        if device.type == "cuda":
-            cost = CacheCostModel.h200(cfg.prefill_chunk)
+        cost = engine_cost_model(cfg, model_config)
         taps = TapConfig(
             max_new_taps=cfg.cache_taps_per_request,
             ladder_tokens=cfg.cache_tap_ladder,
