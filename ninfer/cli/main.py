@@ -66,6 +66,7 @@ COMMANDS = {
     "generate": ("ninfer.cli.generate", "batch generation from a JSONL file"),
     "bench": ("ninfer.cli.bench", "benchmarks: prefill, decode, TTFT, restore, cache"),
     "info": ("ninfer.cli.info", "resolved configuration and memory ledger"),
+    "serve": ("ninfer.cli.serve", "OpenAI- and Anthropic-compatible HTTP server"),
 }
 
 

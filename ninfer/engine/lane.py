@@ -77,6 +77,7 @@ class Lane:
     entitled_pages: int = 0  # reservation: pages this lane may still take without a check
     cached_tokens: int = 0  # frontier resumed from (usage.cached_tokens)
     cached_prefix_tokens: int = 0
+    created_prompt_tokens: int = 0  # prompt tokens in blocks this lane inserted (usage)
     restored_host_bytes: int = 0
     restore_ticket: Any = None  # Host restore the lane's first pass waits on, layer by layer
     restore_timing: Any = None  # the same ticket, kept for metrics.restore_s once landed

@@ -89,6 +89,8 @@ def _commit_blocks(bridge: CacheBridge, lane: Lane) -> None:
         result = index.commit_block(lane.lane_id, b, data, lane.pages[b])
         if result.kind != CommitKind.DUPLICATE:
             lane.private[b] = False  # the node owns the page from now on
+        if result.kind == CommitKind.INSERTED and (b + 1) * PAGE_SIZE <= lane.prompt_len:
+            lane.created_prompt_tokens += PAGE_SIZE
         lane.committed_blocks += 1
 
 

@@ -1,0 +1,302 @@
+"""Anthropic Messages wire format: request model, block conversion, responses and stream events.
+
+`cache_control` on a system block, a message's content block or the message marks the end of
+that turn as a client breakpoint; on a tool it marks the end of the tools/system turn. Usage
+splits the prompt as Anthropic does: `input_tokens + cache_read_input_tokens +
+cache_creation_input_tokens` is the whole prompt. A stream's `message_start` carries the prompt
+size; its final `message_delta` carries the cache figures, known once the request ran.
+`thinking: {"type": "disabled"}` turns Qwen's thinking off, `{"type": "enabled"}` on; left out,
+the template's default holds (`chat_template_kwargs` may set it too).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ninfer.request import RequestOutput
+from ninfer.server.errors import ApiError
+from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolEnd, ToolStart
+
+
+class MessagesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[Any]
+    max_tokens: int
+    system: str | list[Any] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+def enable_thinking(req: MessagesRequest) -> bool | None:
+    kind = (req.thinking or {}).get("type")
+    if kind is None:
+        return None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise ApiError(f"thinking.type must be enabled or disabled, got {kind!r}", "thinking.type")
+    return kind != "disabled"
+
+
+def _text_of(content, where: str) -> str:
+    """A tool_result's content as text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(f"{where}.content must be a string or a list of blocks", f"{where}.content")
+    texts = []
+    for j, block in enumerate(content):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise ApiError(
+                f"{where}.content[{j}]: only text blocks are supported", f"{where}.content[{j}]"
+            )
+        texts.append(str(block.get("text", "")))
+    return "\n".join(texts)
+
+
+def _system(system) -> list[dict]:
+    if system is None:
+        return []
+    if isinstance(system, str):
+        return [{"role": "system", "content": system}]
+    parts = []
+    for j, block in enumerate(system):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise ApiError(f"system[{j}] must be a text block", f"system[{j}]")
+        p = {"type": "text", "text": str(block.get("text", ""))}
+        if block.get("cache_control"):
+            p["cache_control"] = block["cache_control"]
+        parts.append(p)
+    return [{"role": "system", "content": parts}]
+
+
+def _user(blocks: list, where: str) -> list[dict]:
+    """A user message's blocks: each tool_result becomes a tool message, runs of text a user
+    message (in order)."""
+    out: list[dict] = []
+    texts: list[dict] = []
+
+    def flush() -> None:
+        if texts:
+            out.append({"role": "user", "content": list(texts)})
+            texts.clear()
+
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            p = {"type": "text", "text": str(block.get("text", ""))}
+            if block.get("cache_control"):
+                p["cache_control"] = block["cache_control"]
+            texts.append(p)
+        elif kind == "tool_result":
+            flush()
+            text = _text_of(block.get("content"), at)
+            if block.get("is_error"):
+                text = f"Error: {text}"
+            msg: dict[str, Any] = {
+                "role": "tool",
+                "content": text,
+                "tool_call_id": block.get("tool_use_id"),
+            }
+            if block.get("cache_control"):
+                msg["cache_control"] = block["cache_control"]
+            out.append(msg)
+        else:
+            raise ApiError(f"{at}: unsupported block type {kind!r} in a user message", at)
+    flush()
+    return out
+
+
+def _assistant(blocks: list, where: str) -> dict:
+    texts, reasoning, calls = [], [], []
+    marked = False
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        marked = marked or bool(isinstance(block, dict) and block.get("cache_control"))
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "thinking":
+            reasoning.append(str(block.get("thinking", "")))
+        elif kind == "redacted_thinking":
+            continue
+        elif kind == "tool_use":
+            args = block.get("input", {})
+            if not isinstance(args, dict) or not isinstance(block.get("name"), str):
+                raise ApiError(f"{at}: tool_use needs a name and an object input", at)
+            calls.append(
+                {
+                    "id": block.get("id"),
+                    "type": "function",
+                    "function": {"name": block["name"], "arguments": args},
+                }
+            )
+        else:
+            raise ApiError(f"{at}: unsupported block type {kind!r} in an assistant message", at)
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if reasoning:
+        msg["reasoning_content"] = "\n".join(reasoning)
+    if calls:
+        msg["tool_calls"] = calls
+    if marked:
+        msg["cache_control"] = {"type": "ephemeral"}
+    return msg
+
+
+def convert_messages(req: MessagesRequest) -> list[dict]:
+    out = _system(req.system)
+    if not req.messages:
+        raise ApiError("messages must be a non-empty list", "messages")
+    for i, m in enumerate(req.messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise ApiError(f"{where}.role must be user or assistant", f"{where}.role")
+        content = m.get("content")
+        if isinstance(content, str):
+            msg = {"role": m["role"], "content": content}
+            if m.get("cache_control"):
+                msg["cache_control"] = m["cache_control"]
+            out.append(msg)
+            continue
+        if not isinstance(content, list):
+            raise ApiError(
+                f"{where}.content must be a string or a list of blocks", f"{where}.content"
+            )
+        if m["role"] == "user":
+            out.extend(_user(content, where))
+        else:
+            out.append(_assistant(content, where))
+    return out
+
+
+def convert_tools(req: MessagesRequest) -> tuple[list[dict] | None, bool]:
+    """(OpenAI-form tools for the template, whether a tool carries cache_control)."""
+    choice = (req.tool_choice or {}).get("type")
+    if choice not in (None, "auto", "any", "tool", "none"):
+        raise ApiError(f"tool_choice.type {choice!r} is not supported", "tool_choice")
+    if not req.tools or choice == "none":
+        return None, False
+    tools, marked = [], False
+    for j, tool in enumerate(req.tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise ApiError(f"tools[{j}] needs a name", f"tools[{j}]")
+        marked = marked or bool(tool.get("cache_control"))
+        fn = {"name": tool["name"], "description": tool.get("description", "")}
+        fn["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}
+        tools.append({"type": "function", "function": fn})
+    return tools, marked
+
+
+# ---- responses -------------------------------------------------------------------------------
+def usage(out: RequestOutput) -> dict:
+    u = out.usage
+    read = min(u.cached_tokens, u.prompt_tokens)
+    created = max(min(u.cache_creation_tokens, u.prompt_tokens - read), 0)
+    return {
+        "input_tokens": u.prompt_tokens - read - created,
+        "output_tokens": u.completion_tokens,
+        "cache_read_input_tokens": read,
+        "cache_creation_input_tokens": created,
+    }
+
+
+def stop_reason(out: RequestOutput, calls: list[ToolCall], eos: set[int]) -> str:
+    """A "stop" that did not end on an end-of-sequence token ended on a stop sequence."""
+    if out.finish_reason == "length":
+        return "max_tokens"
+    if calls:
+        return "tool_use"
+    if out.finish_reason == "stop" and out.token_ids and out.token_ids[-1] not in eos:
+        return "stop_sequence"
+    return "end_turn"
+
+
+def content_blocks(reasoning: str, text: str, calls: list[ToolCall]) -> list[dict]:
+    blocks: list[dict] = []
+    if reasoning:
+        blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+    if text or not calls:
+        blocks.append({"type": "text", "text": text})
+    blocks.extend(
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in calls
+    )
+    return blocks
+
+
+def message(mid: str, model: str, content: list[dict], stop: str | None, usage_: dict) -> dict:
+    return {
+        "id": mid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": usage_,
+    }
+
+
+class BlockStream:
+    """Parser events -> Anthropic content-block events (start / delta / stop, indexed)."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None  # "thinking" | "text" | "tool_use"
+
+    def _start(self, kind: str, block: dict) -> list[tuple[str, dict]]:
+        events = self.close()
+        self.index += 1
+        self.open = kind
+        events.append(("content_block_start", {"index": self.index, "content_block": block}))
+        return events
+
+    def close(self) -> list[tuple[str, dict]]:
+        if self.open is None:
+            return []
+        events = []
+        if self.open == "thinking":
+            delta = {"type": "signature_delta", "signature": ""}
+            events.append(("content_block_delta", {"index": self.index, "delta": delta}))
+        self.open = None
+        events.append(("content_block_stop", {"index": self.index}))
+        return events
+
+    def feed(self, event) -> list[tuple[str, dict]]:
+        events: list[tuple[str, dict]] = []
+        if isinstance(event, Text):
+            kind = "thinking" if event.kind == "reasoning" else "text"
+            if self.open != kind:
+                block = (
+                    {"type": "thinking", "thinking": "", "signature": ""}
+                    if kind == "thinking"
+                    else {"type": "text", "text": ""}
+                )
+                events += self._start(kind, block)
+            delta = (
+                {"type": "thinking_delta", "thinking": event.text}
+                if kind == "thinking"
+                else {"type": "text_delta", "text": event.text}
+            )
+            events.append(("content_block_delta", {"index": self.index, "delta": delta}))
+        elif isinstance(event, ToolStart):
+            block = {"type": "tool_use", "id": event.id, "name": event.name, "input": {}}
+            events += self._start("tool_use", block)
+        elif isinstance(event, ToolArgs):
+            delta = {"type": "input_json_delta", "partial_json": event.fragment}
+            events.append(("content_block_delta", {"index": self.index, "delta": delta}))
+        elif isinstance(event, ToolEnd):
+            events += self.close()
+        return events

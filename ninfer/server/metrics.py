@@ -1,0 +1,72 @@
+"""Prometheus metrics of one server: requests, tokens, TTFT and decode histograms, and every
+field of the engine's `cache_stats()` (read at scrape time) as `ninfer_cache_<field>`."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from ninfer.request import RequestOutput
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
+
+
+class _CacheCollector:
+    def __init__(self, stats) -> None:
+        self._stats = stats  # () -> CacheStats
+
+    def collect(self):
+        try:
+            stats = self._stats()
+        except RuntimeError:  # the engine is closed
+            return
+        for f in fields(stats):
+            value = getattr(stats, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            yield GaugeMetricFamily(f"ninfer_cache_{f.name}", f"cache_stats().{f.name}", value)
+
+
+class ServerMetrics:
+    def __init__(self, cache_stats) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "ninfer_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("ninfer_prompt_tokens", "prompt tokens", registry=r)
+        self.cached_tokens = Counter(
+            "ninfer_cached_tokens", "prompt tokens served from the prefix cache", registry=r
+        )
+        self.completion_tokens = Counter("ninfer_completion_tokens", "generated tokens", registry=r)
+        self.finished = Counter(
+            "ninfer_request_finish", "finished requests by reason", ["reason"], registry=r
+        )
+        self.ttft = Histogram(
+            "ninfer_ttft_seconds", "time to first token", buckets=_TTFT_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            "ninfer_decode_seconds_per_token",
+            "decode time per generated token after the first",
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge("ninfer_requests_in_flight", "requests being served", registry=r)
+        r.register(_CacheCollector(cache_stats))
+
+    def observe(self, out: RequestOutput) -> None:
+        u, m = out.usage, out.metrics
+        self.prompt_tokens.inc(u.prompt_tokens)
+        self.cached_tokens.inc(u.cached_tokens)
+        self.completion_tokens.inc(u.completion_tokens)
+        self.finished.labels(out.finish_reason or "none").inc()
+        if u.completion_tokens:
+            self.ttft.observe(m.ttft_s)
+        if u.completion_tokens > 1 and m.decode_s > 0:
+            self.tpot.observe(m.decode_s / (u.completion_tokens - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,299 @@
+"""OpenAI wire format: request models, message conversion, responses and stream chunks.
+
+Cache breakpoints on OpenAI requests: `"cache_control": {"type": "ephemeral"}` on a message or
+on one of its content parts (the Anthropic spelling, as OpenAI-compatible gateways pass it
+through) marks the end of that message's turn as a client breakpoint. On completions,
+`cache_breakpoints` (token positions) does the same for raw prompts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ninfer.request import RequestOutput
+from ninfer.server.common import MAX_TOP_LOGPROBS, token_text
+from ninfer.server.errors import ApiError
+from ninfer.server.tool_calls import ToolArgs, ToolCall, ToolEnd, ToolStart
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    ignore_eos: bool = False
+    user: str | None = None
+
+
+class ChatRequest(_Request):
+    messages: list[Any]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    reasoning_effort: str | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int]
+    logprobs: int | None = None
+    echo: bool = False
+    cache_breakpoints: list[int] | None = None
+
+
+def check_penalties(req: _Request) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) not in (None, 0, 0.0):
+            raise ApiError(f"{name} is not supported (only 0)", name)
+
+
+def chat_logprobs_k(req: ChatRequest) -> int | None:
+    if not req.logprobs:
+        if req.top_logprobs:
+            raise ApiError("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    k = req.top_logprobs or 0
+    if not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise ApiError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
+    return k
+
+
+# ---- messages --------------------------------------------------------------------------------
+def _content(content, where: str):
+    """A message's content as the template takes it: a string or a list of text parts (their
+    cache_control kept: it is a breakpoint)."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(f"{where}.content must be a string or a list of parts", f"{where}.content")
+    parts = []
+    for j, part in enumerate(content):
+        if isinstance(part, str):
+            part = {"type": "text", "text": part}
+        if not isinstance(part, dict) or part.get("type", "text") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ApiError(
+                f"{where}.content[{j}]: unsupported content part {kind!r} (text only)",
+                f"{where}.content[{j}]",
+            )
+        if not isinstance(part.get("text"), str):
+            raise ApiError(f"{where}.content[{j}].text must be a string", f"{where}.content[{j}]")
+        p = {"type": "text", "text": part["text"]}
+        if part.get("cache_control"):
+            p["cache_control"] = part["cache_control"]
+        parts.append(p)
+    return parts
+
+
+def _tool_calls(calls, where: str) -> list[dict]:
+    """History tool calls with `function.arguments` parsed: the Qwen templates iterate the
+    arguments as a mapping and fail on the JSON string OpenAI clients send."""
+    if not isinstance(calls, list):
+        raise ApiError(f"{where}.tool_calls must be a list", f"{where}.tool_calls")
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(f"{at}.function.name is missing", f"{at}.function")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError as e:
+                raise ApiError(
+                    f"{at}.function.arguments is not valid JSON ({e})", f"{at}.function.arguments"
+                ) from None
+        if not isinstance(args, dict):
+            raise ApiError(
+                f"{at}.function.arguments must be a JSON object", f"{at}.function.arguments"
+            )
+        out.append(
+            {
+                "id": call.get("id"),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": args},
+            }
+        )
+    return out
+
+
+def convert_messages(messages: list) -> list[dict]:
+    """OpenAI chat messages -> the template's messages (ApiError naming the message)."""
+    if not messages:
+        raise ApiError("messages must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(f"{where} must be an object", where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise ApiError(f"{where}.role must be one of {list(ROLES)}, got {role!r}", where)
+        msg: dict[str, Any] = {
+            "role": "system" if role == "developer" else role,
+            "content": _content(m.get("content"), where),
+        }
+        if m.get("cache_control"):
+            msg["cache_control"] = m["cache_control"]
+        if role == "assistant":
+            if m.get("tool_calls"):
+                msg["tool_calls"] = _tool_calls(m["tool_calls"], where)
+            reasoning = m.get("reasoning_content", m.get("reasoning"))
+            if isinstance(reasoning, str):
+                msg["reasoning_content"] = reasoning
+        if role == "tool" and m.get("tool_call_id") is not None:
+            msg["tool_call_id"] = m["tool_call_id"]
+        if role != "assistant" and msg["content"] is None:
+            raise ApiError(f"{where}.content is missing", f"{where}.content")
+        out.append(msg)
+    return out
+
+
+def render_tools(tools, tool_choice) -> list[dict] | None:
+    """The tools the template renders (None: none, or tool_choice "none")."""
+    if tools is None or tool_choice == "none":
+        return None
+    for j, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(
+                f"tools[{j}] must be {{type: function, function: {{name, ...}}}}", f"tools[{j}]"
+            )
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise ApiError(f"tool_choice names an unknown tool {name!r}", "tool_choice")
+    elif tool_choice not in (None, "auto", "required"):
+        raise ApiError(
+            f"tool_choice must be none, auto, required or a function, got {tool_choice!r}",
+            "tool_choice",
+        )
+    return tools or None
+
+
+# ---- responses -------------------------------------------------------------------------------
+def usage(prompt: int, completion: int, cached: int) -> dict:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def usage_of(outs: list[RequestOutput]) -> dict:
+    """n choices of one prompt: the prompt once, the first choice's cache reuse."""
+    first = outs[0].usage
+    completion = sum(o.usage.completion_tokens for o in outs)
+    return usage(first.prompt_tokens, completion, first.cached_tokens)
+
+
+def finish_reason(out: RequestOutput, calls: list[ToolCall]) -> str:
+    if out.finish_reason == "length":
+        return "length"
+    return "tool_calls" if calls else "stop"
+
+
+def tool_call_json(call: ToolCall) -> dict:
+    args = json.dumps(call.arguments, ensure_ascii=False)
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": args}}
+
+
+def chat_logprobs(out: RequestOutput, tokenizer, k: int) -> dict | None:
+    if out.logprobs is None:
+        return None
+    content = []
+    for tok, top in zip(out.token_ids, out.logprobs, strict=False):
+        text = token_text(tokenizer, tok)
+        ranked = sorted(top.items(), key=lambda kv: -kv[1])[:k]
+        tops = []
+        for i, lp in ranked:
+            t = token_text(tokenizer, i)
+            tops.append({"token": t, "logprob": lp, "bytes": list(t.encode())})
+        content.append(
+            {
+                "token": text,
+                "logprob": top.get(tok, 0.0),
+                "bytes": list(text.encode()),
+                "top_logprobs": tops,
+            }
+        )
+    return {"content": content}
+
+
+def completion_logprobs(out: RequestOutput, tokenizer, k: int) -> dict | None:
+    if out.logprobs is None:
+        return None
+    tokens, lps, tops, offsets, pos = [], [], [], [], 0
+    for tok, top in zip(out.token_ids, out.logprobs, strict=False):
+        text = token_text(tokenizer, tok)
+        tokens.append(text)
+        lps.append(top.get(tok))
+        ranked = sorted(top.items(), key=lambda kv: -kv[1])[:k]
+        tops.append({token_text(tokenizer, i): lp for i, lp in ranked})
+        offsets.append(pos)
+        pos += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_message(reasoning: str, content: str, calls: list[ToolCall]) -> dict:
+    text = content if content or not calls else None
+    msg: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    if calls:
+        msg["tool_calls"] = [tool_call_json(c) for c in calls]
+    return msg
+
+
+def chunk(rid: str, created: int, model: str, choices: list[dict], usage_: dict | None = None):
+    body = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if usage_ is not None:
+        body["usage"] = usage_
+    return body
+
+
+def delta_of(event, index: int) -> dict | None:
+    """A parser event as a chat-chunk delta (None: nothing to send)."""
+    if isinstance(event, ToolStart):
+        call = {
+            "index": event.index,
+            "id": event.id,
+            "type": "function",
+            "function": {"name": event.name, "arguments": ""},
+        }
+        return {"index": index, "delta": {"tool_calls": [call]}, "finish_reason": None}
+    if isinstance(event, ToolArgs):
+        call = {"index": event.index, "function": {"arguments": event.fragment}}
+        return {"index": index, "delta": {"tool_calls": [call]}, "finish_reason": None}
+    if isinstance(event, ToolEnd):
+        return None
+    key = "reasoning_content" if event.kind == "reasoning" else "content"
+    return {"index": index, "delta": {key: event.text}, "finish_reason": None}
