@@ -19,6 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model name clients send (default: the checkpoint folder's name, or 'demo')",
     )
     parser.add_argument(
+        "--preset",
+        choices=("0.8B", "2B", "4B", "9B", "27B", "35B-A3B"),
+        help="a released shape with random weights and the demo tokenizer (benchmarks)",
+    )
+    parser.add_argument(
         "--drain-s",
         type=float,
         default=30.0,
@@ -30,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def model_name(args: argparse.Namespace) -> str:
     if args.served_model_name:
         return args.served_model_name
+    if getattr(args, "preset", None):
+        return f"preset-{args.preset}"
     model = getattr(args, "model", None)
     if model is None:
         return "demo"
@@ -48,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from ninfer.cli.main import open_llm
 
     name = model_name(args)
-    llm = open_llm(args)
+    llm = _preset_llm(args) if args.preset else open_llm(args)
     app = create_app(llm, name, api_key=args.api_key)
     host = f"[{args.host}]" if ":" in args.host else args.host
 
@@ -61,3 +68,23 @@ def run(args: argparse.Namespace) -> int:
         )
 
     return serve(llm, app, args.host, args.port, args.drain_s, announce)
+
+
+def _preset_llm(args: argparse.Namespace):
+    """An LLM over a preset's random weights (as `ninfer bench --preset`), built with SIGINT
+    and SIGTERM blocked like `open_llm`, so only the main thread receives them."""
+    import signal
+
+    from ninfer.bench.suite import BenchSpec, load
+    from ninfer.cli.main import engine_kwargs
+
+    engine = engine_kwargs(args)
+    if "model" in engine:
+        raise ValueError("give --preset or --model, not both")
+    stopping = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+    try:
+        loaded = load(BenchSpec(parts=[], preset=args.preset, engine=engine))
+        return loaded.make_llm(engine)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

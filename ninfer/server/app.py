@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from ninfer.engine.outputs import is_engine_error
 from ninfer.request import RequestOutput, StreamDelta
 from ninfer.server import anthropic_api as anth
 from ninfer.server import openai_api as oai
@@ -126,9 +127,17 @@ async def _merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, objec
             t.cancel()
 
 
+def _failure(out: RequestOutput, field: str) -> ApiError:
+    """A request the engine answered with an error: the engine's own fault is a 500, anything
+    else (a prompt the cache cannot hold, ...) is the request's."""
+    if is_engine_error(out):
+        return ApiError(out.error or "engine failure", None, status=500, kind="api_error")
+    return from_value_error(ValueError(out.error or "the request failed"), field)
+
+
 def _check_final(out: RequestOutput) -> None:
     if out.finish_reason == "error":
-        raise from_value_error(ValueError(out.error or "the request failed"), "messages")
+        raise _failure(out, "messages")
 
 
 def create_app(
@@ -177,9 +186,9 @@ def create_app(
         if name != model_name:
             raise ApiError(f"model {name!r} is not served here (serving {model_name!r})", "model")
 
-    def validate(rendered: Rendered, params, field: str) -> None:
+    def validate(rendered: Rendered, params, field: str):
         try:
-            driver.validate(rendered, params)
+            return driver.validate(rendered, params)
         except ValueError as e:
             raise from_value_error(e, field) from None
 
@@ -235,7 +244,7 @@ def create_app(
             logprobs=k,
             ignore_eos=req.ignore_eos,
         )
-        validate(rendered, params, "messages")
+        params = validate(rendered, params, "messages")
         plist = siblings(params, n)
         schemas = tool_schemas(tools) if tools else None
         rid, created = new_id("chatcmpl-"), now()
@@ -285,7 +294,7 @@ def create_app(
                     else:
                         finals[i] = event
                         if event.finish_reason == "error":
-                            err = from_value_error(ValueError(event.error or "failed"), "messages")
+                            err = _failure(event, "messages")
                             yield _sse(openai_body(err))
                             continue
                         evs = p.finish()  # the deltas carried all the text
@@ -337,7 +346,7 @@ def create_app(
             logprobs=k,
             ignore_eos=req.ignore_eos,
         )
-        validate(rendered, params, "prompt")
+        params = validate(rendered, params, "prompt")
         plist = siblings(params, n)
         rid, created = new_id("cmpl-"), now()
         echo = rendered.text if req.echo else ""
@@ -397,7 +406,7 @@ def create_app(
                         continue
                     finals.append(event)
                     if event.finish_reason == "error":
-                        err = from_value_error(ValueError(event.error or "failed"), "prompt")
+                        err = _failure(event, "prompt")
                         yield _sse(openai_body(err))
                         continue
                     reason = "length" if event.finish_reason == "length" else "stop"
@@ -435,7 +444,7 @@ def create_app(
             top_k=req.top_k,
             stop=req.stop_sequences,
         )
-        validate(rendered, params, "messages")
+        params = validate(rendered, params, "messages")
         schemas = tool_schemas(tools) if tools else None
         mid = new_id("msg_")
 
@@ -470,7 +479,7 @@ def create_app(
                             continue
                     else:
                         if event.finish_reason == "error":
-                            err = from_value_error(ValueError(event.error or "failed"), "messages")
+                            err = _failure(event, "messages")
                             yield _sse(anthropic_body(err), "error")
                             return
                         evs = p.finish()

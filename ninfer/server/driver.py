@@ -99,10 +99,12 @@ class EngineDriver:
         p = forms.from_prompt(prompt, self.tokenizer)
         return Rendered(p, prompt if isinstance(prompt, str) else "")
 
-    def validate(self, rendered: Rendered, params: SamplingParams) -> None:
-        """ValueError naming the field when the request cannot be served."""
-        params.validate()
+    def validate(self, rendered: Rendered, params: SamplingParams) -> SamplingParams:
+        """The frozen, checked copy of `params` the engine keeps; ValueError naming the field
+        when the request cannot be served."""
+        frozen = params.validated()
         forms.validate(rendered.prompt, self.llm._model_config.vocab_size, self.max_model_len)
+        return frozen
 
     # ---- running ------------------------------------------------------------------------------
     async def run(
