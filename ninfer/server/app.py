@@ -421,9 +421,7 @@ def create_app(
         return StreamingResponse(events(), media_type="text/event-stream")
 
     # ---- Anthropic messages -----------------------------------------------------------------
-    @app.post("/v1/messages")
-    async def messages(request: Request):
-        req = _model(anth.MessagesRequest, await _read_json(request, max_body_bytes))
+    def render_messages(req: anth.MessagesRequest) -> tuple[Rendered, list[dict] | None]:
         check_model(req.model)
         msgs = anth.convert_messages(req)
         tools, tool_marked = anth.convert_tools(req)
@@ -435,6 +433,18 @@ def create_app(
             rendered = driver.render_chat(msgs, tools, kwargs, tool_breakpoint=tool_marked)
         except ValueError as e:
             raise from_value_error(e, "messages") from None
+        return rendered, tools
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        data = await _read_json(request, max_body_bytes)
+        rendered, _ = render_messages(_model(anth.MessagesRequest, {"max_tokens": 1, **data}))
+        return {"input_tokens": len(rendered.prompt.token_ids)}
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        req = _model(anth.MessagesRequest, await _read_json(request, max_body_bytes))
+        rendered, tools = render_messages(req)
         params = sampling_params(
             max_tokens=req.max_tokens,
             max_tokens_field="max_tokens",
@@ -513,6 +523,7 @@ _ROUTES = {
     "/v1/completions",
     "/v1/models",
     "/v1/messages",
+    "/v1/messages/count_tokens",
     "/health",
     "/metrics",
 }

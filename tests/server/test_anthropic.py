@@ -202,3 +202,10 @@ def test_tool_use_and_tool_result_history_render_as_openai_history(served, clien
     u = msg.usage
     total = u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
     assert total == len(rendered.token_ids)
+
+
+def test_count_tokens(served, client):
+    messages = [{"role": "user", "content": "Count me."}]
+    counted = client.messages.count_tokens(model=MODEL, messages=messages, thinking=NO_THINK)
+    ref = served.llm._template.render(messages, enable_thinking=False)
+    assert counted.input_tokens == len(ref.token_ids)

@@ -207,3 +207,24 @@ def test_tool_history_with_json_string_arguments(served, client):
     rendered = served.llm._template.render(parsed, tools=tools, enable_thinking=False)
     assert "<parameter=city>\nOslo\n</parameter>" in rendered.text
     assert resp.usage.prompt_tokens == len(rendered.token_ids)
+
+
+def test_n_siblings_streamed(served, client):
+    kw = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Pick a shape."}],
+        max_tokens=5,
+        temperature=1.0,
+        seed=11,
+        n=2,
+        extra_body=NO_THINK,
+    )
+    full = client.chat.completions.create(**kw)
+    texts, finishes = {0: "", 1: ""}, {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert texts == {c.index: c.message.content for c in full.choices}
+    assert finishes == {c.index: c.finish_reason for c in full.choices}
