@@ -4,7 +4,7 @@ The trace is replayed once on an engine with the cache (prefix_reuse=True), reco
 conversation it sends; the very same conversations are then sent to an engine built with
 prefix_reuse=False. Both engines run one after the other (never two models in memory), one
 request at a time, greedy, so TTFT is prefill (and restore) time with no queueing. The first
-request of each engine is an unrelated warm-up and is not counted.
+requests of each engine are an unrelated warm-up (`_warm_up`) and are not counted.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ninfer.bench.bounds import release_memory
 from ninfer.bench.throughput import greedy
-from ninfer.bench.workloads import TRACES, Session, replay
+from ninfer.bench.workloads import TRACES, Session, apply_step, replay
 
 
 def _chat(llm, conv: list[dict], max_tokens: int):
@@ -24,8 +24,22 @@ def _chat(llm, conv: list[dict], max_tokens: int):
     return out
 
 
-def _warm_up(llm) -> None:
+def _warm_up(llm, sessions: list[Session], max_tokens: int) -> None:
+    """Untimed requests before the first timed one: a short one, then one shaped like the
+    trace's first conversation (same messages, same lengths) in other words, so that its
+    first prefill pass of that size and its decode steps are not the first the engine runs,
+    and nothing of it can serve a timed turn from the cache."""
     _chat(llm, [{"role": "user", "content": "warm up"}], 2)
+    if sessions and sessions[0].steps:
+        first = apply_step([dict(m) for m in sessions[0].prefix], sessions[0].steps[0], "")
+        _chat(llm, [_other_words(m) for m in first], max_tokens)
+
+
+def _other_words(message: dict) -> dict:
+    content = message.get("content")
+    if not isinstance(content, str):
+        return dict(message)
+    return {**message, "content": "Warm-up. " + " ".join(reversed(content.split()))}
 
 
 def bench_ttft(
@@ -34,7 +48,7 @@ def bench_ttft(
     """`make_llm(**overrides)` builds an engine (used as a context manager)."""
     sent, cached = _replay_cached(make_llm, sessions, max_tokens)
     release_memory()  # the cached engine's pools go before the cold engine takes its own
-    cold = _send_cold(make_llm, [conv for _, _, conv in sent], max_tokens)
+    cold = _send_cold(make_llm, [conv for _, _, conv in sent], max_tokens, sessions)
     release_memory()
     rows = []
     for (name, turn, _), hot, base in zip(sent, cached, cold, strict=True):
@@ -63,7 +77,7 @@ def _replay_cached(make_llm, sessions: list[Session], max_tokens: int):
     sent: list[tuple[str, int, list[dict]]] = []
     outs: list = []
     with make_llm(prefix_reuse=True) as llm:
-        _warm_up(llm)
+        _warm_up(llm, sessions, max_tokens)
         for session in sessions:
 
             def respond(conv: list[dict], step, name=session.name) -> str:
@@ -77,9 +91,9 @@ def _replay_cached(make_llm, sessions: list[Session], max_tokens: int):
     return sent, outs
 
 
-def _send_cold(make_llm, convs: list[list[dict]], max_tokens: int) -> list:
+def _send_cold(make_llm, convs: list[list[dict]], max_tokens: int, sessions: list[Session]):
     with make_llm(prefix_reuse=False) as llm:
-        _warm_up(llm)
+        _warm_up(llm, sessions, max_tokens)
         return [_chat(llm, conv, max_tokens) for conv in convs]
 
 

@@ -11,15 +11,15 @@ prefill: FLOPs over the measured matmul peak; restore: bytes over the measured c
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
-
-from rich.console import Console
 
 from ninfer.bench import PARTS
 from ninfer.bench.workloads import TRACES
 from ninfer.cli.bench_view import print_results
 from ninfer.cli.main import engine_kwargs
+from ninfer.cli.terminal import err_console, output_console
 
 PRESET_NAMES = ("0.8B", "2B", "4B", "9B", "27B", "35B-A3B")
 
@@ -38,6 +38,15 @@ def _parts(text: str) -> list[str]:
             f"unknown part {', '.join(unknown) or repr(text)} (choose from all, {', '.join(PARTS)})"
         )
     return [x for x in PARTS if x in parts]  # the suite's order
+
+
+def _plot_path(text: str) -> Path:
+    """--plot is checked before the run, not after it: matplotlib must be importable."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError(
+            "needs matplotlib, which is not installed: pip install 'ninfer[plot]'"
+        )
+    return Path(text)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,7 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-hf", action="store_true", help="also run transformers")
     p.add_argument("--hf-max-prompt", type=int, default=8192,
                    help="transformers runs the prompt lengths up to this many tokens")  # fmt: skip
-    p.add_argument("--plot", type=Path, metavar="PNG", help="TTFT per turn, cold vs cached")
+    p.add_argument(
+        "--plot",
+        type=_plot_path,
+        metavar="PNG",
+        help="draw TTFT per turn, cold vs cached (needs matplotlib: the plot extra)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
         resume_new_tokens=args.resume_new_tokens,
         resume_histories=args.resume_history,
     )
-    console = Console()
-    results = run_suite(spec, log=lambda m: console.print(f"[dim]{m}[/]"))
+    console = output_console()
+    # progress on stderr: stdout holds the tables alone, for a file or a pipe
+    results = run_suite(spec, log=lambda m: err_console().print(f"[dim]{m}[/]"))
     print_results(console, results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))

@@ -25,6 +25,7 @@ def ms(seconds: float) -> str:
 
 
 def table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
+    assert len(set(columns)) == len(columns), f"two columns with one heading: {columns}"
     t = Table(title=title, header_style="bold", title_justify="left")
     for i, col in enumerate(columns):
         t.add_column(col, justify="left" if i == 0 else "right")
@@ -115,9 +116,15 @@ def hf(h: dict) -> Table:
 
 
 def ttft(t: dict) -> Table:
-    cols = ["turn", "prompt", "cached", "cold", "cached", "speedup"]
+    """Turns that reused nothing are left out: both runs of such a turn are cold, so their
+    difference is noise, not the cache (the JSON keeps them)."""
+    cols = ["turn", "prompt", "cached tokens", "TTFT cold", "TTFT cached", "speedup"]
+    turns = [x for x in t["turns"] if x["cached_tokens"] > 0]
+    skipped = len(t["turns"]) - len(turns)
+    note = f"; {skipped} turn{'s' * (skipped > 1)} with nothing cached not shown" if skipped else ""
     return table(
-        f"TTFT per turn, cold vs cached (cache hit rate {t['summary']['cache_hit_rate']:.0%})",
+        f"TTFT per turn, cold vs cached (cache hit rate {t['summary']['cache_hit_rate']:.0%}"
+        f"{note})",
         cols,
         [
             [
@@ -128,14 +135,14 @@ def ttft(t: dict) -> Table:
                 ms(x["ttft_cached_s"]),
                 "-" if x["speedup"] is None else f"{x['speedup']:.2f}x",
             ]
-            for x in t["turns"]
+            for x in turns
         ],  # fmt: skip
     )
 
 
 def resume(r: dict) -> Table:
-    cols = ["history", "round", "cached", "cold", "cached", "speedup", "restored", "restore",
-            "rate", "link", "of link", "overlap"]  # fmt: skip
+    cols = ["history", "round", "cached tokens", "TTFT cold", "TTFT cached", "speedup",
+            "restored", "restore time", "restore rate", "link", "of link", "overlap"]  # fmt: skip
     rows = []
     for x in r["rows"]:
         o = x.get("overlap") or {}

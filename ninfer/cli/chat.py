@@ -3,7 +3,7 @@
 Ctrl+C during a reply stops it: the stream is closed (which cancels the engine request) and the
 partial reply is kept as the assistant message, so the history shows what was seen; a reply
 stopped before its first token is dropped together with its user message. Ctrl+C twice at the
-prompt, Ctrl+D or /exit leaves.
+prompt, Ctrl+D or /exit leaves. Input lines are kept across runs (`terminal.history_file`).
 """
 
 from __future__ import annotations
@@ -15,18 +15,21 @@ import time
 from rich.console import Console
 from rich.markup import escape
 
-from ninfer.cli.chat_view import ReasoningSplitter, stats_table, stopped_line, turn_line
+from ninfer.cli.args import positive_int, temperature, top_p
+from ninfer.cli.chat_view import ReasoningSplitter, reuse_note, stats_table, stopped_line, turn_line
 from ninfer.cli.main import open_llm, serving
-from ninfer.cli.terminal import StopOnInterrupt, read_message
+from ninfer.cli.terminal import LineEditor, StopOnInterrupt, err_console, history_file
 
 HELP = """\
 /help           this text
 /reset          forget the conversation (the system prompt stays)
 /system TEXT    set the system prompt and start over (/system alone clears it)
-/stats          prefix cache table (blocks, snapshots, hits, bytes per tier)
+/stats          prefix cache: a summary line, then the figures of each tier
 /exit           leave (also Ctrl+D, or Ctrl+C twice at the prompt)
+Up / Down recall earlier messages (kept across runs), Ctrl+R searches them.
 Multi-line input: end a line with \\ to continue it, or put \"\"\" alone on a line to open and
-close a block. Ctrl+C during a reply stops it; the partial reply is kept in the history."""
+close a block (Alt+Enter also starts a new line). Ctrl+C during a reply stops it; the partial
+reply is kept in the history."""
 
 DEMO_BANNER = (
     "[bold yellow]Demo model:[/] random weights, so its text is noise. "
@@ -35,50 +38,83 @@ DEMO_BANNER = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--no-thinking", action="store_true", help="disable the reasoning block")
-    p.add_argument("--system", default=None, help="system prompt")
-
-
-def reply(console: Console, llm, messages: list[dict], args: argparse.Namespace) -> None:
-    """Streams one reply into the console and appends it to `messages` (see module doc)."""
-    from ninfer import SamplingParams
-
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p
+    p.add_argument("--temperature", type=temperature, default=0.7, help="0 is greedy (default 0.7)")
+    p.add_argument("--top-p", type=top_p, default=0.95, help="nucleus sampling (default 0.95)")
+    p.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="reply length cap (default 512; 128 on the demo model)")  # fmt: skip
+    p.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=None,
+                   help="the reasoning block (default: on; off on the demo model, whose "
+                   "reasoning would be noise the template drops)")  # fmt: skip
+    p.add_argument(
+        "--system",
+        default=None,
+        help='system prompt (default: none; the demo model has its own; "" for none)',
     )
-    split = ReasoningSplitter(thinking=not args.no_thinking)
-    start, ttft, n_tokens, final = time.perf_counter(), None, 0, None
-    try:
-        stream = llm.stream(messages, params, enable_thinking=not args.no_thinking)
-        with StopOnInterrupt() as interrupt, contextlib.closing(stream):
-            for event in stream:
-                if interrupt.hit:
-                    break
-                if not hasattr(event, "finish_reason"):  # a StreamDelta
-                    ttft = ttft if ttft is not None else time.perf_counter() - start
-                    n_tokens += len(event.token_ids)
-                    draw(console, split.feed(event.text))
-                else:
-                    final = event
-    except KeyboardInterrupt:  # a second Ctrl+C before the engine answered: stop all the same
-        pass
-    except ValueError as exc:  # the engine refused the request (e.g. longer than max_model_len)
-        console.print(f"\n[red]error: {escape(str(exc))}[/]")
-        messages.pop()
-        return
-    draw(console, split.flush())
-    console.print()
-    if final is not None:
-        console.print(turn_line(final), style="cyan", highlight=False)
-    else:
-        console.print(stopped_line(n_tokens, ttft), style="yellow", highlight=False)
-    if final is not None or n_tokens:
-        messages.append(split.message())
-    else:
-        messages.pop()
+
+
+def settings(args: argparse.Namespace) -> tuple[bool, int, str | None]:
+    """(thinking, max_tokens, system prompt) with the demo model's defaults where not given."""
+    demo = getattr(args, "model", None) is None
+    from ninfer.demo import DEMO_MAX_TOKENS, DEMO_SYSTEM_PROMPT
+
+    thinking = args.thinking if args.thinking is not None else not demo
+    max_tokens = args.max_tokens or (DEMO_MAX_TOKENS if demo else 512)
+    system = args.system if args.system is not None else (DEMO_SYSTEM_PROMPT if demo else None)
+    return thinking, max_tokens, system or None
+
+
+class Chat:
+    def __init__(self, console: Console, llm, args: argparse.Namespace) -> None:
+        self.console, self.llm, self.args = console, llm, args
+        self.thinking, self.max_tokens, self.system = settings(args)
+        self.cache_on = llm.engine_config.prefix_reuse
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.previous: list[int] | None = None  # the previous turn's prompt and reply tokens
+
+    def reply(self) -> None:
+        """Streams one reply into the console and appends it to `messages` (see module doc)."""
+        from ninfer import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.args.temperature, top_p=self.args.top_p
+        )
+        console, split = self.console, ReasoningSplitter(thinking=self.thinking)
+        start, ttft, n_tokens, final = time.perf_counter(), None, 0, None
+        try:
+            stream = self.llm.stream(self.messages, params, enable_thinking=self.thinking)
+            with StopOnInterrupt() as interrupt, contextlib.closing(stream):
+                for event in stream:
+                    if interrupt.hit:
+                        break
+                    if not hasattr(event, "finish_reason"):  # a StreamDelta
+                        ttft = ttft if ttft is not None else time.perf_counter() - start
+                        n_tokens += len(event.token_ids)
+                        draw(console, split.feed(event.text))
+                    else:
+                        final = event
+        except KeyboardInterrupt:  # a second Ctrl+C before the engine answered: stop anyway
+            pass
+        except (ValueError, RuntimeError) as exc:  # refused (too long) or failed by the engine
+            console.print(f"\n[red]error: {escape(str(exc))}[/]")
+            self.messages.pop()
+            return
+        draw(console, split.flush())
+        console.print()
+        if final is not None:
+            note = reuse_note(final, self.previous, self.cache_on)
+            console.print(turn_line(final, note), style="cyan", highlight=False, soft_wrap=True)
+            self.previous = [*final.prompt_token_ids, *final.token_ids]
+        else:
+            console.print(stopped_line(n_tokens, ttft), style="yellow", highlight=False)
+            if n_tokens:  # kept: the next turn follows it (its tokens are unknown here)
+                self.previous = []
+        if final is not None or n_tokens:
+            self.messages.append(split.message())
+        else:
+            self.messages.pop()
 
 
 def draw(console: Console, segments: list[tuple[str, bool]]) -> None:
@@ -90,8 +126,10 @@ def draw(console: Console, segments: list[tuple[str, bool]]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
-    with console.status("loading the model..."):
+    editor = LineEditor(history_file())
+    with err_console().status("loading the model..."):  # the log lines print above it
         llm = open_llm(args)
+    chat = Chat(console, llm, args)
     cfg = llm.engine_config
     if getattr(args, "model", None) is None:
         console.print(DEMO_BANNER)
@@ -99,20 +137,22 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[bold]{escape(args.model)}[/]")
     console.print(
         f"[dim]{cfg.device}, {cfg.dtype}, up to {cfg.max_model_len} tokens, "
-        f"prefix cache {'on' if cfg.prefix_reuse else 'off'}[/]"
+        f"prefix cache {'on' if cfg.prefix_reuse else 'off'}, "
+        f"thinking {'on' if chat.thinking else 'off'}, replies up to {chat.max_tokens} tokens"
+        f"{', system prompt set (/system to change)' if chat.system else ''}[/]"
     )
     console.print("[dim]Type a message; /help lists the commands.[/]")
-    system, messages, interrupted = args.system, _fresh(args.system), False
+    interrupted = False
     with serving(llm):
         while True:
             try:
-                text = read_message(console)
+                text = editor.read()
             except (EOFError, KeyboardInterrupt) as exc:
                 if isinstance(exc, EOFError) or interrupted:
                     console.print()
                     break
                 interrupted = True
-                console.print("\n[dim](Ctrl+C again or Ctrl+D to leave)[/]")
+                console.print("[dim](Ctrl+C again or Ctrl+D to leave)[/]")
                 continue
             interrupted = False
             command, _, rest = text.strip().partition(" ")
@@ -121,20 +161,18 @@ def run(args: argparse.Namespace) -> int:
             if command == "/help":
                 console.print(HELP, markup=False)
             elif command in ("/reset", "/system"):
-                system = (rest.strip() or None) if command == "/system" else system
-                messages = _fresh(system)
-                what = "system prompt " + ("set" if system else "cleared") + "; new conversation"
-                console.print(f"[dim]{'conversation reset' if command == '/reset' else what}[/]")
+                if command == "/system":
+                    chat.system = rest.strip() or None
+                chat.reset()
+                what = "system prompt " + ("set" if chat.system else "cleared")
+                what = "conversation reset" if command == "/reset" else what + "; new conversation"
+                console.print(f"[dim]{what}[/]")
             elif command == "/stats":
-                console.print(stats_table(llm.cache_stats()))
+                console.print(stats_table(llm.cache_stats(), cfg))
             elif command.startswith("/") and "/" not in command[1:]:  # not a path
                 console.print(f"[red]unknown command {escape(command)}[/] (/help lists them)")
             elif text.strip():
-                messages.append({"role": "user", "content": text})
-                reply(console, llm, messages, args)
+                chat.messages.append({"role": "user", "content": text})
+                chat.reply()
     console.print("[dim]bye[/]")
     return 0
-
-
-def _fresh(system: str | None) -> list[dict]:
-    return [{"role": "system", "content": system}] if system else []

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -63,14 +64,51 @@ class ReasoningSplitter:
         return msg
 
 
-def turn_line(out: Any) -> str:
-    """The compact line after a finished turn, from the final RequestOutput."""
+def turn_line(out: Any, reuse: str = "") -> str:
+    """The compact line after a finished turn, from the final RequestOutput; `reuse` (from
+    `reuse_note`) says what the cached tokens were, or why there were none."""
     u, m = out.usage, out.metrics
+    note = f" ({reuse})" if reuse else ""
     return (
-        f"prompt {u.prompt_tokens} tok · cached {u.cached_tokens} · "
+        f"prompt {u.prompt_tokens} tok · cached {u.cached_tokens}{note} · "
         f"TTFT {m.ttft_s * 1e3:.0f} ms · decode {m.decode_tokens_per_s:.1f} tok/s · "
         f"{u.completion_tokens} tok ({out.finish_reason})"
     )
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def reuse_note(out: Any, previous: list[int] | None, cache_on: bool = True, block: int = 64) -> str:
+    """Why a turn's `cached` is what it is, in a few words.
+
+    `previous` is the token sequence of the conversation's previous turn (its prompt, then its
+    reply), None on a conversation's first turn. The cache serves whole `block`-token blocks of
+    a prompt that earlier requests computed; a follow-up shares with its previous turn only what
+    the chat template renders the same way again (templates rewrite earlier replies: Qwen3.5
+    drops their reasoning block), so the previous reply is usually prefilled again.
+    """
+    cached = out.usage.cached_tokens
+    if not cache_on:
+        return "prefix cache off"
+    if previous is None:
+        return "from an earlier conversation" if cached else "new conversation"
+    if not previous:  # the previous reply was stopped: its tokens are not known here
+        return "earlier turns" if cached else "nothing reusable"
+    shared = common_prefix(previous, list(out.prompt_token_ids))
+    if cached:
+        if shared < len(previous):
+            return "earlier turns; the last reply re-rendered by the template"
+        return "earlier turns"
+    if shared < block:
+        return f"history re-rendered: {shared} tok shared, under one {block}-token block"
+    return "the shared prefix was evicted or has no snapshot to resume from"
 
 
 def stopped_line(n_tokens: int, ttft_s: float | None) -> str:
@@ -107,9 +145,36 @@ def _tier_of(name: str) -> tuple[str | None, str]:
     return None, name
 
 
-def stats_table(stats: Any) -> Group:
-    """CacheStats as two tables: `device_X` / `X_host` fields side by side (with the total when
-    a plain `X` field exists), then every other counter in a compact grid."""
+def stats_summary(stats: Any, config: Any = None) -> str:
+    """One line: hit rate, reused tokens, bytes used of each tier's total, Host restores."""
+    get = lambda name: getattr(stats, name, 0)  # noqa: E731 (fields added later read as 0)
+    lookups, hits = get("lookups"), get("hits_device") + get("hits_host")
+    rate = f"{hits / lookups:.0%} ({hits} of {lookups} requests)" if lookups else "- (no requests)"
+    parts = [f"hit rate {rate}", f"reused {get('reuse_tokens')} tok"]
+    prefilled = get("prefill_tokens")
+    if prefilled:
+        parts[-1] += f", prefilled {prefilled} tok"
+    device = get("device_block_bytes") + get("device_snapshot_bytes")
+    host = get("host_block_bytes") + get("host_snapshot_bytes")
+    device_total = host_total = None
+    if config is not None:
+        device_total = (getattr(config, "kv_pages", 0) * getattr(config, "kv_page_bytes", 0)
+                        + getattr(config, "device_snapshot_slots", 0)
+                        * getattr(config, "state_image_bytes", 0))  # fmt: skip
+        host_total = (
+            getattr(config, "host_cache_bytes", 0) if getattr(config, "host_tier", 1) else 0
+        )
+    of = lambda used, total: human_bytes(used) + (f" of {human_bytes(total)}" if total else "")  # noqa: E731
+    parts.append(f"Device {of(device, device_total)}")
+    parts.append(f"Host {of(host, host_total)}" if host_total != 0 else "Host off")
+    parts.append(f"{get('restores')} restores ({human_bytes(get('restored_host_bytes'))})")
+    return " · ".join(parts)
+
+
+def stats_table(stats: Any, config: Any = None) -> Group:
+    """CacheStats as a summary line, then two tables: `device_X` / `X_host` fields side by side
+    (with the total when a plain `X` field exists), then every other counter in a compact
+    grid."""
     fields = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
     tiered: dict[str, dict[str, Any]] = {}
     for name, value in fields.items():
@@ -117,7 +182,7 @@ def stats_table(stats: Any) -> Group:
         if tier is not None:
             tiered.setdefault(base, {})[tier] = value
     other = {k: v for k, v in fields.items() if _tier_of(k)[0] is None and k not in tiered}
-    tiers = Table(title="prefix cache", header_style="bold", title_justify="left")
+    tiers = Table(title="by tier", header_style="bold", title_justify="left")
     for col in ("", "Device", "Host", "total"):
         tiers.add_column(col, justify="right" if col else "left")
     for base, by_tier in tiered.items():
@@ -133,4 +198,5 @@ def stats_table(stats: Any) -> Group:
     for i in range(0, len(items), per_row):
         row = [cell for pair in items[i : i + per_row] for cell in pair]
         grid.add_row(*row, *[""] * (2 * per_row - len(row)))
-    return Group(tiers, grid)
+    summary = Text("prefix cache: " + stats_summary(stats, config), style="bold")
+    return Group(summary, tiers, grid)

@@ -4,63 +4,118 @@ Pending lines are submitted to the engine together, up to `--max-in-flight` at a
 `LLM.stream` per line, each read on its own worker thread; the engine's FIFO admits them in
 input order and batches them, so concurrency and cache reuse apply). Output lines are appended
 and flushed as requests complete, so they come in completion order. Line formats:
-`ninfer.cli.jsonl`. Re-running with the same output file skips every id already there (errors
-included: delete a line to retry it). Ctrl+C cancels what is still running; what was written
-stays.
+`ninfer.cli.jsonl`.
+
+Re-running with the same output file keeps every finished record and skips its id; records that
+failed (an `error`), were cut off or were torn by a killed run are removed first and their lines
+run again, so a finished file holds one record per id. `-o -` writes to standard output (no
+resume). Exit status 1 when a line failed. Ctrl+C cancels what is still running; what was
+written stays.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
+import sys
+import tempfile
 import threading
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ninfer.cli.jsonl import Job, done_ids, error_record, id_key, output_record, read_jobs
+from ninfer.cli.args import positive_int, temperature, top_p
+from ninfer.cli.jsonl import (
+    Job,
+    done_ids,
+    error_record,
+    id_key,
+    is_done,
+    output_record,
+    read_jobs,
+    read_output,
+)
 from ninfer.cli.main import open_llm, serving
+from ninfer.cli.terminal import err_console
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-i", "--input", required=True, type=Path, help="input JSONL")
-    p.add_argument("-o", "--output", required=True, type=Path, help="output JSONL (appended)")
+    p.add_argument("-o", "--output", required=True, metavar="OUTPUT",
+                   help="output JSONL: finished lines are kept and skipped, failed ones run "
+                   "again; - writes to standard output")  # fmt: skip
     sampling = p.add_argument_group("default sampling (a line's own fields win)")
-    sampling.add_argument("--max-tokens", type=int, default=argparse.SUPPRESS)
-    sampling.add_argument("--temperature", type=float, default=argparse.SUPPRESS)
-    sampling.add_argument("--top-p", type=float, default=argparse.SUPPRESS)
-    p.add_argument("--max-in-flight", type=int, default=256,
+    sampling.add_argument("--max-tokens", type=positive_int, default=argparse.SUPPRESS,
+                          help="reply length cap (default 256)")  # fmt: skip
+    sampling.add_argument("--temperature", type=temperature, default=argparse.SUPPRESS,
+                          help="0 is greedy (default 1.0)")  # fmt: skip
+    sampling.add_argument("--top-p", type=top_p, default=argparse.SUPPRESS,
+                          help="nucleus sampling, in (0, 1] (default 1.0)")  # fmt: skip
+    p.add_argument("--max-in-flight", type=positive_int, default=256,
                    help="lines submitted at a time (default 256)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     defaults = {k: getattr(args, k) for k in ("max_tokens", "temperature", "top_p") if k in args}
+    output = None if args.output == "-" else Path(args.output)
+    if output is not None and output.is_dir():
+        raise ValueError(f"-o {output}: is a directory; give a file path (or - for stdout)")
+    if args.input.is_dir():
+        raise ValueError(f"-i {args.input}: is a directory; give a JSONL file")
     jobs = read_jobs(args.input, defaults)
-    done = done_ids(args.output)
-    pending = [j for j in jobs if id_key(j.id) not in done]
-    console = Console(stderr=True)
-    if len(pending) < len(jobs):
-        console.print(f"skipping {len(jobs) - len(pending)} ids already in {args.output}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    _end_torn_line(args.output)
-    with open(args.output, "a", encoding="utf-8") as sink, _progress(console, args.quiet) as bar:
-        task = bar.add_task("generate", total=len(pending), tps="", hit="")
-        writer = _Writer(sink, bar, task)
-        bad = [j for j in pending if j.error]
-        for job in bad:
-            writer.write(error_record(job.id, job.error))
-        good = [j for j in pending if not j.error]
-        if good:
-            with serving(open_llm(args)) as llm:
-                _run_streams(llm, good, writer, args.max_in_flight)
-    console.print(
-        f"{writer.done} lines written to {args.output} ({writer.errors} errors, "
-        f"{len(jobs) - len(pending)} skipped)"
-    )
-    return 0
+    kept, dropped = read_output(output) if output is not None else ([], 0)
+    done = done_ids(kept)
+    pending = [j for j in jobs if j.duplicate or id_key(j.id) not in done]
+    console = err_console()
+    skipped = len(jobs) - len(pending)
+    if skipped:
+        console.print(f"skipping {skipped} lines already finished in {output}", highlight=False)
+    if dropped:
+        _rewrite(output, kept)
+        console.print(f"retrying: removed {dropped} failed or unfinished records from {output}",
+                      highlight=False)  # fmt: skip
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    sink = sys.stdout if output is None else open(output, "a", encoding="utf-8")  # noqa: SIM115
+    try:
+        with _progress(args.quiet) as bar:
+            task = bar.add_task("generate", total=len(pending), tps="", hit="")
+            writer = _Writer(sink, bar, task)
+            for job in pending:
+                if job.error:
+                    writer.write(error_record(job, job.error))
+            good = [j for j in pending if not j.error]
+            if good:
+                with serving(open_llm(args)) as llm:
+                    _run_streams(llm, good, writer, args.max_in_flight)
+    finally:
+        if sink is not sys.stdout:
+            sink.close()
+    where = "standard output" if output is None else str(output)
+    summary = f"{writer.done} lines written to {where}: {writer.done - writer.errors} finished"
+    if writer.errors:
+        summary += f', {writer.errors} failed (see their "error")'
+        if output is not None:
+            summary += "; a re-run retries them"
+    if skipped:
+        summary += f"; {skipped} skipped (already finished)"
+    console.print(summary, highlight=False, style="red" if writer.errors else None)
+    return 1 if writer.errors else 0
+
+
+def _rewrite(path: Path, kept: list[str]) -> None:
+    """Replaces `path` by its finished lines (atomically: a kill leaves the old or the new)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _run_streams(llm, jobs: list[Job], writer: _Writer, max_in_flight: int) -> None:
@@ -78,9 +133,12 @@ def _run_streams(llm, jobs: list[Job], writer: _Writer, max_in_flight: int) -> N
                     stream.close()  # cancels the engine request
                     return
                 final = event
-            results.put(output_record(job.id, final))
+            if final is None or not hasattr(final, "finish_reason"):
+                results.put(error_record(job, f"line {job.lineno}: the stream ended early"))
+            else:
+                results.put(output_record(job.id, final))
         except Exception as exc:  # a request the engine refused: that line's error
-            results.put(error_record(job.id, f"line {job.lineno}: {exc}"))
+            results.put(error_record(job, f"line {job.lineno}: {exc}"))
         finally:
             slots.release()
 
@@ -113,7 +171,7 @@ class _Writer:
         self.sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
         self.sink.flush()
         self.done += 1
-        self.errors += "error" in rec
+        self.errors += not is_done(rec)
         usage = rec.get("usage") or {}
         self.tokens += usage.get("completion_tokens", 0)
         self.prompt += usage.get("prompt_tokens", 0)
@@ -123,7 +181,8 @@ class _Writer:
         self.bar.update(self.task, advance=1, tps=f"{self.tokens / elapsed:.1f} tok/s", hit=hit)
 
 
-def _progress(console: Console, quiet: bool) -> Progress:
+def _progress(quiet: bool) -> Progress:
+    """On the shared stderr console, so the engine's log lines print above the bar."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -131,15 +190,7 @@ def _progress(console: Console, quiet: bool) -> Progress:
         TextColumn("{task.fields[tps]}"),
         TextColumn("{task.fields[hit]}"),
         TimeElapsedColumn(),
-        console=console,
+        console=err_console(),
         disable=quiet,
+        redirect_stdout=False,  # stdout may be the output (-o -)
     )
-
-
-def _end_torn_line(path: Path) -> None:
-    """A run killed mid-write leaves a partial last line; start the next record on a new one."""
-    if path.exists() and path.stat().st_size:
-        with open(path, "rb+") as f:
-            f.seek(-1, 2)
-            if f.read(1) != b"\n":
-                f.write(b"\n")

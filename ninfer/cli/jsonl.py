@@ -1,25 +1,77 @@
 """The JSONL formats of `ninfer generate`: input lines to requests, outputs to lines.
 
 Input line: an object with exactly one of `prompt` (str), `prompt_token_ids` (list of int) or
-`messages` (list of {"role", "content", ...}); optional `id` (default: the 1-based line
-number), `cache_breakpoints` (prompts), `tools` and `enable_thinking` (messages), and any
-SamplingParams field (max_tokens, temperature, top_p, top_k, min_p, seed, stop, stop_token_ids,
-ignore_eos, logprobs). Other keys are ignored. A line that cannot become a request gets an
-`error` instead of a request; nothing here raises on bad input.
+`messages` (list of {"role", "content", ...}); optional `id` (a string or an integer; default:
+the 1-based line number), `cache_breakpoints` (prompts), `tools` and `enable_thinking`
+(messages), and any SamplingParams field (max_tokens, temperature, top_p, top_k, min_p, seed,
+stop, stop_token_ids, ignore_eos, logprobs). A key outside these is an error on that line (a
+misspelled field must not be ignored), and so is a value of the wrong type, named with the type
+it needs. A line that cannot become a request gets an `error` instead of a request; nothing
+here raises on bad input.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ninfer.request import RequestOutput, SamplingParams
 
-SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 INPUT_KINDS = ("prompt", "prompt_token_ids", "messages")
+OTHER_FIELDS = ("id", "cache_breakpoints", "tools", "enable_thinking")
+KNOWN_FIELDS = (*INPUT_KINDS, *OTHER_FIELDS, *SAMPLING_FIELDS)
+SEED_LIMIT = 1 << 64  # what a torch.Generator takes
+
+
+def _int(v: Any) -> bool:
+    return type(v) is int  # JSON true/false are bools, not counts
+
+
+def _number(v: Any) -> bool:
+    return (type(v) is int or type(v) is float) and math.isfinite(v)
+
+
+def _ints(v: Any) -> bool:
+    return isinstance(v, list) and all(_int(x) for x in v)
+
+
+# field -> (accepts the JSON value, what it must be); range checks are SamplingParams.validate's
+FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "id": (lambda v: isinstance(v, str) or _int(v), "a string or an integer"),
+    "cache_breakpoints": (_ints, "a list of integers"),
+    "tools": (
+        lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v),
+        "a list of objects",
+    ),  # fmt: skip
+    "enable_thinking": (lambda v: isinstance(v, bool), "true or false"),
+    "max_tokens": (_int, "an integer"),
+    "temperature": (_number, "a finite number"),
+    "top_p": (_number, "a finite number"),
+    "top_k": (_int, "an integer"),
+    "min_p": (_number, "a finite number"),
+    "seed": (
+        lambda v: v is None or (_int(v) and 0 <= v < SEED_LIMIT),
+        "an integer from 0 to 2**64-1, or null",
+    ),  # fmt: skip
+    "stop": (
+        lambda v: (
+            v is None
+            or isinstance(v, str)
+            or (isinstance(v, list) and all(isinstance(s, str) for s in v))
+        ),
+        "a string or a list of strings",
+    ),  # fmt: skip
+    "stop_token_ids": (lambda v: v is None or _ints(v), "a list of integers"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "logprobs": (lambda v: v is None or _int(v), "an integer (top-k per token) or null"),
+}
 
 
 @dataclass(slots=True)
@@ -30,11 +82,41 @@ class Job:
     params: SamplingParams | None = None
     chat_kwargs: dict = field(default_factory=dict)
     error: str | None = None
+    duplicate: bool = False  # a repeated id: its error record carries no id (see read_jobs)
 
 
 def id_key(job_id: Any) -> str:
     """Ids compare by their JSON text, so 7 and "7" stay distinct."""
     return json.dumps(job_id, sort_keys=True)
+
+
+def _json_type(v: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "a list", dict: "an object", type(None): "null"}  # fmt: skip
+    return names.get(type(v), type(v).__name__)
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def unknown_field_error(name: str) -> str:
+    close = difflib.get_close_matches(name, KNOWN_FIELDS, n=1)
+    hint = f' (did you mean "{close[0]}"?)' if close else ""
+    return f'unknown field "{name}"{hint}; known fields: {", ".join(KNOWN_FIELDS)}'
+
+
+def check_types(obj: dict) -> str | None:
+    """The first unknown key or ill-typed value of an input object, as an error message."""
+    for name in obj:
+        if name not in KNOWN_FIELDS:
+            return unknown_field_error(name)
+    for name, value in obj.items():
+        accepts, expected = FIELD_TYPES.get(name, (None, ""))
+        if accepts is not None and not accepts(value):
+            return f'"{name}" must be {expected}, got {_short(value)} ({_json_type(value)})'
+    return None
 
 
 def parse_line(lineno: int, text: str, defaults: dict[str, Any]) -> Job:
@@ -44,8 +126,11 @@ def parse_line(lineno: int, text: str, defaults: dict[str, Any]) -> Job:
         return Job(lineno, lineno, error=f"line {lineno}: invalid JSON: {exc.msg}")
     if not isinstance(obj, dict):
         return Job(lineno, lineno, error=f"line {lineno}: expected a JSON object")
-    job = Job(obj.get("id", lineno), lineno)
-    job.error = _fill(job, obj, defaults)
+    job_id = obj.get("id", lineno)
+    if not FIELD_TYPES["id"][0](job_id):
+        job_id = lineno  # the record of a bad id is keyed by its line
+    job = Job(job_id, lineno)
+    job.error = check_types(obj) or _fill(job, obj, defaults)
     if job.error:
         job.error = f"line {lineno}: {job.error}"
     return job
@@ -69,9 +154,14 @@ def _fill(job: Job, obj: dict, defaults: dict[str, Any]) -> str | None:
         job.request = value
         job.chat_kwargs = {k: obj[k] for k in ("tools", "enable_thinking") if k in obj}
     else:
+        for name in ("tools", "enable_thinking"):
+            if name in obj:
+                return f'"{name}" applies to "messages" lines only'
         job.request = {kind: value}
         if "cache_breakpoints" in obj:
             job.request["cache_breakpoints"] = obj["cache_breakpoints"]
+    if kind == "messages" and "cache_breakpoints" in obj:
+        return '"cache_breakpoints" applies to "prompt" and "prompt_token_ids" lines only'
     sampling = {**defaults, **{k: v for k, v in obj.items() if k in SAMPLING_FIELDS}}
     try:
         job.params = SamplingParams(**sampling)
@@ -101,37 +191,69 @@ def output_record(job_id: Any, out: RequestOutput) -> dict:
     return rec
 
 
-def error_record(job_id: Any, message: str) -> dict:
-    return {"id": job_id, "finish_reason": "error", "error": message}
+def error_record(job: Job, message: str) -> dict:
+    """The record of a line that failed. A repeated id's record has `"id": null` and the line
+    number, so the output never holds two records under one id."""
+    return {"id": None if job.duplicate else job.id, "line": job.lineno,
+            "finish_reason": "error", "error": message}  # fmt: skip
 
 
-def done_ids(path: Path) -> set[str]:
-    """Ids (as id_key) of the lines already in an output file; a torn last line is ignored."""
+def is_done(rec: Any) -> bool:
+    """An output record that a re-run keeps: finished without an error."""
+    return (
+        isinstance(rec, dict)
+        and "id" in rec
+        and rec["id"] is not None
+        and "error" not in rec
+        and rec.get("finish_reason") in ("stop", "length")
+    )
+
+
+def read_output(path: Path) -> tuple[list[str], int]:
+    """The finished lines of an existing output file (kept verbatim) and how many other lines
+    it has (errors, aborts, a torn last line): a re-run drops those and retries their ids."""
     if not path.exists():
-        return set()
-    done = set()
-    with open(path, encoding="utf-8") as f:
+        return [], 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
+            if not line.strip():
+                continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and "id" in rec:
-                done.add(id_key(rec["id"]))
-    return done
+                rec = None
+            if is_done(rec):
+                kept.append(line if line.endswith("\n") else line + "\n")
+            else:
+                dropped += 1
+    return kept, dropped
+
+
+def done_ids(lines: list[str]) -> set[str]:
+    """Ids (as id_key) of finished output lines (from read_output)."""
+    return {id_key(json.loads(line)["id"]) for line in lines}
 
 
 def read_jobs(path: Path, defaults: dict[str, Any]) -> list[Job]:
-    """Every non-blank input line as a Job; a repeated id becomes an error."""
-    jobs, seen = [], set()
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    """Every non-blank input line as a Job; a repeated id becomes an error on the repeat."""
+    jobs, first_line = [], {}
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
-            job = parse_line(lineno, line, defaults)
+            try:
+                job = parse_line(lineno, raw.decode("utf-8"), defaults)
+            except UnicodeDecodeError as exc:
+                job = Job(lineno, lineno, error=f"line {lineno}: not UTF-8 text ({exc.reason})")
             key = id_key(job.id)
-            if key in seen and job.error is None:
-                job.error = f"line {lineno}: duplicate id {job.id!r}"
-            seen.add(key)
+            if key in first_line:
+                job.duplicate = True
+                job.error = (
+                    f"line {lineno}: duplicate id {_short(job.id)} (first on line "
+                    f"{first_line[key]}); this line was not run"
+                )
+            else:
+                first_line[key] = lineno
             jobs.append(job)
     return jobs

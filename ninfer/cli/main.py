@@ -1,9 +1,10 @@
 """`ninfer` command line: sub-commands and the engine flags they share.
 
-Every engine option of `LLM(...)` (spec/API.md) is a flag; `engine_kwargs` is the one place that
-maps flags to keyword arguments. A flag left out is not passed, so `LLM`'s own defaults (and the
-derived values of spec §14.2) stay the single source of truth. The sub-command modules import
-torch and the engine lazily, so `ninfer --help` stays fast.
+Every engine option of `LLM(...)` is a flag; `engine_kwargs` is the one place that maps flags to
+keyword arguments. A flag left out is not passed, so `LLM`'s own defaults (and the values it
+derives from the model and the device) stay the single source of truth. The sub-command modules
+import torch and the engine lazily, so `ninfer --help` stays fast. Text a user reads (help,
+errors) explains itself: it cites no document outside the package.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import logging
 import os
 import signal
 import sys
@@ -20,46 +20,56 @@ from typing import Any
 
 # (flag, LLM keyword, argparse options); store_false flags map `--no-x` to `x=False`.
 ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
-    ("--model", "model", dict(metavar="PATH", help="checkpoint folder (default: the demo)")),
-    ("--device", "device", dict(help='"auto" (default), "cuda", "cuda:N" or "cpu"')),
-    ("--dtype", "dtype", dict(help='"auto", "bfloat16", "float16" or "float32"')),
-    ("--kv-dtype", "kv_dtype", dict(help='"auto" (= dtype), "bfloat16" or "fp8_e4m3"')),
-    ("--max-concurrency", "max_concurrency", dict(type=int, metavar="N", help="lanes, 1..8")),
-    ("--prefill-chunk", "prefill_chunk", dict(type=int, metavar="TOKENS")),
-    (
-        "--solo-prefill-chunk",
-        "solo_prefill_chunk",
-        dict(type=int, metavar="TOKENS", help="tokens per prefill pass while no lane decodes"),
-    ),
-    ("--max-model-len", "max_model_len", dict(type=int, metavar="TOKENS")),
-    ("--kv-capacity", "kv_capacity", dict(metavar="TOKENS", help='or "auto" (free memory)')),
-    ("--host-cache-mib", "host_cache_mib", dict(type=int, metavar="MIB", help="0: Device only")),
-    ("--device-snapshot-slots", "device_snapshot_slots", dict(type=int, metavar="N")),
-    ("--cache-taps-per-request", "cache_taps_per_request", dict(type=int, metavar="N")),
-    ("--cache-tap-ladder", "cache_tap_ladder", dict(type=int, metavar="TOKENS")),
-    ("--cache-tap-min-gap", "cache_tap_min_gap", dict(type=int, metavar="TOKENS")),
-    ("--prefix-cache-file", "prefix_cache_file", dict(metavar="PATH", help="persist the cache")),
-    ("--no-prefix-reuse", "prefix_reuse", dict(action="store_false", help="disable the cache")),
-    ("--concurrent-prefill", "concurrent_prefill", dict(action="store_true")),
-    ("--no-compile", "compile", dict(action="store_false", help="no torch.compile")),
-    ("--no-cuda-graphs", "cuda_graphs", dict(action="store_false")),
-    (
-        "--no-overlap-decode",
-        "overlap_decode",
-        dict(action="store_false", help="read each decode step's tokens before the next"),
-    ),
-    (
-        "--prefill-graph-tokens",
-        "prefill_graph_tokens",
-        dict(type=int, metavar="TOKENS", help="CUDA-graph prefill up to TOKENS; 0: off"),
-    ),
-    ("--seed", "seed", dict(type=int)),
-    (
-        "--pending-timeout-s",
-        "pending_timeout_s",
-        dict(type=float, metavar="S", help="queue timeout bounding coalescing waits"),
-    ),
-]
+    ("--model", "model", dict(metavar="PATH", help="Hugging Face-format Qwen3.5 checkpoint "
+                              "folder (default: the embedded demo model, random weights)")),
+    ("--device", "device", dict(help='"auto" (default: CUDA if present), "cuda", "cuda:N" or '
+                                '"cpu"')),
+    ("--dtype", "dtype", dict(help='weights and activations: "auto" (bfloat16 on CUDA, float32 '
+                              'on the CPU), "bfloat16", "float16" or "float32"')),
+    ("--kv-dtype", "kv_dtype", dict(help='KV cache: "auto" (= --dtype), "bfloat16", "float16", '
+                                    '"float32" or "fp8_e4m3"')),
+    ("--max-concurrency", "max_concurrency", dict(type=int, metavar="N",
+     help="requests decoded together, 1..8 (default 8)")),
+    ("--prefill-chunk", "prefill_chunk", dict(type=int, metavar="TOKENS",
+     help="tokens per prefill pass while other requests decode (default: derived from the "
+     "model and device)")),
+    ("--solo-prefill-chunk", "solo_prefill_chunk", dict(type=int, metavar="TOKENS",
+     help="tokens per prefill pass while no request decodes (default: derived)")),
+    ("--max-model-len", "max_model_len", dict(type=int, metavar="TOKENS",
+     help="longest prompt + reply (default: the model's)")),
+    ("--kv-capacity", "kv_capacity", dict(metavar="TOKENS",
+     help='KV pool size in tokens, or "auto" (default: what free memory allows)')),
+    ("--host-cache-mib", "host_cache_mib", dict(type=int, metavar="MIB",
+     help="Host (CPU memory) tier of the prefix cache in MiB; 0: Device tier only "
+     "(default 8192)")),
+    ("--device-snapshot-slots", "device_snapshot_slots", dict(type=int, metavar="N",
+     help="recurrent-state snapshots kept on the Device (default: derived)")),
+    ("--cache-taps-per-request", "cache_taps_per_request", dict(type=int, metavar="N",
+     help="most mid-prompt snapshots a request takes (default: derived)")),
+    ("--cache-tap-ladder", "cache_tap_ladder", dict(type=int, metavar="TOKENS",
+     help="spacing of the ladder of mid-prompt snapshots in a long prompt (default: derived)")),
+    ("--cache-tap-min-gap", "cache_tap_min_gap", dict(type=int, metavar="TOKENS",
+     help="least distance between two snapshots of a prompt (default: derived)")),
+    ("--prefix-cache-file", "prefix_cache_file", dict(metavar="PATH",
+     help="keep the Host tier across runs in this file: saved at exit, loaded at start")),
+    ("--no-prefix-reuse", "prefix_reuse", dict(action="store_false",
+     help="turn the prefix cache off (every prompt is computed in full)")),
+    ("--concurrent-prefill", "concurrent_prefill", dict(action="store_true",
+     help="admit a request while another is still prefilling (default: one prefill at "
+     "a time)")),
+    ("--no-compile", "compile", dict(action="store_false",
+     help="do not torch.compile the model (faster start, slower steps)")),
+    ("--no-cuda-graphs", "cuda_graphs", dict(action="store_false",
+     help="run every step eagerly, without captured CUDA graphs")),
+    ("--no-overlap-decode", "overlap_decode", dict(action="store_false",
+     help="read each decode step's tokens before launching the next")),
+    ("--prefill-graph-tokens", "prefill_graph_tokens", dict(type=int, metavar="TOKENS",
+     help="prefill passes up to TOKENS replay a CUDA graph; 0: eager (default 2048)")),
+    ("--seed", "seed", dict(type=int, help="seed of the sampling RNG (default 0)")),
+    ("--pending-timeout-s", "pending_timeout_s", dict(type=float, metavar="S",
+     help="how long a queued request may wait for another one prefilling the same prefix; "
+     "0: never wait (default 60)")),
+]  # fmt: skip
 
 COMMANDS = {
     "chat": ("ninfer.cli.chat", "interactive terminal chat"),
@@ -71,7 +81,7 @@ COMMANDS = {
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine (spec/API.md; left out = LLM's default)")
+    group = parser.add_argument_group("engine options (left out: LLM's default)")
     for flag, dest, opts in ENGINE_FLAGS:
         group.add_argument(flag, dest=dest, default=argparse.SUPPRESS, **opts)
 
@@ -148,7 +158,7 @@ class _TermRedelivery:
 
 @contextlib.contextmanager
 def serving(llm) -> Iterator:
-    """Runs a sub-command on `llm`, then stops it in order (spec §5.5).
+    """Runs a sub-command on `llm`, then stops it in order.
 
     SIGTERM leaves the body like an exception (once: a re-sent one during the stop is ignored),
     so the stop below runs and, with --prefix-cache-file, saves the Host tier. A Ctrl+C while
@@ -181,9 +191,12 @@ def serving(llm) -> Iterator:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ninfer import __version__
+
     parser = argparse.ArgumentParser(
         prog="ninfer", description="Qwen3.5 inference with a hybrid prefix cache."
     )
+    parser.add_argument("--version", action="version", version=f"ninfer {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
@@ -193,19 +206,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ninfer.cli.terminal import err_console, setup_logging
+
     args = build_parser().parse_args(argv)
-    # the engine's own progress lines (startup time, prefix cache load and save) on stderr
-    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
-    logging.getLogger("ninfer").setLevel(logging.INFO)
+    setup_logging()
     module = importlib.import_module(COMMANDS[args.command][0])
+
+    def fail(message: str) -> int:
+        err_console().print(f"ninfer {args.command}: error: {message}", markup=False,
+                            highlight=False, soft_wrap=True)  # fmt: skip
+        return 2
+
     try:
         engine_kwargs(args)  # a malformed flag fails before anything is built
         return int(module.run(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:  # bad configuration or input: no traceback
-        print(f"ninfer {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         return 1
+    except ValueError as exc:  # bad configuration or input: one line, no traceback
+        return fail(str(exc))
+    except OSError as exc:  # a file that cannot be read or written: name it
+        if exc.filename is not None:
+            return fail(f"{exc.filename}: {exc.strerror or exc}")
+        return fail(str(exc))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,22 @@ DEMO_DIR: Path = Path(__file__).resolve().parent / "assets"
 demo_weights_seed = 0
 DEMO_LABEL = "ninfer demo model (random weights: its text is noise)"
 
+# The chat's system prompt on the demo model. A follow-up turn reuses what its conversation
+# renders the same way again; Qwen3.5's chat template rewrites an earlier reply (it drops the
+# reasoning block), so a reply is prefilled again and what a second turn can reuse is the first
+# turn's prompt. A system prompt longer than two 64-token blocks makes that prompt span cache
+# blocks, so the demo's second turn shows the cache at work, as a deployment with a system
+# prompt would.
+DEMO_SYSTEM_PROMPT = (
+    "You are the ninfer demo model: a tiny network with the Qwen3.5 architecture and random "
+    "weights, built into ninfer so that its engine and its hybrid prefix cache can be tried on "
+    "any machine, without a download. Your replies are noise. This system prompt fills more "
+    "than two 64-token blocks of the prefix cache, so from the second turn of a conversation "
+    "on, the system prompt and the earlier messages are served from the cache and only the "
+    "rest of the prompt is computed."
+)
+DEMO_MAX_TOKENS = 128  # its replies are noise: short ones keep a CPU chat quick
+
 
 def demo_config() -> Qwen35Config:
     """The demo model's configuration, read from `DEMO_DIR/config.json`."""

@@ -173,8 +173,19 @@ class Qwen35Config:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        with open(path, encoding="utf-8") as f:
-            return cls.from_hf_dict(json.load(f))
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+        try:
+            return cls.from_hf_dict(raw)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {str(exc).removeprefix('config.json: ')}") from None
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{path}: malformed field ({type(exc).__name__}: {exc})") from None
 
 
 def _require(raw: dict[str, Any], key: str) -> Any:

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ninfer.models.config import Qwen35Config
@@ -37,8 +37,16 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     path = Path(path)
     index = path / INDEX_FILE
     if index.exists():
-        with open(index, encoding="utf-8") as f:
-            names = set(json.load(f)["weight_map"].values())
+        try:
+            with open(index, encoding="utf-8") as f:
+                names = set(json.load(f)["weight_map"].values())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{index}: not valid JSON ({exc})") from None
+        except (KeyError, TypeError, AttributeError):
+            raise ValueError(f'{index}: no "weight_map" object of tensor -> file') from None
+        missing = sorted(n for n in names if not (path / n).is_file())
+        if missing:
+            raise ValueError(f"{index}: lists {', '.join(missing)}, not in {path}")
         return sorted(path / n for n in names)
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -59,9 +67,12 @@ def load_model(
     model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
     loader = _Loader(model, dtype, device)
     for file in checkpoint_files(path):
-        with safe_open(file, framework="pt", device=_safetensors_device(device)) as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                loader.add(key, f)
+        try:
+            with safe_open(file, framework="pt", device=_safetensors_device(device)) as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                    loader.add(key, f)
+        except SafetensorError as exc:  # truncated or not a safetensors file: name it
+            raise ValueError(f"{file}: not a valid safetensors file ({exc})") from None
     loader.finish()
     if loader.skipped:
         logger.info(

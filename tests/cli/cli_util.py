@@ -19,6 +19,7 @@ import time
 
 _FLAGS = "--device cpu --host-cache-mib 64 --max-concurrency 4 --kv-capacity 8192"
 ENGINE_FLAGS = _FLAGS.split()
+CPR = b"\x1b[6n"  # cursor position request
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\r")
 
 
@@ -34,8 +35,11 @@ class Terminal:
     """A child process on a pseudo-terminal; `expect` waits for a regex in its (ANSI-stripped)
     output after what earlier `expect` calls consumed."""
 
-    def __init__(self, argv: list[str], rows: int = 50, cols: int = 120) -> None:
-        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols)}
+    def __init__(
+        self, argv: list[str], rows: int = 50, cols: int = 120, env: dict | None = None
+    ) -> None:
+        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols), **(env or {})}
+        self.raw = b""  # every byte the child wrote, escape sequences included
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its controlling terminal
             os.execvpe(argv[0], argv, env)
@@ -52,6 +56,9 @@ class Terminal:
             return False
         if not data:
             return False
+        if CPR in data:  # the line editor asks where the cursor is, as a terminal would answer
+            os.write(self.fd, b"\x1b[1;1R")
+        self.raw += data
         self.text += ANSI.sub("", data.decode("utf-8", "replace"))
         return True
 
@@ -75,7 +82,7 @@ class Terminal:
     def key_at_prompt(self, key: str, timeout: float = 10) -> None:
         """Sends a control key once the prompt's line editor owns the terminal.
 
-        readline switches the terminal out of canonical mode when it starts reading; a Ctrl+D
+        The line editor switches the terminal out of canonical mode when it starts reading; a Ctrl+D
         typed before that is consumed by the canonical line discipline and lost (a race no
         person at a keyboard can hit), so wait for ICANON to go off first."""
         deadline = time.monotonic() + timeout
@@ -103,3 +110,48 @@ class Terminal:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
         os.close(self.fd)
+
+
+class Screen:
+    """A child process in a detached tmux session: `screen()` is what a person would see (tmux
+    is the terminal emulator), so redraws that erase text show as erased."""
+
+    def __init__(self, argv: list[str], env: dict, cols: int = 120, rows: int = 40) -> None:
+        import shlex
+        import shutil
+        import uuid
+
+        self.tmux = shutil.which("tmux")
+        self.socket = f"ninfer-test-{uuid.uuid4().hex[:8]}"
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        command = f"env {exports} {shlex.join(argv)}; echo EXIT=$?; sleep 30"
+        self._tmux("new-session", "-d", "-x", str(cols), "-y", str(rows), command)
+
+    def _tmux(self, *args: str) -> str:
+        run = subprocess.run([self.tmux, "-L", self.socket, *args], capture_output=True,
+                             text=True, timeout=10)  # fmt: skip
+        return run.stdout
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-J", "-S", "-200")
+
+    def keys(self, *keys: str) -> None:
+        """tmux key names ("C-u", "Up", "Enter", "Escape") or literal text (-l)."""
+        for key in keys:
+            if key in ("C-u", "C-c", "C-d", "Up", "Down", "Enter", "Escape", "BSpace"):
+                self._tmux("send-keys", key)
+            else:
+                self._tmux("send-keys", "-l", key)
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.screen())
+            if m:
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {pattern!r} on the screen:\n{self.screen()}")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self._tmux("kill-server")

@@ -10,11 +10,14 @@ from tests.cli.cli_util import Terminal
 
 
 @pytest.fixture
-def terminal():
+def terminal(tmp_path):
+    """Starts `python -m ninfer ARGS` on a pseudo-terminal; the chat's history file lives in
+    this test's own data directory (`XDG_DATA_HOME`), shared by the terminals it starts."""
     opened: list[Terminal] = []
+    data = {"XDG_DATA_HOME": str(tmp_path / "data")}
 
     def start(*args: str) -> Terminal:
-        term = Terminal([sys.executable, "-m", "ninfer", *args])
+        term = Terminal([sys.executable, "-m", "ninfer", *args], env=data)
         opened.append(term)
         return term
 

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import sys
 import time
 
-from tests.cli.cli_util import ENGINE_FLAGS
+import pytest
+
+from tests.cli.cli_util import ENGINE_FLAGS, Screen
 
 SYSTEM = "You are a terse assistant. " * 20  # > 2 blocks of 64 tokens: turn 2 reuses them
-STATS = r"prompt (\d+) tok · cached (\d+) · TTFT \d+ ms · decode [\d.]+ tok/s · (\d+) tok"
+STATS = (
+    r"prompt (?P<prompt>\d+) tok · cached (?P<cached>\d+)(?: \((?P<why>[^)]*)\))? · "
+    r"TTFT \d+ ms · decode [\d.]+ tok/s · (?P<tok>\d+) tok"
+)
 PROMPT = r">>> "
+HELP = r"(?s)/system TEXT.*?Multi-line input"
 
 
 def test_chat_turns_stats_reset_and_ctrl_d(terminal):
@@ -19,20 +27,25 @@ def test_chat_turns_stats_reset_and_ctrl_d(terminal):
     term.expect(PROMPT)
     term.line("hello, what is a prefix cache?")
     first = term.expect(STATS)
-    assert int(first[3]) == 12 and int(first[2]) == 0
+    assert int(first["tok"]) == 12 and int(first["cached"]) == 0
+    assert first["why"] == "new conversation"
     term.expect(PROMPT)
     term.line("and a second turn \\")  # a trailing backslash continues the message
-    term.expect(r"\.\.\. ")
+    term.expect(r"\.\.\.")
     term.line("on two lines")
     second = term.expect(STATS)
-    assert int(second[1]) > int(first[1]) and int(second[2]) >= 128  # the history is cached
+    assert int(second["prompt"]) > int(first["prompt"])
+    assert int(second["cached"]) >= 128  # the history is cached
+    assert second["why"].startswith("earlier turns")
     term.expect(PROMPT)
     term.line("/stats")
-    table = term.expect(r"(?s)prefix cache.*?Device.*?Host.*?nodes[ │]+(\d+)[ │]+(\d+)")
+    summary = term.expect(r"prefix cache: hit rate (\d+)% \(1 of 2 requests\) · reused (\d+) tok")
+    assert summary[1] == "50" and int(summary[2]) == int(second["cached"])
+    table = term.expect(r"(?s)by tier.*?Device.*?Host.*?nodes[ │]+(\d+)[ │]+(\d+)")
     assert int(table[1]) > 0
     term.expect("counters")
     term.line("/help")
-    term.expect(r"(?s)/system TEXT.*?Multi-line input")
+    term.expect(HELP)
     term.line("/reset")
     term.expect("conversation reset")
     term.line('"""')
@@ -40,22 +53,120 @@ def test_chat_turns_stats_reset_and_ctrl_d(terminal):
     term.line("of text")
     term.line('"""')
     after_reset = term.expect(STATS)
-    assert int(after_reset[1]) < int(second[1])  # the history is gone, the system prompt stays
+    # the history is gone, the system prompt stays (and is served from the cache)
+    assert int(after_reset["prompt"]) < int(second["prompt"])
+    assert after_reset["why"] == "from an earlier conversation"
     term.expect(PROMPT)
     term.key_at_prompt("\x04")  # Ctrl+D at the prompt leaves
     term.expect("bye")
     assert term.wait() == 0
 
 
-def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(terminal):
-    term = terminal("chat", "--max-tokens", "20000", *ENGINE_FLAGS)
+def test_the_quick_start_shows_the_cache_on_the_second_turn(terminal):
+    """`ninfer chat` as the README's quick start runs it: the demo model with its defaults."""
+    term = terminal("chat", *ENGINE_FLAGS)
+    term.expect("Demo model: random weights")
+    term.expect("thinking off, replies up to 128 tokens, system prompt set")
+    term.expect(PROMPT)
+    term.line("Hello, who are you?")
+    first = term.expect(STATS)
+    assert int(first["cached"]) == 0 and first["why"] == "new conversation"
+    term.expect(PROMPT)
+    term.line("Tell me more.")
+    second = term.expect(STATS)
+    assert int(second["cached"]) >= 128, second[0]  # the system prompt and the first message
+    assert second["why"].startswith("earlier turns")
+    term.expect(PROMPT)
+    term.line("/exit")
+    term.expect("bye")
+    assert term.wait() == 0
+
+
+def test_line_editing_and_history_across_runs(terminal, tmp_path):
+    term = terminal("chat", "--max-tokens", "4", *ENGINE_FLAGS)
+    term.expect(PROMPT)
+    term.key_at_prompt("some words to throw away")
+    term.send("\x15")  # Ctrl+U: the line goes, the prompt stays
+    term.line("/help")  # the editor took it as typed after Ctrl+U: no "unknown command"
+    term.expect(HELP)
+    term.key_at_prompt("\x1b[A")  # Up: the previous message comes back
+    term.send("\r")
+    term.expect(HELP)
+    for line in ('"""', "first line", "", "third line", '"""'):  # a blank line inside a block
+        term.key_at_prompt(line + "\r")
+    block = term.expect(STATS)
+    term.key_at_prompt("/exit\r")
+    term.expect("bye")
+    assert term.wait() == 0
+    history = (tmp_path / "data" / "ninfer" / "chat_history").read_text()
+    assert '"""\nfirst line\n\nthird line\n"""' in history.replace("+", "")
+
+    again = terminal("chat", "--max-tokens", "4", *ENGINE_FLAGS)  # a new run, the same history
+    again.expect(PROMPT)
+    again.key_at_prompt("\x1b[A")  # /exit
+    again.send("\x1b[A")  # the block, recalled whole
+    again.send("\r")
+    recalled = again.expect(STATS)
+    assert recalled["prompt"] == block["prompt"]  # the very same message, blank line included
+    again.key_at_prompt("\x04")
+    assert again.wait() == 0
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux as the terminal emulator")
+def test_the_screen_keeps_the_prompt_through_ctrl_u_and_up(tmp_path):
+    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "TERM": "xterm-256color"}
+    screen = Screen([sys.executable, "-m", "ninfer", "chat", "--max-tokens", "4", *ENGINE_FLAGS],
+                    env)  # fmt: skip
+    try:
+
+        def last_line() -> str:
+            return screen.screen().rstrip("\n").splitlines()[-1]
+
+        screen.wait_for(r"(?m)^>>> $")
+        screen.keys("throw this away")
+        screen.wait_for(r">>> throw this away")
+        screen.keys("C-u")
+        time.sleep(0.5)
+        assert last_line().rstrip() == ">>>"
+        screen.keys("/help", "Enter")
+        screen.wait_for(HELP)
+        screen.wait_for(r"(?m)^>>> $")
+        screen.keys("Up")
+        time.sleep(0.5)
+        assert last_line() == ">>> /help"
+        screen.keys("C-u", '"""', "Enter", "one", "Enter", "Enter", "three", "Enter", '"""')
+        time.sleep(0.5)
+        lines = screen.screen().rstrip("\n").splitlines()[-5:]
+        assert [x.rstrip() for x in lines] == ['>>> """', "... one", "...", "... three",
+                                               '... """']  # fmt: skip
+        screen.keys("Enter")
+        screen.wait_for(STATS)
+        screen.keys("C-d")
+        screen.wait_for("EXIT=0")
+    finally:
+        screen.close()
+
+
+def test_ctrl_c_stops_the_reply_and_keeps_it_in_the_history(terminal):
+    term = terminal("chat", "--max-tokens", "20000", "--temperature", "0", *ENGINE_FLAGS)
     term.expect(PROMPT)
     term.line("tell me a very long story")
-    time.sleep(1.5)  # let the reply stream for a while
+    time.sleep(3)  # let the reply stream for a while
     term.send("\x03")
     stopped = term.expect(r"stopped after (\d+) tok · TTFT \d+ ms · partial reply kept")
-    assert 0 < int(stopped[1]) < 20000
+    n = int(stopped[1])
+    assert 20 <= n < 20000
     term.expect(PROMPT)
+    term.line("go on")
+    follow = term.expect(STATS)
+    term.expect(PROMPT)
+    term.line("/reset")
+    term.expect("conversation reset")
+    term.line("go on")
+    alone = term.expect(STATS)
+    # The follow-up's prompt holds the first message and the partial reply: much longer than
+    # "go on" alone (the reply is re-tokenized from its text, so about n tokens, not exactly).
+    assert int(follow["prompt"]) - int(alone["prompt"]) >= n // 2 + 8
     term.line("/system be brief")  # the chat still works after the interruption
     term.expect("system prompt set; new conversation")
     term.line("/exit")
@@ -90,6 +201,6 @@ def test_sigterm_saves_the_prefix_cache_and_the_next_chat_loads_it(terminal, tmp
     term.expect(PROMPT)
     term.line("hello, what is a prefix cache?")
     again = term.expect(STATS)
-    assert int(again[2]) > 0  # the same conversation resumes from the restored tier
+    assert int(again["cached"]) > 0  # the same conversation resumes from the restored tier
     term.line("/exit")
     term.expect("bye")

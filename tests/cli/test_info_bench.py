@@ -101,6 +101,50 @@ def test_bench_all_on_the_demo_model(ninfer, tmp_path):
               "transformers, same weights", "top kernels")  # fmt: skip
     for words in titles:
         assert words in run.stdout
+    # To a pipe or a file the tables keep their full width: no cell is cut short.
+    assert "…" not in run.stdout
+    # The TTFT table shows only turns that reused something (a turn with nothing cached is
+    # cold in both runs), under headings that say which figure each column is.
+    block = run.stdout[run.stdout.index("TTFT per turn") :].split("\n\n")[0]
+    head = next(line for line in block.splitlines() if "turn" in line and "┃" in line)
+    assert [c.strip() for c in head.split("┃")[1:-1]] == [
+        "turn", "prompt", "cached tokens", "TTFT cold", "TTFT cached", "speedup"
+    ]  # fmt: skip
+    rows = [line.split("│") for line in block.splitlines() if "#" in line and "│" in line]
+    shown = sum(t["cached_tokens"] > 0 for t in turns)
+    assert len(rows) == shown and all(int(cells[3]) > 0 for cells in rows)
+    if shown < len(turns):
+        assert f"{len(turns) - shown} turn" in block
+        assert "with nothing cached not shown" in " ".join(block.split())
+
+
+def test_no_bench_table_has_two_columns_with_one_heading():
+    from ninfer.cli import bench_view
+
+    with pytest.raises(AssertionError, match="two columns with one heading"):
+        bench_view.table("t", ["a", "cached", "cached"], [])
+    turns = [{"session": "s", "turn": t, "prompt_tokens": 200, "cached_tokens": c,
+              "ttft_cold_s": 0.01, "ttft_cached_s": 0.02 if c == 0 else 0.005,
+              "speedup": 0.5 if c == 0 else 2.0} for t, c in enumerate([0, 128, 192])]  # fmt: skip
+    t = bench_view.ttft({"turns": turns, "summary": {"cache_hit_rate": 0.5}})
+    assert [c.header for c in t.columns] == [
+        "turn", "prompt", "cached tokens", "TTFT cold", "TTFT cached", "speedup"
+    ]  # fmt: skip
+    assert t.row_count == 2 and "1 turn with nothing cached not shown" in t.title
+    row = {
+        "history_tokens": 16,
+        "round": 1,
+        "cached_tokens": 0,
+        "ttft_cold_s": 1.0,
+        "ttft_cached_s": 0.5,
+        "speedup": 2.0,
+        "restored_host_bytes": 0,
+        "restore_s": 0,
+    }
+    row |= {"restore_bytes_per_s": 0, "link_bytes_per_s": 1e9, "restore_of_link": None}
+    rows = [row]  # fmt: skip
+    headings = [c.header for c in bench_view.resume({"rows": rows}).columns]
+    assert len(set(headings)) == len(headings)
 
 
 def test_info_over_a_checkpoint_folder(ninfer, demo_checkpoint):
