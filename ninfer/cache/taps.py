@@ -62,8 +62,11 @@ class TapConfig:
     min_gap_tokens: int = 1024
 
     def __post_init__(self) -> None:
-        if self.max_new_taps < 0 or self.ladder_tokens <= 0 or self.min_gap_tokens < 0:
-            raise ValueError(f"invalid TapConfig {self}")
+        # A ladder step of 0 never passes the base: plan_taps would loop forever.
+        for name, least in (("max_new_taps", 0), ("ladder_tokens", 1), ("min_gap_tokens", 0)):
+            value = getattr(self, name)
+            if value < least:
+                raise ValueError(f"TapConfig.{name} must be >= {least}, got {value}")
 
 
 def _out_of_spans(position: int, spans: Sequence[Span], align: bool) -> int:
