@@ -22,6 +22,7 @@ import torch
 from ninfer.models.batch import ForwardBatch
 from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_grouped
 from ninfer.ops.cuda.passmeta import PassMeta  # torch only: no kernel library imported
+from ninfer.ops.cuda.support import OpPlan, plan_ops
 from ninfer.ops.reference import ReferenceOps, gdn_key_dim
 from ninfer.ops.reference.dense import (
     add_rms_norm_ref,
@@ -71,12 +72,23 @@ def _compiled(fn, enabled: bool):
 
 class CudaOps(ReferenceOps):
     """Fast ops on one CUDA device. Plans attention once per `ForwardBatch` object: a caller
-    must build a new batch (or change its row lengths) for every forward pass."""
+    must build a new batch (or change its row lengths) for every forward pass.
+
+    `configure(model, dtype, kv_dtype)` (or the same keywords here) decides once which fast
+    paths serve the model (`support.plan_ops`); an op whose kernels cannot take its shapes or
+    dtype runs the reference op, with one warning. Unconfigured, every fast path is on (the
+    kernel tests' shapes)."""
 
     name = "cuda"
 
     def __init__(
-        self, device: torch.device | str = "cuda", compile: bool = False, skinny: bool = True
+        self,
+        device: torch.device | str = "cuda",
+        compile: bool = False,
+        skinny: bool = True,
+        model=None,
+        dtype: str | None = None,
+        kv_dtype: str | None = None,
     ) -> None:
         from ninfer.ops.cuda import conv, gdn, glue
         from ninfer.ops.cuda.attention import PagedAttention
@@ -100,6 +112,26 @@ class CudaOps(ReferenceOps):
         self._gdn_gates = _compiled(gdn_gates_ref, compile)
         self._silu_mul = _compiled(silu_mul_ref, compile)
         self._sigmoid_mul = _compiled(sigmoid_mul_ref, compile)
+        self.plan = OpPlan()
+        if model is not None:
+            self.configure(model, dtype or "bfloat16", kv_dtype)
+
+    def configure(self, model, dtype: str, kv_dtype: str | None = None) -> OpPlan:
+        """Decides the fast paths for `model` (a Qwen35Config) in `dtype` / `kv_dtype` (names,
+        as EngineConfig's) and warns once per op that falls back. Returns the plan."""
+        self.plan = plan_ops(model, dtype, kv_dtype)
+        for line in self.plan.warnings():
+            logger.warning(line)
+        return self.plan
+
+    @property
+    def capturable(self) -> bool:
+        """Whether a decode step can be captured in a CUDA graph (`OpPlan.decode_graphs`)."""
+        return self.plan.decode_graphs
+
+    @property
+    def prefill_capturable(self) -> bool:
+        return self.plan.prefill_graphs
 
     @property
     def attention_planner(self):
@@ -128,14 +160,16 @@ class CudaOps(ReferenceOps):
         return self._silu_mul(gate, up)
 
     def sigmoid_mul(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        if self._glue.gate_fits(x, gate):  # the attention's output gate: Triton
+        # the attention's output gate: Triton
+        if self.plan.fast("sigmoid_mul") and self._glue.gate_fits(x, gate):
             return self._glue.sigmoid_gate(x, gate)
         return self._sigmoid_mul(x, gate)
 
     def gated_rms_norm(
         self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> torch.Tensor:
-        if self._glue.gated_norm_fits(x, z, weight):  # the GDN output norm over strided z: Triton
+        # the GDN output norm over strided z: Triton
+        if self.plan.fast("gated_rms_norm") and self._glue.gated_norm_fits(x, z, weight):
             return self._glue.gated_norm(x, z, weight, eps)
         return self._gated_rms_norm(x, z, weight, eps)
 
@@ -162,7 +196,8 @@ class CudaOps(ReferenceOps):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One Triton launch per tensor (`glue.norm_rope`), else the compiled norms and RoPE."""
         glue = self._glue
-        if glue.norm_rope_fits(q, rotary_dim) and glue.norm_rope_fits(k, rotary_dim):
+        fits = self.plan.fast("qk_norm_rope") and glue.norm_rope_fits(q, rotary_dim)
+        if fits and glue.norm_rope_fits(k, rotary_dim):
             return (
                 glue.norm_rope(q, q_weight, eps, positions, inv_freq, rotary_dim),
                 glue.norm_rope(k, k_weight, eps, positions, inv_freq, rotary_dim),
@@ -208,6 +243,8 @@ class CudaOps(ReferenceOps):
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> torch.Tensor:
+        if not self.plan.fast("attention"):
+            return super().attention(q, k, v, kv_cache, batch, scale, k_scale, v_scale)
         return self._attention(q, k, v, kv_cache, batch, scale, k_scale, v_scale)
 
     def causal_conv(
@@ -254,7 +291,7 @@ class CudaOps(ReferenceOps):
         batch: ForwardBatch,
         scale: float,
     ) -> torch.Tensor:
-        if batch.is_decode:  # the gates inside the recurrence kernel: one launch, not three
+        if batch.is_decode and self.plan.fast("gdn_decode"):  # gates inside: one launch
             slots = batch.state_slots
             return self._gdn.gdn_decode(q, k, v, a, b, state, slots, scale, (a_log, dt_bias))
         return super().gated_delta(q, k, v, a, b, a_log, dt_bias, state, batch, scale)
@@ -276,7 +313,8 @@ class CudaOps(ReferenceOps):
         (`conv.causal_conv_qkv`); decode, or channels the conv kernel cannot split by head:
         the composition of `causal_conv` and `gated_delta`."""
         key_dim, dk = gdn_key_dim(x.shape[1], state), state.shape[2]
-        if batch.is_decode or not self._conv.splits_heads(x.shape[1], key_dim, dk):
+        fast = self.plan.fast("gdn_prefill") and self._conv.splits_heads(x.shape[1], key_dim, dk)
+        if batch.is_decode or not fast:
             return super().conv_gated_delta(
                 x, conv_weight, conv_state, a, b, a_log, dt_bias, state, batch, scale
             )
@@ -301,8 +339,10 @@ class CudaOps(ReferenceOps):
         batch: ForwardBatch,
         scale: float,
     ) -> torch.Tensor:
-        if batch.is_decode:
+        if batch.is_decode and self.plan.fast("gdn_decode"):
             return self._gdn.gdn_decode(q, k, v, g, beta, state, batch.state_slots, scale)
+        if batch.is_decode or not self.plan.fast("gdn_prefill"):
+            return super().gdn(q, k, v, g, beta, state, batch, scale)
         meta = self.pass_meta(batch)
         return self._gdn.gdn_prefill(
             q, k, v, g, beta, state, batch.state_slots, scale, meta, intra=self.gdn_intra
