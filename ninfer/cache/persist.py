@@ -5,7 +5,7 @@ encodes and decodes the header and tables, plans a partial restore into a smalle
 rebuilds the chosen entries Host-only in a `PrefixIndex`. The slab bytes themselves are moved
 by `ninfer.memory.persist_file`; `ninfer.engine.persistence` glues both to the engine.
 
-File layout (format 1; all integers little-endian):
+File layout (format 2; all integers little-endian):
 
     offset 0        fixed header  "<8sIIQQQQ": magic, format version, flags (0),
                                    meta_len, tables_len, n_slabs, payload_offset
@@ -16,6 +16,7 @@ File layout (format 1; all integers little-endian):
                                                    + 256 bytes of tokens), parents first
                                    snapshot table  n_snapshots x ("<iIIiHB" anchor, frontier,
                                                    hits, tail_slab, tail_len, kind
+                                                   (bit 7: superseded; format 1 has none)
                                                    + image_slabs x "<I" image slabs in order
                                                    + tail_len x "<i" tail tokens)
                                    slab checksums  n_slabs x "<Q" (xxh3_64 of each slab)
@@ -51,7 +52,9 @@ from ninfer.cache.common import (
 )
 
 MAGIC = b"NINFHPC\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+SUPERSEDED_BIT = 0x80  # in a snapshot's kind byte (format 2)
 PAYLOAD_ALIGN = 4096
 
 _FIXED = struct.Struct("<8sIIQQQQ")
@@ -103,6 +106,7 @@ class SnapshotRecord:
     tail: bytes  # packed tail tokens
     tail_slab: int  # file slab, -1 without a tail
     image_slabs: tuple[int, ...]  # file slabs, in image order
+    superseded: bool = False  # §9.3: reloaded superseded, so Host eviction takes it first
 
     @property
     def n_slabs(self) -> int:
@@ -154,13 +158,17 @@ class RestorePlan:
 
 
 def collect(index, meta: dict) -> SaveSet:
-    """Every retained Host-resident snapshot whose anchor path is Host-resident, and exactly
-    those paths, parents first (spec §5.5). Call with every Host write landed."""
+    """Every Host-resident snapshot whose anchor path is Host-resident, and exactly those
+    paths, parents first (spec §5.5). Call with every Host write landed.
+
+    Superseded snapshots are saved too, flagged: the process that kept running would still
+    resume a retry of the same prompt from the one its last run resumed from (§9.3: only Host
+    eviction removes it), so a restart keeps it as well, superseded, first to go again."""
     nodes = index.tree.nodes
     chosen: list = []
     needed: set[int] = set()
     for s in index.snaps.values():
-        if s.superseded or s.host_state != _RESIDENT:
+        if s.host_state != _RESIDENT:
             continue
         path = []
         node = nodes[s.anchor]
@@ -189,7 +197,16 @@ def collect(index, meta: dict) -> SaveSet:
             tail_slab = len(sources)
             sources.append(s.tail_slab)
         snaps.append(
-            SnapshotRecord(pos[s.anchor], s.frontier, s.hits, int(s.kind), s.tail, tail_slab, image)
+            SnapshotRecord(
+                pos[s.anchor],
+                s.frontier,
+                s.hits,
+                int(s.kind),
+                s.tail,
+                tail_slab,
+                image,
+                s.superseded,
+            )
         )
     return SaveSet(Tables(meta, blocks, snaps, [0] * len(sources)), sources)
 
@@ -203,7 +220,8 @@ def encode(tables: Tables) -> bytes:
         parts += [_BLOCK.pack(b.parent, b.slab, b.extra), b.tokens]
     for s in tables.snapshots:
         tail_len = len(s.tail) // TOKEN_BYTES
-        parts.append(_SNAP.pack(s.anchor, s.frontier, s.hits, s.tail_slab, tail_len, s.kind))
+        kind = s.kind | (SUPERSEDED_BIT if s.superseded else 0)
+        parts.append(_SNAP.pack(s.anchor, s.frontier, s.hits, s.tail_slab, tail_len, kind))
         parts += [struct.pack(f"<{len(s.image_slabs)}I", *s.image_slabs), s.tail]
     parts.append(struct.pack(f"<{len(tables.slab_sums)}Q", *tables.slab_sums))
     body = b"".join(parts)
@@ -227,8 +245,8 @@ def decode(f: BinaryIO, file_size: int) -> Tables:
     magic, version, _flags, meta_len, tables_len, n_slabs, offset = _FIXED.unpack(raw)
     if magic != MAGIC:
         raise PersistError("not a ninfer prefix cache file (bad magic)")
-    if version != FORMAT_VERSION:
-        raise PersistError(f"format version {version}, this ninfer reads {FORMAT_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise PersistError(f"format version {version}, this ninfer reads {READABLE_VERSIONS}")
     head_len = _FIXED.size + meta_len + tables_len + _SUM.size
     if head_len > offset or offset > file_size:
         raise PersistError("truncated tables")
@@ -241,7 +259,7 @@ def decode(f: BinaryIO, file_size: int) -> Tables:
         raise PersistError("table checksum mismatch (damaged file)")
     try:
         meta = json.loads(meta_b)
-        tables = _parse_body(meta, body, n_slabs)
+        tables = _parse_body(meta, body, n_slabs, flags=version >= 2)
         slab_bytes = int(meta["geometry"]["slab_bytes"])
     except (ValueError, KeyError, TypeError, struct.error) as e:
         raise PersistError(f"bad tables: {e!r}") from None
@@ -254,7 +272,7 @@ def decode(f: BinaryIO, file_size: int) -> Tables:
     return tables
 
 
-def _parse_body(meta: dict, body: bytes, n_slabs: int) -> Tables:
+def _parse_body(meta: dict, body: bytes, n_slabs: int, flags: bool = True) -> Tables:
     k = int(meta["geometry"]["image_slabs"])
     n_blocks, n_snaps = _COUNTS.unpack_from(body, 0)
     off = _COUNTS.size
@@ -271,6 +289,8 @@ def _parse_body(meta: dict, body: bytes, n_slabs: int) -> Tables:
     snaps, keys = [], set()
     for i in range(n_snaps):
         anchor, frontier, hits, tail_slab, tail_len, kind = _SNAP.unpack_from(body, off)
+        superseded = flags and bool(kind & SUPERSEDED_BIT)
+        kind = kind & ~SUPERSEDED_BIT if flags else kind
         off += _SNAP.size
         image = struct.unpack_from(f"<{k}I", body, off)
         off += 4 * k
@@ -285,7 +305,9 @@ def _parse_body(meta: dict, body: bytes, n_slabs: int) -> Tables:
             raise ValueError(f"snapshot {i}: duplicate (anchor, tail)")
         keys.add((anchor, tail))
         SnapshotKind(kind)
-        snaps.append(SnapshotRecord(anchor, frontier, hits, kind, tail, tail_slab, image))
+        snaps.append(
+            SnapshotRecord(anchor, frontier, hits, kind, tail, tail_slab, image, superseded)
+        )
     sums = list(struct.unpack_from(f"<{n_slabs}Q", body, off))
     if off + 8 * n_slabs != len(body):
         raise ValueError("table length disagrees with its counts")
@@ -346,9 +368,9 @@ def plan_restore(
     prefill_seconds: Callable[[int, int], float],
     restore_seconds: Callable[[int], float],
 ) -> RestorePlan:
-    """All of the file when it fits; else whole snapshots greedily by `density`, each with the
-    path blocks it needs and no others (a snapshot that no longer fits is skipped, smaller
-    ones after it may still go in)."""
+    """All of the file when it fits; else whole snapshots greedily, retained ones first, by
+    `density`, each with the path blocks it needs and no others (a snapshot that no longer
+    fits is skipped, smaller ones after it may still go in)."""
     paths = snapshot_paths(tables)
     needs = [s.n_slabs + len(p) for s, p in zip(tables.snapshots, paths, strict=True)]
     min_slabs = min(needs, default=0)
@@ -359,6 +381,7 @@ def plan_restore(
     order = sorted(
         range(len(tables.snapshots)),
         key=lambda i: (
+            tables.snapshots[i].superseded,
             -density(
                 tables.snapshots[i], len(paths[i]), geometry, prefill_seconds, restore_seconds
             ),
@@ -394,6 +417,8 @@ def rebuild(index, tables: Tables, plan: RestorePlan) -> list[tuple[int, int]]:
         rec = tables.snapshots[i]
         sid = index.load_snapshot(nid[rec.anchor], rec.tail, SnapshotKind(rec.kind), rec.hits)
         snap = index.snapshot(sid)
+        if rec.superseded:
+            index._supersede(snap)
         pairs += list(zip(rec.image_slabs, snap.host_slabs, strict=True))
         if rec.tail_slab >= 0:
             pairs.append((rec.tail_slab, snap.tail_slab))

@@ -99,10 +99,13 @@ class PublishMixin:
         kind: SnapshotKind,
         tail_tokens: Sequence[int] | bytes = (),
         tail_page: int | None = None,
+        finishing: bool = False,
     ) -> PublishResult:
         """Publish the image in staging `slot` as a snapshot at `frontier` of `lane`.
 
-        The engine defers the call until the anchor blocks are committed (LaneError before).
+        The engine defers the call until the anchor blocks are committed (LaneError before);
+        a tap with a tail also waits for the block holding it, unless the lane is `finishing`
+        (§7.4: it publishes from its own last page, whose block never fills).
         On a duplicate (same anchor and tail) the index frees the slot and the engine keeps
         `tail_page`; otherwise the snapshot owns both and Host slabs are sought (GDSF-bounded).
         """
@@ -116,13 +119,15 @@ class PublishMixin:
         if (tail_page is None) != (tail_len == 0):
             raise ValueError("tail_page is required exactly when frontier % 64 != 0")
         committed = len(rec.path)
-        if committed < a or (kind != SnapshotKind.ENDPOINT and tail_len and committed <= a):
+        early = kind != SnapshotKind.ENDPOINT and not finishing
+        if committed < a or (early and tail_len and committed <= a):
             raise LaneError(f"lane {lane} publishes F={frontier} with {committed} blocks committed")
         nodes = self.tree.nodes
         if tail_len and committed > a and not nodes[rec.path[a]].tokens.startswith(tail):
             raise ValueError("tail tokens differ from the committed block")
         t = self._mutated()
         rec.staging.discard(slot)
+        rec.superseded_for.pop(slot, None)
         anchor = rec.path[a - 1] if a else ROOT
         st = self.counters
         rec.latest_frontier = max(rec.latest_frontier, frontier)

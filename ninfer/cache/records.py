@@ -192,6 +192,8 @@ class Lane:
     last_tap: int | None = None
     latest_frontier: int = 0
     staging: set[int] = field(default_factory=set)
+    # per staging slot: the snapshots its allocation superseded, retained again if it is freed
+    superseded_for: dict[int, list[int]] = field(default_factory=dict)
     restore_batch: int | None = None
     restore_required: bool = False  # Host-only parts not yet handed to begin_restore
 

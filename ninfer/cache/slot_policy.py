@@ -60,26 +60,30 @@ class SlotPolicyMixin:
         """
         rec = self._lane(lane)
         self._mutated()
+        superseded: list[int] = []
         if rec.source is not None and not rec.source_superseded and frontier > rec.base:
             s = self.snaps.get(rec.source)
-            if s is not None:
-                self._supersede(s)
+            if s is not None and self._supersede(s):
+                superseded.append(s.id)
             rec.source_superseded = True
         if kind != SnapshotKind.ENDPOINT and rec.last_tap is not None:
             s = self.snaps.get(rec.last_tap)
-            if s is not None and s.frontier < frontier:
-                self._supersede(s)
+            if s is not None and s.frontier < frontier and self._supersede(s):
+                superseded.append(s.id)
         slot = self.slots.take_free()
         displaced, deleted = None, False
         if slot is None:
             got = self._displace_slot(rec, frontier, frontier % BLOCK_TOKENS != 0)
             if got is None:
                 self.counters.taps_skipped_no_slot += 1
+                self._unsupersede(rec, superseded)
                 return None
             slot, displaced, deleted = got
             self.counters.slot_displaced += 1
         self.slots.assign(slot, SlotState.STAGING, lane)
         rec.staging.add(slot)
+        if superseded:
+            rec.superseded_for[slot] = superseded
         return SlotGrant(slot, displaced, deleted, self._take_freed())
 
     def free_snapshot_slot(self, lane: int, slot: int) -> None:
@@ -90,3 +94,14 @@ class SlotPolicyMixin:
         self._mutated()
         rec.staging.discard(slot)
         self.slots.release(slot)
+        self._unsupersede(rec, rec.superseded_for.pop(slot, ()))
+
+    def _unsupersede(self, rec: Lane, ids) -> None:
+        """A skipped or dropped tap is no deeper snapshot: what its allocation superseded stays
+        the lineage's resume point (§9.3), unless the allocation displaced it already."""
+        for sid in ids:
+            s = self.snaps.get(sid)
+            if s is not None:
+                self._retain(s)
+            if sid == rec.source:
+                rec.source_superseded = False

@@ -129,13 +129,22 @@ def plan_taps(
     }
     cands += [Tap(p, Placement.EXACT, 1, True, p) for p in sorted(explicit)]
 
+    # The final generation opener is its own candidate, deduplicated only by position: the
+    # next turn re-renders the history after it, so it resumes there even when the opener is
+    # close to the base or to a structural boundary (a short turn).
+    opener = [h.position for h in hints if h.kind == HintKind.OPENER]
+    if opener and not resumed_from_endpoint:  # else the lane's own endpoint serves (§7.1)
+        p = _out_of_spans(max(opener), spans, False)
+        cands.append(Tap(p, Placement.EXACT, 2, False, p))
+
     semantic = []
     for h in hints:
-        if h.kind == HintKind.OPENER and resumed_from_endpoint:
-            continue  # the lane's own endpoint serves the next turn (§7.1)
-        if h.kind in (HintKind.OPENER, HintKind.STRUCTURAL, HintKind.AUTOMATIC):
+        if h.kind in (HintKind.STRUCTURAL, HintKind.AUTOMATIC):
             p = _out_of_spans(h.position, spans, False)
-            if base < p <= last:
+            # A boundary within 64 tokens past the base or an existing snapshot is served
+            # there already; left in, it would head a cluster that is then dropped whole.
+            covered = any(0 <= p - y <= BLOCK_TOKENS for y in (base, *existing))
+            if base < p <= last and not covered:
                 semantic.append(TapHint(p, h.kind))
     clusters = sorted(_semantic_clusters(semantic), key=lambda c: (c[1], c[0]))
     cands += [Tap(p, Placement.EXACT, prio, b, p) for p, prio, b in clusters]
@@ -171,7 +180,7 @@ def plan_taps(
         near = fixed + [a.target for a in accepted]
         if c.priority == 5:  # ladder: min_gap on both sides
             redundant = any(abs(x - y) < gap for y in near)
-        elif c.priority > 1:  # explicit taps are only deduplicated
+        elif c.priority > 2:  # explicit taps and the opener are only deduplicated
             redundant = any(0 <= x - y <= BLOCK_TOKENS for y in near)
         else:
             redundant = False

@@ -121,12 +121,20 @@ def _publishable(lane: Lane, tap: PendingTap) -> bool:
     return lane.committed_blocks >= blocks
 
 
-def _publish(bridge: CacheBridge, lane: Lane, f: int, slot: int, kind: int, tail: int | None):
+def _publish(
+    bridge: CacheBridge,
+    lane: Lane,
+    f: int,
+    slot: int,
+    kind: int,
+    tail: int | None,
+    finishing: bool = False,
+):
     """Publish a staged snapshot; returns True when the index took the tail page."""
     r = f % PAGE_SIZE
     tail_tokens = lane.tokens[f - r : f] if r else ()
     result = bridge.index.publish_snapshot(
-        lane.lane_id, f, slot, kind, tail_tokens=tail_tokens, tail_page=tail
+        lane.lane_id, f, slot, kind, tail_tokens=tail_tokens, tail_page=tail, finishing=finishing
     )
     bridge.kv.free(result.freed_pages)
     if result.write is not None:
@@ -146,6 +154,23 @@ def _publish_ready(bridge: CacheBridge, lane: Lane) -> None:
     lane.pending = keep
 
 
+def _publish_finishing(bridge: CacheBridge, lane: Lane) -> None:
+    """§7.4: a finishing lane publishes its pending taps from its own last page. A tap whose
+    tail block never filled (a short reply ended inside it) has its tail tokens and tail page
+    already; only its anchor blocks must be committed, as for an endpoint."""
+    keep: list[PendingTap] = []
+    for tap in lane.pending:
+        if lane.committed_blocks < tap.frontier // PAGE_SIZE or lane.computed < tap.frontier:
+            keep.append(tap)
+            continue
+        taken = _publish(
+            bridge, lane, tap.frontier, tap.snap_slot, tap.kind, tap.tail_page, finishing=True
+        )
+        if tap.tail_page is not None and not taken:
+            bridge.kv.free([tap.tail_page])
+    lane.pending = keep
+
+
 def _drop_pending(bridge: CacheBridge, lane: Lane) -> None:
     bridge.counters.taps_dropped += len(lane.pending)
     for tap in lane.pending:
@@ -155,9 +180,13 @@ def _drop_pending(bridge: CacheBridge, lane: Lane) -> None:
     lane.pending = []
 
 
-def _endpoint(bridge: CacheBridge, lane: Lane) -> None:
+def _endpoint(bridge: CacheBridge, lane: Lane, suspend: bool = False) -> None:
     f = lane.computed
-    if f - lane.last_snapshot < PAGE_SIZE:
+    # Measured against the deepest *published* snapshot on the path (a dropped tap is none).
+    # A suspended lane resumes here whatever the gap: from an earlier snapshot it would
+    # recompute its generated tokens by prefill instead of continuing the decoded state.
+    worth = suspend and f > lane.last_snapshot
+    if not worth and not bridge.index.endpoint_worthwhile(lane.lane_id, f):
         return
     if lane.finish_reason == "abort" and f <= lane.cached_tokens:
         return  # cancelled before any committed unit
@@ -177,18 +206,22 @@ def _endpoint(bridge: CacheBridge, lane: Lane) -> None:
     lane.last_snapshot = f
 
 
-def release(bridge: CacheBridge, lane: Lane) -> None:
+def release(bridge: CacheBridge, lane: Lane, suspend: bool = False) -> None:
     """Terminal settlement (§7.7): endpoint snapshot, path release with write-through, free the
-    lane's private pages, its reservation and its state slot."""
+    lane's private pages, its reservation and its state slot. `suspend`: the lane will resume
+    from its endpoint (§9.5), which is then published even less than 64 tokens past the
+    lane's previous snapshot."""
     index = bridge.index
     if lane.restore_ticket is not None:  # released before its first pass: the slot and pages
         lane.restore_ticket.wait_all()  # may still be restore destinations (§6.5)
         lane.restore_ticket = None
     if index is not None:
         _publish_ready(bridge, lane)
+        if lane.finish_reason != "error":
+            _publish_finishing(bridge, lane)
         _drop_pending(bridge, lane)
         if lane.finish_reason != "error":
-            _endpoint(bridge, lane)
+            _endpoint(bridge, lane, suspend)
         result = index.release(lane.lane_id)
         bridge.kv.free(result.freed_pages)
         if result.write is not None:

@@ -26,11 +26,22 @@ def test_chat_turn_opener_absorbs_the_prompt_tail():
 
 
 def test_semantic_cluster_keeps_earliest_and_boundary_flag():
-    # a short user turn: system end at 500, opener at 530 (< 64 apart): one exact tap at 500
+    # structural boundaries < 64 apart: one exact tap at the earliest, Boundary from any member
+    hints = [TapHint(530, HintKind.AUTOMATIC), TapHint(500, HintKind.STRUCTURAL)]
+    taps = plan_taps(2000, 0, hints, config=CFG)
+    assert positions(taps) == [(500, E, 3, True), (1984, F, 4, False)]
+    assert taps[1].target == 1999
+
+
+def test_opener_is_kept_next_to_a_boundary_or_the_base():
+    # a short user turn: system end at 500, opener at 530; the next turn resumes at the opener
     hints = [TapHint(530, HintKind.OPENER), TapHint(500, HintKind.STRUCTURAL)]
     taps = plan_taps(2000, 0, hints, config=CFG)
-    assert positions(taps) == [(500, E, 2, True), (1984, F, 4, False)]
-    assert taps[1].target == 1999
+    assert positions(taps) == [(500, E, 3, True), (530, E, 2, False), (1984, F, 4, False)]
+    # a short chat turn resumed 30 tokens before its opener (a structural end near the base
+    # is served by the base and heads no cluster)
+    hints = [TapHint(230, HintKind.OPENER), TapHint(210, HintKind.STRUCTURAL)]
+    assert positions(plan_taps(236, 200, hints, config=CFG)) == [(230, E, 2, False)]
 
 
 def test_automatic_markers_are_structural_but_not_boundary():
@@ -49,10 +60,14 @@ def test_resume_from_endpoint_skips_the_opener():
 def test_proximity_to_base_and_existing_snapshots():
     # base 960 lies 39 tokens before the tail target 999: nothing new
     assert plan_taps(1000, 960, config=CFG) == []
-    # an existing snapshot 30 tokens before the opener makes it redundant; explicit ones stay
-    hints = [TapHint(830, HintKind.OPENER), TapHint(831, HintKind.EXPLICIT)]
+    # an existing snapshot 30 tokens before a structural boundary makes it redundant; explicit
+    # taps and the opener (the next turn resumes exactly there) stay
+    hints = [TapHint(830, HintKind.STRUCTURAL), TapHint(831, HintKind.EXPLICIT)]
     taps = plan_taps(1000, 0, hints, existing=[800], config=CFG)
     assert positions(taps) == [(831, E, 1, True), (960, F, 4, False)]
+    hints = [TapHint(830, HintKind.OPENER)]
+    taps = plan_taps(1000, 0, hints, existing=[800], config=CFG)
+    assert positions(taps) == [(830, E, 2, False), (960, F, 4, False)]
     # an explicit breakpoint exactly at an existing snapshot is deduplicated
     assert plan_taps(1000, 0, [TapHint(800, HintKind.EXPLICIT)], [800], config=CFG) == [
         Tap(960, F, 4, False, 999)
@@ -126,7 +141,7 @@ def test_tap_properties(case):
             assert t.position % 64 == 0 and t.position <= t.target
         else:
             assert t.position == t.target
-        if 1 < t.priority < 5:  # proximity: nothing <= 64 tokens before (ladder: min_gap)
+        if 2 < t.priority < 5:  # proximity: nothing <= 64 tokens before (ladder: min_gap)
             assert not any(0 <= t.target - x <= 64 for x in [base, *existing])
         if t.priority == 5:
             assert all(abs(t.target - x) >= cfg.min_gap_tokens for x in [base, *existing])
