@@ -191,3 +191,38 @@ def test_load_block_refusals():
 
 def test_h200_cost_model_plans_8192_token_chunks():
     assert CacheCostModel.h200().chunk_tokens == 8192
+
+
+def test_load_snapshot_ids_hits_epoch_and_l():
+    ix = make_index(host_slabs=16)
+    n0 = ix.load_block(ROOT, tokens(1, 64))
+    n1 = ix.load_block(n0, tokens(1, 128)[64:])
+    ix.L = 0.25  # as after GDSF evictions: a loaded snapshot starts at the current L
+    epoch = ix.cache_epoch
+    a = ix.load_snapshot(n0, [])
+    b = ix.load_snapshot(n1, [7, 8], SnapshotKind.BOUNDARY, hits=3)
+    assert (a, b) == (1, 2) and ix.cache_epoch == epoch + 2
+    sa, sb = ix.snapshot(a), ix.snapshot(b)
+    assert (sa.frontier, sa.hits, sa.l_at, sa.host_slabs, sa.tail_slab) == (64, 0, 0.25, [2, 3], -1)
+    assert (sb.frontier, sb.hits, sb.kind, sb.host_slabs, sb.tail_slab) == (
+        130,
+        3,
+        SnapshotKind.BOUNDARY,
+        [4, 5],
+        6,
+    )
+    assert sb.ancestor == a
+    ix.check_invariants()
+
+
+def test_load_snapshot_refusals():
+    ix = make_index(host_slabs=4)
+    n0 = ix.load_block(ROOT, tokens(1, 64))
+    ix.load_snapshot(n0, [])
+    with pytest.raises(ValueError, match=r"^snapshot already present$"):
+        ix.load_snapshot(n0, [])
+    with pytest.raises(ValueError, match=r"^not enough free Host slabs to load a snapshot$"):
+        ix.load_snapshot(n0, [5])  # 3 slabs, 1 free
+    ix = make_index(host_slabs=0)
+    with pytest.raises(ValueError, match=r"^not enough free Host slabs to load a snapshot$"):
+        ix.load_snapshot(ROOT, [5])
