@@ -168,7 +168,9 @@ class LineEditor:
 
     @staticmethod
     def _read_plain() -> str:
-        text = input(PROMPT)
+        # Input from a pipe or a file is not echoed: prompts there would only pile up.
+        shown = sys.stdin.isatty()
+        text = input(PROMPT if shown else "")
         while needs_more(text):
-            text += "\n" + input(CONTINUATION)
+            text += "\n" + input(CONTINUATION if shown else "")
         return message_text(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import sys
@@ -123,6 +124,8 @@ def test_the_screen_keeps_the_prompt_through_ctrl_u_and_up(tmp_path):
             return screen.screen().rstrip("\n").splitlines()[-1]
 
         screen.wait_for(r"(?m)^>>> $")
+        # the engine's log line printed while the spinner ran sits on a line of its own
+        screen.wait_for(r"(?m)^ninfer: engine ready in [\d.]+ s *$", timeout=1)
         screen.keys("throw this away")
         screen.wait_for(r">>> throw this away")
         screen.keys("C-u")
@@ -204,3 +207,49 @@ def test_sigterm_saves_the_prefix_cache_and_the_next_chat_loads_it(terminal, tmp
     assert int(again["cached"]) > 0  # the same conversation resumes from the restored tier
     term.line("/exit")
     term.expect("bye")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux as the terminal emulator")
+def test_generate_progress_bar_and_log_lines_do_not_collide(tmp_path):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text('{"prompt": "hi", "max_tokens": 3}\n{"prompt": "yo", "max_tokens": 3}\n')
+    argv = [sys.executable, "-m", "ninfer", "generate", "-i", str(src), "-o", str(dst)]
+    screen = Screen([*argv, *ENGINE_FLAGS], {"TERM": "xterm-256color"})
+    try:
+        screen.wait_for("EXIT=0")
+        text = screen.screen()
+        assert re.search(r"(?m)^ninfer: engine ready in [\d.]+ s *$", text), text
+        assert re.search(r"(?m)^generate .* 2/2 ", text), text
+        assert "2 lines written to" in text
+    finally:
+        screen.close()
+
+
+def test_chat_reads_a_pipe_with_the_same_multi_line_rules():
+    from tests.cli.cli_util import ninfer
+
+    script = 'hello\n"""\nfirst\n\nthird\n"""\nsecond \\\nline\n/exit\n'
+    run = ninfer("chat", "--max-tokens", "3", *ENGINE_FLAGS, input=script)
+    assert run.returncode == 0, run.stderr
+    turns = [m.groupdict() for m in re.finditer(STATS, run.stdout)]
+    assert len(turns) == 3  # the block and the continued line are one message each
+    assert ">>>" not in run.stdout and "..." not in run.stdout  # no prompts for a pipe
+    assert run.stdout.rstrip().endswith("bye")
+
+
+@pytest.mark.parametrize(
+    ("typed", "more", "message"),
+    [
+        ("hello", False, "hello"),
+        ("a \\", True, "a "),
+        ("a \\\nb", False, "a \nb"),
+        ('"""', True, ""),
+        ('"""\nx\n\ny', True, "x\n\ny"),
+        ('"""\nx\n\ny\n"""', False, "x\n\ny"),
+    ],
+)
+def test_when_a_typed_message_is_finished(typed, more, message):
+    from ninfer.cli.terminal import message_text, needs_more
+
+    assert needs_more(typed) is more
+    assert message_text(typed) == message
