@@ -7,7 +7,7 @@
 #                engine; the group names the modules to mutate and the tests that may kill them
 #   -j CHILDREN  mutmut worker processes (default 1; the run is niced to 19)
 #   -t SECONDS   stop the run after this long (default: no limit); what ran is still reported
-#   -k           keep the previous run's mutants and results (run only the named modules again)
+#   -k           keep the previous run's mutants and results: go on with the mutants not run yet
 #   -r           report only: print the table of the last run, run nothing
 #   -m           print the table as Markdown (for docs/mutation.md)
 #   MODULE       files to mutate, e.g. ninfer/cache/gdsf.py (default: every module of the group)
@@ -73,12 +73,13 @@ if [[ $REPORT_ONLY == 0 ]]; then
     # A snapshot of the sources and tests as they are now (uncommitted edits included).
     (cd "$ROOT" && tar -cf - --exclude=__pycache__ --exclude=.hypothesis ninfer tests) \
         | (cd "$WORK" && tar -xf -)
-    "$PYTHON" - "$ROOT/pyproject.toml" "$WORK/pyproject.toml" "$GROUP" <<'PY'
+    "$PYTHON" - "$ROOT/pyproject.toml" "$WORK/pyproject.toml" "$GROUP" "${MODULES[@]}" <<'PY'
 import json, re, sys, tomllib
-src, dst, group = sys.argv[1:]
+src, dst, group, *modules = sys.argv[1:]
 text = open(src).read()
 conf = tomllib.loads(text)["tool"]
 table = dict(conf["mutmut"], **conf["ninfer-mutation"]["groups"][group])
+table["only_mutate"] = modules  # mutate only the modules of this run
 # Drop [tool.mutmut] and write the group's table in its place (JSON scalars and string lists
 # are valid TOML).
 text = re.sub(r"(?ms)^\[tool\.mutmut\]\n.*?(?=^\[)", "", text)
@@ -103,18 +104,13 @@ if failed:
     open("pyproject.toml", "w").write(text)
 PY
     )
-    PATTERNS=()
-    for m in "${MODULES[@]}"; do
-        mod=${m%.py}
-        PATTERNS+=("${mod//\//.}.*")
-    done
     LIMIT=()
     if [[ $TIMEBOX != 0 ]]; then
         LIMIT=(timeout --signal=INT "$TIMEBOX")
     fi
     echo "mutation run: group $GROUP, ${#MODULES[@]} modules, $CHILDREN worker(s), in $WORK"
     (cd "$WORK" && NINFER_HYPOTHESIS_PROFILE=mutation nice -n 19 "${LIMIT[@]}" \
-        "$MUTMUT" run --max-children "$CHILDREN" "${PATTERNS[@]}" | tail -n 5) || true
+        "$MUTMUT" run --max-children "$CHILDREN" | tail -n 5) || true
 fi
 
 cd "$WORK"
