@@ -87,9 +87,14 @@ class Chat:
             stream = self.llm.stream(self.messages, params, enable_thinking=self.thinking)
             with StopOnInterrupt() as interrupt, contextlib.closing(stream):
                 for event in stream:
-                    if interrupt.hit:
-                        break
+                    if interrupt.hit and not interrupt.acted:
+                        # cancel, then read on to the final "abort" output (prompt and cache
+                        # figures); nothing more is drawn
+                        self.llm.cancel(stream.request_id)
+                        interrupt.acted = True
                     if not hasattr(event, "finish_reason"):  # a StreamDelta
+                        if interrupt.hit:
+                            continue
                         ttft = ttft if ttft is not None else time.perf_counter() - start
                         n_tokens += len(event.token_ids)
                         draw(console, split.feed(event.text))
@@ -103,16 +108,16 @@ class Chat:
             return
         draw(console, split.flush())
         console.print()
-        if final is not None:
+        stopped = final is None or final.finish_reason == "abort"
+        if not stopped:
             note = reuse_note(final, self.previous, self.cache_on)
             console.print(turn_line(final, note), style="cyan", highlight=False, soft_wrap=True)
-            self.previous = [*final.prompt_token_ids, *final.token_ids]
         else:
-            console.print(stopped_line(n_tokens, ttft), style="yellow", highlight=False)
-            if n_tokens:  # kept: the next turn follows it (its tokens are unknown here)
-                self.previous = []
-        if final is not None or n_tokens:
+            line = stopped_line(n_tokens, ttft, final)
+            console.print(line, style="yellow", highlight=False, soft_wrap=True)
+        if not stopped or n_tokens:  # a stopped reply is kept as far as it was seen
             self.messages.append(split.message())
+            self.previous = [] if final is None else [*final.prompt_token_ids, *final.token_ids]
         else:
             self.messages.pop()
 

@@ -111,10 +111,14 @@ def reuse_note(out: Any, previous: list[int] | None, cache_on: bool = True, bloc
     return "the shared prefix was evicted or has no snapshot to resume from"
 
 
-def stopped_line(n_tokens: int, ttft_s: float | None) -> str:
-    """The line after a reply stopped with Ctrl+C (no final output: measured here)."""
+def stopped_line(n_tokens: int, ttft_s: float | None, out: Any = None) -> str:
+    """The line after a reply stopped with Ctrl+C: the tokens seen and their TTFT (measured
+    here), and the prompt's figures when the engine's final "abort" output came back."""
     ttft = "-" if ttft_s is None else f"{ttft_s * 1e3:.0f} ms"
-    return f"stopped after {n_tokens} tok · TTFT {ttft} · partial reply kept"
+    prompt = ""
+    if out is not None:
+        prompt = f"prompt {out.usage.prompt_tokens} tok · cached {out.usage.cached_tokens} · "
+    return f"stopped after {n_tokens} tok · {prompt}TTFT {ttft} · partial reply kept"
 
 
 def human_bytes(n: float) -> str:

@@ -64,6 +64,7 @@ class StopOnInterrupt:
 
     def __enter__(self) -> StopOnInterrupt:
         self.hit = False
+        self.acted = False  # for the caller: the first Ctrl+C has been acted on
         self._previous = signal.signal(signal.SIGINT, self._on_sigint)
         return self
 

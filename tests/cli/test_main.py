@@ -125,3 +125,48 @@ def test_the_engine_thread_leaves_sigint_and_sigterm_to_the_main_thread():
         assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
     finally:
         llm.close()
+
+
+def _out(prompt: list[int], cached: int) -> RequestOutput:
+    return RequestOutput("r", prompt, [9], "x", "stop", usage=Usage(len(prompt), 1, cached))
+
+
+def test_reuse_note_says_what_was_reused_or_why_nothing():
+    from ninfer.cli.chat_view import reuse_note
+
+    history = list(range(200))
+    assert reuse_note(_out(history, 0), None) == "new conversation"
+    assert reuse_note(_out(history, 128), None) == "from an earlier conversation"
+    assert reuse_note(_out(history, 0), None, cache_on=False) == "prefix cache off"
+    previous = [*history[:150], 7, 7, 7]  # prompt, then the reply as generated
+    follow = [*history[:150], 5, 5, 5, 5]  # the reply re-rendered differently
+    assert reuse_note(_out(follow, 128), previous) == (
+        "earlier turns; the last reply re-rendered by the template"
+    )
+    assert reuse_note(_out([*previous, 5], 128), previous) == "earlier turns"
+    short = [*history[:21], 5, 5]
+    assert reuse_note(_out(short, 0), [*history[:21], 7]) == (
+        "history re-rendered: 21 tok shared, under one 64-token block"
+    )
+    assert reuse_note(_out(short, 0), []) == "nothing reusable"  # the last reply was stopped
+
+
+def test_stats_summary_line():
+    from types import SimpleNamespace
+
+    from ninfer.cache.stats import CacheStats
+    from ninfer.cli.chat_view import stats_summary
+
+    stats = CacheStats(lookups=4, hits_device=2, hits_host=1, reuse_tokens=640,
+                       prefill_tokens=300, device_block_bytes=3 << 20,
+                       device_snapshot_bytes=1 << 20, host_block_bytes=2 << 20, restores=1,
+                       restored_host_bytes=1 << 20)  # fmt: skip
+    config = SimpleNamespace(kv_pages=64, kv_page_bytes=1 << 20, device_snapshot_slots=0,
+                             state_image_bytes=0, host_cache_bytes=64 << 20,
+                             host_tier=True)  # fmt: skip
+    assert stats_summary(stats, config) == (
+        "hit rate 75% (3 of 4 requests) · reused 640 tok, prefilled 300 tok · "
+        "Device 4.0 MiB of 64.0 MiB · Host 2.0 MiB of 64.0 MiB · 1 restores (1.0 MiB)"
+    )
+    config.host_tier = False
+    assert "Host off" in stats_summary(stats, config)
