@@ -10,11 +10,13 @@ from ninfer.cache import (
     HintKind,
     LaneError,
     Placement,
+    QuoteParams,
     SlotGrant,
     SnapshotKind,
     TapConfig,
     TapHint,
     plan_taps,
+    prepare_prompt,
 )
 
 E = Placement.EXACT
@@ -93,3 +95,14 @@ def test_a_dropped_first_tap_leaves_the_source_retained():
     ix.publish_snapshot(2, 192, grant.slot, SnapshotKind.TAP)
     assert ix.snapshot(1).superseded
     ix.check_invariants()
+
+
+def test_freeing_a_slot_a_staged_lane_never_had_names_the_slot():
+    ix = make_index(host_slabs=64, slots=2)
+    toks = tokens(1, 200)
+    q = ix.quote(prepare_prompt(toks), QuoteParams(5, 10**6, 10**6))
+    ix.stage(q, 1, 10**6)  # staged, not activated yet
+    with pytest.raises(LaneError, match=r"^slot 0 is not staged by lane 1$"):
+        ix.free_snapshot_slot(1, 0)
+    with pytest.raises(LaneError, match=r"^lane 2 is not open$"):
+        ix.free_snapshot_slot(2, 0)
