@@ -87,3 +87,34 @@ def test_host_budget_smaller_than_one_snapshot_plus_one_block_is_rejected():
     ix = PrefixIndex(CacheConfig(host_cache_bytes=5 * 4096, **cfg), CacheCostModel.cpu())
     assert ix.host.n_slabs == 5
     assert PrefixIndex(CacheConfig(host_cache_bytes=0, **cfg), CacheCostModel.cpu()).host is None
+
+
+def test_freeing_outside_the_pool_or_twice_names_the_slab():
+    pool = HostSlabPool(5 * 4096, 4096)
+    pool.allocate(5)
+    for bad in (5, -1):
+        with pytest.raises(ValueError, match=rf"^slab {bad} is not allocated$"):
+            pool.free([bad])
+    pool.free([4])
+    with pytest.raises(ValueError, match=r"^slab 4 is not allocated$"):
+        pool.free([4])
+    assert pool.free_slabs == 1
+    pool.check_invariants()
+
+
+def test_check_invariants_names_a_corrupted_pool():
+    pool = HostSlabPool(4 * 4096, 4096)
+    pool.allocate(2)
+    pool._free.append(2)  # slab 2 listed twice
+    with pytest.raises(AssertionError, match=r"^slab on the free heap twice$"):
+        pool.check_invariants()
+    pool = HostSlabPool(4 * 4096, 4096)
+    pool.allocate(2)
+    pool._free.remove(3)  # slab 3 lost
+    with pytest.raises(AssertionError, match=r"^slab neither free nor allocated$"):
+        pool.check_invariants()
+    pool = HostSlabPool(4 * 4096, 4096)
+    pool.allocate(2)
+    pool._free.append(1)  # slab 1 free and allocated
+    with pytest.raises(AssertionError, match=r"^slab 1 both free and allocated$"):
+        pool.check_invariants()
