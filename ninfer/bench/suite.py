@@ -22,6 +22,7 @@ from ninfer.bench.model_math import param_counts
 from ninfer.bench.profiling import profiled
 from ninfer.bench.restore import bench_restore
 from ninfer.bench.resume import bench_resume
+from ninfer.bench.reuse import bench_reuse
 from ninfer.bench.throughput import bench_decode, bench_prefill, greedy, random_prompts
 from ninfer.bench.ttft import bench_ttft, trace_sessions
 
@@ -142,6 +143,11 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
     if "cache" in spec.parts:
         log("cache bookkeeping...")
         results["cache"] = cache_bookkeeping(spec)
+    if "reuse" in spec.parts:
+        log("reuse on seeded traces (reused vs theoretical prefix tokens)...")
+        results["reuse"] = bench_reuse(
+            lambda: loaded.make_llm(spec.engine), cfg.vocab_size, seed=spec.seed
+        )
     return results
 
 

@@ -205,6 +205,16 @@ def cache(c: dict) -> Table:
     return table("cache bookkeeping (ninfer.cache.bench)", ["", "value"], rows)
 
 
+def reuse(r: dict) -> Table:
+    rows = [
+        [x["trace"], str(x["requests"]), str(x["reused"]), str(x["theoretical"]),
+         f"{x['ratio']:.3f}"]
+        for x in [*r["rows"], r["overall"]]
+    ]  # fmt: skip
+    head = ["trace", "requests", "reused tokens", "theoretical", "reused / theoretical"]
+    return table("prefix reuse on seeded traces (ninfer.bench.reuse)", head, rows)
+
+
 def profile(name: str, prof: dict) -> Table:
     rows = [[e["name"][:60], f"{e['self_us'] / 1e3:.2f} ms", str(e["calls"])] for e in prof["top"]]
     return table(f"{name}: top kernels ({prof['trace']})", ["kernel", "self time", "calls"], rows)
@@ -217,7 +227,14 @@ def print_results(console: Console, r: dict) -> None:
             console.print(draw(r[name]["rows"]))
     for line in decode_notes(r.get("decode", {}).get("rows", [])):
         console.print(f"[yellow]{line}[/]", highlight=False)
-    parts = (("hf", hf), ("ttft", ttft), ("resume", resume), ("restore", restore), ("cache", cache))
+    parts = (
+        ("hf", hf),
+        ("ttft", ttft),
+        ("resume", resume),
+        ("restore", restore),
+        ("cache", cache),
+        ("reuse", reuse),
+    )
     for name, draw in parts:
         if name in r:
             console.print(draw(r[name]))

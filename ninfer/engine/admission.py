@@ -32,6 +32,8 @@ from ninfer.models.batch import PAGE_SIZE
 if TYPE_CHECKING:
     from ninfer.engine.cache_bridge import CacheBridge
 
+FORK_MIN_TOKENS = PAGE_SIZE  # cached prefix past the resume frontier that proves a fork
+
 
 @dataclass(slots=True)
 class Verdict:
@@ -145,6 +147,13 @@ def _plan_taps(bridge: CacheBridge, lane: Lane) -> None:
     hints += [TapHint(p, HintKind.MESSAGE) for p in h.message_starts]
     if h.opener is not None:
         hints.append(TapHint(h.opener, HintKind.OPENER))
+    # A cached block prefix 64+ tokens past the resume frontier proves the prompt forks from
+    # cached history at its end (a sub-agent, a fork, an edit): an exact Boundary tap there
+    # serves the next sibling, as §12.2 plants one for a waiting sibling. It competes for the
+    # max_new_taps budget like a client breakpoint.
+    fork = lane.cached_prefix_tokens
+    if fork - lane.cached_tokens >= FORK_MIN_TOKENS and fork < lane.prompt_len:
+        hints.append(TapHint(fork, HintKind.EXPLICIT))
     taps = bridge.index.plan_taps(
         lane.lane_id, lane.prompt_len, hints, resumed_from_endpoint=lane.resumed_endpoint
     )
