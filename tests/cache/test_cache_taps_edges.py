@@ -127,3 +127,16 @@ def test_an_exact_tap_moves_out_of_overlapping_spans():
     spans = [Span(1100, 60), Span(1150, 100)]
     taps = plan(2000, hints=[(1200, HintKind.EXPLICIT)], spans=spans)
     assert taps[0] == (1100, E, 1, True, 1100)
+
+
+def test_a_covered_boundary_does_not_head_a_cluster():
+    # 230 is within 64 past the base: served there, so it may not absorb 280 (50 tokens later)
+    # into a cluster that is then dropped whole
+    assert plan(1000, 200, [(230, S), (280, S)]) == [
+        (280, E, 3, True, 280),
+        (960, F, 4, False, 999),
+    ]
+    assert plan(1000, 0, [(430, S), (480, S)], existing=[400]) == [
+        (480, E, 3, True, 480),
+        (960, F, 4, False, 999),
+    ]
