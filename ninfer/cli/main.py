@@ -228,6 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.filename is not None:
             return fail(f"{exc.filename}: {exc.strerror or exc}")
         return fail(str(exc))
+    except Exception as exc:  # anything else (say, a tokenizer file its library rejects)
+        if os.environ.get("NINFER_TRACEBACK"):
+            raise
+        return fail(f"{type(exc).__name__}: {exc} (NINFER_TRACEBACK=1 shows where)")
 
 
 if __name__ == "__main__":

@@ -107,3 +107,13 @@ def test_bench_plot_without_matplotlib_fails_at_once(capsys, monkeypatch):
     assert exit_.value.code == 2
     assert "argument --plot: needs matplotlib, which is not installed" in err
     assert "pip install 'ninfer[plot]'" in err
+
+
+def test_any_other_failure_is_one_line_too(capsys, broken_copy, monkeypatch):
+    (broken_copy / "tokenizer.json").write_text("{}")  # preferred over tokenizer.model
+    monkeypatch.delenv("NINFER_TRACEBACK", raising=False)
+    line = one_error_line(capsys, ["info", "--model", str(broken_copy), *SMALL])
+    assert line.startswith("ninfer info: error: ") and "NINFER_TRACEBACK=1 shows where" in line
+    monkeypatch.setenv("NINFER_TRACEBACK", "1")
+    with pytest.raises(Exception, match="Model missing"):
+        main(["info", "--model", str(broken_copy), *SMALL])

@@ -53,6 +53,7 @@ def test_info_tables(ninfer):
     for words in ("engine configuration", "memory ledger", "tap_ladder_tokens", "max_new_taps",
                   "host_cache_budget_bytes", "64.0 MiB", "flag"):  # fmt: skip
         assert words in run.stdout
+    assert "…" not in run.stdout  # captured (not a terminal): full width, nothing cut
 
 
 def test_bad_configuration_is_one_clear_line(ninfer):
