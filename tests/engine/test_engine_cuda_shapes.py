@@ -132,5 +132,5 @@ def test_bf16_engine_equals_reference_ops(name, caplog):
             logits = model(make_batch([Row(ids, 0, 1, list(range(8)))], "cuda"), cache,
                            ReferenceOps())  # fmt: skip
         ref.append(torch.log_softmax(logits.float().cpu(), -1))
-    _check(cold, cold, ref, tol=0.15, decisive=0.3)
-    _check(warm, cold, ref, tol=0.15, decisive=0.3)
+    _check(cold, cold, ref, tol=0.2, decisive=0.4)
+    _check(warm, cold, ref, tol=0.2, decisive=0.4)
