@@ -52,8 +52,9 @@ class DeviceRates:
         return PREFILL_FRACTION * peak
 
 
-# Figures of one H200 (docs/results-h200.md: the bf16 8192^3 product, the fp32 one, pinned
-# copies of 256 MiB), for a CUDA device nobody probed.
+# One H200, for a CUDA device nobody probed: the bf16 8192^3 product and the pinned Host copies
+# as docs/results-h200.md measured them; fp32 without tensor cores below the datasheet's 67
+# TFLOP/s (torch keeps TF32 off for fp32 matmuls by default).
 CUDA_NOMINAL = DeviceRates(
     half_flops_per_s=780e12,
     fp32_flops_per_s=50e12,
