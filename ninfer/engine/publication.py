@@ -9,7 +9,8 @@ Tap realization against chunk boundaries (s = chunk start, e = chunk end, n = pr
                        the state there: `models.batch.GdnSplit`; the slot is reserved here)
     capture            D2D copy lane slot -> a staging snapshot slot; a non-aligned frontier also
                        copies its partial block into a cache-owned tail page
-    publication        deferred until blocks 0 .. f//64 - 1 (and f//64 for a tail) are committed
+    publication        deferred until blocks 0 .. f//64 - 1 (and f//64 for a tail) are committed;
+                       a finishing lane publishes what is left from its own last page (§7.4)
 
 Endpoint (finish, or cancel after prefilling something): F_end = computed; the lane's slot
 itself becomes the snapshot image (slot ownership swap, no copy) and its partial last page

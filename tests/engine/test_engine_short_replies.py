@@ -137,9 +137,11 @@ def test_host_tier_resume_after_the_conversation_left_the_device(make_llm, demo_
     tok, template = demo_text
     llm = make_llm(kv_capacity=1536, device_snapshot_slots=2, max_concurrency=2)
     rng = random.Random(6)
-    conv = [{"role": "system", "content": "You answer briefly. " * 8}, _user(rng, 40)]
-    opener = template.render(conv, enable_thinking=True).hints.opener
-    first = llm.chat([conv], greedy(5))[0]
+    conv = [{"role": "system", "content": "You answer briefly. " * 8}, _user(rng, 54)]
+    rendered = template.render(conv, enable_thinking=True)
+    opener = rendered.hints.opener  # 150 of 157: in a block the one-token reply never fills
+    assert opener // 64 == (len(rendered.token_ids) + 1) // 64
+    first = llm.chat([conv], greedy(1))[0]  # a one-token reply: the opener block never fills
     for k in range(4):  # other conversations fill the Device pool and the snapshot slots
         run(llm, rand_tokens(random.Random(100 + k), 700), 3)
     conv2 = [*conv, {"role": "assistant", "content": first.text}, _user(rng, 5)]
