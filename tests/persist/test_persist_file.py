@@ -12,6 +12,7 @@ from persist_helpers import (
     check_contents,
     file_for,
     make_tier,
+    name_of,
     names,
 )
 
@@ -58,19 +59,46 @@ def test_round_trip_restores_every_entry_byte_for_byte(tmp_path):
     assert f.last_load.bytes == 19 * 4096
 
 
-def test_superseded_snapshots_and_dead_blocks_are_not_saved(tmp_path):
+def test_superseded_snapshots_are_saved_flagged_and_dead_blocks_are_not(tmp_path):
+    """A restarted process resumes what the running one would have: a superseded snapshot
+    still serves a retry until Host eviction takes it (§9.3), so it is saved, flagged, and
+    comes back superseded (first to go again)."""
     src = four_snapshots()
     add_chain(src, 9, 3)  # dead KV: no snapshot below
     index = src.index
     victim = next(s for s in index.snaps.values() if s.frontier == 64)
     assert index._supersede(victim)
     chosen = persist.collect(index, {})
-    assert len(chosen.tables.snapshots) == 3 and len(chosen.tables.blocks) == 6
+    assert len(chosen.tables.snapshots) == 4 and len(chosen.tables.blocks) == 7
+    assert [s.frontier for s in chosen.tables.snapshots if s.superseded] == [64]
     f = saved(tmp_path, src)
     dst = make_tier(40)
     f.load(dst)
-    assert names(dst.index) == {"c2@256", "c2@128", "c3@128"}
+    assert names(dst.index) == {"c1@64", "c2@256", "c2@128", "c3@128"}
+    assert {name_of(dst.index, s) for s in dst.index.snaps.values() if s.superseded} == {"c1@64"}
     check_contents(dst)
+    dst.index.check_invariants()
+
+
+def test_a_smaller_tier_restores_superseded_snapshots_last(tmp_path):
+    src = four_snapshots()
+    densest = next(s for s in src.index.snaps.values() if s.frontier == 256)
+    assert src.index._supersede(densest)  # B: by density alone it would go first
+    f = saved(tmp_path, src)
+    dst = make_tier(10)
+    f.load(dst)
+    assert names(dst.index) == {"c2@128", "c3@128"}
+    check_contents(dst)
+
+
+def test_format_1_files_are_still_read(tmp_path, monkeypatch):
+    src = four_snapshots()
+    monkeypatch.setattr(persist, "FORMAT_VERSION", 1)
+    f = saved(tmp_path, src)
+    monkeypatch.undo()
+    dst = make_tier(40)
+    assert f.load(dst) == 4
+    assert not any(s.superseded for s in dst.index.snaps.values())
 
 
 @pytest.mark.parametrize(
