@@ -140,3 +140,26 @@ def test_a_covered_boundary_does_not_head_a_cluster():
         (480, E, 3, True, 480),
         (960, F, 4, False, 999),
     ]
+
+
+def test_a_boundary_64_past_the_base_does_not_absorb_a_later_one():
+    assert plan(1000, 200, [(264, S), (300, S)]) == [
+        (300, E, 3, True, 300),
+        (960, F, 4, False, 999),
+    ]
+
+
+def test_a_boundary_past_the_last_token_joins_no_cluster():
+    # 1000 lies past n-1: it may not lend its Boundary flag to the automatic marker at 990
+    assert plan(1000, 0, [(990, A), (1000, S)]) == [(990, E, 3, False, 990)]
+
+
+def test_a_short_budget_takes_the_earliest_boundary():
+    one = TapConfig(max_new_taps=1, ladder_tokens=4096, min_gap_tokens=1024)
+    assert plan(1000, 0, [(500, S), (700, A)], config=one) == [(500, E, 3, True, 500)]
+    assert plan(1000, 0, [(500, A), (700, S)], config=one) == [(500, E, 3, False, 500)]
+
+
+def test_a_rung_snaps_to_the_latest_boundary_up_to_and_including_itself():
+    # rung 5904: boundaries at 5000 and exactly 5904 in the window: the rung stays at 5904
+    assert (5888, F, 5, False, 5904) in plan(10_000, hints=[(5000, M), (5904, M)])
