@@ -5,6 +5,7 @@ Everything runs the real engine on the embedded demo model (CPU, tiny), with a s
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pty
@@ -125,12 +126,16 @@ class Screen:
         self.socket = f"ninfer-test-{uuid.uuid4().hex[:8]}"
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         command = f"env {exports} {shlex.join(argv)}; echo EXIT=$?; sleep 30"
-        self._tmux("new-session", "-d", "-x", str(cols), "-y", str(rows), command)
+        started = self._run("new-session", "-d", "-x", str(cols), "-y", str(rows), command)
+        if started.returncode:
+            raise AssertionError(f"tmux did not start: {started.stderr.strip()}")
+
+    def _run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([self.tmux, "-L", self.socket, *args], capture_output=True,
+                              text=True, timeout=10)  # fmt: skip
 
     def _tmux(self, *args: str) -> str:
-        run = subprocess.run([self.tmux, "-L", self.socket, *args], capture_output=True,
-                             text=True, timeout=10)  # fmt: skip
-        return run.stdout
+        return self._run(*args).stdout
 
     def screen(self) -> str:
         return self._tmux("capture-pane", "-p", "-J", "-S", "-200")
@@ -155,3 +160,6 @@ class Screen:
 
     def close(self) -> None:
         self._tmux("kill-server")
+        for suffix in ("", ".lock"):  # the server's socket file stays behind otherwise
+            with contextlib.suppress(OSError):
+                os.unlink(f"/tmp/tmux-{os.getuid()}/{self.socket}{suffix}")
