@@ -164,6 +164,7 @@ async def _serve_session(client, url: str, model: str, shape, level: int, s: int
             "stream": True,
             "stream_options": {"include_usage": True},
             "chat_template_kwargs": {"enable_thinking": False},
+            "return_token_ids": True,  # tokens are timed even when they decode to no text
         }
         t0 = time.perf_counter()
         first = last = None
@@ -178,12 +179,11 @@ async def _serve_session(client, url: str, model: str, shape, level: int, s: int
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 for choice in chunk["choices"]:
-                    piece = choice["delta"].get("content")
-                    if piece:
+                    text += choice["delta"].get("content") or ""
+                    if choice.get("token_ids"):
                         now = time.perf_counter()
                         first = first or now
                         last = now
-                        text += piece
         n = usage["completion_tokens"]
         first = first or time.perf_counter()
         decode = (n - 1) / (last - first) if n > 1 and last and last > first else 0.0

@@ -267,6 +267,8 @@ def create_app(
                         "finish_reason": oai.finish_reason(out, calls),
                     }
                 )
+                if req.return_token_ids is True:
+                    choices[-1]["token_ids"] = list(out.token_ids)
             return {
                 "id": rid,
                 "object": "chat.completion",
@@ -277,6 +279,7 @@ def create_app(
             }
 
         include_usage = bool((req.stream_options or {}).get("include_usage"))
+        return_ids = req.return_token_ids is True
 
         async def events() -> AsyncIterator[str]:
             parsers = [parser() for _ in plist]
@@ -299,6 +302,10 @@ def create_app(
                             continue
                         evs = p.finish()  # the deltas carried all the text
                     choices = [c for e in evs if (c := oai.delta_of(e, i)) is not None]
+                    if return_ids and isinstance(event, StreamDelta) and event.token_ids:
+                        if not choices:  # tokens without text yet (a partial character)
+                            choices = [{"index": i, "delta": {}, "finish_reason": None}]
+                        choices[0]["token_ids"] = list(event.token_ids)
                     if choices:
                         yield _sse(oai.chunk(rid, created, model_name, choices))
                     if isinstance(event, RequestOutput):

@@ -3,7 +3,8 @@
 Cache breakpoints on OpenAI requests: `"cache_control": {"type": "ephemeral"}` on a message or
 on one of its content parts (the Anthropic spelling, as OpenAI-compatible gateways pass it
 through) marks the end of that message's turn as a client breakpoint. On completions,
-`cache_breakpoints` (token positions) does the same for raw prompts.
+`cache_breakpoints` (token positions) does the same for raw prompts. `return_token_ids: true`
+on a chat request adds each choice's (or streamed chunk's) generated token ids.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class ChatRequest(_Request):
     chat_template_kwargs: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     reasoning_effort: str | None = None
+    return_token_ids: bool | None = None  # (vLLM's extension) each choice/chunk's token ids
 
 
 class CompletionRequest(_Request):

@@ -228,3 +228,20 @@ def test_n_siblings_streamed(served, client):
                 finishes[c.index] = c.finish_reason
     assert texts == {c.index: c.message.content for c in full.choices}
     assert finishes == {c.index: c.finish_reason for c in full.choices}
+
+
+def test_return_token_ids(served, client):
+    """The extension gives the generated ids, streamed ones too, even tokens with no text."""
+    messages = [{"role": "user", "content": "Token ids please."}]
+    kw = dict(model=MODEL, messages=messages, max_tokens=6, temperature=0)
+    extra = {**NO_THINK, "return_token_ids": True}
+    full = client.chat.completions.create(extra_body=extra, **kw)
+    ref = served.llm.chat(
+        messages, SamplingParams(max_tokens=6, temperature=0), enable_thinking=False
+    )[0]
+    assert full.choices[0].model_extra["token_ids"] == ref.token_ids
+    streamed = []
+    for chunk in client.chat.completions.create(stream=True, extra_body=extra, **kw):
+        for c in chunk.choices:
+            streamed += (c.model_extra or {}).get("token_ids") or []
+    assert streamed == ref.token_ids
