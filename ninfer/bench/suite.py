@@ -145,8 +145,9 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
         results["cache"] = cache_bookkeeping(spec)
     if "reuse" in spec.parts:
         log("reuse on seeded traces (reused vs theoretical prefix tokens)...")
+        scale = max(spec.prompt_tokens) / 2048  # traces sized by the largest prompt asked
         results["reuse"] = bench_reuse(
-            lambda: loaded.make_llm(spec.engine), cfg.vocab_size, seed=spec.seed
+            lambda: loaded.make_llm(spec.engine), cfg.vocab_size, seed=spec.seed, scale=scale
         )
     return results
 
