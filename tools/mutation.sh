@@ -8,6 +8,7 @@
 #   -j CHILDREN  mutmut worker processes (default 1; the run is niced to 19)
 #   -t SECONDS   stop the run after this long (default: no limit); what ran is still reported
 #   -k           keep the previous run's mutants and results: go on with the mutants not run yet
+#   -s           keep them and run the previous run's survivors again (after adding tests)
 #   -r           report only: print the table of the last run, run nothing
 #   -m           print the table as Markdown (for docs/mutation.md)
 #   MODULE       files to mutate, e.g. ninfer/cache/gdsf.py (default: every module of the group)
@@ -28,12 +29,14 @@ TIMEBOX=0
 KEEP=0
 REPORT_ONLY=0
 MARKDOWN=0
-while getopts "g:j:t:krm" opt; do
+SURVIVORS=0
+while getopts "g:j:t:krsm" opt; do
     case $opt in
         g) GROUP=$OPTARG ;;
         j) CHILDREN=$OPTARG ;;
         t) TIMEBOX=$OPTARG ;;
         k) KEEP=1 ;;
+        s) KEEP=1; SURVIVORS=1 ;;
         r) REPORT_ONLY=1 ;;
         m) MARKDOWN=1 ;;
         *) sed -n '2,20p' "$0"; exit 2 ;;
@@ -73,7 +76,9 @@ if [[ $REPORT_ONLY == 0 ]]; then
     # A snapshot of the sources and tests as they are now (uncommitted edits included).
     (cd "$ROOT" && tar -cf - --exclude=__pycache__ --exclude=.hypothesis ninfer tests) \
         | (cd "$WORK" && tar -xf -)
-    "$PYTHON" - "$ROOT/pyproject.toml" "$WORK/pyproject.toml" "$GROUP" "${MODULES[@]}" <<'PY'
+    # A kept run keeps its configuration: a changed one would make mutmut forget its results.
+    [[ $KEEP == 1 && -f "$WORK/pyproject.toml" ]] || "$PYTHON" - "$ROOT/pyproject.toml" \
+        "$WORK/pyproject.toml" "$GROUP" "${MODULES[@]}" <<'PY'
 import json, re, sys, tomllib
 src, dst, group, *modules = sys.argv[1:]
 text = open(src).read()
@@ -87,9 +92,11 @@ lines = ["[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in table.items()]
 open(dst, "w").write(text + "\n" + "\n".join(lines) + "\n")
 PY
     # mutmut needs the selected tests to pass on the unmutated copy. A test that fails there
-    # (another change in progress) is deselected for this run and named in the output.
+    # (another change in progress) is deselected for this run and named in the output; the
+    # deselection goes through PYTEST_ADDOPTS, which mutmut does not fingerprint, so a later
+    # -k or -s run keeps the results.
     (cd "$WORK" && NINFER_HYPOTHESIS_PROFILE=mutation nice -n 19 "$PYTHON" - <<'PY'
-import json, re, subprocess, sys, tomllib
+import re, shlex, subprocess, sys, tomllib
 conf = tomllib.load(open("pyproject.toml", "rb"))["tool"]["mutmut"]
 sel = conf["pytest_add_cli_args_test_selection"]
 out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *sel],
@@ -97,20 +104,37 @@ out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovi
 failed = sorted(set(re.findall(r"^FAILED (\S+)", out, re.M)))
 if failed:
     print("deselected, failing on the unmutated tree:\n  " + "\n  ".join(failed))
-    text = open("pyproject.toml").read()
-    args = conf["pytest_add_cli_args"] + [a for f in failed for a in ("--deselect", f)]
-    text = re.sub(r"(?m)^pytest_add_cli_args = .*$",
-                  lambda _: "pytest_add_cli_args = " + json.dumps(args), text)
-    open("pyproject.toml", "w").write(text)
+open("deselect.txt", "w").write(" ".join(f"--deselect {shlex.quote(f)}" for f in failed))
 PY
     )
+    export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} $(cat "$WORK/deselect.txt")"
     LIMIT=()
     if [[ $TIMEBOX != 0 ]]; then
         LIMIT=(timeout --signal=INT "$TIMEBOX")
     fi
+    NAMES=()
+    if [[ $SURVIVORS == 1 ]]; then
+        # mutmut runs mutants named on its command line again, with any new tests
+        mapfile -t NAMES < <(cd "$WORK" && "$PYTHON" - "${MODULES[@]}" <<'PY'
+import json, sys
+from pathlib import Path
+from mutmut.stats import status_by_exit_code
+for module in sys.argv[1:]:
+    meta = Path("mutants") / (module + ".meta")
+    if meta.exists():
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            if status_by_exit_code[code] in ("survived", "no tests", "suspicious"):
+                print(name)
+PY
+        )
+        if [[ ${#NAMES[@]} == 0 ]]; then
+            echo "no survivors to run again"
+            LIMIT=(true)
+        fi
+    fi
     echo "mutation run: group $GROUP, ${#MODULES[@]} modules, $CHILDREN worker(s), in $WORK"
     (cd "$WORK" && NINFER_HYPOTHESIS_PROFILE=mutation nice -n 19 "${LIMIT[@]}" \
-        "$MUTMUT" run --max-children "$CHILDREN" | tail -n 5) || true
+        "$MUTMUT" run --max-children "$CHILDREN" "${NAMES[@]}" | tail -n 5) || true
 fi
 
 cd "$WORK"
