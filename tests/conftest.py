@@ -24,6 +24,20 @@ settings.register_profile(
 if os.environ.get("NINFER_HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["NINFER_HYPOTHESIS_PROFILE"])
 
+# A mutant that blocks (waits without using CPU) escapes mutmut's CPU-time limit. Mutation runs
+# set NINFER_MUTATION_TEST_WALL_S: a test running longer ends its process with SIGXCPU, which
+# mutmut records as a timeout.
+_WALL_S = float(os.environ.get("NINFER_MUTATION_TEST_WALL_S", "0"))
+if _WALL_S > 0:
+    import signal
+
+    @pytest.fixture(autouse=True)
+    def _mutation_wall_clock():
+        signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGXCPU))
+        signal.setitimer(signal.ITIMER_REAL, _WALL_S)
+        yield
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
 
 @pytest.fixture
 def ref_ops() -> ReferenceOps:

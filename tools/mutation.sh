@@ -133,7 +133,8 @@ PY
         fi
     fi
     echo "mutation run: group $GROUP, ${#MODULES[@]} modules, $CHILDREN worker(s), in $WORK"
-    (cd "$WORK" && NINFER_HYPOTHESIS_PROFILE=mutation nice -n 19 "${LIMIT[@]}" \
+    (cd "$WORK" && NINFER_HYPOTHESIS_PROFILE=mutation NINFER_MUTATION_TEST_WALL_S=600 \
+        nice -n 19 "${LIMIT[@]}" \
         "$MUTMUT" run --max-children "$CHILDREN" "${NAMES[@]}" | tail -n 5) || true
 fi
 
