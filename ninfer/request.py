@@ -121,6 +121,9 @@ class Metrics:
     restore_s: how long the request's Host restore ran on the restore stream, from its first
     copy to its last (CUDA only; 0.0 on the CPU or without a Host hit). It overlaps the first
     prefill pass, so it is part of ttft_s, not added to it.
+    suspensions: how often the request was suspended because the KV pool could not extend it,
+    and resumed from its snapshot when pages allowed (a count, not seconds; its tokens are those
+    of an uninterrupted run).
     """
 
     queued_s: float = 0.0
@@ -129,6 +132,7 @@ class Metrics:
     decode_s: float = 0.0
     decode_tokens_per_s: float = 0.0
     restore_s: float = 0.0
+    suspensions: int = 0
 
 
 @dataclass(slots=True)

@@ -45,30 +45,35 @@ class Verdict:
 
 def _infeasible(bridge: CacheBridge, job: Job, need: int) -> str:
     return (
-        f"kv_capacity: the request needs {need} KV pages ({len(job.prompt)} prompt tokens plus "
-        f"its output window) but the pool holds {bridge.kv.num_pages} pages "
+        f"kv_capacity: the request needs {need} KV pages ({len(job.known_tokens())} prompt "
+        f"tokens plus its output window) but the pool holds {bridge.kv.num_pages} pages "
         f"({bridge.kv.num_pages * PAGE_SIZE} tokens); raise kv_capacity or shorten the request"
     )
 
 
 def _new_lane(bridge: CacheBridge, job: Job, now: float, slot: int) -> Lane:
+    known = job.known_tokens()  # a suspended request resumes with what it generated
     return Lane(
         job=job,
         lane_id=bridge.next_lane_id(),
         slot=slot,
-        tokens=list(job.prompt),
-        prompt_len=len(job.prompt),
+        tokens=list(known),
+        prompt_len=len(known),
         computed=0,
         t_admit=now,
+        gen_start=len(job.prompt),
     )
 
 
 def quote_params(bridge: CacheBridge, job: Job) -> QuoteParams:
-    """What `job` asks of the Device pool now: its whole entitlement, the unreserved free
-    pages (clamped at 0) and the pool size (admission and the prefetcher quote alike)."""
+    """What `job` asks of the Device pool now: its whole entitlement, the free pages less the
+    active lanes' reservations and the pool size (admission and the prefetcher quote alike).
+
+    Not clamped at 0: the quote then checks the engine's own rule (pages.py),
+    need <= free + evictable - reserved, so an admitted lane can always draw its entitlement."""
     budget, kv = bridge.budget, bridge.kv
-    entitlement = budget.entitlement(len(job.prompt), job.params.max_tokens, 0)
-    return QuoteParams(entitlement, max(kv.num_free - budget.reserved, 0), kv.num_pages)
+    entitlement = budget.entitlement(len(job.known_tokens()), job.tokens_left(), 0)
+    return QuoteParams(entitlement, kv.num_free - budget.reserved, kv.num_pages)
 
 
 def try_admit(bridge: CacheBridge, job: Job, now: float, lanes: list[Lane]) -> Verdict:
@@ -96,7 +101,10 @@ def _admit_cached(bridge, job: Job, now: float, params: QuoteParams, lanes: list
         return Verdict(error=_infeasible(bridge, job, quote.need_pages))
     if quote.readiness != Readiness.READY:
         return Verdict()
-    if wait_for_sibling(job, quote.frontier, lanes, index.cost, bridge.cfg.pending_timeout_s):
+    resumed = job.resume is not None  # a suspended request never waits for a sibling
+    if not resumed and wait_for_sibling(
+        job, quote.frontier, lanes, index.cost, bridge.cfg.pending_timeout_s
+    ):
         if not job.coalesced:
             job.coalesced = True
             bridge.counters.coalesced_waits += 1

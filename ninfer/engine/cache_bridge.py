@@ -47,6 +47,7 @@ class EngineCounters:
     taps_dropped: int = 0  # captured, but the lane ended before its blocks committed
     coalesced_waits: int = 0  # FIFO heads that waited for a prefilling sibling (§12.2)
     prefill_tokens: int = 0  # tokens run through prefill passes
+    suspensions: int = 0  # lanes the pool could not extend, suspended to resume later (§9.5)
 
 
 def slab_bytes(page_bytes: int) -> int:
@@ -165,7 +166,7 @@ class CacheBridge:
 
     # ---- hooks for the page budget ------------------------------------------------------------
     def _evictable(self) -> int:
-        return 0 if self.index is None else len(self.index.lru)
+        return 0 if self.index is None else self.index.evictable_pages()
 
     def _evict(self, n: int) -> None:
         if self.index is None:
@@ -193,6 +194,12 @@ class CacheBridge:
 
     def release(self, lane: Lane) -> None:
         publication.release(self, lane)
+
+    def suspend(self, lane: Lane) -> None:
+        """Release a lane the pool cannot extend so that it can resume (§9.5): its endpoint
+        snapshot is published at its frontier (when a snapshot slot is granted)."""
+        publication.release(self, lane, suspend=True)
+        self.counters.suspensions += 1
 
     def poll(self, wait: bool = False) -> None:
         """Report landed Host copies to the index (no-op without a Host tier); `wait` drains
@@ -233,11 +240,26 @@ class CacheBridge:
             raise AssertionError(f"page budget: reserved {self.budget.reserved} != {outstanding}")
         if self.budget.reserved > self.kv.num_free + self._evictable():
             raise AssertionError("page budget: reservations exceed free + evictable pages")
+        if self.index is not None:
+            self._check_evictable()
         for lane in lanes:
             if len(lane.pages) != len(lane.private):
                 raise AssertionError("lane: pages and private flags differ in length")
             if self.index is None and lane.committed_blocks:
                 raise AssertionError("disabled lane committed blocks")
+
+    def _check_evictable(self) -> None:
+        """The page budget's `evictable` is what eviction would free: every Device LRU entry
+        but an unbacked node whose subtree holds a pin (O(LRU x subtree): debug only)."""
+        index = self.index
+        from ninfer.cache.device_lru import EntryKind
+
+        lru, brute = index.lru, 0
+        for e in lru.order():
+            skip = e.kind == EntryKind.NODE and not lru.is_backed(e)
+            brute += not (skip and index._subtree_pinned(index.node(e.id)))
+        if brute != index.evictable_pages():
+            raise AssertionError(f"evictable pages {index.evictable_pages()} != {brute}")
 
     def prefetch_head(self, job: Job) -> int:
         """The FIFO head stays blocked: prefetch its Host-only path (§6.6); blocks copied."""
@@ -262,6 +284,7 @@ class CacheBridge:
         st.taps_dropped = c.taps_dropped
         st.coalesced_waits = c.coalesced_waits
         st.prefill_tokens = c.prefill_tokens
+        st.suspensions = c.suspensions
         st.prefetches = self.prefetcher.batches
         return st
 

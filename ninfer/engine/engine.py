@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.cache.keys import prepare_prompt
 from ninfer.config import EngineConfig
 from ninfer.engine import backend, outputs
 from ninfer.engine.cache_bridge import CacheBridge
@@ -255,10 +256,14 @@ class Engine:
                 job.sink.put(outputs.error_output(job, verdict.error))
                 continue
             lane = verdict.lane
-            lane.detok = outputs.new_detokenizer(self.tokenizer, job)
-            lane.generator = self._generator(job)
-            if job.params.logprobs is not None:
-                lane.logprobs = []
+            if job.resume is not None:  # a suspended request: the same sampler, text, metrics
+                lane.carry(job.resume)
+                job.resume = None
+            else:
+                lane.detok = outputs.new_detokenizer(self.tokenizer, job)
+                lane.generator = self._generator(job)
+                if job.params.logprobs is not None:
+                    lane.logprobs = []
             self.lanes.append(lane)
 
     def _generator(self, job: Job) -> torch.Generator | None:
@@ -273,7 +278,10 @@ class Engine:
     def _reap_cancelled(self) -> None:
         for job in [j for j in self.waiting if j.cancelled.is_set()]:
             self.waiting.remove(job)
-            job.sink.put(outputs.error_output(job, "cancelled", reason="abort"))
+            if job.resume is not None:  # suspended: it ends with what it generated
+                job.sink.put(outputs.suspended_output(job.resume, "abort", time.perf_counter()))
+            else:
+                job.sink.put(outputs.error_output(job, "cancelled", reason="abort"))
         for lane in [ln for ln in self.lanes if ln.job.cancelled.is_set()]:
             lane.finish_reason = "abort"
             self._finish(lane)
@@ -282,9 +290,10 @@ class Engine:
     def _run(self, slices: list[Slice]) -> None:
         rows: list[Row] = []
         runnable: list[Slice] = []
+        suspended: list[Lane] = []
         for s in slices:
             if not self.bridge.budget.grow(s.lane, s.end):
-                s.lane.finish_reason = "length"  # bounded completion (§9.5)
+                suspended.append(s.lane)  # the pool cannot extend it: suspend, never cut short
                 continue
             dst = self.bridge.before_chunk(s.lane, s.start, s.end, s.tap_at)
             lane = s.lane
@@ -304,6 +313,8 @@ class Engine:
             runnable.append(s)
             if s.start < lane.prompt_len:
                 self.bridge.counters.prefill_tokens += s.end - s.start
+        if suspended:
+            self._suspend(suspended)
         launched = self.runner.launch(rows) if rows else None
         for s in runnable:
             s.lane.computed = s.end
@@ -312,6 +323,25 @@ class Engine:
             self.inflight = flight  # settled after the next step is launched
         else:
             self._settle(flight)
+
+    def _suspend(self, lanes: list[Lane]) -> None:
+        """§9.5: the pool cannot extend these lanes (their steps are settled). Each is released
+        through its endpoint snapshot (§7.7: image and tail published, pins released, blocks
+        written through to the Host tier) and its job goes back to the head of the queue, in
+        admission order, carrying the lane: the next admission resumes from that snapshot with
+        every generated token and the lane's sampler, detokenizer and metrics, as soon as pages
+        allow. Without a prefix cache the lane's tokens are recomputed from the start."""
+        jobs = []
+        for lane in lanes:
+            self.lanes.remove(lane)
+            self.bridge.suspend(lane)
+            lane.suspensions += 1
+            job = lane.job
+            job.resume = lane
+            if job.blocks is not None:
+                job.blocks = prepare_prompt(lane.tokens)
+            jobs.append(job)
+        self.waiting.extendleft(reversed(jobs))
 
     def _decode_only(self, flight: InFlight, rows: list[Row]) -> bool:
         """Whether every row decodes one sampled token and the runner can run ahead of it."""
@@ -343,7 +373,7 @@ class Engine:
                 return False
         for lane in lanes:
             if not self.bridge.budget.grow(lane, lane.computed + 1):
-                return False  # settled first; the plain step then finishes it ("length")
+                return False  # settled first; the plain step then suspends it (§9.5)
         rows = [
             Row([0], lane.computed, lane.slot, lane.pages, lane.job.params, lane.generator)
             for lane in lanes
@@ -363,7 +393,7 @@ class Engine:
     def _sure_to_stop(self, lane: Lane) -> bool:
         """The lane finishes on its pending token whatever it is (max_tokens, model length)."""
         n = len(lane.tokens) + 1
-        return n - lane.prompt_len >= lane.job.params.max_tokens or n >= self.cfg.max_model_len
+        return n - lane.gen_start >= lane.job.params.max_tokens or n >= self.cfg.max_model_len
 
     def _settle_inflight(self) -> None:
         if self.inflight is not None:

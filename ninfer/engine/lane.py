@@ -5,6 +5,14 @@ and the frontier `computed` (tokens whose KV is in the pages and whose state is 
 
     tokens     |<------------- prompt (prompt_len) ------------->|<- generated ->|
     computed   0 ........ resumed ........ F ..... prefilled .... ^ frontier
+
+A suspended request (§9.5: the pool could not extend it) comes back as its Job with `resume`,
+the suspended Lane: its next admission prefills what the lane knew, tokens[:len(tokens)], so
+the new lane's `prompt_len` is that length while `gen_start` stays where the request's own
+prompt ended (outputs, usage and max_tokens count from there):
+
+    tokens     |<- request prompt ->|<- generated before -->|<- generated after ->|
+               0                    gen_start               prompt_len (resumed at F <= it)
     pages      [p0][p1][p2] ...   page b holds positions [64b, 64b + 64)
     committed  blocks [0, committed_blocks) are index nodes the lane pins (0 when disabled);
                `private[b]` says the lane owns pages[b] (a growth page, the partial tail, or a
@@ -51,6 +59,19 @@ class Job:
     error: str | None = None  # set before submission: finish at once with this error
     blocks: Any = None  # ninfer.cache.keys.PromptBlocks (None when the cache is disabled)
     coalesced: bool = False  # waited at least once for a prefilling sibling (§12.2)
+    # suspended (§9.5): the lane it resumes (tokens, sampler and detokenizer state, metrics);
+    # `blocks` then describe resume.tokens
+    resume: Lane | None = None
+
+    def known_tokens(self) -> list[int]:
+        """What an admission starts from: the prompt, or the suspended lane's tokens."""
+        return self.prompt if self.resume is None else self.resume.tokens
+
+    def tokens_left(self) -> int:
+        """Output tokens still allowed: max_tokens less those generated before a suspension."""
+        if self.resume is None:
+            return self.params.max_tokens
+        return self.params.max_tokens - (len(self.resume.tokens) - self.resume.gen_start)
 
 
 @dataclass(slots=True)
@@ -69,7 +90,7 @@ class Lane:
     lane_id: int  # the prefix index's lane handle (unique per admission)
     slot: int  # physical state slot
     tokens: list[int]  # prompt + generated
-    prompt_len: int
+    prompt_len: int  # tokens known at admission: prefilled before the lane samples
     computed: int  # frontier: KV and state cover tokens[:computed]
     pages: list[int] = field(default_factory=list)
     private: list[bool] = field(default_factory=list)  # parallel to pages
@@ -96,6 +117,27 @@ class Lane:
     t_first: float = 0.0
     prefill_done_t: float = 0.0
     finish_reason: str | None = None
+    gen_start: int = -1  # where the request's prompt ends (-1: prompt_len, a fresh request)
+    suspensions: int = 0  # times the request was suspended for pages and resumed (§9.5)
+
+    def __post_init__(self) -> None:
+        if self.gen_start < 0:
+            self.gen_start = self.prompt_len
+
+    def carry(self, old: Lane) -> None:
+        """A resumed admission takes over the suspended lane's request state: sampler and
+        detokenizer state, stream position, logprobs, timings and usage, so the client sees
+        one uninterrupted request."""
+        self.gen_start = old.gen_start
+        self.suspensions = old.suspensions
+        self.detok, self.generator, self.logprobs = old.detok, old.generator, old.logprobs
+        self.text, self.streamed_tokens = old.text, old.streamed_tokens
+        self.t_admit, self.t_first = old.t_admit, old.t_first
+        self.prefill_done_t = old.prefill_done_t
+        self.cached_tokens, self.cached_prefix_tokens = old.cached_tokens, old.cached_prefix_tokens
+        self.restored_host_bytes += old.restored_host_bytes
+        self.created_prompt_tokens += old.created_prompt_tokens
+        self.restore_timing = self.restore_timing or old.restore_timing
 
     @property
     def prefilling(self) -> bool:
@@ -103,7 +145,7 @@ class Lane:
 
     @property
     def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len :]
+        return self.tokens[self.gen_start :]
 
     def private_pages(self) -> list[int]:
         return [p for p, mine in zip(self.pages, self.private, strict=True) if mine]

@@ -42,17 +42,17 @@ def check_finish(lane: Lane, token: int, eos: tuple[int, ...], max_model_len: in
         return "stop"
     if p.stop_token_ids and token in p.stop_token_ids:
         return "stop"
-    if len(lane.tokens) - lane.prompt_len >= p.max_tokens or len(lane.tokens) >= max_model_len:
+    if len(lane.tokens) - lane.gen_start >= p.max_tokens or len(lane.tokens) >= max_model_len:
         return "length"
     return None
 
 
 def stream_delta(lane: Lane) -> StreamDelta | None:
     """New tokens and text since the previous delta, or None if nothing is new."""
-    n = len(lane.tokens) - lane.prompt_len  # generated so far (no copy: this runs every step)
+    n = len(lane.tokens) - lane.gen_start  # generated so far (no copy: this runs every step)
     if n == lane.streamed_tokens and not lane.text:
         return None
-    new = lane.tokens[lane.prompt_len + lane.streamed_tokens :]
+    new = lane.tokens[lane.gen_start + lane.streamed_tokens :]
     delta = StreamDelta(request_id=lane.job.request_id, token_ids=new, text=lane.text)
     lane.streamed_tokens = n
     lane.text = ""
@@ -75,7 +75,7 @@ def final_output(lane: Lane, now: float) -> RequestOutput:
         error=None,
         logprobs=lane.logprobs,
         usage=Usage(
-            prompt_tokens=lane.prompt_len,
+            prompt_tokens=lane.gen_start,
             completion_tokens=len(gen),
             cached_tokens=lane.cached_tokens,
             cached_prefix_tokens=lane.cached_prefix_tokens,
@@ -89,8 +89,17 @@ def final_output(lane: Lane, now: float) -> RequestOutput:
             decode_s=decode_s,
             decode_tokens_per_s=n_dec / decode_s if decode_s > 0 and n_dec else 0.0,
             restore_s=_restore_seconds(lane.restore_timing),
+            suspensions=lane.suspensions,
         ),
     )
+
+
+def suspended_output(lane: Lane, reason: str, now: float) -> RequestOutput:
+    """The final output of a request that ends while suspended (cancelled in the queue): what
+    its suspended lane generated, released held-back text included."""
+    lane.finish_reason = reason
+    flush_text(lane)
+    return final_output(lane, now)
 
 
 def _restore_seconds(ticket) -> float:

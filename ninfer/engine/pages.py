@@ -1,4 +1,4 @@
-"""Device page accounting of active lanes: entitlements, growth, bounded completion (§6.3, §9.5).
+"""Device page accounting of active lanes: entitlements, growth, suspension (§6.3, §9.5).
 
 A lane is admitted with an entitlement: the pages it may take without a further check, i.e.
 its remaining prompt plus a bounded output window (and one page for a COW'd tail). The sum of
@@ -7,9 +7,14 @@ the entitlements not yet drawn is `reserved`; admission of a new lane needs
     need(new) <= free + evictable - reserved          (evictable: unpinned Device cache pages)
 
 so every active lane can always draw its entitlement (cached pages never count against it:
-taking a page may evict cache, never an active lane). Beyond its entitlement a lane grows one
-page at a time while `free + evictable - reserved > 0`; when that fails it ends with bounded
-completion (finish_reason "length").
+taking a page may evict cache, never an active lane). `evictable` is exactly what eviction can
+free (`PrefixIndex.evictable_pages`), and the quote checks this same rule (admission.py passes
+free - reserved unclamped). Beyond its entitlement a lane grows one page at a time while
+`free + evictable - reserved > 0`. When that fails the engine suspends the lane instead of
+cutting it short: it is released through its endpoint snapshot and resumes from there, with
+everything it generated, when pages allow (engine.py `_suspend`). A request therefore ends
+"length" only at max_tokens or the model length (`resolve()` makes the pool hold one
+max-length request).
 
 Mutates: the lane's `pages` / `private` / `entitled_pages`, the KV pool's free list, and (via
 `evict`) the prefix index's Device LRU.
@@ -79,7 +84,7 @@ class PageBudget:
 
     def grow(self, lane: Lane, upto: int) -> bool:
         """Map pages so that `lane.pages` covers positions [0, upto). Returns False (mapping
-        nothing new) when the pool cannot extend the lane: bounded completion."""
+        nothing new) when the pool cannot extend the lane: the engine suspends it."""
         need = pages_for(upto) - len(lane.pages)
         if need <= 0:
             return True
