@@ -118,3 +118,13 @@ def test_check_invariants_names_a_corrupted_pool():
     pool._free.append(1)  # slab 1 free and allocated
     with pytest.raises(AssertionError, match=r"^slab 1 both free and allocated$"):
         pool.check_invariants()
+
+
+def test_pool_geometry_is_checked():
+    with pytest.raises(ValueError, match=r"^slab_bytes must be positive, got 0$"):
+        HostSlabPool(4096, 0)
+    with pytest.raises(ValueError, match=r"^max_chunk_bytes must hold at least one slab$"):
+        HostSlabPool(8192, 4096, max_chunk_bytes=4095)
+    tiny = HostSlabPool(3, 1, max_chunk_bytes=1)  # the smallest valid geometry
+    assert (tiny.n_slabs, tiny.n_chunks, tiny.chunk_bytes(2)) == (3, 3, 1)
+    assert HostSlabPool(8192, 4096, max_chunk_bytes=4096).n_chunks == 2
