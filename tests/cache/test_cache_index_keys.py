@@ -226,3 +226,53 @@ def test_load_snapshot_refusals():
     ix = make_index(host_slabs=0)
     with pytest.raises(ValueError, match=r"^not enough free Host slabs to load a snapshot$"):
         ix.load_snapshot(ROOT, [5])
+
+
+def test_media_key_leaves_out_an_item_beginning_at_the_block_end():
+    img0 = MediaItem(b"\x05" * 32, modality=1, grid=(1, 2, 2), begin=10, length=20)
+    img1 = MediaItem(b"\x06" * 32, modality=1, grid=(1, 4, 4), begin=64, length=10)
+    extras = media_block_extras(128, [img0, img1])
+    assert extras[0] == xxhash.xxh3_64_intdigest(img0.encode())
+    assert extras[1] == xxhash.xxh3_64_intdigest(img0.encode() + img1.encode())
+
+
+def test_a_loaded_snapshot_is_valued_at_the_next_flush():
+    ix = make_index(host_slabs=16)
+    n0 = ix.load_block(ROOT, tokens(1, 64))
+    sid = ix.load_snapshot(n0, [])
+    ix._flush_dirty()
+    # C = 64 - 1; Z = image + its exclusive Host block
+    assert ix.snapshot(sid).h == pytest.approx(63 / (8192 + 4096), rel=1e-12)
+
+
+def test_transfer_batches_are_numbered_in_order():
+    ix = make_index(host_slabs=64)
+    d = Driver(ix, land=False)
+    d.admit(1, tokens(1, 300))
+    d.snapshot(1, 128)
+    d.snapshot(1, 192)
+    d.release(1)
+    assert d.pending == [1, 2, 3]  # two snapshot writes, then the blocks
+
+
+def test_a_restore_landing_after_its_lane_was_released():
+    ix = make_index(host_slabs=64, slots=4)
+    d = Driver(ix)
+    a = tokens(1, 200)
+    d.run(1, a, taps=[128])
+    ix._drop_snapshot_image_device(ix.snapshot(1))  # restores now read the Host copy
+    d.land = False
+    d.admit(2, a[:128] + [5, 6])
+    assert ix.snapshot(1).restore_pins == 1
+    ix.release(2)  # cancelled while its restore is in flight
+    ix.on_restore_landed(d.pending[0])
+    assert ix.snapshot(1).restore_pins == 0
+    assert [ix.node(n).restore_pins for n in (1, 2)] == [0, 0]
+    ix.check_invariants()
+
+
+def test_taps_are_planned_before_the_lane_is_activated():
+    ix = make_index(host_slabs=64)
+    q = ix.quote(prepare_prompt(tokens(1, 1000)), QuoteParams(20, 10**6, 10**6))
+    ix.stage(q, 1, 10**6)
+    assert ix.plan_taps(1, 1000) == [(960, F, 4, False, 999)]
