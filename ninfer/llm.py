@@ -7,12 +7,14 @@ they become that request's output with finish_reason "error".
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
 import queue
 import threading
 import time
+import weakref
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -162,16 +164,23 @@ class LLM:
 
         ops = select_ops(device, self._cfg.compile)
         self._persist = for_engine(self._cfg, config, ops, identity)  # spec §5.5, or None
-        self._engine = Engine(
-            self._cfg,
-            config,
-            model,
-            ops,
-            tokenizer,
-            _sampler,
-            make_generator,
-            persistence=self._persist,
-        )
+        try:
+            self._engine = Engine(
+                self._cfg,
+                config,
+                model,
+                ops,
+                tokenizer,
+                _sampler,
+                make_generator,
+                persistence=self._persist,
+            )
+        except BaseException:
+            if self._persist is not None:
+                self._persist.release()
+            raise
+        if self._persist is not None:  # a process that exits without close() still saves
+            atexit.register(_close_at_exit, weakref.ref(self))
         self.startup_s = time.perf_counter() - t_start  # weights, pools, warm-up, graphs
         logger.info("ninfer: engine ready in %.2f s", self.startup_s)
         self._ids = itertools.count()
@@ -224,8 +233,10 @@ class LLM:
             frozen = _checked_params(params)
             try:
                 prompt = make_input()
-            except ValueError:
-                raise
+            except ValueError as e:
+                if any(name in str(e) for name in _INPUT_FIELDS):
+                    raise
+                raise ValueError(f"{field}: {e}") from e  # (say, the chat template's own)
             except Exception as e:  # a malformed value of the wrong type (TypeError, ...)
                 raise ValueError(f"{field}: malformed input ({type(e).__name__}: {e})") from e
             forms.validate(prompt, self._model_config.vocab_size, self._cfg.max_model_len)
@@ -349,6 +360,9 @@ class LLM:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.close(save=save)
+        persist = getattr(self, "_persist", None)
+        if persist is not None:
+            persist.release()  # after the save: another engine may take the file now
 
     def abandon_save(self, wait_s: float | None = None) -> bool:
         """Thread-safe (a second Ctrl+C): a save not begun never begins; a running one stops
@@ -374,6 +388,19 @@ class LLM:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+# Field names a request's input error may name (else it is prefixed with the form's field).
+_INPUT_FIELDS = ("prompt", "messages", "cache_breakpoints", "tools", "max_model_len")
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    """atexit: close (and so save) an LLM with a prefix_cache_file that was never closed. Holds
+    a weak reference only: registering does not keep the LLM alive."""
+    llm = ref()
+    if llm is not None:
+        with contextlib.suppress(Exception):
+            llm.close()
 
 
 def _options(model: str | None, kwargs: dict) -> EngineOptions:

@@ -73,6 +73,7 @@ class CacheStats:
     prefetches: int = 0  # prefetch batches issued for a blocked FIFO head (§6.6)
     coalesced_waits: int = 0  # FIFO heads that waited for a prefilling sibling (§12.2)
     prefill_tokens: int = 0  # prompt tokens run through prefill passes (not resumed ones)
+    host_faults: int = 0  # Host copies / slab allocations that raised (entries Device-only)
     suspensions: int = 0  # requests suspended because the pool could not extend them (§9.5)
 
     def as_dict(self) -> dict[str, int | float]:

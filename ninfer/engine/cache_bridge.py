@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,9 @@ _DTYPES = {
 }
 
 
+logger = logging.getLogger(__name__)
+
+
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
@@ -47,6 +51,7 @@ class EngineCounters:
     taps_dropped: int = 0  # captured, but the lane ended before its blocks committed
     coalesced_waits: int = 0  # FIFO heads that waited for a prefilling sibling (§12.2)
     prefill_tokens: int = 0  # tokens run through prefill passes
+    host_faults: int = 0  # Host copies / slab allocations that raised (entries left Device-only)
     suspensions: int = 0  # lanes the pool could not extend, suspended to resume later (§9.5)
 
 
@@ -150,9 +155,10 @@ class CacheBridge:
             taps=taps,
         )
         index = PrefixIndex(config, cost)
+        from ninfer.engine import faults
         from ninfer.memory.host_transfer import HostTierTransfer
 
-        self.transfer = HostTierTransfer(
+        host = HostTierTransfer(
             slabs,
             self.kv.kv,
             self.states.conv,
@@ -162,7 +168,33 @@ class CacheBridge:
             index.host,
             timing=True,  # CUDA: timed events give metrics.restore_s (no-op on the CPU)
         )
+        # A Host fault degrades the entries it hit to Device-only (engine/faults.py)
+        self.transfer = faults.GuardedTransfer(host, self._host_write_failed, self.streams)
+        faults.guard_host_pool(index.host, self._host_alloc_failed)
         return index
+
+    # ---- Host-tier faults (engine/faults.py) ----------------------------------------------------
+    def _host_write_failed(self, batch_id: int, exc: BaseException) -> None:
+        from ninfer.engine import faults
+
+        self.counters.host_faults += 1
+        logger.warning("ninfer: Host write %d failed (%r): entries stay Device-only", batch_id, exc)
+        self.kv.free(faults.undo_host_write(self.index, batch_id))
+
+    def _host_alloc_failed(self, exc: BaseException) -> None:
+        self.counters.host_faults += 1
+        logger.warning("ninfer: Host slab allocation failed (%r): the entry stays Device-only", exc)
+
+    def restore_failed(self, fault) -> None:
+        """Undo a Host restore that raised (a `faults.HostRestoreFault`): its targets and the
+        admission that began it are rolled back, the Host copies it read are dropped."""
+        from ninfer.engine import faults
+
+        self.counters.host_faults += 1
+        logger.warning("ninfer: %s: the request is served without those Host entries", fault)
+        self.kv.free(faults.undo_host_restore(self.index, fault.batch_id))
+        if fault.lane_slot >= 0:
+            self.states.release(fault.lane_slot)
 
     # ---- hooks for the page budget ------------------------------------------------------------
     def _evictable(self) -> int:
@@ -262,8 +294,15 @@ class CacheBridge:
             raise AssertionError(f"evictable pages {index.evictable_pages()} != {brute}")
 
     def prefetch_head(self, job: Job) -> int:
-        """The FIFO head stays blocked: prefetch its Host-only path (§6.6); blocks copied."""
-        return self.prefetcher.maybe_prefetch(job)
+        """The FIFO head stays blocked: prefetch its Host-only path (§6.6); blocks copied. A
+        restore that raised is rolled back (its entries are dropped from the Host tier)."""
+        from ninfer.engine.faults import HostRestoreFault
+
+        try:
+            return self.prefetcher.maybe_prefetch(job)
+        except HostRestoreFault as fault:
+            self.restore_failed(fault)
+            return 0
 
     def stats(self):
         """A CacheStats copy: the index's gauges and counters (O(tree): on demand only; zero
@@ -284,6 +323,7 @@ class CacheBridge:
         st.taps_dropped = c.taps_dropped
         st.coalesced_waits = c.coalesced_waits
         st.prefill_tokens = c.prefill_tokens
+        st.host_faults = c.host_faults
         st.suspensions = c.suspensions
         st.prefetches = self.prefetcher.batches
         return st

@@ -34,16 +34,29 @@ import torch
 
 from ninfer.cache.keys import prepare_prompt
 from ninfer.config import EngineConfig
-from ninfer.engine import backend, outputs
+from ninfer.engine import backend, faults, outputs
 from ninfer.engine.cache_bridge import CacheBridge
 from ninfer.engine.lane import Job, Lane
 from ninfer.engine.runner import Launched, Row, Runner
 from ninfer.engine.scheduler import Slice, may_admit, plan_step
 from ninfer.models.batch import ModelCache
+from ninfer.request import EngineError
 
 BLOCKED_RETRY_S = 0.001
+# Steps in a row that raise before the engine stops containing them: a fault that recurs
+# whatever is scheduled is not transient, and the engine ends with it.
+MAX_FAULT_STREAK = 16
 
 logger = logging.getLogger(__name__)
+
+
+class StepFault(Exception):
+    """A step's forward or copy raised: its lanes fail (engine/faults.py)."""
+
+    def __init__(self, lanes: list[Lane], cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.lanes = lanes
+        self.cause = cause
 
 
 @dataclass(slots=True)
@@ -87,6 +100,9 @@ class Engine:
         self._inbox: queue.Queue = queue.Queue()
         self._gen_counter = 0
         self._failure: BaseException | None = None
+        self._failure_text = ""  # what every caller is told once the engine has failed
+        self.faults_contained = 0  # step and lane faults survived (Host faults: CacheStats)
+        self._fault_streak = 0  # steps in a row that raised (MAX_FAULT_STREAK ends the engine)
         # spec §5.5: the Host tier is restored before any request and saved at the orderly stop
         self.persistence = persistence  # engine/persistence.PrefixCacheFile or None
         self._save_on_stop = True
@@ -98,7 +114,7 @@ class Engine:
     # ---- the thread-safe surface --------------------------------------------------------------
     def submit(self, job: Job) -> None:
         if self._failure is not None:
-            raise RuntimeError("the engine has failed") from self._failure
+            raise EngineError(self._failure_text) from self._failure
         if not self._thread.is_alive():
             raise RuntimeError("the engine is closed")
         job.t_submit = time.perf_counter()
@@ -117,6 +133,8 @@ class Engine:
                 return fut.result(timeout=0.5)
             except FutureTimeout:
                 if not self._thread.is_alive() and not fut.done():
+                    if self._failure is not None:
+                        raise EngineError(self._failure_text) from None
                     raise RuntimeError("the engine is closed") from None
 
     def next_event(self, job: Job):
@@ -127,6 +145,8 @@ class Engine:
                 return job.sink.get(timeout=0.5)
             except queue.Empty:
                 if not self._thread.is_alive() and job.sink.empty():
+                    if self._failure is not None:
+                        return outputs.error_output(job, self._failure_text)
                     return outputs.error_output(job, "engine closed", reason="abort")
 
     def close(self, save: bool = True) -> None:
@@ -157,18 +177,27 @@ class Engine:
             while self._drain_inbox(block=block, timeout=timeout):
                 had_lanes = bool(self.lanes)
                 if self.lanes or self.waiting:
-                    self.step()
+                    try:
+                        self.step()
+                        self._fault_streak = 0
+                    except Exception as e:  # contained unless fatal (engine/faults.py)
+                        self._contain(e)
                 stalled = not had_lanes and not self.lanes and bool(self.waiting)
                 block = stalled or (not self.lanes and not self.waiting)
                 timeout = BLOCKED_RETRY_S if stalled else None
             self._settle_inflight()
         except BaseException as e:  # engine-wide failure: answer everyone, then stop
+            cause = e.cause if isinstance(e, StepFault) else e
+            text = outputs.engine_error_text(f"the engine failed: {type(cause).__name__}: {cause}")
+            self._failure_text = text
             self._failure = e
-            for job in [*self.waiting, *(lane.job for lane in self.lanes)]:
-                job.sink.put(outputs.error_output(job, f"engine failure: {e!r}"))
+            for job in self.waiting:
+                job.sink.put(outputs.error_output(job, text))
+            for lane in self.lanes:  # nothing is released: the device state is not trusted
+                lane.job.sink.put(outputs.fault_output(lane, text, time.perf_counter()))
             self.waiting.clear()
             self.lanes.clear()
-            self._answer_inbox(f"engine failure: {e!r}")
+            self._answer_inbox(text, reason="error")
             logger.exception("ninfer engine failed; every request was answered with an error")
             return
         for job in self.waiting:
@@ -182,7 +211,7 @@ class Engine:
         if self.persistence is not None and self._save_on_stop:
             self.persistence.save(self.bridge)  # after every answer: no request waits for it
 
-    def _answer_inbox(self, message: str) -> None:
+    def _answer_inbox(self, message: str, reason: str = "abort") -> None:
         """After the loop ends: answer whatever is still queued so no caller waits forever."""
         while True:
             try:
@@ -190,9 +219,66 @@ class Engine:
             except queue.Empty:
                 return
             if kind == "job":
-                item.sink.put(outputs.error_output(item, message, reason="abort"))
+                item.sink.put(outputs.error_output(item, message, reason=reason))
             elif kind == "call":
-                item[1].set_exception(RuntimeError(message))
+                item[1].set_exception(
+                    EngineError(message) if reason == "error" else RuntimeError(message)
+                )
+
+    # ---- fault containment (engine/faults.py) ---------------------------------------------------
+    def _contain(self, exc: Exception) -> None:
+        """A step raised: fail the lanes it hit (a StepFault names them; any other fault hits
+        every lane), release their pins and pages, and go on serving. Re-raises (the engine
+        ends) when the fault is fatal or the cache is not consistent afterwards."""
+        cause = exc.cause if isinstance(exc, StepFault) else exc
+        self._fault_streak += 1
+        if faults.is_fatal(cause) or self._fault_streak >= MAX_FAULT_STREAK:
+            raise exc
+        victims = list(self.lanes) if not isinstance(exc, StepFault) else exc.lanes
+        if not victims and self.waiting:  # no lane to blame: the queue's head (its admission)
+            job = self.waiting.popleft()  # fails, so that a recurring fault cannot stall it
+            job.sink.put(outputs.error_output(job, outputs.engine_error_text(str(cause))))
+        logger.warning("ninfer: a step failed (%r): failing %d request(s)", cause, len(victims))
+        self._quiesce()  # the failed step's queued work may still write the victims' memory
+        flight, self.inflight = self.inflight, None
+        if flight is not None and any(s.lane not in victims for s in flight.slices):
+            self._settle(flight)  # its other lanes keep their tokens
+        message = f"{type(cause).__name__}: {cause}"
+        for lane in victims:
+            self._fail(lane, message)
+        self._vouch(exc)
+
+    def _fail(self, lane: Lane, message: str) -> None:
+        """End one lane with finish_reason "error": release it (no endpoint snapshot: its state
+        may be half-written), answer with what it generated and the message."""
+        if lane not in self.lanes:
+            return
+        self.faults_contained += 1
+        lane.finish_reason = "error"
+        self.lanes.remove(lane)
+        self.bridge.release(lane)
+        lane.job.sink.put(outputs.fault_output(lane, message, time.perf_counter()))
+
+    def _vouch(self, exc: BaseException) -> None:
+        """After a contained fault the cache must be consistent; if not, the engine cannot
+        vouch for its state and ends with the original fault."""
+        try:
+            self.bridge.check_invariants(self.lanes)
+        except AssertionError as broken:
+            raise RuntimeError(f"{exc!r} left the cache inconsistent: {broken}") from exc
+
+    def _quiesce(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _launch(self, rows: list[Row], lanes: list[Lane], feed=None) -> Launched:
+        """runner.launch; a non-fatal fault becomes a StepFault naming the step's lanes."""
+        try:
+            return self.runner.launch(rows, feed)
+        except Exception as e:
+            if faults.is_fatal(e):
+                raise
+            raise StepFault(lanes, e) from e
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
         """Move submitted work into the engine; False once asked to stop. `block`: wait for the
@@ -248,7 +334,11 @@ class Engine:
             self.lanes, self.cfg.max_concurrency, self.cfg.concurrent_prefill
         ):
             job = self.waiting[0]
-            verdict = self.bridge.try_admit(job, time.perf_counter(), self.lanes)
+            try:
+                verdict = self.bridge.try_admit(job, time.perf_counter(), self.lanes)
+            except faults.HostRestoreFault as fault:  # rolled back: the head is quoted again
+                self.bridge.restore_failed(fault)  # without those Host entries (it prefills)
+                continue
             if verdict.lane is None and verdict.error is None:
                 return  # TemporarilyBlocked: the FIFO head is never overtaken
             self.waiting.popleft()
@@ -315,7 +405,7 @@ class Engine:
                 self.bridge.counters.prefill_tokens += s.end - s.start
         if suspended:
             self._suspend(suspended)
-        launched = self.runner.launch(rows) if rows else None
+        launched = self._launch(rows, [s.lane for s in runnable]) if rows else None
         for s in runnable:
             s.lane.computed = s.end
         flight = InFlight(runnable, launched)
@@ -380,7 +470,7 @@ class Engine:
         ]
         if not self.runner.can_overlap(rows):
             return False
-        launched = self.runner.launch(rows, flight.launched.feed(list(range(len(rows)))))
+        launched = self._launch(rows, lanes, flight.launched.feed(list(range(len(rows)))))
         slices = []
         for lane in lanes:
             slices.append(Slice(lane, lane.computed, lane.computed + 1))
@@ -404,18 +494,36 @@ class Engine:
         """Read a launched step's tokens: append them (stop checks), advance the frontiers'
         bookkeeping (commits, taps, publication), finish lanes, stream deltas. A lane that
         finished after the step was launched is skipped (its token is discarded)."""
-        result = flight.launched.result() if flight.launched is not None else None
+        try:
+            result = flight.launched.result() if flight.launched is not None else None
+        except Exception as e:  # reading the step's tokens failed: the step's lanes fail
+            if faults.is_fatal(e):
+                raise
+            raise StepFault([s.lane for s in flight.slices], e) from e
         now = time.perf_counter()
+        failed: list[tuple[Lane, str]] = []
         for i, s in enumerate(flight.slices):
             lane = s.lane
             if lane.finish_reason is not None or lane not in self.lanes:
                 continue
-            token = result.tokens[i]
-            if token is not None:
-                if not lane.prefilling and not lane.prefill_done_t:
-                    lane.prefill_done_t = now
-                self._append(lane, token, result.logprobs[i], now)
+            try:  # a fault in this lane's sampling or detokenization fails it alone
+                if result.errors[i] is not None:
+                    raise RuntimeError(f"sampling failed: {result.errors[i]}")
+                token = result.tokens[i]
+                if token is not None:
+                    if not lane.prefilling and not lane.prefill_done_t:
+                        lane.prefill_done_t = now
+                    self._append(lane, token, result.logprobs[i], now)
+            except Exception as e:
+                if faults.is_fatal(e):
+                    raise
+                failed.append((lane, f"{type(e).__name__}: {e}"))
+                continue
             self.bridge.after_advance(lane)
+        for lane, message in failed:
+            self._fail(lane, message)
+        if failed:
+            self._vouch(RuntimeError(failed[0][1]))
         for lane in [ln for ln in self.lanes if ln.finish_reason is not None]:
             self._finish(lane)
         for lane in self.lanes:
@@ -441,9 +549,16 @@ class Engine:
             return
         self.lanes.remove(lane)
         self.bridge.release(lane)
-        outputs.flush_text(lane)
-        if lane.job.stream:
-            delta = outputs.stream_delta(lane)
-            if delta is not None:
-                lane.job.sink.put(delta)
-        lane.job.sink.put(outputs.final_output(lane, time.perf_counter()))
+        try:
+            outputs.flush_text(lane)
+            if lane.job.stream:
+                delta = outputs.stream_delta(lane)
+                if delta is not None:
+                    lane.job.sink.put(delta)
+            out = outputs.final_output(lane, time.perf_counter())
+        except Exception as e:  # its detokenization failed: this request alone fails
+            if faults.is_fatal(e):
+                raise
+            self.faults_contained += 1
+            out = outputs.fault_output(lane, f"{type(e).__name__}: {e}", time.perf_counter())
+        lane.job.sink.put(out)

@@ -126,7 +126,10 @@ def is_engine_error(out: RequestOutput) -> bool:
 
 def fault_output(lane: Lane, message: str, now: float) -> RequestOutput:
     """A lane failed by a fault: what it generated so far, finish_reason "error"."""
-    out = final_output(lane, now)
+    try:
+        out = final_output(lane, now)
+    except Exception:  # noqa: BLE001 - the lane's own state is what failed: report it bare
+        return error_output(lane.job, engine_error_text(message))
     out.finish_reason = "error"
     out.error = engine_error_text(message)
     return out

@@ -1,7 +1,11 @@
 """The Host tier across restarts (spec §5.5, `prefix_cache_file`): the engine's glue.
 
-    LLM(...)        resolve_path(): absolute path; a directory or a missing parent -> ValueError
-                    PrefixCacheFile(path, fingerprint(...))
+    LLM(...)        resolve_path(): absolute path; anything but a regular file (or nothing), or a
+                    missing parent -> ValueError (only stat()ed: a FIFO is never opened)
+                    PrefixCacheFile(path, fingerprint(...)).acquire(): the path's lock (an
+                    exclusive flock on `.NAME.lock` beside it, deleted at release) for the
+                    engine's lifetime -> ValueError when another engine holds it; then the
+                    temporary files a killed save left are deleted
     Engine.__init__ load(bridge): before the loop starts, so before any request
                       decode header + tables (ninfer.cache.persist) -> fingerprint / geometry /
                       size checks -> plan (all, or densest snapshots first) -> rebuild entries
@@ -11,6 +15,7 @@
                     then save(bridge): collect -> temp file -> fsync -> os.replace
     abandon()       thread-safe; the save stops before its next slab batch or before the rename
                     and deletes its temporary file (a save not begun never begins)
+    release()       LLM.close(): the lock is released (the process's exit releases it too)
 
 Logs go to the "ninfer.cache" logger: "loading prefix cache ...", "prefix cache read | bytes |
 time | rate", what was restored (or why not), and the save's "prefix cache saved | ...".
@@ -18,6 +23,7 @@ time | rate", what was restored (or why not), and the save's "prefix cache saved
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -27,7 +33,14 @@ import time
 from pathlib import Path
 
 from ninfer.cache import persist
-from ninfer.memory.persist_file import BATCH_BYTES, IoResult, read_payload, save_file
+from ninfer.memory.persist_file import (
+    BATCH_BYTES,
+    IoResult,
+    check_regular,
+    read_payload,
+    save_file,
+    stale_temps,
+)
 
 logger = logging.getLogger("ninfer.cache")
 
@@ -36,11 +49,65 @@ def resolve_path(path: str | os.PathLike) -> Path:
     """The absolute path of `prefix_cache_file`; ValueError for a directory or a missing parent
     directory (an unusable location fails before any caching)."""
     p = Path(path).expanduser().resolve()
-    if p.is_dir():
-        raise ValueError(f"prefix_cache_file: {str(p)!r} is a directory, not a file")
+    check_regular(p)  # a directory, device, FIFO or socket is refused without opening it
     if not p.parent.is_dir():
         raise ValueError(f"prefix_cache_file: directory {str(p.parent)!r} does not exist")
     return p
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file of `path`: beside it, hidden, present while an engine holds the path."""
+    return path.with_name(f".{path.name}.lock")
+
+
+def _take_lock(path: Path) -> int:
+    """An exclusive, non-blocking flock on `path`'s lock file; returns its descriptor.
+    ValueError naming the holder when another engine (of this or another process) has it.
+
+    The holder deletes the lock file when it lets go (`_drop_lock`), so a process may lock a
+    file that was just deleted: after locking, the descriptor's inode must still be the path's,
+    else it tries again on the new file."""
+    import fcntl
+
+    lock = lock_path(path)
+    for _ in range(100):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:  # a read-only directory, say
+            raise ValueError(
+                f"prefix_cache_file: cannot create its lock file {str(lock)!r}: {e}"
+            ) from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = ""
+            with contextlib.suppress(OSError, ValueError):
+                holder = os.pread(fd, 64, 0).decode().strip()
+            os.close(fd)
+            who = f" (pid {holder})" if holder else ""
+            raise ValueError(
+                f"prefix_cache_file: {str(path)!r} is in use by another engine{who}; give "
+                f"each engine its own file"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except OSError:
+            same = False
+        if same:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)  # its holder deleted it while we locked: lock the new one
+    raise ValueError(f"prefix_cache_file: could not lock {str(lock)!r}")
+
+
+def _drop_lock(path: Path, fd: int) -> None:
+    """Delete the lock file, then unlock (in this order: see _take_lock)."""
+    with contextlib.suppress(OSError):
+        os.unlink(lock_path(path))
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 # ---- fingerprint ----------------------------------------------------------------------------
@@ -122,6 +189,27 @@ class PrefixCacheFile:
         self.last_save: IoResult | None = None
         self.last_load: IoResult | None = None
         self.batch_bytes = BATCH_BYTES  # staging per slab batch (abandon is checked per batch)
+        self._lock_fd: int | None = None
+
+    def acquire(self) -> PrefixCacheFile:
+        """Take the path's lock for the engine's lifetime (ValueError when another engine has
+        it), then delete the temporary files a killed save of this path left."""
+        if self._lock_fd is None:
+            self._lock_fd = _take_lock(self.path)
+        for tmp in stale_temps(self.path):  # the lock is ours: no save of this path runs
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                logger.info("removed %s, left by an interrupted save", tmp)
+        return self
+
+    def release(self) -> None:
+        """Release the path's lock (idempotent; LLM.close after the save)."""
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None  # (a failed __init__)
+        if fd is not None:
+            _drop_lock(self.path, fd)
+
+    def __del__(self) -> None:
+        self.release()
 
     # ---- abandon (any thread) ------------------------------------------------------------
     def abandon(self) -> None:
@@ -148,6 +236,12 @@ class PrefixCacheFile:
             logger.info(
                 "prefix cache file %s does not exist yet: it is saved at shutdown", self.path
             )
+            return 0
+        try:
+            check_regular(self.path)  # replaced since construction: never open a FIFO
+        except ValueError as e:
+            logger.warning("%s; it is neither read nor saved", e)
+            self.abandon()
             return 0
         size = self.path.stat().st_size
         logger.info("loading prefix cache %s (%s)", self.path, _gb(size))
@@ -281,4 +375,4 @@ def for_engine(cfg, model_config, ops, identity=None) -> PrefixCacheFile | None:
     else:
         ident = checkpoint_identity(cfg.model)
     fp = fingerprint(ident, cfg, model_config, type(ops).__name__)
-    return PrefixCacheFile(resolve_path(cfg.prefix_cache_file), fp)
+    return PrefixCacheFile(resolve_path(cfg.prefix_cache_file), fp).acquire()

@@ -70,10 +70,12 @@ class Feed:
 
 @dataclass(slots=True)
 class StepResult:
-    """Per row: the sampled token (or None) and its logprob record (or None)."""
+    """Per row: the sampled token (or None), its logprob record (or None), and the error of a
+    row whose sampling failed (or None; its token is then meaningless)."""
 
     tokens: list[int | None] = field(default_factory=list)
     logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
 
 
 class Launched:
@@ -104,7 +106,8 @@ class Launched:
         if self._result is not None:
             return self._result
         rows = self.rows
-        out = StepResult(tokens=[None] * len(rows), logprobs=[None] * len(rows))
+        n = len(rows)
+        out = StepResult(tokens=[None] * n, logprobs=[None] * n, errors=[None] * n)
         if self.sampled is not None:
             if self._event is not None:
                 self._event.synchronize()
@@ -112,14 +115,31 @@ class Launched:
             else:
                 tokens = self.tokens.tolist()
             logprobs = self.sampled.logprobs
+            errors = getattr(self.sampled, "errors", None)
             k = 0
             for i, r in enumerate(rows):
                 if r.sample is not None:
                     out.tokens[i] = tokens[k]
                     out.logprobs[i] = logprobs[k] if logprobs is not None else None
+                    out.errors[i] = errors[k] if errors is not None else None
                     k += 1
         self._result = out
         return out
+
+
+class RowSamples:
+    """Samples drawn row by row after the batched draw raised: per row a one-row result or
+    None (with its error). Quacks like `ninfer.sampling.SampleResult`, plus `errors`."""
+
+    def __init__(self, rows: list[tuple[object | None, str | None]], device) -> None:
+        zero = torch.zeros(1, dtype=torch.int64, device=device)  # a failed row's placeholder
+        self.token_ids = torch.cat([zero if r is None else r.token_ids for r, _ in rows])
+        self._rows = [r for r, _ in rows]
+        self.errors = [err for _, err in rows]
+
+    @property
+    def logprobs(self) -> list[dict[int, float] | None]:
+        return [None if r is None else r.logprobs[0] for r in self._rows]
 
 
 class Runner:
@@ -324,8 +344,27 @@ class Runner:
         want = [r for r in rows if r.sample is not None]
         if not want:
             return Launched(rows, None)
-        sampled = self.sampler(logits, [r.sample for r in want], [r.generator for r in want])
-        return Launched(rows, sampled)
+        return Launched(rows, self._sample(logits, want))
+
+    def _sample(self, logits: torch.Tensor, want: list[Row]):
+        """Sample every row at once; if that raises, row by row, so that a row whose sampling
+        fails fails alone (`RowSamples.errors`) and the others get their tokens."""
+        params, gens = [r.sample for r in want], [r.generator for r in want]
+        try:
+            return self.sampler(logits, params, gens)
+        except Exception as e:
+            if is_fatal(e):  # a poisoned context: nothing to retry
+                raise
+            rows = [self._sample_row(logits, params, gens, i) for i in range(len(want))]
+            return RowSamples(rows, logits.device)
+
+    def _sample_row(self, logits, params, gens, i: int):
+        try:
+            return self.sampler(logits[i : i + 1], params[i : i + 1], gens[i : i + 1]), None
+        except Exception as e:
+            if is_fatal(e):
+                raise
+            return None, f"{type(e).__name__}: {e}"
 
     def step(self, rows: list[Row]) -> StepResult:
         """Run one ragged forward pass and sample every row that asks for it."""

@@ -13,14 +13,18 @@ batch goes through one contiguous staging buffer:
 
 A save writes a temporary file in the target's directory (placeholder head, payload, then the
 real head with the checksums), fsyncs it and renames it into place (`os.replace`), then fsyncs
-the directory. `abandoned()` is checked before every batch and before the rename: an abandoned
-or failed save deletes its temporary file and leaves the previous file untouched.
+the directory. Temporary names are unique (`.NAME.tmp-PID-XXXX`, created exclusively), so two
+savers never share one; `stale_temps` finds those a killed save left behind. `abandoned()` is
+checked before every batch and before the rename: an abandoned or failed save deletes its
+temporary file and leaves the previous file untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -106,10 +110,21 @@ def write_payload(
             sums += [_xxh3(st.bytes_of(i)) for i in range(len(batch))]
             if pending is not None:
                 pending.result()
-            pending = writer.submit(_write_all, f, st.bytes_of(0, len(batch)))
+            pending = _submit(writer, _write_all, f, st.bytes_of(0, len(batch)))
         if pending is not None:
             pending.result()
     return sums
+
+
+def _submit(writer: ThreadPoolExecutor, fn, *args) -> Future:
+    """writer.submit, or the call inline once the interpreter is shutting down (an `atexit`
+    save of an LLM never closed: no new threads may start then)."""
+    try:
+        return writer.submit(fn, *args)
+    except RuntimeError:
+        done: Future = Future()
+        done.set_result(fn(*args))
+        return done
 
 
 def _write_all(f, view: memoryview) -> None:
@@ -178,12 +193,14 @@ def save_file(
     file is deleted, `path` untouched); an OSError also deletes it and propagates."""
     if abandoned():
         return None
+    check_regular(path)
     t0 = time.perf_counter()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     placeholder = head([0] * len(sources))
+    fd, name = tempfile.mkstemp(prefix=f"{temp_prefix(path)}{os.getpid()}-", dir=path.parent)
+    tmp = Path(name)
     done = False
     try:
-        with open(tmp, "wb", buffering=0) as f:
+        with open(fd, "wb", buffering=0) as f:
             _write_all(f, memoryview(placeholder))
             sums = write_payload(f, slabs, sources, abandoned, batch_bytes)
             if sums is None:
@@ -204,6 +221,47 @@ def save_file(
         if not done:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+
+
+def temp_prefix(path: Path) -> str:
+    """The name prefix of `path`'s temporary files (a hidden file beside it)."""
+    return f".{path.name}.tmp-"
+
+
+def stale_temps(path: Path) -> list[Path]:
+    """Temporary files of `path` in its directory (left by a save that was killed): call only
+    while holding the path's lock, when no save of it can be running."""
+    prefix = temp_prefix(path)
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    return [path.parent / n for n in names if n.startswith(prefix)]
+
+
+def check_regular(path: Path) -> None:
+    """ValueError unless `path` is absent or a regular file (a symlink to one is followed).
+    Only stats it: opening a FIFO to look would block."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = _kind(mode)
+        raise ValueError(f"prefix_cache_file: {str(path)!r} is {kind}, not a regular file")
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _fsync_dir(directory: Path) -> None:

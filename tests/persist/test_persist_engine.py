@@ -168,8 +168,8 @@ def test_failed_engine_saves_nothing(make, tmp_path):
     llm = make(prefix_cache_file=str(path))
     turn(llm)
 
-    def boom(engine):
-        raise RuntimeError("fatal")
+    def boom(engine):  # a fault that ends the engine (a poisoned CUDA context)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     llm._engine.on_step = boom
     out = llm.generate([{"prompt_token_ids": PROMPT[:70]}], GREEDY)[0]
