@@ -40,6 +40,7 @@ class SoakReport:
     mismatches: int = 0
     cancels_sent: int = 0
     invariant_checks: int = 0
+    tolerated: Counter = field(default_factory=Counter)  # known invariant breaks seen
     steps: int = 0
     samples: list[dict] = field(default_factory=list)  # memory over time
     failures: list[str] = field(default_factory=list)
@@ -106,9 +107,12 @@ def run_soak(
     seed: int = 0,
     max_growth_mib: float = 64.0,
     out=sys.stdout,
+    tolerate: tuple[str, ...] = (),
 ) -> SoakReport:
     """Run the soak on `llm` (any LLM; a Host tier makes it meaningful). Returns the report;
-    `report.failures` lists what went wrong (empty: passed)."""
+    `report.failures` lists what went wrong (empty: passed). `tolerate`: invariant messages
+    (substrings) of known, open bugs: counted in `report.tolerated` instead of failing the run;
+    a stale GDSF value is then recomputed so that the other invariants stay checked."""
     engine = llm._engine
     vocab = llm._model_config.vocab_size
     rng = random.Random(seed)
@@ -120,7 +124,17 @@ def run_soak(
 
     def check(eng) -> None:  # on the engine thread, at the start of a step
         if eng.steps % check_every == 0:
-            eng.bridge.check_invariants(eng.lanes)
+            try:
+                eng.bridge.check_invariants(eng.lanes)
+            except AssertionError as e:
+                known = [t for t in tolerate if t in str(e)]
+                if not known:
+                    raise
+                report.tolerated[known[0]] += 1
+                index = eng.bridge.index
+                index.dirty.update(index.snaps)
+                index._flush_dirty()
+                eng.bridge.check_invariants(eng.lanes)
             report.invariant_checks += 1
 
     engine.on_step = check
@@ -254,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-growth-mib", type=float, default=64.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the report here")
+    ap.add_argument(
+        "--tolerate", action="append", default=[], help="a known invariant message (repeatable)"
+    )
     args = ap.parse_args(argv)
     from ninfer import LLM
 
@@ -277,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             prefix_tokens=args.prefix_tokens,
             seed=args.seed,
             max_growth_mib=args.max_growth_mib,
+            tolerate=tuple(args.tolerate),
         )
         stats = llm.cache_stats()
     summary = {
@@ -285,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         "reasons": dict(report.reasons),
         "cancels_sent": report.cancels_sent,
         "invariant_checks": report.invariant_checks,
+        "tolerated": dict(report.tolerated),
         "steps": report.steps,
         "seconds": round(report.seconds, 2),
         "restores": stats.restores,

@@ -346,14 +346,24 @@ class Engine:
                 job.sink.put(outputs.error_output(job, verdict.error))
                 continue
             lane = verdict.lane
-            if job.resume is not None:  # a suspended request: the same sampler, text, metrics
-                lane.carry(job.resume)
-                job.resume = None
-            else:
-                lane.detok = outputs.new_detokenizer(self.tokenizer, job)
-                lane.generator = self._generator(job)
-                if job.params.logprobs is not None:
-                    lane.logprobs = []
+            try:
+                if job.resume is not None:  # a suspended request: same sampler, text, metrics
+                    lane.carry(job.resume)
+                    job.resume = None
+                else:
+                    lane.detok = outputs.new_detokenizer(self.tokenizer, job)
+                    lane.generator = self._generator(job)
+                    if job.params.logprobs is not None:
+                        lane.logprobs = []
+            except Exception as e:  # its own state cannot be built: this request alone fails
+                if faults.is_fatal(e):
+                    raise
+                self.faults_contained += 1
+                lane.finish_reason = "error"
+                self.bridge.release(lane)
+                text = outputs.engine_error_text(f"{type(e).__name__}: {e}")
+                job.sink.put(outputs.error_output(job, text))
+                continue
             self.lanes.append(lane)
 
     def _generator(self, job: Job) -> torch.Generator | None:

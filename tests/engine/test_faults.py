@@ -278,6 +278,28 @@ def test_decode_fault_fails_one_request(make_llm, monkeypatch, mode, demo_text):
     _still_serves(llm, make_llm, 103)
 
 
+def test_a_request_whose_state_cannot_be_built_fails_alone(make_llm):
+    llm = _fault_llm(make_llm)
+    prompts = _prompts(8)
+    cold = _cold(make_llm, prompts)
+    engine = llm._engine
+    real = engine.make_gen
+
+    def make_gen(seed, device):  # the target alone samples with seed 4242
+        if seed == 4242:
+            raise RuntimeError(INJECTED)
+        return real(seed, device)
+
+    engine.make_gen = make_gen
+    params = [greedy(MAX_TOKENS) for _ in prompts]
+    params[3] = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.5, seed=4242)
+    outs = llm.generate(prompts, params)
+    assert outs[3].finish_reason == "error" and INJECTED in outs[3].error
+    assert _check(outs, cold, lambda i: i == 3) == [3]
+    engine.make_gen = real
+    _still_serves(llm, make_llm, 108)
+
+
 VOCAB_MARK = 2400  # outside rand_tokens' range: only a target's prompt holds it
 
 
