@@ -35,6 +35,26 @@ def small_window(monkeypatch):
     monkeypatch.setattr(pages, "OUTPUT_WINDOW", 64)
 
 
+def test_admission_never_overcommits_the_pool(make_llm, monkeypatch):
+    """Three lanes on a 9-page pool with a Host tier, shared prefixes: on 07d62c0 an admission
+    quoted "need <= evictable" (free - reserved clamped at 0, pinned subtrees counted) and the
+    reservations outgrew free + evictable (the engine failed its invariant check). Now every
+    request ends at max_tokens with its solo tokens."""
+    small_window(monkeypatch)
+    rng = random.Random(5)
+    pre = rand_tokens(rng, 70)
+    shapes = [(True, 101, 92), (False, 85, 10), (False, 39, 127), (True, 91, 128), (False, 69, 35)]
+    prompts = [(pre if shared else []) + rand_tokens(rng, n) for shared, n, _ in shapes]
+    params = [greedy(m) for _, _, m in shapes]
+    llm = make_llm(kv_capacity=9 * 64, max_concurrency=3, host_cache_mib=16)
+    roomy = _roomy(make_llm)
+    outs = llm.generate(prompts, params)
+    for out, prompt, sp in zip(outs, prompts, params, strict=True):
+        assert out.error is None and out.finish_reason == "length", out.error
+        assert out.token_ids == _alone(roomy, prompt, sp).token_ids
+    assert_idle(llm)
+
+
 def test_suspended_stream_is_one_uninterrupted_request(make_llm, monkeypatch):
     """Streamed, seeded sampling with logprobs and a Host tier: the suspended request's deltas
     (same request_id) add up to its final tokens and text, which equal a solo run's."""
