@@ -243,6 +243,16 @@ def test_a_loaded_snapshot_is_valued_at_the_next_flush():
     ix._flush_dirty()
     # C = 64 - 1; Z = image + its exclusive Host block
     assert ix.snapshot(sid).h == pytest.approx(63 / (8192 + 4096), rel=1e-12)
+    # a snapshot loaded above another one owns no block exclusively (no walk marks it dirty)
+    ix2 = make_index(host_slabs=16)
+    m0 = ix2.load_block(ROOT, tokens(1, 64))
+    m1 = ix2.load_block(m0, tokens(1, 128)[64:])
+    deep = ix2.load_snapshot(m1, [])
+    ix2._flush_dirty()
+    top = ix2.load_snapshot(m0, [])  # loaded second, above `deep`
+    ix2._flush_dirty()
+    assert ix2.snapshot(top).h == pytest.approx(63 / 8192, rel=1e-12)
+    assert ix2.snapshot(deep).h == pytest.approx(63 / (8192 + 4096), rel=1e-12)
 
 
 def test_transfer_batches_are_numbered_in_order():
