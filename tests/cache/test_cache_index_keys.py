@@ -11,6 +11,7 @@ from ninfer.cache import (
     ROOT,
     CacheCostModel,
     HintKind,
+    LaneError,
     Placement,
     QuoteParams,
     SnapshotKind,
@@ -21,6 +22,7 @@ from ninfer.cache import (
 )
 from ninfer.cache.keys import (
     MediaItem,
+    block_hash,
     block_hashes,
     hash_blocks,
     media_block_extras,
@@ -286,3 +288,55 @@ def test_taps_are_planned_before_the_lane_is_activated():
     q = ix.quote(prepare_prompt(tokens(1, 1000)), QuoteParams(20, 10**6, 10**6))
     ix.stage(q, 1, 10**6)
     assert ix.plan_taps(1, 1000) == [(960, F, 4, False, 999)]
+
+
+# ---- eviction counters, lane states, keys with media ---------------------------------------------
+
+
+def test_device_eviction_counts_backed_and_unbacked_victims():
+    ix = make_index(host_slabs=64)
+    d = Driver(ix)
+    d.run(1, tokens(1, 128))  # two blocks, written to Host: backed
+    epoch = ix.cache_epoch
+    assert len(ix.evict_device_pages(2)) == 2
+    assert ix.cache_epoch == epoch + 1
+    assert (ix.counters.device_evicted_backed, ix.counters.device_evicted_unbacked) == (2, 0)
+    ix = make_index(host_slabs=0)
+    d = Driver(ix)
+    d.run(1, tokens(1, 64))
+    d.run(2, tokens(2, 64))  # two unbacked blocks (no Host tier)
+    assert len(ix.evict_device_pages(1)) == 1
+    assert len(ix.evict_device_pages(1)) == 1
+    assert (ix.counters.device_evicted_backed, ix.counters.device_evicted_unbacked) == (0, 2)
+
+
+def test_lane_state_errors_name_the_state():
+    ix = make_index(host_slabs=64)
+    q = ix.quote(prepare_prompt(tokens(1, 300)), QuoteParams(10, 10**6, 10**6))
+    ix.stage(q, 1, 10**6)
+    assert ix.lane_path(1) == []  # readable before activation
+    with pytest.raises(LaneError, match=r"^lane 1 is not activated$"):
+        ix.allocate_snapshot_slot(1, 64, SnapshotKind.TAP)
+    ix.activate(1)
+    with pytest.raises(LaneError, match=r"^lane 1 is activated$"):
+        ix.activate(1)
+
+
+def test_block_hash_with_a_media_key_chains_from_the_parent():
+    blk = pack_tokens(tokens(1, 64))
+    expected = xxhash.xxh3_64_intdigest(blk + (7).to_bytes(8, "little"), 123)
+    assert block_hash(123, blk, 7) == expected
+    assert block_hash(124, blk, 7) != expected
+    assert block_hash(123, blk) == xxhash.xxh3_64_intdigest(blk, 123)
+
+
+def test_hash_blocks_refuses_a_key_list_of_another_length():
+    blocks = split_blocks(pack_tokens(tokens(1, 128)))
+    with pytest.raises(ValueError):
+        hash_blocks(blocks, [0, 5, 0])
+
+
+def test_restoring_one_byte_costs_its_transfer():
+    cost = CacheCostModel(1.0, 0.0, 0.0, 64, h2d_bytes_per_s=4.0, batch_latency_s=0.5)
+    assert cost.restore_seconds(1) == 0.75
+    assert cost.restore_seconds(0) == 0.0
