@@ -7,6 +7,7 @@ import pytest
 from cache_helpers import SLAB, Driver, make_index, tokens
 
 from ninfer.cache import ROOT, QuoteParams, Residency, Span, prepare_prompt
+from ninfer.cache.device_slots import DeviceSlots
 from ninfer.cache.keys import pack_tokens
 from ninfer.cache.records import BlockCopy, RestoreBatch
 from ninfer.cache.tree import BlockTree
@@ -142,3 +143,54 @@ def test_plan_prefetch_without_room_plans_nothing():
     assert ix.plan_prefetch(q, free_pages=5) == ([], n)
     q = ix.quote(prepare_prompt(tokens(1, 300)), QuoteParams(10, 0, 10**6))
     assert ix.plan_prefetch(q, free_pages=5, max_blocks=1) == ([], n[:1])
+
+
+def test_removing_a_middle_collision_keeps_the_later_ones():
+    tree = BlockTree()
+    a, b, c = (tree.insert(ROOT, 77, _block(i), 0) for i in (1, 2, 3))
+    tree.check_hash_map()
+    tree.remove(b)  # neither the primary entry nor the last collision
+    tree.check_hash_map()
+    assert [tree.find_child(ROOT, 77, _block(i), 0) for i in (1, 2, 3)] == [a, None, c]
+    tree.remove(c)
+    tree.check_hash_map()
+    assert tree.find_child(ROOT, 77, _block(1), 0) is a
+
+
+def test_check_hash_map_names_each_corruption():
+    tree = BlockTree()
+    a = tree.insert(ROOT, 77, _block(1), 0)
+    a.lookup_hash = 78  # indexed under 77, claims 78
+    with pytest.raises(AssertionError, match=r"^stale hash entry$"):
+        tree.check_hash_map()
+    tree = BlockTree()
+    tree.insert(ROOT, 77, _block(1), 0)
+    b = tree.insert(ROOT, 77, _block(2), 0)
+    b.lookup_hash = 78  # a collision entry that claims another hash
+    with pytest.raises(AssertionError):
+        tree.check_hash_map()
+    tree = BlockTree()
+    tree.insert(ROOT, 77, _block(1), 0)
+    tree.insert(ROOT, 77, _block(2), 0)
+    del tree._by_hash[77]  # collisions left without their primary entry
+    with pytest.raises(AssertionError, match=r"^overflow without a primary entry$"):
+        tree.check_hash_map()
+    tree = BlockTree()
+    tree.insert(ROOT, 77, _block(1), 0)
+    tree._overflow[77] = []  # an empty collision list
+    with pytest.raises(AssertionError, match=r"^overflow without a primary entry$"):
+        tree.check_hash_map()
+    tree = BlockTree()
+    tree.insert(ROOT, 77, _block(1), 0)
+    tree.insert(ROOT, 55, _block(2), 0)
+    del tree._by_hash[55]  # a node the map does not index
+    with pytest.raises(AssertionError, match=r"^hash map does not index every node exactly once$"):
+        tree.check_hash_map()
+
+
+def test_device_slots_check_names_a_doubled_free_slot():
+    slots = DeviceSlots(3)
+    slots.check_invariants()
+    slots._free.append(0)
+    with pytest.raises(AssertionError, match=r"^slot on the free stack twice$"):
+        slots.check_invariants()
