@@ -133,7 +133,7 @@ PY
         fi
     fi
     echo "mutation run: group $GROUP, ${#MODULES[@]} modules, $CHILDREN worker(s), in $WORK"
-    (cd "$WORK" && NINFER_HYPOTHESIS_PROFILE=mutation NINFER_MUTATION_TEST_WALL_S=600 \
+    (cd "$WORK" && NINFER_HYPOTHESIS_PROFILE=mutation NINFER_MUTATION_TEST_WALL_S=180 \
         nice -n 19 "${LIMIT[@]}" \
         "$MUTMUT" run --max-children "$CHILDREN" "${NAMES[@]}" | tail -n 5) || true
 fi
