@@ -20,6 +20,8 @@ The Host undo functions edit the prefix index's records the way its own transiti
 
 from __future__ import annotations
 
+import weakref
+
 from ninfer.cache.common import Residency
 from ninfer.cache.host_pool import HostSlabPool
 
@@ -132,22 +134,22 @@ class GuardedHostPool(HostSlabPool):
         except Exception as e:
             if is_fatal(e):
                 raise
-            _POOL_FAULTS[id(self)](e)
+            ref = _POOL_FAULTS.get(id(self))
+            on_fault = ref() if ref is not None else None
+            if on_fault is not None:
+                on_fault(e)
             return None
 
 
-_POOL_FAULTS: dict[int, object] = {}
+# id(pool) -> a weak reference to its fault callback (a bound method of the engine's bridge: a
+# strong one would keep a closed engine's pools, Device memory included, alive)
+_POOL_FAULTS: dict[int, weakref.WeakMethod] = {}
 
 
 def guard_host_pool(pool: HostSlabPool, on_fault) -> None:
     """Make `pool.allocate` contain its faults (see GuardedHostPool)."""
     pool.__class__ = GuardedHostPool
-    _POOL_FAULTS[id(pool)] = on_fault
-
-
-def unguard_host_pool(pool: HostSlabPool) -> None:
-    _POOL_FAULTS.pop(id(pool), None)
-    pool.__class__ = HostSlabPool
+    _POOL_FAULTS[id(pool)] = weakref.WeakMethod(on_fault)  # (a later pool at that id replaces it)
 
 
 _ABSENT, _FILLING = Residency.ABSENT, Residency.FILLING
