@@ -133,6 +133,9 @@ PY
         fi
     fi
     echo "mutation run: group $GROUP, ${#MODULES[@]} modules, $CHILDREN worker(s), in $WORK"
+    # mutmut forks a worker per mutant: torch's OpenMP pool does not survive a fork (the
+    # worker blocks at its first parallel op), so the engine tests run single-threaded.
+    export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
     (cd "$WORK" && NINFER_HYPOTHESIS_PROFILE=mutation NINFER_MUTATION_TEST_WALL_S=180 \
         nice -n 19 "${LIMIT[@]}" \
         "$MUTMUT" run --max-children "$CHILDREN" "${NAMES[@]}" | tail -n 5) || true
