@@ -340,3 +340,19 @@ def test_restoring_one_byte_costs_its_transfer():
     cost = CacheCostModel(1.0, 0.0, 0.0, 64, h2d_bytes_per_s=4.0, batch_latency_s=0.5)
     assert cost.restore_seconds(1) == 0.75
     assert cost.restore_seconds(0) == 0.0
+
+
+def test_a_snapshot_anchored_at_the_root_is_resumed_from():
+    # an endpoint at 40 (< 64): anchored at the root, its 40 tokens all in the tail
+    ix = make_index(host_slabs=64, slots=4)
+    d = Driver(ix)
+    toks = tokens(1, 40)
+    d.admit(1, toks)
+    res = d.snapshot(1, 40, SnapshotKind.ENDPOINT)
+    d.release(1)
+    s = ix.snapshot(res.snapshot)
+    assert (s.anchor, s.anchor_depth, s.frontier) == (ROOT, -1, 40)
+    q, _ = d.admit(2, toks + [7] * 30)
+    assert (q.source, q.frontier) == (res.snapshot, 40)
+    assert q.match.path == [] and not q.restore_tail  # its tail page is on the Device
+    ix.check_invariants()
