@@ -88,6 +88,9 @@ def prepare_runner(runner, cfg, bridge) -> dict[str, float]:
             bridge.states.release(s)
         bridge.kv.free(reversed(pages))
     figures["warm_up_s"] = time.perf_counter() - t0
+    planner = getattr(runner.ops, "attention_planner", None)
+    if planner is not None:  # its pass counters count served passes, not the warm-up's
+        planner.gathered_passes = 0
     prefill = runner.prefill_graphs
     logger.info(
         "ninfer: %s ops, warm-up %.2f s (prefill %.2f, decode %.2f, graphs %.2f: %s; "

@@ -9,6 +9,9 @@ A_log, dt_bias) are N(0, 0.3^2), the embedding N(0, 1); the head is scaled to lo
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import torch
 from transformers import (
     Qwen3_5ForCausalLM,
@@ -89,7 +92,28 @@ def ninfer_twin(hf_model) -> Qwen35ForCausalLM:
     return model.eval()
 
 
+@contextlib.contextmanager
+def _torch_kernels(hf_model):
+    """transformers' modeling module with its plain-PyTorch kernels: where fla is installed (the
+    GPU machine) its kernel decorators bind fla's Triton functions, which take no CPU tensors.
+    Each decorated `torch_*` function keeps the torch one as `__wrapped__`."""
+    module = sys.modules[type(hf_model).__module__]
+    saved = {
+        k: v
+        for k, v in vars(module).items()
+        if k.startswith("torch_") and callable(v) and hasattr(v, "__wrapped__")
+    }
+    try:
+        for k, v in saved.items():
+            setattr(module, k, v.__wrapped__)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(module, k, v)
+
+
 @torch.no_grad()
 def hf_logits(hf_model, ids: list[int]) -> torch.Tensor:
-    """fp32 logits [len(ids), vocab] of one sequence, one pass."""
-    return hf_model(torch.tensor([ids])).logits[0].float()
+    """fp32 logits [len(ids), vocab] of one sequence, one pass, by transformers' torch path."""
+    with _torch_kernels(hf_model):
+        return hf_model(torch.tensor([ids])).logits[0].float()
