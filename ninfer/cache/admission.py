@@ -75,7 +75,7 @@ class AdmissionMixin:
                     break
             ds = node.device_state
             if ds == resident:
-                if not node.active_refs and not node.restore_pins and parent not in blocked:
+                if not node.active_refs and not node.restore_pins and node.id not in blocked:
                     in_lru += 1
             elif ds == absent:
                 host_only += 1
