@@ -331,3 +331,32 @@ def test_a_root_snapshot_is_s_dev_when_the_cheaper_s_star_does_not_fit():
     assert summary(q) == (Readiness.READY, 1, 40, 10)
     q = quote(ix, A, ent=10, free=5)
     assert summary(q) == (Readiness.TEMPORARILY_BLOCKED, None, 0, 10)
+
+
+def test_a_device_complete_snapshot_over_host_only_blocks_is_not_s_dev():
+    ix = make_index()
+    d = Driver(ix)
+    d.run(1, A, taps=[128, 256])  # 1 @128, 2 @256: no tails, images in Device slots
+    ix.evict_device_pages(100)
+    d.admit(2, A[:150])  # resumes from 1: restores nodes 1, 2
+    ix.release(2)
+    assert ix.snapshot(2).device_complete and ix.node(3).device_state == Residency.ABSENT
+    q = quote(ix, A, ent=10, free=100)
+    # s* = 2 restores nodes 3, 4; s_dev = 1 (its image and whole path on Device)
+    assert considered(q) == [(None, 0, 10, 2), (2, 256, 2 + 10 - 4, 0), (1, 128, 10 - 2, 0)]
+    assert [c.restore_blocks for c in q.considered] == [0, 2, 0]
+    assert summary(q) == (Readiness.READY, 2, 256, 8)
+    q = quote(ix, A, ent=10, free=8)  # exactly s*'s need
+    assert summary(q) == (Readiness.READY, 2, 256, 8)
+
+
+def test_a_span_split_snapshot_listed_first_hides_nothing():
+    ix = make_index()
+    d = Driver(ix)
+    d.run(1, A[:340], endpoint=300)  # 1 @300, anchored at node 4
+    d.run(2, A[:290], endpoint=280)  # 2 @280, same anchor, listed after 1
+    assert ix.node(4).snapshots == [1, 2]
+    assert quote(ix, A).match.candidates == [1, 2]
+    q = quote(ix, prepare_prompt(A, [_media(290, 20, 1)]))  # splits @300 only
+    assert q.match.candidates == [2]
+    assert summary(q) == (Readiness.READY, 2, 280, 1 + 10 - 5)
