@@ -360,3 +360,31 @@ def test_a_span_split_snapshot_listed_first_hides_nothing():
     q = quote(ix, prepare_prompt(A, [_media(290, 20, 1)]))  # splits @300 only
     assert q.match.candidates == [2]
     assert summary(q) == (Readiness.READY, 2, 280, 1 + 10 - 5)
+
+
+def test_a_quote_carries_its_prompt_and_the_picked_sources_cost():
+    ix = make_index()  # 1 s per prefilled token, 1 s per image restored
+    d = Driver(ix)
+    d.run(1, A[:300], endpoint=300)
+    prompt = prepare_prompt(A)
+    q = quote(ix, prompt, ent=10, free=100)
+    assert q.prompt is prompt and (q.source, q.frontier) == (1, 300)
+    assert q.cost_s == q.considered[1].cost_s == 400 - 300
+    q = quote(ix, prompt, ent=10, free=0)  # nothing fits: the root is quoted
+    assert q.prompt is prompt and q.source is None and q.cost_s == q.considered[0].cost_s
+
+
+def test_on_a_cost_tie_the_root_is_tried_first_then_the_device_complete_s_star():
+    # every source costs 0 s and 0 bytes: the root is chosen; an active lane pins nodes 1-4,
+    # so only the snapshot (whose path needs no new pages) fits
+    ix = make_index()
+    d = Driver(ix)
+    d.run(1, A[:300], taps=[256])
+    d.admit(2, A[:290])  # resumes from 1 @256: nodes 1-4 pinned, not in the LRU
+    assert ix.lane_path(2) == [1, 2, 3, 4] and len(ix.lru) == 0
+    ix.cost = CacheCostModel(0.0, 0.0, 0.0, 64, 1e30, 0.0)
+    q = quote(ix, A, ent=10, free=6)
+    assert considered(q) == [(None, 0, 10, 0), (1, 256, 6, 0)]
+    assert summary(q) == (Readiness.READY, 1, 256, 6)
+    q = quote(ix, A, ent=10, free=5)
+    assert summary(q) == (Readiness.TEMPORARILY_BLOCKED, None, 0, 10)
