@@ -183,8 +183,11 @@ class LivenessMixin:
             deps.discard(tid)
             s.dependents.add(tid)
             self.snaps[tid].ancestor = s.id
-            self.dirty.add(tid)
         deps.add(s.id)
+        # The taken-over snapshots now value against s, and so do the retained ones below a
+        # superseded one among them (their nearest retained ancestor was above s): all of them
+        # change C, however deep below s they hang.
+        self._mark_dependents_dirty(s)
 
     def _unlink(self, s: Snapshot) -> None:
         deps = self._deps(s.ancestor)

@@ -9,12 +9,6 @@ import io
 import sys
 from pathlib import Path
 
-# An open cache bug this soak found (present on 07d62c0): with cancellations under page
-# pressure and a Host tier, a snapshot's cached GDSF value goes stale (a change of its inputs
-# without a dirty mark). The soak counts it and recomputes the values, so that it goes on
-# checking every other invariant; delete this once the cache marks the change.
-KNOWN_GDSF_BUG = "§9.3 stale H"
-
 _PATH = Path(__file__).resolve().parents[2] / "tools" / "soak.py"
 
 
@@ -45,7 +39,6 @@ def test_soak_ci_sized(make_llm):
         seed=3,
         max_growth_mib=256.0,  # a CPU RSS is noisy at this size; the H200 run is the real one
         out=log,
-        tolerate=(KNOWN_GDSF_BUG,),
     )
     assert report.ok, report.failures
     assert report.outputs == report.requests == 400
