@@ -262,9 +262,6 @@ class Engine:
     def _vouch(self, exc: BaseException) -> None:
         """After a contained fault the cache must be consistent; if not, the engine cannot
         vouch for its state and ends with the original fault."""
-        index = self.bridge.index
-        if index is not None:  # GDSF values are derived data: recompute them all first, so
-            index.dirty.update(index.snaps)  # that only state the fault broke can end the engine
         try:
             self.bridge.check_invariants(self.lanes)
         except AssertionError as broken:
