@@ -2,6 +2,11 @@
 
 Only 127.0.0.1 is ever contacted. `serve_app(app)` starts a further server (say, with an API
 key) over the same LLM; every server is stopped at teardown.
+
+The session server's cache holds whatever the tests before have left in it, so which snapshots
+its small Host tier still has depends on the test order. A test whose claim needs a cache with
+room (a superseded snapshot still there, spec §9.3) uses `fresh_served`: its own LLM with the
+same options, empty at the start.
 """
 
 from __future__ import annotations
@@ -21,6 +26,18 @@ from server_helpers import BODY_LIMIT, MODEL  # noqa: E402
 from ninfer.llm import LLM  # noqa: E402
 from ninfer.server.app import create_app  # noqa: E402
 from ninfer.server.run import make_server  # noqa: E402
+
+# 16 MiB of Host tier is 128 demo-model slabs; a snapshot with a tail takes 5, so the tests
+# of one session together publish more than it holds, and it evicts (spec §9.3).
+LLM_OPTIONS = dict(
+    device="cpu",
+    max_model_len=2048,
+    kv_capacity=16384,
+    host_cache_mib=16,
+    max_concurrency=8,
+    prefill_chunk=256,
+    check_invariants=True,
+)
 
 
 @dataclass
@@ -52,15 +69,7 @@ def _start(app) -> tuple[str, object, threading.Thread]:
 
 @pytest.fixture(scope="session")
 def server_llm():
-    llm = LLM(
-        device="cpu",
-        max_model_len=2048,
-        kv_capacity=16384,
-        host_cache_mib=16,
-        max_concurrency=8,
-        prefill_chunk=256,
-        check_invariants=True,
-    )
+    llm = LLM(**LLM_OPTIONS)
     yield llm
     llm.close()
 
@@ -84,3 +93,15 @@ def serve_app(server_llm):
 def served(server_llm, serve_app) -> Served:
     app = create_app(server_llm, MODEL, max_body_bytes=BODY_LIMIT)
     return Served(serve_app(app), server_llm, app)
+
+
+@pytest.fixture
+def fresh_served() -> Served:
+    """A server over its own LLM (LLM_OPTIONS), with an empty cache; stopped, then closed."""
+    llm = LLM(**LLM_OPTIONS)
+    app = create_app(llm, MODEL, max_body_bytes=BODY_LIMIT)
+    url, server, thread = _start(app)
+    yield Served(url, llm, app)
+    server.should_exit = True
+    thread.join(10)
+    llm.close()

@@ -15,9 +15,13 @@ NO_THINK = {"type": "disabled"}
 GREEDY = {"temperature": 0}  # (the SDK no longer has a temperature argument)
 
 
+def _client(url: str):
+    return anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=60)
+
+
 @pytest.fixture
 def client(served):
-    return anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0, timeout=60)
+    return _client(served.url)
 
 
 def _words(n: int, salt: str) -> str:
@@ -137,7 +141,12 @@ def _breakpoint_case(served, client, marked: bool, salt: str):
     return b.usage.cache_read_input_tokens, rendered.hints.explicit[0], rendered.hints.structural[0]
 
 
-def test_cache_control_places_a_snapshot_a_later_request_resumes_from(served, client):
+def test_cache_control_places_a_snapshot_a_later_request_resumes_from(fresh_served):
+    """Its own server: the unmarked case resumes from the system turn's end, a Boundary snapshot
+    its request's later taps supersede while no other conversation shares it (spec §9.3). A
+    Host tier the earlier tests have filled evicts superseded snapshots first, so on the session
+    server that resume point is gone once enough tests have run before this one."""
+    served, client = fresh_served, _client(fresh_served.url)
     read, u1_end, system_end = _breakpoint_case(served, client, True, "bp")
     assert u1_end % 64 != 0  # a position only an exact tap reaches
     assert read == u1_end
@@ -145,6 +154,9 @@ def test_cache_control_places_a_snapshot_a_later_request_resumes_from(served, cl
     read, u1_end, system_end = _breakpoint_case(served, client, False, "nb")
     assert read == system_end < u1_end
     engine_idle(served.llm)
+    stats = served.llm.cache_stats()
+    # the claim is made for a Host tier with room: nothing was evicted from it
+    assert stats.host_superseded_evicted == stats.host_gdsf_evicted == 0
 
 
 def test_tool_use_and_tool_result_history_render_as_openai_history(served, client):
