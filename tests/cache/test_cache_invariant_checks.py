@@ -213,6 +213,21 @@ CASES: list[tuple[str, Callable[[PrefixIndex], None], str]] = [
         "§10.1 a Device page has two cache owners",
     ),
     (
+        "page 0 of two nodes",
+        _seq(_set(node(7), device_page=0), _set(node(6), device_page=0)),
+        "§10.1 a Device page has two cache owners",
+    ),
+    (
+        "page 0 of a node and a tail",
+        _seq(_set(node(7), device_page=0), _set(snap(3), tail_page=0)),
+        "§10.1 a Device page has two cache owners",
+    ),
+    (
+        "slab 0 of an image and a tail",
+        _seq(lambda ix: _free_slabs(ix, 5), _set(snap(2), tail_slab=0)),
+        "§10.1 a Host slab has two owners",
+    ),
+    (
         "slab of two nodes",
         _seq(lambda ix: _free_slabs(ix, 18), _set(node(7), host_slab=17)),
         "§10.1 a Host slab has two owners",

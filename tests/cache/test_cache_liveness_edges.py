@@ -9,6 +9,7 @@ import pytest
 from cache_helpers import Driver, make_index, tokens
 
 from ninfer.cache import PrefixIndex, QuoteParams, Residency, SnapshotKind, prepare_prompt
+from ninfer.cache.device_lru import DeviceEntry, EntryKind
 
 try:  # the engine's Host-fault containment: ninfer.engine.kv, or ninfer.engine.faults before it
     from ninfer.engine.kv.host_faults import undo_host_restore, undo_host_write
@@ -155,4 +156,33 @@ def test_evicting_unbacked_blocks_deletes_them_one_subtree_at_a_time():
     assert ix.evict_device_pages(1) == [0]
     st = ix.stats()
     assert (st.subtree_deletions, st.nodes_deleted, st.nodes) == (3, 3, 0)
+    ix.check_invariants()
+
+
+def test_eviction_skips_unbacked_blocks_above_a_prefetch_in_flight():
+    """Blocks 0-1 lost their Host copy (their write-through never ran) while blocks 2-3 are
+    Host-only under a tap at 256: a prefetch of 2-3 pins them, so evicting 0-1 (which would
+    delete the subtree with them) must wait until it lands."""
+    ix = make_index()
+    first = Driver(ix, land=False)
+    first.admit(1, P[:128])
+    first.commit(1, 128)
+    write = first.release(1).write
+    Driver(ix).run(2, P[:300], taps=[256])  # blocks 0-3 (2-3 new)
+    assert undo_host_write(ix, write.batch_id) == []
+    backed = [ix.node(n).device_page for n in (4, 3)]
+    assert ix.evict_device_pages(2) == backed  # blocks 3, 2: Host-backed
+    assert list(ix.lru.unbacked) == [DeviceEntry(EntryKind.NODE, n) for n in (2, 1)]
+    q = ix.quote(prepare_prompt(P[:300]), QuoteParams(6, 0, 10**6))
+    plan = ix.plan_prefetch(q, 10)
+    assert (plan.nodes, plan.evicted_pages) == ([3, 4], [])
+    rb = ix.begin_prefetch(plan.nodes, [7, 8])
+    assert ix.evictable_pages() == 0
+    assert ix.evict_device_pages(10) == []
+    ix.check_invariants()
+    ix.on_restore_landed(rb.batch_id)
+    assert ix.evictable_pages() == 4
+    block_1 = ix.node(2).device_page
+    assert ix.evict_device_pages(3) == [8, 7, block_1]  # backed first, then unbacked block 1
+    assert sorted(ix.tree.nodes) == [0, 1]
     ix.check_invariants()
