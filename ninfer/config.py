@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, prefill_seconds
-from ninfer.forward import PAGE_SIZE
+from ninfer.models.batch import PAGE_SIZE
 from ninfer.models.config import Qwen35Config
 
 MIB = 1 << 20
@@ -22,6 +22,9 @@ CUDA_RESERVE_BYTES = 4 * GIB  # kept free on CUDA for activations, workspaces an
 DEFAULT_HOST_CACHE_MIB = 8192
 DEFAULT_PENDING_TIMEOUT_S = 60.0
 DTYPES = ("bfloat16", "float16", "float32")
+# Least rung of the forward tap ladder: a fork this deep or deeper, in a stretch no boundary
+# marks, resumes at least halfway to it (below, a re-prefill costs about one pass anyway)
+FORWARD_TAP_MIN = 512
 KV_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
 
 
@@ -105,6 +108,9 @@ class EngineConfig:
     cache_taps_per_request: int
     cache_tap_ladder: int
     cache_tap_min_gap: int
+    # R of the forward tap ladder base + R*2^k (`cache.taps`): the least multiple of
+    # prefill_chunk >= FORWARD_TAP_MIN, so every rung lies on a chunk boundary (no pass split)
+    cache_tap_forward: int
     prefix_cache_file: str | None
     prefix_reuse: bool
     concurrent_prefill: bool
@@ -325,6 +331,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
     ladder = _check_int("cache_tap_ladder", ladder, PAGE_SIZE)
     gap = opts.cache_tap_min_gap if opts.cache_tap_min_gap is not None else max(1024, chunk)
     gap = _check_int("cache_tap_min_gap", gap, PAGE_SIZE)
+    forward = -(-FORWARD_TAP_MIN // chunk) * chunk
     len_cfg = model.max_position_embeddings
     if opts.max_model_len is not None:
         _check_int("max_model_len", opts.max_model_len, 2, len_cfg)
@@ -363,6 +370,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         cache_taps_per_request=taps,
         cache_tap_ladder=ladder,
         cache_tap_min_gap=gap,
+        cache_tap_forward=forward,
         prefix_cache_file=opts.prefix_cache_file,
         prefix_reuse=bool(opts.prefix_reuse),
         concurrent_prefill=bool(opts.concurrent_prefill),

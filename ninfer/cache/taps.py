@@ -9,6 +9,19 @@ Candidates, in priority order:
     4     prompt tail n-1                          flexible
     5     ladder n - G*2^k, snapped back to a      flexible
           message boundary within min_gap
+    6     forward ladder base + R*2^k <= n-1,      flexible   off when R (forward_tokens) = 0
+          deepest first
+
+The forward ladder serves forks that arrive later at a depth nothing marks (sub-agents over
+one raw preamble, forks of a conversation, best-of-n one after another): a fork at depth
+p >= base + R finds a rung at or below it at least halfway from the base to p (less the floor
+to a block), before any sibling proved the fork (the admission's fork tap serves the siblings
+after that). Rungs are Tap kind, and each tap of
+a prompt supersedes the previous one (§9.3), so unused rungs are the first snapshots evicted.
+Like every flexible tap a rung never splits a pass: the engine takes it at the end of the pass
+that reaches it (with R a multiple of a 64-aligned prefill chunk, at the rung itself when
+passes are one chunk long), and the rungs a single pass covers make one snapshot (all of a
+final chunk's flexible taps make its one snapshot, §7.1).
 
 Every tap lies in (base, n-1] and never strictly inside a Vision span (a candidate inside one
 moves to the span start). Exact taps keep their token position (a tail snapshot when p % 64 !=
@@ -55,15 +68,18 @@ class Tap(NamedTuple):
 @dataclass(slots=True, frozen=True)
 class TapConfig:
     """Spec §14.2 defaults with a Host tier: 8 taps, G = max(4096, 2*chunk),
-    min gap max(1024, chunk)."""
+    min gap max(1024, chunk); `forward_tokens` R of the forward ladder (0 = none; the engine
+    derives it, `EngineConfig.cache_tap_forward`)."""
 
     max_new_taps: int = 8
     ladder_tokens: int = 4096
     min_gap_tokens: int = 1024
+    forward_tokens: int = 0
 
     def __post_init__(self) -> None:
         # A ladder step of 0 never passes the base: plan_taps would loop forever.
-        for name, least in (("max_new_taps", 0), ("ladder_tokens", 1), ("min_gap_tokens", 0)):
+        limits = (("max_new_taps", 0), ("ladder_tokens", 1), ("min_gap_tokens", 0))
+        for name, least in (*limits, ("forward_tokens", 0)):
             value = getattr(self, name)
             if value < least:
                 raise ValueError(f"TapConfig.{name} must be >= {least}, got {value}")
@@ -169,6 +185,18 @@ def plan_taps(
         cands.append(flexible(snapped[-1] if snapped else q, 5))
         step *= 2
 
+    # Forward ladder: base + R*2^k for k = 0, 1, ... up to n-1, deepest first (a short budget
+    # keeps the rungs that serve the deepest forks):
+    #
+    #   base   base+R   base+2R       base+4R                    n
+    #   |--------|--------|-------------|--------------------------|
+    rungs = []
+    step = config.forward_tokens
+    while step and base + step <= last:
+        rungs.append(flexible(base + step, 6))
+        step *= 2
+    cands += reversed(rungs)
+
     accepted: list[Tap] = []
     fixed = [base, *existing]
     for c in cands:
@@ -180,7 +208,7 @@ def plan_taps(
         near = fixed + [a.target for a in accepted]
         if c.priority == 5:  # ladder: min_gap on both sides
             redundant = any(abs(x - y) < gap for y in near)
-        elif c.priority > 2:  # explicit taps and the opener are only deduplicated
+        elif c.priority > 2:  # structural, tail, forward: nothing at or 64 below the target
             redundant = any(0 <= x - y <= BLOCK_TOKENS for y in near)
         else:
             redundant = False

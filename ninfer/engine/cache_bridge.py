@@ -127,6 +127,7 @@ class CacheBridge:
             max_new_taps=cfg.cache_taps_per_request,
             ladder_tokens=cfg.cache_tap_ladder,
             min_gap_tokens=cfg.cache_tap_min_gap,
+            forward_tokens=cfg.cache_tap_forward,
         )
         slabs = None
         if cfg.host_tier:
