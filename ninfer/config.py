@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, prefill_seconds
-from ninfer.models.batch import PAGE_SIZE
+from ninfer.forward import PAGE_SIZE
 from ninfer.models.config import Qwen35Config
 
 MIB = 1 << 20

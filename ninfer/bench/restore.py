@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ninfer.bench.bounds import timeit
-from ninfer.models.batch import PAGE_SIZE
+from ninfer.forward import PAGE_SIZE
 from ninfer.models.config import Qwen35Config
 
 

@@ -27,7 +27,7 @@ from ninfer.cache.records import QuoteParams, Readiness
 from ninfer.cache.taps import HintKind, Placement, TapHint
 from ninfer.engine.coalesce import wait_for_sibling
 from ninfer.engine.lane import Job, Lane
-from ninfer.models.batch import PAGE_SIZE
+from ninfer.forward import PAGE_SIZE
 
 if TYPE_CHECKING:
     from ninfer.engine.cache_bridge import CacheBridge

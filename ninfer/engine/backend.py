@@ -63,7 +63,7 @@ def prepare_runner(runner, cfg, bridge) -> dict[str, float]:
     runner.model.fuse_projections()
     ops = runner.ops
     if hasattr(ops, "configure"):  # CudaOps: which fast paths take this model (warns per op)
-        ops.configure(runner.model.config, cfg.dtype, cfg.kv_dtype)
+        ops.configure(runner.model.config.head_dims, cfg.dtype, cfg.kv_dtype)
     capture = bool(cfg.cuda_graphs) and getattr(ops, "name", "") == "cuda"
     if capture and not ops.capturable:
         logger.warning("ninfer: CUDA graphs off: a reference op cannot be captured")

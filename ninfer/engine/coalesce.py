@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from ninfer.cache.cost import CacheCostModel
 from ninfer.engine.lane import Job, Lane
-from ninfer.models.batch import PAGE_SIZE
+from ninfer.forward import PAGE_SIZE
 
 
 class _Target(NamedTuple):

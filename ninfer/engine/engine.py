@@ -39,7 +39,7 @@ from ninfer.engine.cache_bridge import CacheBridge
 from ninfer.engine.lane import Job, Lane
 from ninfer.engine.runner import Launched, Row, Runner
 from ninfer.engine.scheduler import Slice, may_admit, plan_step
-from ninfer.models.batch import ModelCache
+from ninfer.forward import ModelCache
 from ninfer.request import EngineError
 
 BLOCKED_RETRY_S = 0.001

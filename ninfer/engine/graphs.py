@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
 
 
 def pinned_zeros(shape, dtype) -> torch.Tensor:

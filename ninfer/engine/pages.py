@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ninfer.engine.lane import Lane
+from ninfer.forward import PAGE_SIZE
 from ninfer.memory.kv_pool import KVPool
-from ninfer.models.batch import PAGE_SIZE
 
 OUTPUT_WINDOW = 512  # tokens of output an admission reserves pages for
 

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from ninfer.engine.graphs import pinned_zeros, plan_shape
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
 from ninfer.ops.cuda import passmeta
 
 

@@ -6,7 +6,7 @@ Tap realization against chunk boundaries (s = chunk start, e = chunk end, n = pr
     flexible tap p     s < p <= e < n: capture at e (a page boundary, no split)
                        s < p <= e == n (final chunk): capture at s, before the chunk runs,
                        or at the scheduler's `tap_at` inside it (the pass's GDN layers copy
-                       the state there: `models.batch.GdnSplit`; the slot is reserved here)
+                       the state there: `forward.GdnSplit`; the slot is reserved here)
     capture            D2D copy lane slot -> a staging snapshot slot; a non-aligned frontier also
                        copies its partial block into a cache-owned tail page
     publication        deferred until blocks 0 .. f//64 - 1 (and f//64 for a tail) are committed;
@@ -28,7 +28,7 @@ from ninfer.cache.common import SnapshotKind
 from ninfer.cache.keys import pack_tokens
 from ninfer.cache.records import CommitKind
 from ninfer.engine.lane import Lane, PendingTap
-from ninfer.models.batch import PAGE_SIZE
+from ninfer.forward import PAGE_SIZE
 
 if TYPE_CHECKING:
     from ninfer.engine.cache_bridge import CacheBridge

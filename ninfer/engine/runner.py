@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ninfer.engine.faults import is_fatal
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache, split_last_row
+from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache, split_last_row
 from ninfer.request import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class Row:
     generator: torch.Generator | None = None
     before_layer: Callable[[int], None] | None = None  # waits for a Host restore's layer
     # (offset, physical slot): snapshot the row's state after its first `offset` tokens into
-    # that slot, inside the pass (the last row of an eager step only; `models.batch.GdnSplit`)
+    # that slot, inside the pass (the last row of an eager step only; `forward.GdnSplit`)
     tap: tuple[int, int] | None = None
 
 

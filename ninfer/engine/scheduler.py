@@ -23,7 +23,7 @@ takes its snapshot at the page boundary c = ceil64(n - final_cap), so that a ret
 within prefill_chunk of the end whatever the budget (flexible taps inside a final chunk are
 otherwise taken at its start, spec §7.1; the prompt tail always is one). The snapshot is taken
 inside the pass (`Slice.tap_at` = c: the GDN layers run the row in two parts, see
-`models.batch.GdnSplit`), one such row per step, moved to the step's end; a second one in the
+`forward.GdnSplit`), one such row per step, moved to the step's end; a second one in the
 same step is cut at c instead (two passes). With budget = final_cap neither happens: a final
 chunk is at most the budget. On the H200 (one machine, docs/results-h200.md, thirteenth
 session) the 9B's 8k prompt took 202.1 ms with the tap inside, 204.5 ms cut into 6144 + 2048,
@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ninfer.engine.lane import Lane
-from ninfer.models.batch import PAGE_SIZE
+from ninfer.forward import PAGE_SIZE
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ninfer.models.batch import PAGE_SIZE
+from ninfer.forward import PAGE_SIZE
 
 
 class KVPool:

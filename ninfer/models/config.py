@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ninfer.forward import HeadDims
+
 TEXT_MODEL_TYPES = {"qwen3_5_text", "qwen3_5_moe_text"}
 WRAPPER_MODEL_TYPES = {"qwen3_5", "qwen3_5_moe"}
 
@@ -61,6 +63,13 @@ class Qwen35Config:
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def head_dims(self) -> HeadDims:
+        """The per-head dims that decide which kernels serve the model (`ninfer.forward`)."""
+        return HeadDims(
+            self.head_dim, self.rotary_dim, self.linear_key_head_dim, self.linear_value_head_dim
+        )
 
     @property
     def key_dim(self) -> int:  # Kd = Hk * dk

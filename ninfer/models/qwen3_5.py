@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ninfer.models.batch import ForwardBatch, ModelCache
+from ninfer.forward import ForwardBatch, ModelCache
 from ninfer.models.config import Qwen35Config
 from ninfer.ops.base import Ops
 

@@ -5,7 +5,7 @@ The model calls every non-trivial op through an `Ops` object that it is given, n
 `ninfer.ops.cuda.CudaOps` (FlashInfer, fla-core / Triton; same signatures, same results within
 the stated tolerances). Linear layers go through `linear` too (the fast path may pick another
 GEMM kernel for decode-sized inputs). Shapes use T = tokens of the ragged batch, R = rows, see
-`ninfer.models.batch`.
+`ninfer.forward`.
 
 Ops that take `batch` may read its host lists (q_lens, ctx_lens) and device tensors (cu_q,
 state_slots, block_table, slot_mapping). Ops that update state write in place into the pool
@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from ninfer.models.batch import ForwardBatch
+from ninfer.forward import ForwardBatch
 
 
 class Ops(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
 from ninfer.models.config import Qwen35Config
 from ninfer.ops.reference import ReferenceOps
 

@@ -17,7 +17,7 @@ import torch
 from engine_helpers import CUDA_TINY
 
 from ninfer.engine.runner import Row, Runner
-from ninfer.models.batch import PAGE_SIZE, ModelCache
+from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.reference import ReferenceOps
 from ninfer.request import SamplingParams

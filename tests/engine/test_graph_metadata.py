@@ -12,7 +12,7 @@ from engine_helpers import TINY
 
 from ninfer.engine.graphs import DecodeGraphs
 from ninfer.engine.runner import Row, Runner
-from ninfer.models.batch import PAGE_SIZE, ModelCache
+from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.cuda.attention import GATHER_MIN_ROWS, gather_pays, page_metadata
 from ninfer.ops.reference import ReferenceOps

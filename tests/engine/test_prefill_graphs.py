@@ -13,7 +13,7 @@ import torch
 from engine_helpers import TINY
 
 from ninfer.engine.prefill_graphs import buckets, padded
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.cuda import passmeta
 from ninfer.ops.reference import ReferenceOps

@@ -10,7 +10,7 @@ import torch
 from engine_helpers import TINY
 
 from ninfer.engine.runner import Row, Runner
-from ninfer.models.batch import PAGE_SIZE, ModelCache
+from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.ops.reference import ReferenceOps
 from ninfer.request import SamplingParams
 from ninfer.sampling import sample

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.models.batch import split_last_row
+from ninfer.forward import split_last_row
 from ninfer.models.presets import PRESETS, build_random_model
 from tests.models.util import Row, make_batch, make_cache, narrow
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
 from ninfer.models.config import Qwen35Config
 
 

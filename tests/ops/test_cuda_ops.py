@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch
+from ninfer.forward import PAGE_SIZE, ForwardBatch
 from ninfer.ops.reference import ReferenceOps
 
 pytestmark = pytest.mark.gpu

@@ -41,7 +41,7 @@ import torch
 from ninfer.bench.bounds import copy_bandwidth, matmul_peak
 from ninfer.bench.model_math import param_counts, prefill_flops
 from ninfer.engine.runner import Row, Runner
-from ninfer.models.batch import PAGE_SIZE, ModelCache
+from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.models.presets import PRESETS, build_random_model
 from ninfer.ops.cuda.attention import GATHER_MIN_ROWS
 from ninfer.request import SamplingParams

@@ -19,7 +19,7 @@ import case_runner  # tools/device/, beside this script
 import torch
 import triton.testing
 
-from ninfer.models.batch import ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.models.presets import PRESETS
 from ninfer.ops.cuda import conv
 from ninfer.ops.cuda.passmeta import PassMeta

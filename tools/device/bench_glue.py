@@ -13,7 +13,7 @@ import json
 import torch
 from triton.testing import do_bench
 
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch
+from ninfer.forward import PAGE_SIZE, ForwardBatch
 from ninfer.ops.cuda import attention, conv, glue
 from ninfer.ops.cuda.passmeta import PassMeta
 from ninfer.ops.reference.dense import silu_mul_ref

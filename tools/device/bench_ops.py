@@ -18,7 +18,7 @@ import time
 import torch
 from triton.testing import do_bench
 
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch
+from ninfer.forward import PAGE_SIZE, ForwardBatch
 from ninfer.ops.cuda import CudaOps
 
 DEV = torch.device("cuda")

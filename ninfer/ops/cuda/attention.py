@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.models.batch import PAGE_SIZE, ForwardBatch
+from ninfer.forward import PAGE_SIZE, ForwardBatch
 from ninfer.ops.cuda.host import pinned, to_device
 
 WORKSPACE_BYTES = 256 << 20

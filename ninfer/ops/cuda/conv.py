@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.models.batch import ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.ops.cuda.gdn import L2_EPS  # the GDN's q / k l2norm eps (fla's, the reference's)
 from ninfer.ops.cuda.passmeta import PassMeta
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.models.batch import PAGE_SIZE
+from ninfer.forward import PAGE_SIZE
 
 
 @triton.jit

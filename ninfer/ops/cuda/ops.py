@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from ninfer.models.batch import ForwardBatch
+from ninfer.forward import ForwardBatch, HeadDims
 from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_grouped
 from ninfer.ops.cuda.passmeta import PassMeta  # torch only: no kernel library imported
 from ninfer.ops.cuda.support import OpPlan, plan_ops
@@ -74,7 +74,7 @@ class CudaOps(ReferenceOps):
     """Fast ops on one CUDA device. Plans attention once per `ForwardBatch` object: a caller
     must build a new batch (or change its row lengths) for every forward pass.
 
-    `configure(model, dtype, kv_dtype)` (or the same keywords here) decides once which fast
+    `configure(dims, dtype, kv_dtype)` (or the same keywords here) decides once which fast
     paths serve the model (`support.plan_ops`); an op whose kernels cannot take its shapes or
     dtype runs the reference op, with one warning. Unconfigured, every fast path is on (the
     kernel tests' shapes)."""
@@ -86,7 +86,7 @@ class CudaOps(ReferenceOps):
         device: torch.device | str = "cuda",
         compile: bool = False,
         skinny: bool = True,
-        model=None,
+        dims: HeadDims | None = None,
         dtype: str | None = None,
         kv_dtype: str | None = None,
     ) -> None:
@@ -97,7 +97,7 @@ class CudaOps(ReferenceOps):
         self._attention = PagedAttention(torch.device(device))
         self._conv, self._gdn, self._glue = conv, gdn, glue
         # (batch, key, PassMeta) of the latest prefill passes, newest first: a pass and the two
-        # GDN sub-batches of a snapshot inside it (`models.batch.GdnSplit`) alternate per layer
+        # GDN sub-batches of a snapshot inside it (`forward.GdnSplit`) alternate per layer
         self._passes: list[tuple[ForwardBatch, tuple, object]] = []
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
@@ -113,13 +113,13 @@ class CudaOps(ReferenceOps):
         self._silu_mul = _compiled(silu_mul_ref, compile)
         self._sigmoid_mul = _compiled(sigmoid_mul_ref, compile)
         self.plan = OpPlan()
-        if model is not None:
-            self.configure(model, dtype or "bfloat16", kv_dtype)
+        if dims is not None:
+            self.configure(dims, dtype or "bfloat16", kv_dtype)
 
-    def configure(self, model, dtype: str, kv_dtype: str | None = None) -> OpPlan:
-        """Decides the fast paths for `model` (a Qwen35Config) in `dtype` / `kv_dtype` (names,
-        as EngineConfig's) and warns once per op that falls back. Returns the plan."""
-        self.plan = plan_ops(model, dtype, kv_dtype)
+    def configure(self, dims: HeadDims, dtype: str, kv_dtype: str | None = None) -> OpPlan:
+        """Decides the fast paths for a model with head dims `dims` in `dtype` / `kv_dtype`
+        (names, as EngineConfig's) and warns once per op that falls back. Returns the plan."""
+        self.plan = plan_ops(dims, dtype, kv_dtype)
         for line in self.plan.warnings():
             logger.warning(line)
         return self.plan

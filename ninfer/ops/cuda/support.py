@@ -7,7 +7,8 @@ value head dims (`tl.arange` extents, whole blocks of 16 or 32), fla's chunked s
 An op whose fast path cannot take the model runs its reference op (`ninfer.ops.reference`,
 same contract) for the engine's life: one warning per such op, naming it and why. Nothing is
 decided per call by catching a kernel's failure: a compile error inside a kernel library is a
-bug to see, not a path to take silently. Pure: no torch, no kernel library imported.
+bug to see, not a path to take silently. Pure: no torch, no kernel library imported; the model
+is described by its `HeadDims` (`ninfer.forward`), not by its configuration class.
 
     op (`OpPlan` key)  fast path                          needs
     attention          FlashInfer paged / ragged          dtype 16-bit; head_dim 64/128/256;
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ninfer.models.config import Qwen35Config
+from ninfer.forward import HeadDims
 
 HALF_DTYPES = ("bfloat16", "float16")
 ATTENTION_HEAD_DIMS = (64, 128, 256)
@@ -64,13 +65,13 @@ class OpPlan:
         ]
 
 
-def plan_ops(model: Qwen35Config, dtype: str, kv_dtype: str | None = None) -> OpPlan:
-    """The `OpPlan` of `model` run in `dtype` ("bfloat16" | "float16" | "float32") with a KV
-    cache in `kv_dtype` (default: dtype)."""
+def plan_ops(dims: HeadDims, dtype: str, kv_dtype: str | None = None) -> OpPlan:
+    """The `OpPlan` of a model with head dims `dims` run in `dtype` ("bfloat16" | "float16" |
+    "float32") with a KV cache in `kv_dtype` (default: dtype)."""
     kv_dtype = kv_dtype or dtype
     out: dict[str, str] = {}
-    hd, rot = model.head_dim, model.rotary_dim
-    dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
+    hd, rot = dims.head_dim, dims.rotary_dim
+    dk, dv = dims.gdn_key_dim, dims.gdn_value_dim
     if dtype not in HALF_DTYPES:
         out["attention"] = f"FlashInfer has no {dtype} attention (bfloat16 / float16 only)"
     elif hd not in ATTENTION_HEAD_DIMS:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ninfer.models.batch import ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.ops.reference.attention import gather_kv_ref, paged_attention_ref, write_kv_ref
 from ninfer.ops.reference.conv import causal_conv1d_ref, causal_conv1d_update_ref
 from ninfer.ops.reference.dense import (

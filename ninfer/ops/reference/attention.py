@@ -1,6 +1,6 @@
 """Plain-PyTorch paged attention over the FlashInfer NHD page layout [pages, 2, 64, Hkv, D].
 
-Page size is `ninfer.models.batch.PAGE_SIZE` (64). fp8 caches hold value / scale; reads multiply
+Page size is `ninfer.forward.PAGE_SIZE` (64). fp8 caches hold value / scale; reads multiply
 the scale back. Knows nothing about how pages are allocated.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.models.batch import PAGE_SIZE
+from ninfer.forward import PAGE_SIZE
 
 
 def write_kv_ref(

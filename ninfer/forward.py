@@ -1,8 +1,11 @@
-"""Forward metadata and the state a forward pass reads and writes.
+"""The data that crosses the model / ops seam: forward metadata, the state a pass reads and
+writes, and the head dims the kernels specialise on.
 
-The model knows nothing about requests, the scheduler or the prefix cache: it receives a ragged
-batch (`ForwardBatch`) and the tensors of the engine's memory layout (`ModelCache`), and returns
-logits. Every field is passed explicitly; there are no globals.
+Below both `ninfer.models` and `ninfer.ops` (and imported by the engine and `ninfer.memory`
+alike): it imports neither, only torch. The model knows nothing about requests, the scheduler
+or the prefix cache: it receives a ragged batch (`ForwardBatch`) and the tensors of the
+engine's memory layout (`ModelCache`), and returns logits. Every field is passed explicitly;
+there are no globals.
 
 Ragged batch layout (R rows, T tokens; rows are prefill chunks or single-token decode rows):
 
@@ -137,3 +140,15 @@ class ModelCache:
     ssm: torch.Tensor
     k_scale: list[float] | None = None
     v_scale: list[float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeadDims:
+    """The per-head dims of a model's two mixers, which decide the kernels that can serve it
+    (`ninfer.ops.cuda.support.plan_ops`): full attention's head_dim and rotary_dim, the GDN
+    layers' key and value head dims (dk, dv)."""
+
+    head_dim: int
+    rotary_dim: int
+    gdn_key_dim: int
+    gdn_value_dim: int
