@@ -374,6 +374,7 @@ CASES: list[tuple[str, Callable[[PrefixIndex], None], str]] = [
         "§10.4 snapshot 3 invalid",
     ),
     ("image state without slot", _set(snap(3), device_state=RESIDENT), ""),
+    ("image in another snapshot's slot 0", _set(snap(3), device_slot=0, device_state=RESIDENT), ""),
     ("image in a staging slot", _set(snap(3), device_slot=2, device_state=RESIDENT), ""),
     ("tail state without page", _set(snap(2), tail_device=FILLING, restore_pins=0), ""),
     ("Host state without slabs", _set(snap(4), host_state=ABSENT), ""),
@@ -450,4 +451,20 @@ def test_check_invariants_without_a_host_tier(corrupt, message):
     assert list(ix.lru.unbacked) and not ix.lru.backed and not ix.dead
     corrupt(ix)
     with pytest.raises(AssertionError, match=f"^{re.escape(message)}$"):
+        ix.check_invariants()
+
+
+def test_pins_are_counted_per_holder():
+    """Two staged lanes pin one source twice; a corrupted count is named."""
+    ix = make_index()
+    d = Driver(ix)
+    d.run(1, A, taps=[136])
+    for lane in (2, 3):
+        q = ix.quote(prepare_prompt(A[:136] + tokens(lane, 10)), QuoteParams(4, 10**6, 10**6))
+        assert q.source == 1
+        ix.stage(q, lane, 10**6)
+    assert ix.snapshot(1).restore_pins == 2
+    ix.check_invariants()
+    ix.snapshot(1).restore_pins = 1
+    with pytest.raises(AssertionError, match="^restore_pins of snapshot 1$"):
         ix.check_invariants()
