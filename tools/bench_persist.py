@@ -25,13 +25,17 @@ import torch
 
 from ninfer.cache import CacheConfig, CacheCostModel, PrefixIndex, SnapshotKind
 from ninfer.cache.common import ROOT
-from ninfer.engine.persistence import PrefixCacheFile
-from ninfer.memory.host_slabs import HostSlabs, plan_slab_geometry
+from ninfer.cache.host_pool import plan_slab_geometry
+from ninfer.forward import PAGE_SIZE
+from ninfer.memory.host_slabs import HostSlabs
+from ninfer.models.presets import PRESETS
+from ninfer.persist.cache_file import PrefixCacheFile
 
 MIB = 1 << 20
-N_FA = 16
-CELL = 64 * 2 * 4 * 256 * 2  # 64 tokens x K,V x 4 kv heads x head_dim 256 x bf16
-IMAGE = 48 * (48 * 128 * 128 * 4 + 10240 * 3 * 2)  # 48 GDN layers: fp32 ssm + bf16 conv
+MODEL = PRESETS["27B"]  # bf16 weights and KV
+N_FA = len(MODEL.full_layer_ids)
+CELL = MODEL.kv_bytes_per_token(2) * PAGE_SIZE // N_FA  # one page of one full-attention layer
+IMAGE = MODEL.state_image_bytes(2)  # every GDN layer: fp32 recurrent state + bf16 conv window
 BLOCKS_PER_CONVERSATION = 32
 
 
@@ -50,14 +54,7 @@ def build_tier(gib: float):
 
 def fresh_index(slabs: HostSlabs) -> PrefixIndex:
     g = slabs.geometry
-    config = CacheConfig(
-        slab_bytes=g.slab_bytes,
-        image_bytes=g.image_bytes,
-        host_cache_bytes=g.total_bytes,
-        device_snapshot_slots=9,
-        host_chunk_bytes=g.slabs_per_chunk * g.slab_bytes,
-    )
-    return PrefixIndex(config, CacheCostModel.h200())
+    return PrefixIndex(CacheConfig.for_host(g, device_snapshot_slots=9), CacheCostModel.h200())
 
 
 def fill(index: PrefixIndex, image_slabs: int) -> int:

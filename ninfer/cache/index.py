@@ -35,7 +35,7 @@ from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.device_lru import DeviceEntry, DeviceLru, EntryKind
 from ninfer.cache.device_slots import DeviceSlots
 from ninfer.cache.gdsf import GdsfMixin
-from ninfer.cache.host_pool import HostSlabPool
+from ninfer.cache.host_pool import HostSlabPool, check_host_budget
 from ninfer.cache.lanes import LaneMixin
 from ninfer.cache.liveness import LivenessMixin
 from ninfer.cache.load import LoadMixin
@@ -75,16 +75,10 @@ class PrefixIndex(
             raise ValueError(f"invalid cache sizes in {config}")
         self.config, self.cost = config, cost
         self.host: HostSlabPool | None = None
-        if config.host_cache_bytes:
-            pool = HostSlabPool(config.host_cache_bytes, config.slab_bytes, config.host_chunk_bytes)
-            need = config.image_slabs + 2  # one snapshot (image + tail) plus one block (§5.4)
-            if pool.n_slabs < need:
-                raise ValueError(
-                    f"host_cache_bytes={config.host_cache_bytes} holds {pool.n_slabs} slabs of "
-                    f"{config.slab_bytes} B; at least {need} (one snapshot plus one block) "
-                    "are needed, or 0 to disable the Host tier"
-                )
-            self.host = pool
+        geometry = config.host_geometry()
+        if geometry is not None:
+            check_host_budget(geometry, "host_cache_bytes", config.host_cache_bytes)
+            self.host = HostSlabPool(geometry)
         self.tree = BlockTree()
         self.snaps: dict[int, Snapshot] = {}
         self.snap_by_key: dict[tuple[int, bytes], int] = {}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ninfer.cache.common import SnapshotKind, ceil_div
+from ninfer.cache.host_pool import SlabGeometry, cut_slabs
 from ninfer.cache.keys import PromptBlocks
 from ninfer.cache.taps import TapConfig
 
@@ -17,7 +18,8 @@ class CacheConfig:
 
     slab_bytes: one Host slab = one block bundle (every full-attention layer's page of the
     block) rounded up to 4 KiB. image_bytes: one snapshot StateImage. host_cache_bytes: the
-    Host tier (0 = Device only). device_snapshot_slots: D.
+    Host tier (0 = Device only). device_snapshot_slots: D. host: the Host tier's geometry
+    when the engine computed it (`for_host`: the sizes above are then read from it).
     """
 
     slab_bytes: int
@@ -26,10 +28,38 @@ class CacheConfig:
     device_snapshot_slots: int
     host_chunk_bytes: int = 4 << 30
     taps: TapConfig = TapConfig()
+    host: SlabGeometry | None = None
+
+    @classmethod
+    def for_host(
+        cls, geometry: SlabGeometry, device_snapshot_slots: int, taps: TapConfig | None = None
+    ) -> CacheConfig:
+        """The config of an index over the Host tier `geometry` (the engine's one geometry)."""
+        g = geometry
+        return cls(
+            slab_bytes=g.slab_bytes,
+            image_bytes=g.image_bytes,
+            host_cache_bytes=g.total_bytes,
+            device_snapshot_slots=device_snapshot_slots,
+            host_chunk_bytes=g.slabs_per_chunk * g.slab_bytes,
+            taps=TapConfig() if taps is None else taps,
+            host=g,
+        )
 
     @property
     def image_slabs(self) -> int:
         return ceil_div(self.image_bytes, self.slab_bytes)
+
+    def host_geometry(self) -> SlabGeometry | None:
+        """The Host tier's geometry: `host` when given, else host_cache_bytes cut into
+        slab_bytes slabs (`cut_slabs`); None without a Host tier."""
+        if self.host is not None:
+            return self.host
+        if not self.host_cache_bytes:
+            return None
+        return cut_slabs(
+            self.host_cache_bytes, self.slab_bytes, self.host_chunk_bytes, self.image_bytes
+        )
 
 
 class Readiness(enum.IntEnum):

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ninfer.memory.host_slabs import SlabGeometry
+from ninfer.cache.host_pool import SlabGeometry
 
 FULL = "full_attention"
 LINEAR = "linear_attention"

@@ -1,4 +1,10 @@
-"""Host restores and write-through: issue `copy_runs` plans on the memory layer's streams.
+"""The engine's Host transfer seam (spec §6.5, §7.6): restores and write-through of the copy
+records the prefix index produces, issued as `copy_runs` plans on the memory layer's streams.
+
+    Transfer            what the engine calls (a Protocol); `Landed` is what `poll()` reports
+    DeviceOnlyTransfer  no Host tier: the index never produces Host copies, so receiving one is
+                        a logic error
+    HostTransfer        over pinned `HostSlabs`:
 
     restore (H2D, spec §6.4-6.5)   restore stream: waits for the compute stream's queued work,
                                    then prelude | layer 0 | layer 1 | ... with an event after
@@ -7,10 +13,22 @@
     write-through (D2H, §7.6)      transfer stream: waits for the compute stream, then one
                                    batch of coalesced copies and one event; a `WriteHandle`.
 
-Each stream completes in issue order, so `poll()` retires landed batches oldest first and
-returns them: the engine then tells the index Filling -> Resident (and unpins a restore's
-sources). Until a batch is returned by `poll()` / `drain()`, its Device pages / slots and Host
-slabs must stay owned (Filling or pinned): nothing here checks ownership.
+What the engine calls, and when:
+
+    admission   ticket = restore(batch, lane.slot)
+                ticket.wait_prelude(compute)      before copy_prefix of a restored tail page
+                lane's first prefill pass: ForwardBatch.before_layer = ticket.hook(compute)
+                cancel before the first pass: ticket.wait_all(compute)
+    release     write_blocks(result.write)        (ReleaseResult.write)
+    publication write_snapshot(result.write, snap_phys[slot])
+    each step   landed = poll()  -> index.on_restore_landed / on_write_through_landed
+    shutdown    drain()
+
+The index's records (`RestoreBatch`, `BlockWriteBatch`, `SnapshotWrite`) are duck-typed: this
+module does not import `ninfer.cache`'s records. Every batch is tagged with its `batch_id`.
+Each stream completes in issue order, so `poll()` retires landed batches oldest first. Until a
+batch is reported by `poll()` / `drain()`, its Device pages / slots and Host slabs must stay
+owned (Filling or pinned): nothing here checks ownership.
 
 On the CPU every copy is a synchronous `copy_` and events are absent: the API and the
 bookkeeping are the same, every batch has landed when its call returns.
@@ -23,7 +41,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -32,6 +51,61 @@ from ninfer.memory.host_slabs import HostSlabs
 from ninfer.memory.streams import Streams
 
 Stream = torch.cuda.Stream | None
+
+
+@dataclass(slots=True)
+class Landed:
+    """Batch ids (tags) whose copies have completed since the previous poll, in issue order."""
+
+    restores: list = field(default_factory=list)
+    writes: list = field(default_factory=list)
+
+
+class Transfer(Protocol):
+    host_bytes: int  # pinned Host bytes this transfer layer holds (0 = none)
+
+    def restore(self, batch: Any, lane_slot: int) -> Any:
+        """Queue a RestoreBatch: block slabs -> pages, tail slab -> page, image -> lane_slot.
+        Returns a ticket with wait_prelude() / wait_all() / hook() (per-layer waits) and
+        synchronize() (host wait, for a prefetch)."""
+        ...
+
+    def write_blocks(self, batch: Any) -> Any:
+        """Queue a BlockWriteBatch (Device pages -> Host slabs) on the transfer stream."""
+        ...
+
+    def write_snapshot(self, write: Any, phys_slot: int) -> Any:
+        """Queue a SnapshotWrite (image of physical slot, and tail page) -> Host slabs."""
+        ...
+
+    def poll(self) -> Landed:
+        """Batches that landed since the last poll (the engine tells the index)."""
+        ...
+
+    def drain(self) -> Landed:
+        """Wait for every queued batch; what landed."""
+        ...
+
+
+class DeviceOnlyTransfer:
+    """No Host tier: nothing is ever copied to or from the Host."""
+
+    host_bytes = 0
+
+    def restore(self, batch: Any, lane_slot: int) -> Any:
+        raise RuntimeError("Device-only cache: the index asked for a Host restore")
+
+    def write_blocks(self, batch: Any) -> None:
+        raise RuntimeError("Device-only cache: the index asked for a Host write-through")
+
+    def write_snapshot(self, write: Any, phys_slot: int) -> None:
+        raise RuntimeError("Device-only cache: the index asked for a Host snapshot write")
+
+    def poll(self) -> Landed:
+        return Landed()
+
+    def drain(self) -> Landed:
+        return Landed()
 
 
 class RestoreTicket:
@@ -55,7 +129,7 @@ class RestoreTicket:
         self.ncopies = ncopies
         self.retired = False
         self._events: dict[str | int, torch.cuda.Event] = {}
-        self.start_event: torch.cuda.Event | None = None  # set when Transfer(timing=True)
+        self.start_event: torch.cuda.Event | None = None  # set when timing=True
         self._compute = compute
 
     def wait_prelude(self, compute_stream: Stream = None) -> None:
@@ -123,15 +197,9 @@ class WriteHandle:
         self.event = None
 
 
-class Landed(NamedTuple):
-    """Batches retired by one `poll()` / `drain()`, each list in issue order."""
-
-    writes: list[WriteHandle]
-    restores: list[RestoreTicket]
-
-
-class Transfer:
-    """Issues restores and write-through between `ModelCache` pools and `HostSlabs`.
+class HostTransfer:
+    """`Transfer` over pinned `HostSlabs`: issues restores and write-through between the
+    `ModelCache` pools and the slabs; see the module docstring.
 
     kv: per full-attention layer [pages, 2, 64, Hkv, hd]; conv: [slots, n_gdn, C, K-1];
     ssm: [slots, n_gdn, Hv, dk, dv] (all contiguous, any dtype: bytes move as they are).
@@ -170,11 +238,32 @@ class Transfer:
             raise ValueError("Transfer: state pools and layer_types do not match the image size")
         self._dev = {f"kv{i}": _flat(t) for i, t in enumerate(kv)}
         self._dev |= {"conv": _flat(conv), "ssm": _flat(ssm)}
+        self.host_bytes = slabs.geometry.total_bytes
         self._writes: deque[WriteHandle] = deque()
         self._restores: deque[RestoreTicket] = deque()
 
+    # ---- the index's copy records -------------------------------------------------------------
+    def restore(self, batch: Any, lane_slot: int) -> RestoreTicket:
+        """RestoreBatch: block slabs -> pages (per layer), tail slab -> page (prelude), image
+        slabs -> `lane_slot`. Returns the ticket the lane's first prefill pass waits on."""
+        pages = [(b.page, b.slab) for b in batch.blocks]
+        tails = [(batch.tail.page, batch.tail.slab)] if batch.tail is not None else []
+        images = [(lane_slot, batch.image.slabs)] if batch.image is not None else []
+        return self.restore_slabs(pages, tails, images, tag=batch.batch_id)
+
+    def write_blocks(self, batch: Any) -> WriteHandle:
+        """BlockWriteBatch: Device pages -> slabs, one batch on the transfer stream."""
+        pages = [(b.page, b.slab) for b in batch.blocks]
+        return self.write_through(pages, tag=batch.batch_id)
+
+    def write_snapshot(self, write: Any, phys_slot: int) -> WriteHandle:
+        """SnapshotWrite: the image of physical state slot `phys_slot` (and its tail page when
+        tail_page >= 0) -> slabs."""
+        pages = [(write.tail_page, write.tail_slab)] if write.tail_page >= 0 else []
+        return self.write_through(pages, [(phys_slot, write.slabs)], tag=write.batch_id)
+
     # ---- issue ------------------------------------------------------------------------------
-    def restore(
+    def restore_slabs(
         self,
         pages: Sequence[tuple[int, int]] = (),
         tails: Sequence[tuple[int, int]] = (),
@@ -232,11 +321,13 @@ class Transfer:
 
     # ---- retire -----------------------------------------------------------------------------
     def poll(self) -> Landed:
-        """Retire and return the batches that have landed (oldest first; never blocks)."""
-        return Landed(_retire_landed(self._writes), _retire_landed(self._restores))
+        """Retire the batches that have landed and return their tags (oldest first; never
+        blocks)."""
+        restores = [t.tag for t in _retire_landed(self._restores)]
+        return Landed(restores=restores, writes=[w.tag for w in _retire_landed(self._writes)])
 
     def drain(self) -> Landed:
-        """Wait for both streams, then retire and return every outstanding batch."""
+        """Wait for both streams, then retire every outstanding batch; their tags."""
         for stream in (self.streams.restore, self.streams.transfer):
             if stream is not None:
                 stream.synchronize()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ninfer.cache.host_pool import plan_slab_geometry
 from ninfer.memory.copy_runs import (
     Copy,
     DeviceLayout,
@@ -17,7 +18,6 @@ from ninfer.memory.copy_runs import (
     plan_restore,
     plan_write,
 )
-from ninfer.memory.host_slabs import plan_slab_geometry
 
 L, F = "linear_attention", "full_attention"
 # 2 full-attention layers of 1024-B pages (slab 2048 B); 6 GDN layers of 1024 B ssm + 48 B conv:

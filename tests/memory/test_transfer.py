@@ -12,10 +12,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from slab_helpers import slabs_for_pools
 
-from ninfer.memory.host_slabs import HostSlabs
 from ninfer.memory.streams import Streams
-from ninfer.memory.transfer import Transfer
+from ninfer.memory.transfer import HostTransfer, Landed
 
 LAYERS = ("linear_attention",) * 3 + ("full_attention",) + ("linear_attention",) * 2
 LAYERS += ("full_attention",) * 2  # 5 GDN + 3 FA, two FA layers back to back
@@ -35,8 +35,8 @@ def make(kv_dtype: torch.dtype, slabs_per_chunk: int, device: str = "cpu", seed:
     ssm = torch.randn(SLOTS, 5, 4, 16, 16, generator=gen).to(device)
     page = kv[0][0].numel() * kv[0].element_size()
     slab = 3 * page
-    slabs = HostSlabs.for_pools(kv, conv, ssm, 1, max_chunk_bytes=slabs_per_chunk * slab)
-    transfer = Transfer(slabs, kv, conv, ssm, LAYERS, Streams(torch.device(device)))
+    slabs = slabs_for_pools(kv, conv, ssm, 1, max_chunk_bytes=slabs_per_chunk * slab)
+    transfer = HostTransfer(slabs, kv, conv, ssm, LAYERS, Streams(torch.device(device)))
     return transfer, kv, conv, ssm
 
 
@@ -52,11 +52,13 @@ def roundtrip(transfer, kv, conv, ssm, src_pages, dst_pages, slabs, src_slot, ds
     """Write src pages + src slot's image through, restore into dst pages / dst slot, check."""
     tail = len(src_pages) // 3  # restore a third of them as tails (prelude), the rest as blocks
     before_kv, before_conv, before_ssm = clones(*kv), conv.clone(), ssm.clone()
-    write = transfer.write_through(list(zip(src_pages, slabs, strict=True)), [(src_slot, img)])
+    write = transfer.write_through(
+        list(zip(src_pages, slabs, strict=True)), [(src_slot, img)], tag="w"
+    )
     pairs = list(zip(dst_pages, slabs, strict=True))
-    ticket = transfer.restore(pairs[tail:], pairs[:tail], [(dst_slot, img)], tag="t")
+    ticket = transfer.restore_slabs(pairs[tail:], pairs[:tail], [(dst_slot, img)], tag="t")
     landed = transfer.drain()
-    assert landed.writes == [write] and landed.restores == [ticket] and transfer.in_flight == 0
+    assert landed == Landed(restores=["t"], writes=["w"]) and transfer.in_flight == 0
     assert ticket.done() and write.done() and ticket.parts[0] == "prelude"
     moved = set(dst_pages)
     for layer, old in zip(kv, before_kv, strict=True):
@@ -109,12 +111,12 @@ def test_image_spanning_many_slabs_roundtrips():
     kv = [torch.randn(8, 2, 64, 1, 2) for _ in range(3)]
     conv = torch.randn(2, 5, 8, 3).to(torch.bfloat16)
     ssm = torch.randn(2, 5, 2, 16, 16)
-    slabs = HostSlabs.for_pools(kv, conv, ssm, 1, max_chunk_bytes=2 * 3 * 1024)
+    slabs = slabs_for_pools(kv, conv, ssm, 1, max_chunk_bytes=2 * 3 * 1024)
     assert slabs.geometry.image_slabs == 4
-    transfer = Transfer(slabs, kv, conv, ssm, LAYERS, Streams(torch.device("cpu")))
+    transfer = HostTransfer(slabs, kv, conv, ssm, LAYERS, Streams(torch.device("cpu")))
     expect = conv[0].clone(), ssm[0].clone()
     transfer.write_through(images=[(0, [5, 6, 9, 2])])
-    ticket = transfer.restore(images=[(1, [5, 6, 9, 2])])
+    ticket = transfer.restore_slabs(images=[(1, [5, 6, 9, 2])])
     assert ticket.parts == ("prelude", 0, 1, 2, 4, 5)
     assert same_bits(conv[1], expect[0]) and same_bits(ssm[1], expect[1])
 
@@ -123,12 +125,12 @@ def test_poll_returns_batches_once_in_issue_order():
     transfer, *_ = make(torch.bfloat16, 3)
     w1 = transfer.write_through([(0, 0)], tag="a")
     w2 = transfer.write_through([(1, 1)], tag="b")
-    r1 = transfer.restore([(5, 0)], tag="r")
-    empty = transfer.restore()
+    r1 = transfer.restore_slabs([(5, 0)], tag="r")
+    empty = transfer.restore_slabs(tag="e")
     assert empty.parts == () and empty.ncopies == 0 and empty.done()
     landed = transfer.poll()
-    assert [w.tag for w in landed.writes] == ["a", "b"] and landed.restores == [r1, empty]
-    assert all(x.retired for x in (w1, w2, r1)) and transfer.poll() == ([], [])
+    assert landed == Landed(restores=["r", "e"], writes=["a", "b"])
+    assert all(x.retired for x in (w1, w2, r1)) and transfer.poll() == Landed()
     assert (w1.ncopies, w1.nbytes) == (3, 3 * 2048)  # one copy per full-attention layer
     r1.wait_prelude()  # retired: nothing to wait for
     hook = r1.hook()
@@ -141,11 +143,11 @@ def test_mismatched_pools_are_rejected():
     transfer, kv, conv, ssm = make(torch.bfloat16, 3)
     streams = Streams(torch.device("cpu"))
     with pytest.raises(ValueError, match="slab geometry"):
-        Transfer(transfer.slabs, kv[:2], conv, ssm, LAYERS, streams)
+        HostTransfer(transfer.slabs, kv[:2], conv, ssm, LAYERS, streams)
     with pytest.raises(ValueError, match="contiguous"):
-        Transfer(transfer.slabs, kv, conv.transpose(2, 3), ssm, LAYERS, streams)
+        HostTransfer(transfer.slabs, kv, conv.transpose(2, 3), ssm, LAYERS, streams)
     with pytest.raises(ValueError, match="image size"):
-        Transfer(transfer.slabs, kv, conv[:, :4].contiguous(), ssm, LAYERS, streams)
+        HostTransfer(transfer.slabs, kv, conv[:, :4].contiguous(), ssm, LAYERS, streams)
 
 
 @pytest.mark.gpu
@@ -160,7 +162,9 @@ def test_cuda_compute_stream_reads_after_layer_events():
     for layer in kv:
         layer[20:30].zero_()
     ssm[3].zero_()
-    ticket = transfer.restore([(20 + p, p) for p in range(10)], images=[(3, range(20, 24))])
+    ticket = transfer.restore_slabs(
+        [(20 + p, p) for p in range(10)], images=[(3, range(20, 24))], tag="r"
+    )
     compute = transfer.streams.compute
     seen = []
     for layer, kind in enumerate(LAYERS):
@@ -171,4 +175,4 @@ def test_cuda_compute_stream_reads_after_layer_events():
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(seen, want[0], strict=True))
     assert torch.equal(ssm_seen, want[1])
-    assert transfer.poll().restores == [ticket] and ticket.retired
+    assert transfer.poll().restores == ["r"] and ticket.retired

@@ -10,8 +10,9 @@ import torch
 
 from ninfer.cache import CacheConfig, CacheCostModel, PrefixIndex, SnapshotKind
 from ninfer.cache.common import ROOT
-from ninfer.engine.persistence import PrefixCacheFile
-from ninfer.memory.host_slabs import HostSlabs, SlabGeometry
+from ninfer.cache.host_pool import SlabGeometry
+from ninfer.memory.host_slabs import HostSlabs
+from ninfer.persist.cache_file import PrefixCacheFile
 
 N_FA, CELL = 2, 2048
 SLAB = N_FA * CELL
@@ -27,13 +28,7 @@ def make_tier(num_slabs: int, image_bytes: int = IMAGE):
     slabs = HostSlabs(geometry, pin=False)
     for chunk in slabs.chunks:
         chunk.zero_()
-    config = CacheConfig(
-        slab_bytes=SLAB,
-        image_bytes=image_bytes,
-        host_cache_bytes=num_slabs * SLAB,
-        device_snapshot_slots=2,
-        host_chunk_bytes=geometry.slabs_per_chunk * SLAB,
-    )
+    config = CacheConfig.for_host(geometry, device_snapshot_slots=2)
     return SimpleNamespace(index=PrefixIndex(config, CacheCostModel.cpu()), host_slabs=slabs)
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ninfer.demo import DEMO_DIR
-from ninfer.engine.persistence import checkpoint_identity
 from ninfer.llm import LLM
 from ninfer.models.presets import build_random_model
+from ninfer.persist.fingerprint import checkpoint_identity
 from ninfer.request import RequestOutput, SamplingParams
 from ninfer.tokenizer import Tokenizer
 from tests.engine.engine_helpers import TINY

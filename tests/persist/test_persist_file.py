@@ -16,8 +16,9 @@ from persist_helpers import (
     names,
 )
 
-from ninfer.cache import persist
 from ninfer.cache.common import Residency
+from ninfer.cache.host_pool import SlabGeometry
+from ninfer.persist import plan, tables
 
 
 def four_snapshots(num_slabs: int = 40):
@@ -68,7 +69,7 @@ def test_superseded_snapshots_are_saved_flagged_and_dead_blocks_are_not(tmp_path
     index = src.index
     victim = next(s for s in index.snaps.values() if s.frontier == 64)
     assert index._supersede(victim)
-    chosen = persist.collect(index, {})
+    chosen = plan.collect(index, {})
     assert len(chosen.tables.snapshots) == 4 and len(chosen.tables.blocks) == 7
     assert [s.frontier for s in chosen.tables.snapshots if s.superseded] == [64]
     f = saved(tmp_path, src)
@@ -93,7 +94,7 @@ def test_a_smaller_tier_restores_superseded_snapshots_last(tmp_path):
 
 def test_format_1_files_are_still_read(tmp_path, monkeypatch):
     src = four_snapshots()
-    monkeypatch.setattr(persist, "FORMAT_VERSION", 1)
+    monkeypatch.setattr(tables, "FORMAT_VERSION", 1)
     f = saved(tmp_path, src)
     monkeypatch.undo()
     dst = make_tier(40)
@@ -126,9 +127,9 @@ def test_partial_restore_keeps_the_densest_snapshots(tmp_path, caplog, capacity,
 
 
 def test_density_prefers_hits_and_depth_per_byte():
-    geom = persist.Geometry(2, 2048, 4096, 6000, 2)
-    rec = persist.SnapshotRecord(0, 256, 5, 1, b"", -1, (0, 1))
-    cheap = persist.SnapshotRecord(0, 64, 0, 1, b"", -1, (0, 1))
+    geom = SlabGeometry(2, 2048, 4096, 40, 5, 6000, 2)  # 40 slabs, 5 per chunk: not used
+    rec = tables.SnapshotRecord(0, 256, 5, 1, b"", -1, (0, 1))
+    cheap = tables.SnapshotRecord(0, 64, 0, 1, b"", -1, (0, 1))
 
     def prefill(base, n):
         return float(n)
@@ -136,8 +137,8 @@ def test_density_prefers_hits_and_depth_per_byte():
     def restore(nbytes):
         return 0.0
 
-    assert persist.density(rec, 4, geom, prefill, restore) == 6 * 256 / (6000 + 4 * 4096)
-    assert persist.density(cheap, 1, geom, prefill, restore) == 64 / (6000 + 4096)
+    assert plan.density(rec, 4, geom, prefill, restore) == 6 * 256 / (6000 + 4 * 4096)
+    assert plan.density(cheap, 1, geom, prefill, restore) == 64 / (6000 + 4096)
 
 
 def test_a_tier_that_holds_no_snapshot_restores_nothing(tmp_path, caplog):

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from ninfer import LLM, SamplingParams
-from ninfer.engine.persistence import PrefixCacheFile, lock_path
-from ninfer.memory.persist_file import save_file, stale_temps
+from ninfer.persist.cache_file import PrefixCacheFile
+from ninfer.persist.lock import lock_path
+from ninfer.persist.payload import save_file, stale_temps
 
 OPTS = dict(device="cpu", max_concurrency=2, kv_capacity=4096, host_cache_mib=4)
 PARAMS = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
@@ -110,7 +111,8 @@ def test_stale_temporaries_are_removed_at_start(tmp_path):
 
 
 def test_temporary_names_are_unique(tmp_path, monkeypatch):
-    from ninfer.memory.host_slabs import HostSlabs, SlabGeometry
+    from ninfer.cache.host_pool import SlabGeometry
+    from ninfer.memory.host_slabs import HostSlabs
 
     slabs = HostSlabs(SlabGeometry(1, 4096, 4096, 2, 2, 4096, 1), pin=False)
     seen: list[str] = []
@@ -128,7 +130,8 @@ def test_temporary_names_are_unique(tmp_path, monkeypatch):
 
 
 def test_a_save_refuses_a_path_that_became_a_device(tmp_path):
-    from ninfer.memory.host_slabs import HostSlabs, SlabGeometry
+    from ninfer.cache.host_pool import SlabGeometry
+    from ninfer.memory.host_slabs import HostSlabs
 
     slabs = HostSlabs(SlabGeometry(1, 4096, 4096, 2, 2, 4096, 1), pin=False)
     fifo = tmp_path / "b.hpc"

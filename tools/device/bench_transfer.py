@@ -16,7 +16,7 @@ byte after the copy (write-through from pages A, restore into pages B != A, comp
     restore alone, and both together.
 
 Prints GB/s beside the 55 GB/s pinned copy bound measured on this machine (ADAPTATION.md).
-Only torch and ninfer.memory are used.
+Only torch, ninfer.memory and the cache's slab geometry are used.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import time
 
 import torch
 
+from ninfer.cache.host_pool import plan_slab_geometry
 from ninfer.memory.host_slabs import HostSlabs
 from ninfer.memory.streams import Streams
-from ninfer.memory.transfer import Transfer
+from ninfer.memory.transfer import HostTransfer
 
 BOUND_GBS = 55.0
 LAYERS = ("linear_attention",) * 3 + ("full_attention",)
@@ -46,7 +47,9 @@ def setup(device: torch.device):
     ssm = torch.randn(2, 48, 48, 128, 128, device=device)
     host_mib = (BLOCKS_128K + 40) * 4
     t0 = time.perf_counter()
-    slabs = HostSlabs.for_pools(kv, conv, ssm, host_mib)
+    page = kv[0][0].numel() * kv[0].element_size()
+    image = conv[0].numel() * conv.element_size() + ssm[0].numel() * ssm.element_size()
+    slabs = HostSlabs(plan_slab_geometry(host_mib, len(kv), page, image), pin=device.type == "cuda")
     g = slabs.geometry
     print(
         f"host tier: {host_mib} MiB pinned in {g.num_chunks} chunk(s) "
@@ -54,11 +57,11 @@ def setup(device: torch.device):
         f"{g.num_slabs} slabs, image {g.image_bytes / 2**20:.1f} MiB = {g.image_slabs} slabs"
     )
     streams = Streams(device)
-    transfer = Transfer(slabs, kv, conv, ssm, LAYERS, streams, timing=True)
+    transfer = HostTransfer(slabs, kv, conv, ssm, LAYERS, streams, timing=True)
     return transfer, streams, kv, conv, ssm
 
 
-def timed_write(transfer: Transfer, streams: Streams, **batch) -> tuple[float, int]:
+def timed_write(transfer: HostTransfer, streams: Streams, **batch) -> tuple[float, int]:
     """(ms, copies) of one write-through, measured on the transfer stream."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record(streams.transfer)
@@ -89,7 +92,7 @@ def bench_kv(transfer, streams, kv, blocks: int, scattered: bool, reps: int = 3)
             layer[dst[0] : dst[-1] + 1].fill_(float("nan"))
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        ticket = transfer.restore(pages=list(zip(dst, slabs, strict=True)))
+        ticket = transfer.restore_slabs(pages=list(zip(dst, slabs, strict=True)))
         issue.append((time.perf_counter() - t0) * 1e3)
         transfer.drain()
         r_ms.append(ticket.elapsed_ms()[ticket.parts[-1]])
@@ -111,7 +114,7 @@ def bench_image(transfer, streams, conv, ssm, reps: int = 3) -> None:
         w_ms.append(ms)
         conv[1].fill_(float("nan"))
         ssm[1].fill_(float("nan"))
-        ticket = transfer.restore(images=[(1, img)])
+        ticket = transfer.restore_slabs(images=[(1, img)])
         transfer.drain()
         r_ms.append(ticket.elapsed_ms()[ticket.parts[-1]])
         assert torch.equal(conv[1].view(torch.int16), conv[0].view(torch.int16))
@@ -135,7 +138,7 @@ def bench_overlap(transfer, streams, blocks: int) -> None:
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(compute)
-        ticket = transfer.restore(pages=pages, images=[(1, img)]) if restore else None
+        ticket = transfer.restore_slabs(pages=pages, images=[(1, img)]) if restore else None
         if prefill:
             for layer in range(len(LAYERS)):
                 if ticket is not None:

@@ -1,9 +1,7 @@
-"""The prefix cache file's tables (spec §5.5): what a save writes, what a load may restore.
+"""The prefix cache file's format (spec §5.5): its header and tables, encoded and decoded.
 
-Pure Python (no torch): this module chooses *which* blocks and snapshots go into the file,
-encodes and decodes the header and tables, plans a partial restore into a smaller Host tier and
-rebuilds the chosen entries Host-only in a `PrefixIndex`. The slab bytes themselves are moved
-by `ninfer.memory.persist_file`; `ninfer.engine.persistence` glues both to the engine.
+Pure Python (no torch). Which blocks and snapshots go into a file, and which come back, is
+`plan.py`'s; the slab bytes are moved by `payload.py`.
 
 File layout (format 2; all integers little-endian):
 
@@ -35,21 +33,13 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import BinaryIO
 
 import xxhash
 
-from ninfer.cache.common import (
-    BLOCK_BYTES,
-    BLOCK_TOKENS,
-    ROOT,
-    TOKEN_BYTES,
-    Residency,
-    SnapshotKind,
-    ceil_div,
-)
+from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, TOKEN_BYTES, SnapshotKind, ceil_div
+from ninfer.cache.host_pool import SlabGeometry
 
 MAGIC = b"NINFHPC\x00"
 FORMAT_VERSION = 2
@@ -62,31 +52,10 @@ _COUNTS = struct.Struct("<II")
 _BLOCK = struct.Struct("<iIQ")
 _SNAP = struct.Struct("<iIIiHB")
 _SUM = struct.Struct("<Q")
-_RESIDENT = Residency.RESIDENT
 
 
 class PersistError(ValueError):
     """The file cannot be used; the message says why (damaged or foreign)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Geometry:
-    """The Host geometry a file's slabs were cut with; a load needs it equal."""
-
-    n_fa_layers: int
-    cell_bytes: int
-    slab_bytes: int
-    image_bytes: int
-    image_slabs: int
-
-    def as_dict(self) -> dict:
-        return {
-            "n_fa_layers": self.n_fa_layers,
-            "cell_bytes": self.cell_bytes,
-            "slab_bytes": self.slab_bytes,
-            "image_bytes": self.image_bytes,
-            "image_slabs": self.image_slabs,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,89 +95,6 @@ class Tables:
     @property
     def n_slabs(self) -> int:
         return len(self.slab_sums)
-
-
-@dataclass(slots=True)
-class SaveSet:
-    """What a save writes: the tables (checksums still zero) and, per file slab, the index's
-    Host slab its bytes come from."""
-
-    tables: Tables
-    sources: list[int]  # index Host slab of each file slab
-
-    @property
-    def n_slabs(self) -> int:
-        return len(self.sources)
-
-
-@dataclass(slots=True)
-class RestorePlan:
-    """The blocks and snapshots a load restores (table indices, file order)."""
-
-    blocks: list[int]
-    snapshots: list[int]
-    slabs: int  # file slabs they need
-    complete: bool  # every snapshot of the file
-    file_slabs: int  # slabs the whole file needs
-    min_slabs: int = 0  # the smallest single snapshot's need (with its path)
-    dropped: list[int] = field(default_factory=list)  # snapshots left out
-
-
-# ---- save side ----------------------------------------------------------------------------
-
-
-def collect(index, meta: dict) -> SaveSet:
-    """Every Host-resident snapshot whose anchor path is Host-resident, and exactly those
-    paths, parents first (spec §5.5). Call with every Host write landed.
-
-    Superseded snapshots are saved too, flagged: the process that kept running would still
-    resume a retry of the same prompt from the one its last run resumed from (§9.3: only Host
-    eviction removes it), so a restart keeps it as well, superseded, first to go again."""
-    nodes = index.tree.nodes
-    chosen: list = []
-    needed: set[int] = set()
-    for s in index.snaps.values():
-        if s.host_state != _RESIDENT:
-            continue
-        path = []
-        node = nodes[s.anchor]
-        while node.id != ROOT and node.host_state == _RESIDENT:
-            path.append(node.id)
-            node = nodes[node.parent]
-        if node.id != ROOT:
-            continue  # a path block without a landed Host copy
-        chosen.append(s)
-        needed.update(path)
-    order = sorted(needed, key=lambda nid: (nodes[nid].depth, nid))  # parents first
-    pos = {ROOT: -1}
-    blocks: list[BlockRecord] = []
-    sources: list[int] = []
-    for nid in order:
-        n = nodes[nid]
-        pos[nid] = len(blocks)
-        blocks.append(BlockRecord(pos[n.parent], len(sources), n.extra, n.tokens))
-        sources.append(n.host_slab)
-    snaps: list[SnapshotRecord] = []
-    for s in sorted(chosen, key=lambda s: (s.frontier, s.id)):
-        image = tuple(range(len(sources), len(sources) + len(s.host_slabs)))
-        sources.extend(s.host_slabs)
-        tail_slab = -1
-        if s.tail:
-            tail_slab = len(sources)
-            sources.append(s.tail_slab)
-        snaps.append(
-            SnapshotRecord(
-                pos[s.anchor],
-                s.frontier,
-                s.hits,
-                int(s.kind),
-                s.tail,
-                tail_slab,
-                image,
-                s.superseded,
-            )
-        )
-    return SaveSet(Tables(meta, blocks, snaps, [0] * len(sources)), sources)
 
 
 def encode(tables: Tables) -> bytes:
@@ -319,7 +205,7 @@ def _parse_body(meta: dict, body: bytes, n_slabs: int, flags: bool = True) -> Ta
     return Tables(meta, blocks, snaps, sums)
 
 
-def check_compatible(tables: Tables, fingerprint: dict, geometry: Geometry) -> None:
+def check_compatible(tables: Tables, fingerprint: dict, geometry: SlabGeometry) -> None:
     """PersistError naming what differs when the file was made by another checkpoint, dtype,
     RoPE setting, ninfer version or Host geometry."""
     theirs = tables.meta.get("fingerprint", {})
@@ -327,114 +213,6 @@ def check_compatible(tables: Tables, fingerprint: dict, geometry: Geometry) -> N
     if diff:
         raise PersistError(f"made for another engine ({', '.join(diff)} differ)")
     g = tables.meta.get("geometry", {})
-    gdiff = sorted(k for k, v in geometry.as_dict().items() if g.get(k) != v)
+    gdiff = sorted(k for k, v in geometry.file_dict().items() if g.get(k) != v)
     if gdiff:
         raise PersistError(f"another Host geometry ({', '.join(gdiff)} differ)")
-
-
-# ---- partial restore (spec §5.5 plan_host_restore) ----------------------------------------
-
-
-def snapshot_paths(tables: Tables) -> list[list[int]]:
-    """Per snapshot, the block-table indices of its anchor path, root first."""
-    out = []
-    for s in tables.snapshots:
-        path, b = [], s.anchor
-        while b >= 0:
-            path.append(b)
-            b = tables.blocks[b].parent
-        out.append(path[::-1])
-    return out
-
-
-def density(
-    s: SnapshotRecord,
-    path_blocks: int,
-    geometry: Geometry,
-    prefill_seconds: Callable[[int, int], float],
-    restore_seconds: Callable[[int], float],
-) -> float:
-    """§9.3's GDSF priority without its time-dependent base L: (1 + hits) x the prefill a
-    restore saves from the root, per byte of image, tail and anchor path."""
-    saved = max(0.0, prefill_seconds(0, s.frontier) - restore_seconds(geometry.image_bytes))
-    nbytes = geometry.image_bytes + geometry.slab_bytes * ((s.tail_slab >= 0) + path_blocks)
-    return (1 + s.hits) * saved / nbytes
-
-
-def plan_restore(
-    tables: Tables,
-    capacity_slabs: int,
-    geometry: Geometry,
-    prefill_seconds: Callable[[int, int], float],
-    restore_seconds: Callable[[int], float],
-) -> RestorePlan:
-    """All of the file when it fits; else whole snapshots greedily, retained ones first, by
-    `density`, each with the path blocks it needs and no others (a snapshot that no longer
-    fits is skipped, smaller ones after it may still go in)."""
-    paths = snapshot_paths(tables)
-    needs = [s.n_slabs + len(p) for s, p in zip(tables.snapshots, paths, strict=True)]
-    min_slabs = min(needs, default=0)
-    total = tables.n_slabs
-    if total <= capacity_slabs:
-        every = list(range(len(tables.snapshots)))
-        return RestorePlan(list(range(len(tables.blocks))), every, total, True, total, min_slabs)
-    order = sorted(
-        range(len(tables.snapshots)),
-        key=lambda i: (
-            tables.snapshots[i].superseded,
-            -density(
-                tables.snapshots[i], len(paths[i]), geometry, prefill_seconds, restore_seconds
-            ),
-            i,
-        ),
-    )
-    taken_blocks: set[int] = set()
-    kept, dropped, used = [], [], 0
-    for i in order:
-        new = [b for b in paths[i] if b not in taken_blocks]
-        need = tables.snapshots[i].n_slabs + len(new)
-        if used + need <= capacity_slabs:
-            used += need
-            taken_blocks.update(new)
-            kept.append(i)
-        else:
-            dropped.append(i)
-    return RestorePlan(
-        sorted(taken_blocks), sorted(kept), used, False, total, min_slabs, sorted(dropped)
-    )
-
-
-def rebuild(index, tables: Tables, plan: RestorePlan) -> list[tuple[int, int]]:
-    """Load the plan's entries Host-only (parents before children, never evicting) and return
-    (file slab, index Host slab) pairs, sorted by file slab, for the byte copy."""
-    nid = {-1: ROOT}
-    pairs: list[tuple[int, int]] = []
-    for b in plan.blocks:  # ascending table order = parents first
-        rec = tables.blocks[b]
-        nid[b] = index.load_block(nid[rec.parent], rec.tokens, rec.extra)
-        pairs.append((rec.slab, index.node(nid[b]).host_slab))
-    for i in plan.snapshots:
-        rec = tables.snapshots[i]
-        sid = index.load_snapshot(nid[rec.anchor], rec.tail, SnapshotKind(rec.kind), rec.hits)
-        snap = index.snapshot(sid)
-        if rec.superseded:
-            index._supersede(snap)
-        pairs += list(zip(rec.image_slabs, snap.host_slabs, strict=True))
-        if rec.tail_slab >= 0:
-            pairs.append((rec.tail_slab, snap.tail_slab))
-    pairs.sort()
-    return pairs
-
-
-def needed_mib(slabs: int, slab_bytes: int) -> int:
-    """MiB of Host tier that hold `slabs` slabs."""
-    return ceil_div(slabs * slab_bytes, 1 << 20)
-
-
-def describe_plan(plan: RestorePlan, tables: Tables, slab_bytes: int) -> str:
-    return (
-        f"kept {len(plan.snapshots)} of {len(tables.snapshots)} snapshots and "
-        f"{len(plan.blocks)} of {len(tables.blocks)} blocks ({plan.slabs} of {plan.file_slabs} "
-        f"slabs); the whole file needs a Host tier of {needed_mib(plan.file_slabs, slab_bytes)} "
-        "MiB"
-    )

@@ -1,11 +1,11 @@
-"""The transfer seam's Host-tier implementation, driven with the index's own copy records."""
+"""The Host transfer driven with the index's own copy records (`RestoreBatch`, `BlockWriteBatch`,
+`SnapshotWrite`)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
+from slab_helpers import slabs_for_pools
 
-from ninfer.cache.host_pool import HostSlabPool
 from ninfer.cache.records import (
     BlockCopy,
     BlockWriteBatch,
@@ -14,10 +14,8 @@ from ninfer.cache.records import (
     SnapshotWrite,
     TailCopy,
 )
-from ninfer.memory.host_slabs import HostSlabs
-from ninfer.memory.host_transfer import HostTierTransfer
 from ninfer.memory.streams import Streams
-from ninfer.memory.transfer_seam import Landed
+from ninfer.memory.transfer import HostTransfer, Landed
 
 LAYERS = ("linear_attention", "linear_attention", "full_attention") * 2
 
@@ -28,15 +26,14 @@ def setup(chunk_slabs: int = 3):
     conv = torch.randn(3, 4, 8, 3, generator=gen).to(torch.bfloat16)
     ssm = torch.randn(3, 4, 2, 8, 8, generator=gen)
     chunk = chunk_slabs * 2 * 1024
-    slabs = HostSlabs.for_pools(kv, conv, ssm, 1, max_chunk_bytes=chunk)
-    pool = HostSlabPool(1 << 20, slabs.geometry.slab_bytes, chunk)
-    seam = HostTierTransfer(slabs, kv, conv, ssm, LAYERS, Streams(torch.device("cpu")), pool)
+    slabs = slabs_for_pools(kv, conv, ssm, 1, max_chunk_bytes=chunk)
+    seam = HostTransfer(slabs, kv, conv, ssm, LAYERS, Streams(torch.device("cpu")))
     return seam, kv, conv, ssm
 
 
 def test_blocks_snapshot_and_restore_through_the_seam():
     seam, kv, conv, ssm = setup()
-    img = seam.transfer.slabs.geometry.image_slabs
+    img = seam.slabs.geometry.image_slabs
     assert img == 2 and seam.host_bytes == 512 * 2048
     want_kv = [[layer[p].clone() for p in (2, 3, 4)] for layer in kv]
     want_state = conv[0].clone(), ssm[0].clone()
@@ -60,10 +57,8 @@ def test_blocks_snapshot_and_restore_through_the_seam():
     assert torch.equal(conv[2], want_state[0]) and torch.equal(ssm[2], want_state[1])
 
 
-def test_snapshot_without_tail_and_geometry_mismatch():
+def test_snapshot_without_tail():
     seam, kv, conv, ssm = setup()
     handle = seam.write_snapshot(SnapshotWrite(1, 1, 0, [3, 4], -1, -1, 0), phys_slot=1)
     assert handle.ncopies == 2  # slabs 3, 4 share a chunk: ssm = row 0, conv starts row 1
-    pool = HostSlabPool(1 << 20, 2048, 4 * 2048)
-    with pytest.raises(ValueError, match="geometry differs"):
-        HostTierTransfer(seam.transfer.slabs, kv, conv, ssm, LAYERS, seam.transfer.streams, pool)
+    assert seam.poll() == Landed(restores=[], writes=[1])
