@@ -186,3 +186,35 @@ def test_eviction_skips_unbacked_blocks_above_a_prefetch_in_flight():
     assert ix.evict_device_pages(3) == [8, 7, block_1]  # backed first, then unbacked block 1
     assert sorted(ix.tree.nodes) == [0, 1]
     ix.check_invariants()
+
+
+def test_a_failed_restore_deletes_the_block_with_its_subtree_and_frees_every_copy():
+    """Blocks 0-2 on pages 5, 6, 0 under a tap at 64; the Host (4 slabs: the tap's image and
+    two blocks) takes blocks 0-1 only, so block 2 stays unbacked. Blocks 1 and 0 are evicted
+    to the Host; lane 2 resumes from the tap and the restore of block 0 fails: block 0 loses
+    its last copy, and its subtree (block 1 Host-only, block 2 on Device page 0, the tap) goes
+    with it."""
+    ix = make_index(host_slabs=4)
+    q = ix.quote(prepare_prompt(P[:192]), QuoteParams(4, 10**6, 10**6))
+    ix.stage(q, 1, 10**6)
+    ix.activate(1)
+    for b, page in ((0, 5), (1, 6), (2, 0)):
+        ix.commit_block(1, b, P[64 * b : 64 * b + 64], page)
+    grant = ix.allocate_snapshot_slot(1, 64, SnapshotKind.TAP)
+    pub = ix.publish_snapshot(1, 64, grant.slot, SnapshotKind.TAP)
+    rel = ix.release(1)  # the tap's Host write is in flight: GDSF cannot evict it for block 2
+    assert [(b.node, b.slab) for b in rel.write.blocks] == [(1, 2), (2, 3)]
+    ix.on_write_through_landed(pub.write.batch_id)
+    ix.on_write_through_landed(rel.write.batch_id)
+    assert ix.evict_device_pages(2) == [6, 5]
+    assert list(ix.lru.unbacked) == [DeviceEntry(EntryKind.NODE, 3)]
+    q = ix.quote(prepare_prompt(P[:64] + tokens(2, 30)), QuoteParams(3, 10**6, 10**6))
+    st = ix.stage(q, 2, 10**6)
+    assert (st.source, st.path, st.restore_pages_needed) == (1, [1], 1)
+    rb = ix.begin_restore(2, [9])
+    assert undo_host_restore(ix, rb.batch_id) == [9, 0]
+    assert sorted(ix.tree.nodes) == [0] and not ix.snaps and not ix.lanes
+    assert ix.host.free_slabs == 4 and ix.slots.free_count == 4
+    st = ix.stats()
+    assert (st.subtree_deletions, st.nodes_deleted, st.snapshots_deleted) == (1, 3, 1)
+    ix.check_invariants()
