@@ -155,7 +155,7 @@ class RestoreTicket:
         return lambda layer: self.wait_layer(layer, compute_stream)
 
     def done(self) -> bool:
-        """True once every copy has landed (does not retire; `Transfer.poll` does)."""
+        """True once every copy has landed (does not retire; `HostTransfer.poll` does)."""
         last = self._last()
         return last is None or bool(last.query())
 
@@ -219,7 +219,7 @@ class HostTransfer:
     ) -> None:
         for name, t in [*((f"kv{i}", t) for i, t in enumerate(kv)), ("conv", conv), ("ssm", ssm)]:
             if not t.is_contiguous():
-                raise ValueError(f"Transfer: Device pool {name} must be contiguous")
+                raise ValueError(f"HostTransfer: Device pool {name} must be contiguous")
         self.slabs = slabs
         self.streams = streams
         self.timing = timing and streams.is_cuda
@@ -233,9 +233,9 @@ class HostTransfer:
         )
         lay, geom = self.layout, slabs.geometry
         if (lay.n_fa, lay.page_bytes) != (geom.n_fa_layers, geom.cell_bytes) or len(kv) != lay.n_fa:
-            raise ValueError("Transfer: KV pools and layer_types do not match the slab geometry")
+            raise ValueError("HostTransfer: KV pools or layer types do not match the slab geometry")
         if lay.image_bytes != geom.image_bytes or conv.shape[1] != lay.n_gdn:
-            raise ValueError("Transfer: state pools and layer_types do not match the image size")
+            raise ValueError("HostTransfer: state pools or layer types do not match the image size")
         self._dev = {f"kv{i}": _flat(t) for i, t in enumerate(kv)}
         self._dev |= {"conv": _flat(conv), "ssm": _flat(ssm)}
         self.host_bytes = slabs.geometry.total_bytes
