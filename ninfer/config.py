@@ -1,26 +1,32 @@
 """Engine configuration: the user's options and the frozen, fully resolved configuration.
 
-`EngineOptions` mirrors the `LLM(...)` keyword arguments (spec/API.md) as given. `resolve()` is a
-pure function of the options, the model configuration and a few device facts: it computes every
-derived value of spec §14.2 and ADAPTATION.md once, validates them, and returns the frozen
-`EngineConfig` that every component reads its part from. Nothing here touches tensors; the only
-impure helper, `probe_device()`, gathers the device facts that `resolve()` consumes.
+`EngineOptions` is the one declaration of every `LLM(...)` keyword argument (spec/API.md): each
+field carries its `Option` metadata (help text, command-line type, accepted range or values), the
+command line's flags are generated from it (`ninfer.cli.main`), and constructing it checks every
+value against it. `resolve()` is a pure function of the options, the model configuration and the
+device facts: it computes every derived value of spec §14.2 and ADAPTATION.md once, checks what
+depends on the model and the device, and returns the frozen `EngineConfig` that every component
+reads its part from. Nothing here touches tensors or estimates time (`ninfer.costs` does); the
+only impure helper, `probe_device()`, gathers the device facts that `resolve()` consumes.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import Field, asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
-from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, prefill_seconds
-from ninfer.forward import PAGE_SIZE
-from ninfer.models.config import Qwen35Config
+from ninfer.cache.common import BLOCK_TOKENS as PAGE_SIZE  # a KV page holds one cache block
+from ninfer.cache.host_pool import SlabGeometry, plan_slab_geometry
+from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, pass_seconds, solo_chunk_pays
+
+if TYPE_CHECKING:  # the command line reads the options without importing torch
+    from ninfer.models.config import Qwen35Config
 
 MIB = 1 << 20
 GIB = 1 << 30
 CPU_AUTO_KV_CAP_BYTES = 256 * MIB  # "auto" on the CPU: a modest pool, not the whole RAM
 CUDA_RESERVE_BYTES = 4 * GIB  # kept free on CUDA for activations, workspaces and graphs
-DEFAULT_HOST_CACHE_MIB = 8192
-DEFAULT_PENDING_TIMEOUT_S = 60.0
 DTYPES = ("bfloat16", "float16", "float32")
 # Least rung of the forward tap ladder: a fork this deep or deeper, in a stretch no boundary
 # marks, resumes at least halfway to it (below, a re-prefill costs about one pass anyway)
@@ -29,50 +35,143 @@ KV_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
 
 
 @dataclass(frozen=True, slots=True)
-class EngineOptions:
-    """The `LLM(...)` keyword arguments, unresolved (None / "auto" mean "derive it")."""
+class Option:
+    """What one engine option accepts and what its command-line flag says.
 
-    model: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    kv_dtype: str = "auto"
-    max_concurrency: int = 8
-    prefill_chunk: int | None = None
-    # tokens per prefill pass while no lane decodes (a lone prompt: fewer, longer passes; the
-    # prompt-tail snapshot is taken inside the final pass, within prefill_chunk of the end);
-    # None = derived: SOLO_CHUNK_CUDA for a model whose eager pass of that size is bound by the
-    # GPU (`solo_chunk_pays`) when prefill_chunk is derived too, doubled (up to SOLO_CHUNK_MAX)
-    # while such a pass is estimated within SOLO_PASS_S (a request arriving meanwhile waits
-    # for the pass: 9B 16384, 27B 8192), else prefill_chunk
-    solo_prefill_chunk: int | None = None
-    max_model_len: int | None = None
-    kv_capacity: int | str = "auto"
+    Rules: a bool option is a switch (`--no-NAME` when it defaults to True, else `--NAME`);
+    `kind` int or float is checked (never a bool) against `lo`..`hi`; an option with `auto`
+    also takes the string "auto" (= derive it); `choices` lists a string option's values;
+    None is accepted where the default is None (= derive it)."""
+
+    help: str  # the flag's help text: explains itself, cites no document outside the package
+    metavar: str | None = None  # the flag's value name (None: the option's name in capitals)
+    kind: type | None = None  # int | float: a number option; None: a string or a switch
+    lo: float | None = None
+    hi: int | None = None
+    auto: bool = False
+    choices: tuple[str, ...] = ()
+    flag: bool = True  # False: a Python-only option (debugging), no command-line flag
+
+
+def _opt(default: object, help: str, **option: object) -> Field:
+    return field(default=default, metadata={"option": Option(help, **option)})
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """The `LLM(...)` keyword arguments, unresolved (None / "auto" mean "derive it").
+
+    Constructing one checks each value against its `Option` (ValueError naming the field);
+    checks that need the model or the device are `resolve()`'s."""
+
+    model: str | None = _opt(
+        None, "Hugging Face-format Qwen3.5 checkpoint folder (default: the embedded demo "
+        "model, random weights)", metavar="PATH")  # fmt: skip
+    # "auto", "cpu" or "cuda[:N]": checked by `probe_device`, which resolves it
+    device: str = _opt("auto", '"auto" (default: CUDA if present), "cuda", "cuda:N" or "cpu"')
+    dtype: str = _opt(
+        "auto", 'weights and activations: "auto" (bfloat16 on CUDA, float32 on the CPU), '
+        '"bfloat16", "float16" or "float32"', auto=True, choices=DTYPES)  # fmt: skip
+    kv_dtype: str = _opt(
+        "auto", 'KV cache: "auto" (= --dtype), "bfloat16", "float16", "float32" or "fp8_e4m3"',
+        auto=True, choices=KV_DTYPES)  # fmt: skip
+    max_concurrency: int = _opt(
+        8, "requests decoded together, 1..8 (default 8)", metavar="N", kind=int, lo=1, hi=8
+    )
+    prefill_chunk: int | None = _opt(
+        None, "tokens per prefill pass while other requests decode (default: derived from the "
+        "model and device)", metavar="TOKENS", kind=int, lo=16)  # fmt: skip
+    # Tokens per prefill pass while no lane decodes (a lone prompt: fewer, longer passes; the
+    # prompt-tail snapshot is taken inside the final pass, within prefill_chunk of the end).
+    # Derived (`_solo_chunk`): SOLO_CHUNK_CUDA for a model whose eager pass of that size is bound
+    # by the GPU (`ninfer.costs.solo_chunk_pays`) when prefill_chunk is derived too, doubled (up
+    # to SOLO_CHUNK_MAX) while such a pass is estimated within SOLO_PASS_S (a request arriving
+    # meanwhile waits for the pass), else prefill_chunk. At least prefill_chunk (`resolve`).
+    solo_prefill_chunk: int | None = _opt(
+        None, "tokens per prefill pass while no request decodes (default: derived)",
+        metavar="TOKENS", kind=int, lo=16)  # fmt: skip
+    # at most the model's max_position_embeddings (`resolve`)
+    max_model_len: int | None = _opt(
+        None, "longest prompt + reply (default: the model's)", metavar="TOKENS", kind=int, lo=2
+    )
+    kv_capacity: int | str = _opt(
+        "auto", 'KV pool size in tokens, or "auto" (default: what free memory allows)',
+        metavar="TOKENS", kind=int, lo=PAGE_SIZE, auto=True)  # fmt: skip
     # > 0 builds the Host tier (pinned on CUDA; torch.empty, so untouched slabs cost no memory
     # on the CPU either); 0 = Device only. An explicit or default value is honoured as given.
-    host_cache_mib: int = DEFAULT_HOST_CACHE_MIB
-    device_snapshot_slots: int | None = None
-    cache_taps_per_request: int | None = None
-    cache_tap_ladder: int | None = None
-    cache_tap_min_gap: int | None = None
-    prefix_cache_file: str | None = None
-    prefix_reuse: bool = True
-    concurrent_prefill: bool = False
-    compile: bool = True
-    cuda_graphs: bool = True
+    host_cache_mib: int = _opt(
+        8192, "Host (CPU memory) tier of the prefix cache in MiB; 0: Device tier only "
+        "(default 8192)", metavar="MIB", kind=int, lo=0)  # fmt: skip
+    device_snapshot_slots: int | None = _opt(
+        None, "recurrent-state snapshots kept on the Device (default: derived)", metavar="N",
+        kind=int, lo=1)  # fmt: skip
+    cache_taps_per_request: int | None = _opt(
+        None, "most mid-prompt snapshots a request takes (default: derived)", metavar="N",
+        kind=int, lo=0)  # fmt: skip
+    cache_tap_ladder: int | None = _opt(
+        None, "spacing of the ladder of mid-prompt snapshots in a long prompt (default: "
+        "derived)", metavar="TOKENS", kind=int, lo=PAGE_SIZE)  # fmt: skip
+    cache_tap_min_gap: int | None = _opt(
+        None, "least distance between two snapshots of a prompt (default: derived)",
+        metavar="TOKENS", kind=int, lo=PAGE_SIZE)  # fmt: skip
+    prefix_cache_file: str | None = _opt(
+        None, "keep the Host tier across runs in this file: saved at exit, loaded at start",
+        metavar="PATH")  # fmt: skip
+    prefix_reuse: bool = _opt(True, "turn the prefix cache off (every prompt is computed in full)")
+    concurrent_prefill: bool = _opt(
+        False, "admit a request while another is still prefilling (default: one prefill at "
+        "a time)")  # fmt: skip
+    compile: bool = _opt(True, "do not torch.compile the model (faster start, slower steps)")
+    cuda_graphs: bool = _opt(True, "run every step eagerly, without captured CUDA graphs")
     # launch the next decode step before reading this one's tokens (same outputs; the GPU does
     # not wait for the host's per-step bookkeeping)
-    overlap_decode: bool = True
-    # one-row prefill steps of at most this many tokens replay a captured CUDA graph (padded to
+    overlap_decode: bool = _opt(True, "read each decode step's tokens before launching the next")
+    # One-row prefill steps of at most this many tokens replay a captured CUDA graph (padded to
     # a 64-token bucket; needs cuda_graphs; capped at prefill_chunk, which no prefill step
-    # exceeds); 0 = every prefill step runs eagerly. 2048 = the CUDA chunk: every chunk of a
-    # long cold prompt replays a graph (eager 2048-token passes of a 9B are bound by the host)
-    prefill_graph_tokens: int = 2048
-    seed: int = 0
+    # exceeds); 0 = every prefill step runs eagerly. The default is the CUDA chunk, so every
+    # chunk of a long cold prompt replays a graph: eager passes of that size are bound by the
+    # host's launches on the models served (docs/results-h200.md).
+    prefill_graph_tokens: int = _opt(
+        2048, "prefill passes up to TOKENS replay a CUDA graph; 0: eager (default 2048)",
+        metavar="TOKENS", kind=int, lo=0)  # fmt: skip
+    seed: int = _opt(0, "seed of the sampling RNG (default 0)", kind=int)
     # Queue timeout budget (seconds). In-flight coalescing (§12.2) lets the FIFO head wait for a
     # prefilling sibling only while twice the sibling's predicted prefill up to the shared
     # target is within half of it; 0 disables coalescing. No request is ever failed for waiting.
-    pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S
-    check_invariants: bool = False  # debug: check cache + memory invariants after every step
+    pending_timeout_s: float = _opt(
+        60.0, "how long a queued request may wait for another one prefilling the same prefix; "
+        "0: never wait (default 60)", metavar="S", kind=float, lo=0)  # fmt: skip
+    check_invariants: bool = _opt(
+        False, "check the cache and memory invariants after every step (debugging)", flag=False
+    )
+
+    def __post_init__(self) -> None:
+        for f, option in option_fields():
+            _check_option(f.name, getattr(self, f.name), f.default, option)
+
+
+def option_fields() -> Iterator[tuple[Field, Option]]:
+    """Every engine option with its metadata, in declaration order (the flags' order)."""
+    for f in fields(EngineOptions):
+        yield f, f.metadata["option"]
+
+
+def _check_option(name: str, value: object, default: object, option: Option) -> None:
+    """ValueError naming `name` when `value` is outside what `option` accepts."""
+    if value is None and default is None:
+        return
+    if option.auto and value == "auto":
+        return
+    if option.choices:
+        if value not in option.choices:
+            what = "'auto' or one of" if option.auto else "one of"
+            raise ValueError(f"{name} must be {what} {option.choices}, got {value!r}")
+    elif option.kind is int and option.lo is not None:
+        _check_int(name, value, int(option.lo), option.hi)
+    elif option.kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok or not value >= (option.lo or 0):
+            raise ValueError(f"{name} must be a number >= {option.lo:g}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +202,10 @@ class EngineConfig:
     state_image_bytes: int  # one state slot over every GDN layer
     host_cache_bytes: int  # requested Host tier budget (0 = Device only)
     host_tier: bool  # a Host tier is built: host_cache_bytes > 0 and prefix_reuse
-    host_slabs: int  # slabs of the Host tier (0 without one): floor(budget / kv_page_bytes)
+    host_slabs: int  # slabs of the Host tier (0 without one): host_geometry.num_slabs
+    # the Host tier's one slab geometry (None without one): the index's slab pool, the pinned
+    # slabs, copy planning and the prefix cache file all take this object
+    host_geometry: SlabGeometry | None
     device_snapshot_slots: int
     cache_taps_per_request: int
     cache_tap_ladder: int
@@ -152,6 +254,7 @@ class EngineConfig:
     def describe(self) -> dict:
         """Every resolved value plus the derived byte sizes, for `ninfer info` and logs."""
         d = asdict(self)
+        del d["host_geometry"]  # host_slabs and the byte sizes say it
         d["state_slots"] = self.state_slots
         d["kv_capacity_tokens"] = self.kv_capacity_tokens
         d["kv_pool_bytes"] = self.kv_pages * self.kv_page_bytes
@@ -202,35 +305,9 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
 
 SOLO_CHUNK_CUDA = 8192
 SOLO_CHUNK_MAX = 32768
-# the longest estimated solo pass (`pass_seconds`) a derived solo chunk doubles up to. On the
-# H200, one machine, the 9B's 32k prompt: 895.9 ms in passes of 8192, 886.5 in passes of
-# 16384 (two, so ~0.44 s a pass), 881.8 in one pass (thirteenth session).
+# The longest estimated solo pass (`ninfer.costs.pass_seconds`) a derived solo chunk doubles up
+# to: a request arriving meanwhile waits for the pass (docs/results-h200.md, the solo chunk).
 SOLO_PASS_S = 0.5
-# An eager prefill pass's host time on the H200 machine (eighth session, profiled): Python and
-# launches per layer.
-HOST_S_PER_GDN_LAYER = 2.4e-3
-HOST_S_PER_FULL_LAYER = 1.05e-3
-
-
-def pass_seconds(model: Qwen35Config, tokens: int, flops_per_s: float | None = None) -> float:
-    """A prefill pass's GPU time from the shape (`ninfer.costs.prefill_seconds`: matmuls,
-    attention, GDN), at `flops_per_s` (default: the nominal CUDA device's bf16 rate). The same
-    model the cache's cost model is built from (`CacheBridge`)."""
-    rate = flops_per_s or CUDA_NOMINAL.prefill_flops_per_s("bfloat16")
-    return prefill_seconds(model, rate, tokens)
-
-
-def solo_chunk_pays(model: Qwen35Config, tokens: int, flops_per_s: float | None = None) -> bool:
-    """Whether an eager pass of `tokens` tokens keeps the GPU busy: its matmul time (2 x the
-    active projection and MLP parameters per token, estimated from the shape) is at least
-    twice the host's time to launch it. Passes above `prefill_graph_tokens` run eagerly, so a
-    small model's long pass would wait on the host: the 9B and 27B pay at 8192 tokens, the 4B
-    (~0.7x) and the 35B-A3B (3B active) do not."""
-    gpu_s = pass_seconds(model, tokens, flops_per_s)
-    n_full = len(model.full_layer_ids)
-    host_s = HOST_S_PER_GDN_LAYER * (model.num_hidden_layers - n_full)
-    host_s += HOST_S_PER_FULL_LAYER * n_full
-    return gpu_s >= 2 * host_s
 
 
 def _solo_chunk(
@@ -255,11 +332,7 @@ def resolve_dtypes(opts: EngineOptions, on_cuda: bool) -> tuple[str, str]:
     dtype = opts.dtype
     if dtype == "auto":
         dtype = "bfloat16" if on_cuda else "float32"
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be 'auto' or one of {DTYPES}, got {opts.dtype!r}")
     kv_dtype = dtype if opts.kv_dtype == "auto" else opts.kv_dtype
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype must be 'auto' or one of {KV_DTYPES}, got {opts.kv_dtype!r}")
     if kv_dtype == "fp8_e4m3" and not on_cuda:
         raise ValueError("kv_dtype='fp8_e4m3' needs a CUDA device (device resolved to 'cpu')")
     return dtype, kv_dtype
@@ -270,8 +343,7 @@ def _resolve_pages(
 ) -> int:
     """Device KV pages: an explicit token cap, or "auto" (free memory becomes block cache)."""
     if opts.kv_capacity != "auto":
-        tokens = _check_int("kv_capacity", opts.kv_capacity, PAGE_SIZE)
-        return tokens // PAGE_SIZE
+        return opts.kv_capacity // PAGE_SIZE
     if facts.device.startswith("cuda"):
         budget = facts.free_bytes - max(CUDA_RESERVE_BYTES, facts.total_bytes // 10) - state_bytes
     else:
@@ -287,58 +359,49 @@ def _resolve_pages(
     return int(pages)
 
 
-def _host_slabs(host_mib: int, model: Qwen35Config, page_bytes: int, state_bytes: int) -> int:
-    """Slabs of a `host_mib` Host tier (0 for 0), by the memory layer's own rule
+def _host_geometry(
+    host_mib: int, model: Qwen35Config, page_bytes: int, state_bytes: int
+) -> SlabGeometry | None:
+    """The geometry of a `host_mib` Host tier (None for 0), by the cache's rule
     (`plan_slab_geometry`): a nonzero budget smaller than one snapshot (image slabs + tail)
     plus one block raises ValueError naming host_cache_mib. Allocates nothing."""
-    from ninfer.memory.host_slabs import plan_slab_geometry
-
     n_fa = len(model.full_layer_ids)
     if not host_mib or not n_fa:
-        return 0
-    geometry = plan_slab_geometry(host_mib, n_fa, page_bytes // n_fa, state_bytes)
-    return geometry.num_slabs
+        return None
+    return plan_slab_geometry(host_mib, n_fa, page_bytes // n_fa, state_bytes)
 
 
 def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> EngineConfig:
-    """Compute every derived value (spec §14.2, ADAPTATION.md defaults). Pure; raises ValueError
-    naming the offending field."""
+    """Compute every derived value (spec §14.2, ADAPTATION.md defaults) once. Pure; raises
+    ValueError naming the offending field where the model or the device rules a value out
+    (`EngineOptions` has checked each value on its own)."""
     on_cuda = facts.device.startswith("cuda")
-    c = _check_int("max_concurrency", opts.max_concurrency, 1, 8)
+    c = opts.max_concurrency
     dtype, kv_dtype = resolve_dtypes(opts, on_cuda)
     chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
-    chunk = _check_int("prefill_chunk", chunk, 16)
     max_len = opts.max_model_len or model.max_position_embeddings
     rates = facts.rates or (CUDA_NOMINAL if on_cuda else CPU_RATES)
     rate = rates.prefill_flops_per_s(dtype)
     solo = _solo_chunk(opts, model, chunk, on_cuda, max_len, rate)
-    host_mib = _check_int("host_cache_mib", opts.host_cache_mib, 0)
     page_bytes = model.kv_bytes_per_token(_itemsize(kv_dtype)) * PAGE_SIZE
     state_bytes = model.state_image_bytes(_itemsize(dtype))
+    host_mib = opts.host_cache_mib
     host_bytes = host_mib * MIB
     host_tier = bool(host_bytes) and bool(opts.prefix_reuse)
-    host_slabs = _host_slabs(host_mib, model, page_bytes, state_bytes) if host_tier else 0
-    timeout = opts.pending_timeout_s
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ValueError(f"pending_timeout_s must be a number >= 0, got {timeout!r}")
+    host_geometry = _host_geometry(host_mib, model, page_bytes, state_bytes) if host_tier else None
     slots = opts.device_snapshot_slots
     slots = (c + 1 if host_tier else c + 2) if slots is None else slots
-    slots = _check_int("device_snapshot_slots", slots, 1)
     taps = opts.cache_taps_per_request
     taps = (8 if host_tier else 2) if taps is None else taps
-    taps = _check_int("cache_taps_per_request", taps, 0)
     ladder = opts.cache_tap_ladder if opts.cache_tap_ladder is not None else max(4096, 2 * chunk)
-    ladder = _check_int("cache_tap_ladder", ladder, PAGE_SIZE)
     gap = opts.cache_tap_min_gap if opts.cache_tap_min_gap is not None else max(1024, chunk)
-    gap = _check_int("cache_tap_min_gap", gap, PAGE_SIZE)
     forward = -(-FORWARD_TAP_MIN // chunk) * chunk
     len_cfg = model.max_position_embeddings
     if opts.max_model_len is not None:
         _check_int("max_model_len", opts.max_model_len, 2, len_cfg)
         len_cfg = opts.max_model_len
-    graph_tokens = _check_int("prefill_graph_tokens", opts.prefill_graph_tokens, 0)
     graphs = bool(opts.cuda_graphs) and on_cuda
-    graph_tokens = min(graph_tokens, chunk)
+    graph_tokens = min(opts.prefill_graph_tokens, chunk)
     graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
     scratch = int(graph_tokens > 0)
     states = state_bytes * (c + slots + scratch)
@@ -365,7 +428,8 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         state_image_bytes=state_bytes,
         host_cache_bytes=host_bytes,
         host_tier=host_tier,
-        host_slabs=host_slabs,
+        host_slabs=host_geometry.num_slabs if host_geometry is not None else 0,
+        host_geometry=host_geometry,
         device_snapshot_slots=slots,
         cache_taps_per_request=taps,
         cache_tap_ladder=ladder,
@@ -374,7 +438,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         prefix_cache_file=opts.prefix_cache_file,
         prefix_reuse=bool(opts.prefix_reuse),
         concurrent_prefill=bool(opts.concurrent_prefill),
-        pending_timeout_s=float(timeout),
+        pending_timeout_s=float(opts.pending_timeout_s),
         compile=bool(opts.compile) and on_cuda,
         cuda_graphs=graphs,
         overlap_decode=bool(opts.overlap_decode),

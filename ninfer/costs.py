@@ -1,6 +1,7 @@
 """Time estimates from the model's shape and the device's rates: the one prefill model behind
-the scheduler's pass sizing (`config.pass_seconds`) and the cache's cost model
-(`CacheCostModel`, spec §6.2, §9.4), and the copy rates of restores and write-through.
+the scheduler's pass sizing (`pass_seconds`, `solo_chunk_pays`, read by `config.resolve`) and the
+cache's cost model (`cache_cost_model`, spec §6.2, §9.4), and the copy rates of restores and
+write-through. Every time estimate of the package is made here.
 
     prefill of T tokens after B cached, one logits row (`PrefillShape.flops`):
         flops = token_flops * T                      2 x active matmul parameters per token
@@ -24,9 +25,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ninfer.cache.cost import CacheCostModel
-from ninfer.models.config import Qwen35Config
+
+if TYPE_CHECKING:  # shapes are read by attribute; importing the model package needs torch
+    from ninfer.models.config import Qwen35Config
 
 # The fraction of the matmul peak (a square product in the model dtype) that a long prefill
 # pass reaches: its FLOPs (this module's count) over its seconds (docs/results-h200.md, MFU).
@@ -133,6 +137,31 @@ def prefill_seconds(cfg: Qwen35Config, flops_per_s: float, tokens: int, cached: 
     """Compute time of one pass of `tokens` prompt tokens after `cached`, at a prefill rate of
     `flops_per_s` (`DeviceRates.prefill_flops_per_s`), without the pass's fixed overhead."""
     return PrefillShape.of(cfg).flops(tokens, cached) / flops_per_s
+
+
+def pass_seconds(model: Qwen35Config, tokens: int, flops_per_s: float | None = None) -> float:
+    """A cold prefill pass's compute time (`prefill_seconds`), at `flops_per_s` (default: the
+    nominal CUDA device's bf16 rate): the compute part of the cache's cost model for that pass
+    (`cache_cost_model`)."""
+    rate = flops_per_s or CUDA_NOMINAL.prefill_flops_per_s("bfloat16")
+    return prefill_seconds(model, rate, tokens)
+
+
+# An eager prefill pass's host time: Python and kernel launches per layer, profiled on the H200
+# (docs/results-h200.md, the solo chunk).
+HOST_S_PER_GDN_LAYER = 2.4e-3
+HOST_S_PER_FULL_LAYER = 1.05e-3
+
+
+def solo_chunk_pays(model: Qwen35Config, tokens: int, flops_per_s: float | None = None) -> bool:
+    """Whether an eager pass of `tokens` tokens keeps the GPU busy: its compute time
+    (`pass_seconds`) is at least twice the host's time to launch it. Passes above
+    `prefill_graph_tokens` run eagerly, so a small model's long pass would wait on the host."""
+    gpu_s = pass_seconds(model, tokens, flops_per_s)
+    n_full = len(model.full_layer_ids)
+    host_s = HOST_S_PER_GDN_LAYER * (model.num_hidden_layers - n_full)
+    host_s += HOST_S_PER_FULL_LAYER * n_full
+    return gpu_s >= 2 * host_s
 
 
 def cache_cost_model(

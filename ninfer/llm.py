@@ -9,31 +9,33 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import itertools
 import logging
 import queue
 import threading
 import time
 import weakref
-from dataclasses import fields, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
 from ninfer.cache.keys import prepare_prompt
 from ninfer.config import (
-    DEFAULT_HOST_CACHE_MIB,
-    DEFAULT_PENDING_TIMEOUT_S,
     EngineConfig,
     EngineOptions,
+    option_fields,
     probe_device,
     resolve,
     resolve_dtypes,
 )
 from ninfer.engine import prompts as forms
-from ninfer.engine.backend import select_ops
-from ninfer.engine.cache_bridge import torch_dtype
 from ninfer.engine.engine import Engine
+from ninfer.engine.executor.backend import select_ops
+from ninfer.engine.kv.state import torch_dtype
 from ninfer.engine.lane import Job
 from ninfer.engine.outputs import is_engine_error
 from ninfer.request import EngineError, RequestOutput, SamplingParams, StreamDelta
@@ -81,7 +83,7 @@ def _check_cache_file(options: EngineOptions) -> EngineOptions:
     """`prefix_cache_file` made absolute; ValueError for a directory or a missing parent."""
     if options.prefix_cache_file is None:
         return options
-    from ninfer.engine.persistence import resolve_path
+    from ninfer.persist.cache_file import resolve_path
 
     path = str(resolve_path(options.prefix_cache_file))
     return replace(options, prefix_cache_file=path)
@@ -90,39 +92,14 @@ def _check_cache_file(options: EngineOptions) -> EngineOptions:
 class LLM:
     """An inference engine over one Qwen3.5 checkpoint (None: the embedded demo model)."""
 
-    def __init__(
-        self,
-        model: str | None = None,
-        device: str = "auto",
-        dtype: str = "auto",
-        kv_dtype: str = "auto",
-        max_concurrency: int = 8,
-        prefill_chunk: int | None = None,
-        solo_prefill_chunk: int | None = None,
-        max_model_len: int | None = None,
-        kv_capacity: int | str = "auto",
-        host_cache_mib: int = DEFAULT_HOST_CACHE_MIB,
-        device_snapshot_slots: int | None = None,
-        cache_taps_per_request: int | None = None,
-        cache_tap_ladder: int | None = None,
-        cache_tap_min_gap: int | None = None,
-        prefix_cache_file: str | None = None,
-        prefix_reuse: bool = True,
-        concurrent_prefill: bool = False,
-        compile: bool = True,
-        cuda_graphs: bool = True,
-        overlap_decode: bool = True,
-        prefill_graph_tokens: int = 2048,
-        seed: int = 0,
-        pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
-        check_invariants: bool = False,
-    ) -> None:
-        kwargs = dict(locals())
-        del kwargs["self"], kwargs["model"]
-        options = _options(model, kwargs)
-        facts = probe_device(options.device)
-        config, tokenizer, template, build = _load(options, facts.device)
-        self._init(options, facts, config, tokenizer, template, build)
+    def __init__(self, model: str | None = None, **options: Any) -> None:
+        """`model` and `options`: the keyword arguments of spec/API.md, each declared once, with
+        its default and help, by `ninfer.config.EngineOptions` (the signature below is built
+        from it); an unknown keyword raises TypeError, a bad value ValueError naming it."""
+        opts = _options(model, options)
+        facts = probe_device(opts.device)
+        config, tokenizer, template, build = _load(opts, facts.device)
+        self._init(opts, facts, config, tokenizer, template, build)
 
     @classmethod
     def from_model(cls, model, tokenizer=None, chat_template=None, **kwargs) -> LLM:
@@ -131,7 +108,7 @@ class LLM:
         self = cls.__new__(cls)
         options = _options(None, kwargs)
         facts = probe_device(options.device)
-        from ninfer.engine.persistence import model_identity
+        from ninfer.persist.fingerprint import model_identity
 
         self._init(
             options,
@@ -147,19 +124,19 @@ class LLM:
     def _init(self, options, facts, config, tokenizer, template, build, identity=None) -> None:
         t_start = time.perf_counter()
         options = _check_cache_file(options)
-        resolve(options, config, facts)  # validate every option before loading weights
         dtype, _ = resolve_dtypes(options, facts.device.startswith("cuda"))
         model = build(torch_dtype(dtype))
         got = next(model.parameters()).dtype
         if got != torch_dtype(dtype):
             raise ValueError(f"dtype: the engine resolved {dtype}, the model's weights are {got}")
-        # Free memory is measured with the weights in place: "auto" KV takes what is left.
+        # Resolved once, with free memory measured with the weights in place: "auto" KV takes
+        # what is left. Each value was checked on its own when `options` was built.
         self._cfg: EngineConfig = resolve(options, config, probe_device(facts.device))
         self._model_config = config
         self._tokenizer = tokenizer
         self._template = template
         device = torch.device(self._cfg.device)
-        from ninfer.engine.persistence import for_engine
+        from ninfer.persist.cache_file import for_engine
         from ninfer.sampling import make_generator
 
         ops = select_ops(device, self._cfg.compile)
@@ -193,25 +170,32 @@ class LLM:
         return self._cfg
 
     @property
+    def model_config(self):
+        """The model's normalised configuration (`Qwen35Config`: shape, vocabulary, limits)."""
+        return self._model_config
+
+    @property
     def tokenizer(self):
         return self._tokenizer
 
     def memory_ledger(self) -> dict:
         """KV pages and bytes, state slots, Host slabs and bytes (for `ninfer info`)."""
-        return self._engine.call(lambda: self._engine.bridge.ledger())
+        return self._engine.call(lambda: self._engine.kv_state.ledger())
 
     def cache_stats(self):
         """A copy of the prefix cache's CacheStats (all zero when prefix_reuse=False)."""
-        return self._engine.call(lambda: self._engine.bridge.stats())  # already a copy
+        return self._engine.call(lambda: self._engine.kv_state.stats())  # already a copy
 
     def settle(self) -> None:
         """Block until every Host copy in flight (write-through, restores, prefetches) has
         landed and the cache knows it: what was served is then on the Host tier. The engine
         thread waits too (for at most the copies already queued); for benchmarks and tests."""
-        self._engine.call(lambda: self._engine.bridge.poll(wait=True))
+        self._engine.call(lambda: self._engine.kv_state.poll(wait=True))
 
     # ---- requests ---------------------------------------------------------------------------
-    def _job(self, prompt: forms.PromptInput | None, params, error: str | None, stream=False):
+    def _job(
+        self, prompt: forms.PromptInput | None, params, error: str | None, stream=False, sink=None
+    ) -> Job:
         ids = prompt.token_ids if prompt is not None else []
         hints = prompt.hints if prompt is not None else forms.PromptHints()
         job = Job(
@@ -219,7 +203,7 @@ class LLM:
             prompt=ids,
             params=params,
             hints=hints,
-            sink=queue.Queue(),
+            sink=queue.Queue() if sink is None else sink,
             stream=stream,
             error=error,
         )
@@ -239,16 +223,19 @@ class LLM:
                 raise ValueError(f"{field}: {e}") from e  # (say, the chat template's own)
             except Exception as e:  # a malformed value of the wrong type (TypeError, ...)
                 raise ValueError(f"{field}: malformed input ({type(e).__name__}: {e})") from e
-            forms.validate(prompt, self._model_config.vocab_size, self._cfg.max_model_len)
-            if prompt.token_ids and any(  # a tokenizer or template returned non-int ids
-                isinstance(t, bool) or not isinstance(t, int) for t in prompt.token_ids
-            ):
-                raise ValueError(f"{field}: rendered to token ids that are not integers")
+            self._check_prompt(prompt, field)
         except ValueError as e:
             if single:
                 raise
             return self._job(None, SamplingParams(), _error_text(e), stream)
         return self._job(prompt, frozen, None, stream)
+
+    def _check_prompt(self, prompt: forms.PromptInput, field: str) -> None:
+        forms.validate(prompt, self._model_config.vocab_size, self._cfg.max_model_len)
+        if prompt.token_ids and any(  # a tokenizer or template returned non-int ids
+            isinstance(t, bool) or not isinstance(t, int) for t in prompt.token_ids
+        ):
+            raise ValueError(f"{field}: rendered to token ids that are not integers")
 
     def _submit(self, job: Job) -> None:
         with self._live_lock:
@@ -320,7 +307,73 @@ class LLM:
     def _render(self, messages, tools, enable_thinking) -> forms.PromptInput:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ValueError("messages: a conversation is a list of message dicts")
-        return forms.from_conversation(messages, self._template, tools, enable_thinking)
+        return self.render_chat(messages, tools, enable_thinking=enable_thinking).prompt
+
+    # ---- rendered prompts, submitted with a callback (servers) --------------------------------
+    def render_chat(
+        self, messages: list[dict], tools: list[dict] | None = None, *,
+        tools_breakpoint: bool = False, **template_kwargs: Any,
+    ) -> ChatPrompt:  # fmt: skip
+        """One conversation rendered with the checkpoint's chat template (`template_kwargs`,
+        e.g. `enable_thinking`, go to the template): its token ids, the tap planner's hints
+        (breakpoints after `cache_control` messages, the end of the tools/system turn, message
+        starts, the generation opener) and the text. ValueError when the model has no
+        template or the template rejects the conversation. With `tools_breakpoint` (Anthropic's
+        `cache_control` on a tool), the end of the tools/system turn is a client breakpoint."""
+        if self._template is None:
+            raise ValueError("messages: this model has no chat template")
+        r = self._template.render(messages, tools=tools, **template_kwargs)
+        h = r.hints
+        explicit = set(h.explicit)
+        if tools_breakpoint:
+            explicit.update(h.structural)
+        hints = forms.PromptHints(
+            explicit=sorted(explicit),
+            structural=list(h.structural),
+            opener=h.opener,
+            message_starts=list(h.message_starts),
+        )
+        return ChatPrompt(forms.PromptInput(list(r.token_ids), hints), r.text)
+
+    def render_prompt(self, prompt) -> forms.PromptInput:
+        """One prompt in any of `generate`'s forms (text, token ids, a dict with
+        `cache_breakpoints`) as token ids and hints; ValueError naming the field."""
+        return forms.from_prompt(prompt, self._tokenizer)
+
+    def check(self, prompt: forms.PromptInput, sampling_params=None) -> SamplingParams:
+        """The frozen, validated copy of `sampling_params` that `submit` would run `prompt`
+        with; ValueError naming the field when the request cannot be served."""
+        frozen = _checked_params(sampling_params)
+        self._check_prompt(prompt, "prompt")
+        return frozen
+
+    def submit(
+        self, prompt: forms.PromptInput, sampling_params=None, *,
+        on_event: Callable[[StreamDelta | RequestOutput], None], stream: bool = True,
+    ) -> str:  # fmt: skip
+        """Start one rendered prompt (`render_chat`, `render_prompt`) and return its request
+        id (for `cancel`). `on_event` is called on the engine thread with each StreamDelta
+        (when `stream`), then exactly once with the final RequestOutput (finish_reason
+        "abort" after `cancel`); it must neither block nor raise: it hands the event on (to
+        a queue, an event loop). ValueError naming the field when the request cannot be
+        served (`check`); nothing is submitted then."""
+        frozen = self.check(prompt, sampling_params)
+        job = self._job(prompt, frozen, None, stream, sink=_CallbackSink(on_event))
+        job.sink.on_final = lambda: self._forget(job)
+        self._submit(job)
+        return job.request_id
+
+    @property
+    def running(self) -> bool:
+        """True while the engine serves: False once closed or stopped by a fault (a request
+        then still gets its final output: "abort", or "error" naming the fault)."""
+        engine = getattr(self, "_engine", None)
+        return engine is not None and engine._thread.is_alive()
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The token ids that end a reply (the tokenizer's and the checkpoint's)."""
+        return frozenset(self._engine.eos)
 
     def stream(
         self,
@@ -390,6 +443,29 @@ class LLM:
             self.close()
 
 
+class ChatPrompt(NamedTuple):
+    """A conversation as `LLM.render_chat` rendered it."""
+
+    prompt: forms.PromptInput  # token ids and the tap planner's hints
+    text: str  # the rendered text
+
+
+class _CallbackSink:
+    """A job's sink that hands each event to a callback on the engine thread (`LLM.submit`);
+    `on_final` runs before the final output is handed on."""
+
+    __slots__ = ("_on_event", "on_final")
+
+    def __init__(self, on_event: Callable[[StreamDelta | RequestOutput], None]) -> None:
+        self._on_event = on_event
+        self.on_final: Callable[[], None] | None = None
+
+    def put(self, event: StreamDelta | RequestOutput) -> None:
+        if isinstance(event, RequestOutput) and self.on_final is not None:
+            self.on_final()
+        self._on_event(event)
+
+
 # Field names a request's input error may name (else it is prefixed with the form's field).
 _INPUT_FIELDS = ("prompt", "messages", "cache_breakpoints", "tools", "max_model_len")
 
@@ -404,11 +480,23 @@ def _close_at_exit(ref: weakref.ref) -> None:
 
 
 def _options(model: str | None, kwargs: dict) -> EngineOptions:
-    names = {f.name for f in fields(EngineOptions)} - {"model"}
+    names = {f.name for f, _ in option_fields()} - {"model"}
     unknown = set(kwargs) - names
     if unknown:
         raise TypeError(f"LLM() got unexpected keyword arguments {sorted(unknown)}")
     return EngineOptions(model=model, **kwargs)
+
+
+def _init_signature() -> inspect.Signature:
+    """`LLM.__init__`'s signature as `inspect` and `help()` show it: every `EngineOptions` field
+    with its default (`model` also positional, the rest keyword-only)."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for f, _ in option_fields():
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        if f.name != "model":
+            kind = inspect.Parameter.KEYWORD_ONLY
+        params.append(inspect.Parameter(f.name, kind, default=f.default, annotation=f.type))
+    return inspect.Signature(params, return_annotation="None")
 
 
 def _params_list(sampling_params, n: int) -> list:
@@ -512,3 +600,6 @@ class RequestStream:
             if not self._done:
                 self._llm._engine.cancel(self._job)
                 self._llm._forget(self._job)
+
+
+LLM.__init__.__signature__ = _init_signature()

@@ -17,34 +17,32 @@ import random
 import statistics
 
 from ninfer import LLM, SamplingParams
+from ninfer.cli.main import add_engine_flags, engine_kwargs
 
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=None, help="checkpoint folder (default: the demo model)")
-    p.add_argument("--device", default="auto")
     p.add_argument("--context", type=int, default=4000, help="history tokens before the turn")
     p.add_argument("--new", type=int, default=48, help="new tokens of the resumed turn")
     p.add_argument("--reply", type=int, default=16, help="tokens generated per turn")
-    p.add_argument("--prefill-chunk", type=int, default=None)
     p.add_argument("--repeat", type=int, default=3, help="turns measured (median reported)")
-    p.add_argument("--seed", type=int, default=0)
+    add_engine_flags(p)  # `ninfer`'s engine flags; --seed also seeds the random prompts
     return p.parse_args()
 
 
 def main() -> None:
     args = _args()
-    common = dict(
-        device=args.device,
-        prefill_chunk=args.prefill_chunk,
-        max_concurrency=1,
-        host_cache_mib=0,
-        max_model_len=args.context + (args.new + args.reply) * (args.repeat + 1) + 64,
-    )
-    warm = LLM(args.model, **common)
-    cold = LLM(args.model, prefix_reuse=False, **common)
+    engine = engine_kwargs(args)
+    common = {
+        "max_concurrency": 1,
+        "host_cache_mib": 0,
+        "max_model_len": args.context + (args.new + args.reply) * (args.repeat + 1) + 64,
+        **engine,  # flags given win
+    }
+    warm = LLM(**common)
+    cold = LLM(**{**common, "prefix_reuse": False})
     vocab = min(warm.tokenizer.vocab_size, 2**31)
-    rng = random.Random(args.seed)
+    rng = random.Random(engine.get("seed", 0))
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(16, vocab - 1) for _ in range(n)]
@@ -65,7 +63,7 @@ def main() -> None:
     ttft_resumed, ttft_cold = statistics.median(resumed), statistics.median(recomputed)
     result = {
         "device": warm.engine_config.device,
-        "model": args.model or "demo",
+        "model": engine.get("model") or "demo",
         "prefill_chunk": warm.engine_config.prefill_chunk,
         "prompt_tokens_last_turn": len(prompt),
         "cached_tokens": cached,

@@ -26,6 +26,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+from ninfer.cli.main import add_engine_flags, engine_kwargs
+
 WORDS = ("alpha", "delta", "river", "stone", "cloud", "ember", "field", "north", "quartz", "tide")
 
 
@@ -63,6 +65,40 @@ class Level:
     decode_tok_s_p50: float
     cached_fraction: float
     samples: list[Sample] = field(default_factory=list)
+    server_cpu: dict | None = None  # `--server-cpu`: the server's event-loop cost
+
+
+def _scrape(base: str) -> dict[str, float]:
+    """The server's event-loop counters from /metrics (`ninfer_server_loop_*`)."""
+    import httpx
+
+    values = {}
+    for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("ninfer_server_"):
+            name, value = line.rsplit(" ", 1)
+            values[name.removesuffix("_total")] = float(value)
+    return values
+
+
+def _loop_cost(before: dict, after: dict, samples: list[Sample]) -> dict:
+    """The loop thread's CPU time and wake-ups over one level, per streamed token and per
+    request. The loop thread runs no model code (the engine has its own thread), so its CPU
+    time is the server's host cost, and it competes with the engine thread for the GIL."""
+    tokens = sum(s.completion_tokens for s in samples) or 1
+    requests = len(samples) or 1
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    cpu = delta("ninfer_server_loop_cpu_seconds")
+    return {
+        "tokens": tokens,
+        "loop_cpu_s": cpu,
+        "loop_cpu_us_per_token": cpu / tokens * 1e6,
+        "loop_cpu_ms_per_request": cpu / requests * 1e3,
+        "wakeups_per_token": delta("ninfer_server_loop_wakeups") / tokens,
+        "writes_per_token": delta("ninfer_server_stream_writes") / tokens,
+    }
 
 
 def _text(n: int, salt: int) -> str:
@@ -192,7 +228,9 @@ async def _serve_session(client, url: str, model: str, shape, level: int, s: int
         history.append({"role": "assistant", "content": text})
 
 
-def run_server(base: str, shape: Shape, levels: list[int], warm: bool = False) -> list[Level]:
+def run_server(
+    base: str, shape: Shape, levels: list[int], warm: bool = False, cpu: bool = False
+) -> list[Level]:
     import httpx
 
     model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
@@ -212,7 +250,14 @@ def run_server(base: str, shape: Shape, levels: list[int], warm: bool = False) -
             await asyncio.gather(*(bounded(s) for s in range(c * shape.sessions_per_client)))
             return _level(c, samples, time.perf_counter() - t0)
 
-    return [asyncio.run(level(c)) for c in levels]
+    results = []
+    for c in levels:
+        before = _scrape(base) if cpu else {}
+        lv = asyncio.run(level(c))
+        if cpu:
+            lv.server_cpu = _loop_cost(before, _scrape(base), lv.samples)
+        results.append(lv)
+    return results
 
 
 # ---- the report ------------------------------------------------------------------------------
@@ -224,6 +269,15 @@ def _print(title: str, levels: list[Level]) -> None:
             f"  {lv.concurrency:4d}  {lv.requests:4d}  {lv.wall_s:7.2f}  {lv.ttft_p50_ms:11.1f}"
             f"  {lv.ttft_p99_ms:11.1f}  {lv.decode_tok_s_p50:12.1f}  {lv.cached_fraction:6.1%}"
         )
+    for lv in levels:
+        if lv.server_cpu:
+            c = lv.server_cpu
+            print(
+                f"  conc {lv.concurrency}: server loop CPU {c['loop_cpu_us_per_token']:.0f} us"
+                f"/token ({c['loop_cpu_ms_per_request']:.1f} ms/request, {c['tokens']} tokens),"
+                f" {c['wakeups_per_token']:.2f} wake-ups/token,"
+                f" {c['writes_per_token']:.2f} SSE writes/token"
+            )
 
 
 def _overhead(server: list[Level], inproc: list[dict]) -> list[dict]:
@@ -257,25 +311,26 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--sessions-per-client", type=int, default=2)
     p.add_argument("--compare", help="an in-process JSON result: print the server's overhead")
+    p.add_argument(
+        "--server-cpu",
+        action="store_true",
+        help="with --url: the server's event-loop CPU time and wake-ups per streamed token",
+    )
     p.add_argument("--json", help="write the result here")
     p.add_argument("--preset", help="in-process: a preset's random weights (as ninfer serve)")
-    p.add_argument("--model", help="in-process: a checkpoint folder")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--max-model-len", type=int, default=None)
+    add_engine_flags(p)  # in-process: `ninfer`'s engine flags (--model: a checkpoint folder)
     return p.parse_args(argv)
 
 
 def _llm(a):
-    engine = {"device": a.device}
-    if a.max_model_len:
-        engine["max_model_len"] = a.max_model_len
+    engine = engine_kwargs(a)
     if a.preset:
         from ninfer.bench.suite import BenchSpec, load
 
         return load(BenchSpec(parts=[], preset=a.preset, engine=engine)).make_llm(engine)
     from ninfer import LLM
 
-    return LLM(model=a.model, **engine)
+    return LLM(**engine)
 
 
 def main(argv=None) -> int:
@@ -294,7 +349,7 @@ def main(argv=None) -> int:
     else:
         warm = Shape(shape.system_words, shape.user_words, shape.reply, 1, 1)
         run_server(a.url, warm, [1], warm=True)
-        result = run_server(a.url, shape, levels)
+        result = run_server(a.url, shape, levels, cpu=a.server_cpu)
         title = f"server {a.url}"
     _print(title, result)
     out = {"mode": "inprocess" if a.inprocess else "server", "shape": asdict(shape)}

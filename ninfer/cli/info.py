@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     with open_llm(args) as llm:
         config = dict(llm.engine_config.describe())
         ledger = llm.memory_ledger()
-        costs = cost_estimates(llm.engine_config, llm._model_config)
+        costs = cost_estimates(llm.engine_config, llm.model_config)
     if args.json:
         out = {"config": config, "memory_ledger": ledger, "cost_model": costs}
         print(json.dumps(out, indent=2, default=str))
@@ -56,7 +56,7 @@ COST_TOKENS = (1024, 8192, 32768)
 def cost_estimates(cfg, model_config) -> dict[str, dict[str, float]]:
     """The cache's cost model on this device (spec §6.2, `ninfer.costs`): seconds to prefill
     a cold prompt of n tokens and to restore its blocks and one state image from Host."""
-    from ninfer.engine.cache_bridge import engine_cost_model
+    from ninfer.engine.kv.state import engine_cost_model
 
     cost = engine_cost_model(cfg, model_config)
     out = {}

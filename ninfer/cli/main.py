@@ -1,10 +1,11 @@
 """`ninfer` command line: sub-commands and the engine flags they share.
 
-Every engine option of `LLM(...)` is a flag; `engine_kwargs` is the one place that maps flags to
-keyword arguments. A flag left out is not passed, so `LLM`'s own defaults (and the values it
-derives from the model and the device) stay the single source of truth. The sub-command modules
-import torch and the engine lazily, so `ninfer --help` stays fast. Text a user reads (help,
-errors) explains itself: it cites no document outside the package.
+Every engine option of `LLM(...)` is a flag, generated from its declaration
+(`ninfer.config.EngineOptions` and its `Option` metadata: name, help, type); `engine_kwargs` maps
+flags back to keyword arguments. A flag left out is not passed, so `LLM`'s own defaults (and the
+values it derives from the model and the device) stay the single source of truth. The
+sub-command modules import torch and the engine lazily, so `ninfer --help` stays fast. Text a
+user reads (help, errors) explains itself: it cites no document outside the package.
 """
 
 from __future__ import annotations
@@ -18,58 +19,33 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-# (flag, LLM keyword, argparse options); store_false flags map `--no-x` to `x=False`.
-ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
-    ("--model", "model", dict(metavar="PATH", help="Hugging Face-format Qwen3.5 checkpoint "
-                              "folder (default: the embedded demo model, random weights)")),
-    ("--device", "device", dict(help='"auto" (default: CUDA if present), "cuda", "cuda:N" or '
-                                '"cpu"')),
-    ("--dtype", "dtype", dict(help='weights and activations: "auto" (bfloat16 on CUDA, float32 '
-                              'on the CPU), "bfloat16", "float16" or "float32"')),
-    ("--kv-dtype", "kv_dtype", dict(help='KV cache: "auto" (= --dtype), "bfloat16", "float16", '
-                                    '"float32" or "fp8_e4m3"')),
-    ("--max-concurrency", "max_concurrency", dict(type=int, metavar="N",
-     help="requests decoded together, 1..8 (default 8)")),
-    ("--prefill-chunk", "prefill_chunk", dict(type=int, metavar="TOKENS",
-     help="tokens per prefill pass while other requests decode (default: derived from the "
-     "model and device)")),
-    ("--solo-prefill-chunk", "solo_prefill_chunk", dict(type=int, metavar="TOKENS",
-     help="tokens per prefill pass while no request decodes (default: derived)")),
-    ("--max-model-len", "max_model_len", dict(type=int, metavar="TOKENS",
-     help="longest prompt + reply (default: the model's)")),
-    ("--kv-capacity", "kv_capacity", dict(metavar="TOKENS",
-     help='KV pool size in tokens, or "auto" (default: what free memory allows)')),
-    ("--host-cache-mib", "host_cache_mib", dict(type=int, metavar="MIB",
-     help="Host (CPU memory) tier of the prefix cache in MiB; 0: Device tier only "
-     "(default 8192)")),
-    ("--device-snapshot-slots", "device_snapshot_slots", dict(type=int, metavar="N",
-     help="recurrent-state snapshots kept on the Device (default: derived)")),
-    ("--cache-taps-per-request", "cache_taps_per_request", dict(type=int, metavar="N",
-     help="most mid-prompt snapshots a request takes (default: derived)")),
-    ("--cache-tap-ladder", "cache_tap_ladder", dict(type=int, metavar="TOKENS",
-     help="spacing of the ladder of mid-prompt snapshots in a long prompt (default: derived)")),
-    ("--cache-tap-min-gap", "cache_tap_min_gap", dict(type=int, metavar="TOKENS",
-     help="least distance between two snapshots of a prompt (default: derived)")),
-    ("--prefix-cache-file", "prefix_cache_file", dict(metavar="PATH",
-     help="keep the Host tier across runs in this file: saved at exit, loaded at start")),
-    ("--no-prefix-reuse", "prefix_reuse", dict(action="store_false",
-     help="turn the prefix cache off (every prompt is computed in full)")),
-    ("--concurrent-prefill", "concurrent_prefill", dict(action="store_true",
-     help="admit a request while another is still prefilling (default: one prefill at "
-     "a time)")),
-    ("--no-compile", "compile", dict(action="store_false",
-     help="do not torch.compile the model (faster start, slower steps)")),
-    ("--no-cuda-graphs", "cuda_graphs", dict(action="store_false",
-     help="run every step eagerly, without captured CUDA graphs")),
-    ("--no-overlap-decode", "overlap_decode", dict(action="store_false",
-     help="read each decode step's tokens before launching the next")),
-    ("--prefill-graph-tokens", "prefill_graph_tokens", dict(type=int, metavar="TOKENS",
-     help="prefill passes up to TOKENS replay a CUDA graph; 0: eager (default 2048)")),
-    ("--seed", "seed", dict(type=int, help="seed of the sampling RNG (default 0)")),
-    ("--pending-timeout-s", "pending_timeout_s", dict(type=float, metavar="S",
-     help="how long a queued request may wait for another one prefilling the same prefix; "
-     "0: never wait (default 60)")),
-]  # fmt: skip
+
+def _engine_flags() -> list[tuple[str, str, dict[str, Any]]]:
+    """(flag, LLM keyword, argparse options) of every engine option, from its `Option` metadata
+    (`ninfer.config.EngineOptions`): a switch is `--no-NAME` (store_false) when it defaults to
+    True, else `--NAME` (store_true); a number option parses its text with its kind, except
+    one that also takes "auto" (`engine_kwargs` converts it)."""
+    from ninfer.config import option_fields
+
+    flags = []
+    for f, option in option_fields():
+        if not option.flag:
+            continue
+        name = f.name.replace("_", "-")
+        opts: dict[str, Any] = {"help": option.help}
+        if isinstance(f.default, bool):
+            opts["action"] = "store_false" if f.default else "store_true"
+            name = f"no-{name}" if f.default else name
+        else:
+            if option.kind is not None and not option.auto:
+                opts["type"] = option.kind
+            if option.metavar is not None:
+                opts["metavar"] = option.metavar
+        flags.append((f"--{name}", f.name, opts))
+    return flags
+
+
+ENGINE_FLAGS = _engine_flags()
 
 COMMANDS = {
     "chat": ("ninfer.cli.chat", "interactive terminal chat"),
@@ -88,14 +64,16 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The `LLM(...)` keyword arguments of the engine flags given on the command line."""
+    from ninfer.config import option_fields
+
     kwargs = {dest: getattr(args, dest) for _, dest, _ in ENGINE_FLAGS if hasattr(args, dest)}
-    capacity = kwargs.get("kv_capacity", "auto")
-    if capacity != "auto":
-        if not capacity.isdigit():
-            raise ValueError(
-                f'--kv-capacity must be "auto" or a number of tokens, got {capacity!r}'
-            )
-        kwargs["kv_capacity"] = int(capacity)
+    for f, option in option_fields():
+        text = kwargs.get(f.name, "auto")
+        if option.auto and option.kind is int and text != "auto":
+            if not text.isdigit():
+                flag, unit = "--" + f.name.replace("_", "-"), (option.metavar or "").lower()
+                raise ValueError(f'{flag} must be "auto" or a number of {unit}, got {text!r}')
+            kwargs[f.name] = int(text)
     return kwargs
 
 

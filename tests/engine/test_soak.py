@@ -1,33 +1,22 @@
-"""The soak tool (tools/soak.py), CI-sized: hundreds of requests over shared prefixes through 8
-lanes with random cancellations, a small Device pool and a Host tier (evictions and restores),
-invariants checked every few steps; nothing is lost, nothing leaks, repeats agree."""
+"""The soak (`ninfer.bench.soak`, run by tools/soak.py), CI-sized: hundreds of requests over
+shared prefixes through 8 lanes with random cancellations, a small Device pool and a Host tier
+(evictions and restores), invariants checked every few steps; nothing is lost, nothing leaks,
+repeats agree."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
-from pathlib import Path
 
-_PATH = Path(__file__).resolve().parents[2] / "tools" / "soak.py"
-
-
-def _soak_module():
-    spec = importlib.util.spec_from_file_location("ninfer_soak_tool", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
+from ninfer.bench.soak import run_soak
 
 
 def test_soak_ci_sized(make_llm):
-    soak = _soak_module()
     llm = make_llm(
         max_concurrency=8, kv_capacity=48 * 64, host_cache_mib=4, device_snapshot_slots=4,
         check_invariants=False,  # the soak checks every few steps instead
     )  # fmt: skip
     log = io.StringIO()
-    report = soak.run_soak(
+    report = run_soak(
         llm,
         requests=400,
         clients=4,

@@ -1,19 +1,13 @@
-"""The chunk-inverse analysis behind `CudaOps.gdn_intra = "fla"` (`tools/gdn_inverse_stability.py`,
+"""The chunk-inverse analysis behind `CudaOps.gdn_intra = "fla"` (`ninfer.bench.gdn_inverse`,
 CPU): the matmul-product inverse of `gdn_intra` is accurate on random keys and off by orders of
 magnitude on a repeated key, where an fp32 triangular solve (the reference's, fla's kind) is
 not."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
 
-_PATH = Path(__file__).resolve().parents[2] / "tools" / "gdn_inverse_stability.py"
-_SPEC = importlib.util.spec_from_file_location("gdn_inverse_stability", _PATH)
-tool = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(tool)
+from ninfer.bench import gdn_inverse as tool
 
 
 def _errors(mix: float, beta: float) -> tuple[float, float]:
