@@ -13,8 +13,15 @@ from hypothesis import strategies as st
 
 from ninfer.bench.model_math import param_counts, prefill_flops
 from ninfer.cache import CacheConfig, PrefixIndex, QuoteParams, SnapshotKind, prepare_prompt
-from ninfer.config import DeviceFacts, EngineOptions, pass_seconds, resolve
-from ninfer.costs import CPU_RATES, CUDA_NOMINAL, PrefillShape, cache_cost_model, rates_for
+from ninfer.config import DeviceFacts, EngineOptions, resolve
+from ninfer.costs import (
+    CPU_RATES,
+    CUDA_NOMINAL,
+    PrefillShape,
+    cache_cost_model,
+    pass_seconds,
+    rates_for,
+)
 from ninfer.demo import demo_config
 from ninfer.engine.cache_bridge import engine_cost_model
 from ninfer.models.presets import PRESETS
