@@ -16,7 +16,14 @@ from collections.abc import Callable
 import pytest
 from cache_helpers import Driver, make_index, tokens
 
-from ninfer.cache import PrefixIndex, QuoteParams, Residency, SnapshotKind, prepare_prompt
+from ninfer.cache import (
+    CacheCostModel,
+    PrefixIndex,
+    QuoteParams,
+    Residency,
+    SnapshotKind,
+    prepare_prompt,
+)
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
 
 ABSENT, RESIDENT, FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
@@ -468,3 +475,55 @@ def test_pins_are_counted_per_holder():
     ix.snapshot(1).restore_pins = 1
     with pytest.raises(AssertionError, match="^restore_pins of snapshot 1$"):
         ix.check_invariants()
+
+
+def test_a_tail_in_slab_0_is_valid():
+    """Slab ids are positions in the pool: an image and its tail may hold them in any order."""
+    ix = rich_index()
+    s = ix.snapshot(1)
+    assert (s.host_slabs, s.tail_slab) == ([0, 1], 2)
+    s.host_slabs, s.tail_slab = [2, 1], 0
+    ix.check_invariants()
+
+
+def test_stale_h_tolerance_is_relative_above_one_and_absolute_below():
+    """H may differ from a recomputation by 1e-9 x max(1, |H|), no more."""
+    ix = rich_index()
+    ix.check_invariants()
+    s = ix.snapshot(2)
+    assert 0.0 < s.h < 1.0
+    h = s.h
+    s.h = h + 0.5e-9
+    ix.check_invariants()
+    s.h = h + 1.5e-9
+    with pytest.raises(AssertionError, match="^§9.3 stale H of snapshot 2$"):
+        ix.check_invariants()
+    s.l_at = 1000.0  # H = L_s + ...: a value above one
+    ix.dirty.add(2)
+    ix.check_invariants()
+    h = s.h
+    assert h > 1000.0
+    s.h = h + 1e-7  # within 1e-9 x |H|
+    ix.check_invariants()
+    s.h = h + 2e-6
+    with pytest.raises(AssertionError, match="^§9.3 stale H of snapshot 2$"):
+        ix.check_invariants()
+
+
+def test_stale_h_at_exactly_the_tolerance_passes():
+    """A snapshot worth nothing (restoring costs more than prefilling): H = L_s = 0, and a
+    cached 1e-9 is exactly at the tolerance."""
+    slow = CacheCostModel(
+        token_s=1e-9,
+        pair_s=0.0,
+        chunk_s=0.0,
+        chunk_tokens=64,
+        h2d_bytes_per_s=1.0,
+        batch_latency_s=0.0,
+    )
+    ix = make_index(cost=slow)
+    Driver(ix).run(1, A, taps=[136])
+    ix.check_invariants()
+    assert ix.snapshot(1).h == 0.0
+    ix.snapshot(1).h = 1e-9
+    ix.check_invariants()
