@@ -15,6 +15,7 @@ from ninfer.cache import (
     QuoteParams,
     Readiness,
     Residency,
+    SnapshotKind,
     StaleQuoteError,
     TailCopy,
     prepare_prompt,
@@ -193,7 +194,9 @@ def test_release_writes_through_until_the_host_is_full_and_leaves_the_rest_unbac
     d.admit(1, tokens(1, 400))
     d.commit(1, 384)  # six blocks, five Host slabs
     res = ix.release(1)
-    assert [(b.node, b.slab) for b in res.write.blocks] == [(1, 0), (2, 1), (3, 2), (4, 3), (5, 4)]
+    assert [(b.node, b.page, b.slab) for b in res.write.blocks] == [
+        (n, 1000 + n - 1, n - 1) for n in (1, 2, 3, 4, 5)
+    ]
     assert res.write.bytes == 5 * SLAB and ix.stats().write_through_bytes == 5 * SLAB
     assert res.lru_added == [6]  # the written blocks stay pinned until their copy lands
     assert [ix.node(n).host_state for n in range(1, 7)] == [FILLING] * 5 + [ABSENT]
@@ -220,4 +223,31 @@ def test_release_revalues_the_snapshot_whose_exclusive_blocks_get_host_copies():
     assert [ix.node(n).last_access for n in (1, 2, 3, 4)] == [t + 1] * 4
     ix._flush_dirty()
     assert ix.snapshot(1).h < h_before  # four exclusive slabs more for the same saving
+    ix.check_invariants()
+
+
+def test_an_activated_lane_cannot_begin_a_restore_or_be_cancelled():
+    ix = make_index()
+    d = Driver(ix)
+    d.run(1, P, taps=[136])
+    d.admit(2, P)
+    with pytest.raises(LaneError, match="^lane 2 is activated$"):
+        ix.begin_restore(2, [])
+    with pytest.raises(LaneError, match="^lane 2 is activated$"):
+        ix.cancel_stage(2)
+    with pytest.raises(LaneError, match="^lane 9 is not open$"):
+        ix.cancel_stage(9)
+    assert ix.lane_path(2) == [1, 2]
+    ix.check_invariants()
+
+
+def test_release_returns_a_staging_slot_the_lane_never_published():
+    ix = make_index(slots=2)
+    d = Driver(ix)
+    d.admit(1, P)
+    d.commit(1, 256)
+    grant = ix.allocate_snapshot_slot(1, 256, SnapshotKind.TAP)
+    assert grant.slot == 0 and ix.slots.free_count == 1
+    d.release(1)
+    assert ix.slots.free_count == 2 and not ix.snaps
     ix.check_invariants()
