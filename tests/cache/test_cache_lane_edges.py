@@ -86,6 +86,10 @@ def test_a_device_hit_pins_the_resumed_path_and_moves_the_recomputed_blocks_to_m
     ix.activate(2)
     assert ix.snapshot(1).restore_pins == 0 and DeviceEntry(EntryKind.TAIL, 1) in ix.lru
     ix.check_invariants()
+    ix.stage(ix.quote(prepare_prompt(P), QuoteParams(6, BIG, BIG)), 3, BIG)  # a second hit
+    after = ix.stats().lookups, ix.stats().reuse_tokens, ix.stats().hits_device
+    assert [b - a for a, b in zip(before, after, strict=True)] == [2, 272, 2]
+    assert ix.snapshot(1).hits == 2
 
 
 def test_a_root_hit_evicts_the_deficit_at_stage():
@@ -157,6 +161,12 @@ def test_a_host_hit_restores_blocks_tail_and_image_in_one_batch():
     assert ix.snapshot(1).tail_device == RESIDENT
     assert lru(ix)[-3:] == [("TAIL", 1), ("NODE", 2), ("NODE", 1)]  # deepest first
     ix.check_invariants()
+    # the image still lives on the Host only: a second hit is a Host hit; then a Device hit
+    q = ix.quote(prepare_prompt(P[:136] + tokens(4, 60)), QuoteParams(4, BIG, BIG))
+    assert ix.stage(q, 4, BIG).hit_tier == "host"
+    q = ix.quote(prepare_prompt(tokens(2, 128) + tokens(5, 60)), QuoteParams(4, BIG, BIG))
+    assert (q.source, ix.stage(q, 5, BIG).hit_tier) == (2, "device")
+    assert (ix.stats().hits_host, ix.stats().hits_device) == (before[0] + 2, 1)
 
 
 def test_begin_restore_with_nothing_on_the_host_returns_none_and_frees_the_lane():
@@ -251,3 +261,27 @@ def test_release_returns_a_staging_slot_the_lane_never_published():
     d.release(1)
     assert ix.slots.free_count == 2 and not ix.snaps
     ix.check_invariants()
+
+
+def test_a_resumed_lane_values_its_first_snapshot_from_its_resume_point():
+    """§9.2 step 3: a new snapshot's estimate counts the tokens since the lane's previous
+    snapshot, which for a lane that has published nothing is its source. No Host tier, two
+    slots: a shared Boundary at 128 (not superseded: two conversations continue from it) and
+    a tap at 64 worth 63/8192. Lane 3 resumed at 128 asks for a slot at 192: worth
+    63/12288 from its resume point, less than the tap, so the tap is kept and the new one
+    skipped (from position 0 it would be worth 191/20480 and displace the tap)."""
+    ix = make_index(host_slabs=0, slots=2)
+    d = Driver(ix)
+    d.admit(1, P)
+    d.snapshot(1, 128, SnapshotKind.BOUNDARY)
+    d.commit(1, 256)
+    d.release(1)
+    d.run(4, tokens(4, 100), taps=[64])
+    d.admit(3, P[:128] + tokens(3, 100))
+    assert ix.lanes[3].source == 1
+    d.commit(3, 192)
+    ix.check_invariants()
+    assert ix.snapshot(2).h == 63 / 8192
+    assert ix.allocate_snapshot_slot(3, 192, SnapshotKind.TAP) is None
+    assert sorted(ix.snaps) == [1, 2] and not ix.snapshot(1).superseded
+    assert ix.stats().taps_skipped_no_slot == 1
