@@ -7,10 +7,17 @@ joins the history. Reported per level: TTFT p50 / p99, per-stream decode tokens/
 fraction of prompt tokens served from the cache, and wall time. The same trace runs
 in-process through `LLM.stream` (`--inprocess`) or against a running server (`--url`); with
 `--compare FILE` (an in-process result) the server's overhead per decoded token is printed.
+With `--server-cpu` (and `--url`) the server's own host cost is reported per level from its
+/metrics: the CPU time of its event-loop thread (which runs no model code, and competes with
+the engine thread for the GIL) per streamed token and per request, loop wake-ups per token
+and response writes per token.
 
     # CPU smoke test (demo model): in-process, then the server in-process too
     python tools/bench_serve.py --small --inprocess --json /tmp/inproc.json
     python tools/bench_serve.py --small --url http://127.0.0.1:8000 --compare /tmp/inproc.json
+    # the server's loop cost per token (demo model on CPU: `ninfer serve` first)
+    python tools/bench_serve.py --url http://127.0.0.1:8000 --server-cpu --levels 8 --reply 128 \
+        --turns 1 --sessions-per-client 1 --system-words 200 --user-words 30
 
 Every figure is a benchmark's, not a test's.
 """

@@ -1,23 +1,24 @@
 """The server's side of the engine: prompts rendered and validated, requests run as async streams.
 
-One `LLM`, one engine thread; every HTTP request becomes one engine job. The job's sink puts
-each event straight onto the asyncio loop (no thread per request), and a request whose
+One `LLM`, one engine thread; every HTTP request becomes one engine job. Its events reach the
+asyncio loop through one bridge for all requests (no thread per request; about one loop
+wake-up per engine step, not one per token per stream), and a request whose
 consumer goes away (client disconnect, server drain timeout) is cancelled on the engine at
 once, queued or running: the engine publishes what it computed (spec: cancel publishes the
-endpoint) and goes on serving everyone else. The driver uses the engine's thread-safe surface
-(`submit`, `cancel`, `call`); this module is the one place that does.
+endpoint) and goes on serving everyone else. The driver uses the public `LLM` surface only
+(`render_chat`, `render_prompt`, `check`, `submit` with a callback, `cancel`, `running`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
-from ninfer.engine import prompts as forms
-from ninfer.engine.lane import Job
 from ninfer.request import RequestOutput, SamplingParams, StreamDelta
 
 ENGINE_CHECK_S = 0.5  # how often a waiting request checks that the engine thread still runs
@@ -25,7 +26,7 @@ ENGINE_CHECK_S = 0.5  # how often a waiting request checks that the engine threa
 
 @dataclass(slots=True)
 class Rendered:
-    prompt: forms.PromptInput
+    prompt: Any  # token ids and hints (`LLM.render_chat`, `LLM.render_prompt`)
     text: str  # the rendered prompt text ("" for token-id prompts)
 
     @property
@@ -34,21 +35,92 @@ class Rendered:
         return self.text.rstrip(" ").endswith("<think>\n")
 
 
-class _LoopSink:
-    """A job sink that hands each event to an asyncio queue on the server's loop."""
+class _Inbox:
+    """One request's events on the loop, in order; `waiter` is set while its reader waits."""
 
-    __slots__ = ("_loop", "queue")
+    __slots__ = ("events", "waiter")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
+    def __init__(self) -> None:
+        self.events: list[StreamDelta | RequestOutput] = []
+        self.waiter: asyncio.Future | None = None
 
-    def put(self, item) -> None:  # called on the engine thread
+    def add(self, event: StreamDelta | RequestOutput) -> None:
+        self.events.append(event)
+        self.wake()
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
+class _Bridge:
+    """Events from the engine thread to the server's loop, for every request at once.
+
+    The engine emits one step's events back to back; the first event of a burst schedules one
+    callback on the loop, later ones only join the list while that callback is pending. So
+    the loop wakes about once per engine step, not once per token per stream, and each
+    request's reader gets every event that arrived since it last looked. A watchdog on the
+    loop wakes the readers when the engine thread has died (they answer "abort")."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, running) -> None:
+        self.loop = loop
+        self.thread = threading.get_ident()  # the loop's thread (its CPU time is measured)
+        self.wakeups = 0  # callbacks run on the loop
+        self._running = running  # () -> bool: the engine thread still runs
+        self._lock = threading.Lock()
+        self._items: list[tuple[_Inbox, StreamDelta | RequestOutput]] = []
+        self._scheduled = False
+        self._inboxes: set[_Inbox] = set()
+        self._watch: asyncio.TimerHandle | None = None
+
+    def open(self) -> _Inbox:
+        inbox = _Inbox()
+        self._inboxes.add(inbox)
+        if self._watch is None:
+            self._watch = self.loop.call_later(ENGINE_CHECK_S, self._check)
+        return inbox
+
+    def close(self, inbox: _Inbox) -> None:
+        self._inboxes.discard(inbox)
+
+    def put(self, inbox: _Inbox, event: StreamDelta | RequestOutput) -> None:
+        """Called on the engine thread (`LLM.submit`'s `on_event`): never blocks on the loop."""
+        with self._lock:
+            self._items.append((inbox, event))
+            if self._scheduled:
+                return
+            self._scheduled = True
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self._deliver)
 
-    def empty(self) -> bool:
-        return self.queue.empty()
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        self.wakeups += 1
+        for inbox, event in items:
+            inbox.add(event)
+
+    def _check(self) -> None:
+        self._watch = None
+        if not self._inboxes:
+            return
+        if not self._running():
+            self._deliver()  # what the engine answered before it stopped comes first
+            for inbox in self._inboxes:
+                inbox.wake()
+        self._watch = self.loop.call_later(ENGINE_CHECK_S, self._check)
+
+
+def _merged(events: list[StreamDelta | RequestOutput]) -> list[StreamDelta | RequestOutput]:
+    """A batch as at most one StreamDelta (its tokens and text joined), then the final output."""
+    deltas = [e for e in events if isinstance(e, StreamDelta)]
+    rest = [e for e in events if not isinstance(e, StreamDelta)]
+    if len(deltas) > 1:
+        ids = [t for d in deltas for t in d.token_ids]
+        text = "".join(d.text for d in deltas)
+        deltas = [StreamDelta(request_id=deltas[0].request_id, token_ids=ids, text=text)]
+    return deltas + rest
 
 
 class EngineDriver:
@@ -56,8 +128,8 @@ class EngineDriver:
         self.llm = llm
         self.model_name = model_name
         self.on_final = on_final  # called with every final RequestOutput, cancelled ones too
-        self._ids = itertools.count()
         self._settling: set[asyncio.Task] = set()
+        self._bridge: _Bridge | None = None
         self.in_flight = 0
 
     # ---- prompts ------------------------------------------------------------------------------
@@ -69,6 +141,15 @@ class EngineDriver:
     def tokenizer(self):
         return self.llm.tokenizer
 
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.llm.eos_token_ids
+
+    @property
+    def running(self) -> bool:
+        """The engine thread still runs (the health check)."""
+        return self.llm.running
+
     def render_chat(
         self,
         messages: list[dict],
@@ -79,93 +160,101 @@ class EngineDriver:
         """Render with the checkpoint's template; ValueError on a template error. With
         `tool_breakpoint` (cache_control on a tool), the end of the tools/system turn becomes a
         client breakpoint too."""
-        template = self.llm._template
-        if template is None:
-            raise ValueError("messages: this model has no chat template")
-        r = template.render(messages, tools=tools, **template_kwargs)
-        h = r.hints
-        explicit = set(h.explicit)
-        if tool_breakpoint:
-            explicit.update(h.structural)
-        hints = forms.PromptHints(
-            explicit=sorted(explicit),
-            structural=list(h.structural),
-            opener=h.opener,
-            message_starts=list(h.message_starts),
+        chat = self.llm.render_chat(
+            messages, tools, tools_breakpoint=tool_breakpoint, **template_kwargs
         )
-        return Rendered(forms.PromptInput(list(r.token_ids), hints), r.text)
+        return Rendered(chat.prompt, chat.text)
 
     def render_prompt(self, prompt: str | list[int]) -> Rendered:
-        p = forms.from_prompt(prompt, self.tokenizer)
+        p = self.llm.render_prompt(prompt)
         return Rendered(p, prompt if isinstance(prompt, str) else "")
 
     def validate(self, rendered: Rendered, params: SamplingParams) -> SamplingParams:
         """The frozen, checked copy of `params` the engine keeps; ValueError naming the field
         when the request cannot be served."""
-        frozen = params.validated()
-        forms.validate(rendered.prompt, self.llm._model_config.vocab_size, self.max_model_len)
-        return frozen
+        return self.llm.check(rendered.prompt, params)
 
     # ---- running ------------------------------------------------------------------------------
+    @property
+    def loop_stats(self) -> tuple[int, int] | None:
+        """(the loop thread's id, loop wake-ups so far); None before the first request."""
+        bridge = self._bridge
+        return None if bridge is None else (bridge.thread, bridge.wakeups)
+
+    def _bridge_here(self) -> _Bridge:
+        loop = asyncio.get_running_loop()
+        if self._bridge is None or self._bridge.loop is not loop:
+            self._bridge = _Bridge(loop, lambda: self.llm.running)
+        return self._bridge
+
     async def run(
         self, rendered: Rendered, params: SamplingParams, stream: bool
-    ) -> AsyncIterator[StreamDelta | RequestOutput]:
-        """StreamDelta events (when `stream`), then the final RequestOutput. Leaving the
-        iteration early (or being cancelled) cancels the job on the engine."""
+    ) -> AsyncIterator[list[StreamDelta | RequestOutput]]:
+        """The request's events in batches, each everything that arrived since the previous
+        one: at most one StreamDelta (when `stream`; the tokens of one or more engine steps,
+        joined), and in the last batch the final RequestOutput. Leaving the iteration early (or
+        being cancelled) cancels the request on the engine."""
         llm = self.llm
-        engine = llm._engine
-        sink = _LoopSink(asyncio.get_running_loop())
-        prompt = rendered.prompt
-        job = Job(
-            request_id=f"srv-{next(self._ids)}",
-            prompt=prompt.token_ids,
-            params=params,
-            hints=prompt.hints,
-            sink=sink,  # type: ignore[arg-type]
-            stream=stream,
-        )
-        if llm.engine_config.prefix_reuse:
-            from ninfer.cache.keys import prepare_prompt
-
-            job.blocks = prepare_prompt(prompt.token_ids)
+        bridge = self._bridge_here()
+        inbox = bridge.open()
         done = False
+        request_id = None
         self.in_flight += 1
         try:
-            engine.submit(job)
+            request_id = llm.submit(
+                rendered.prompt, params, on_event=partial(bridge.put, inbox), stream=stream
+            )
             while True:
-                event = await self._next(job, sink)
-                if isinstance(event, RequestOutput):
+                batch = _merged(await self._take(request_id, rendered, inbox))
+                if isinstance(batch[-1], RequestOutput):
                     done = True
-                    self._final(event)
-                    yield event
+                    self._final(batch[-1])
+                    yield batch
                     return
-                yield event
+                yield batch
         finally:
             self.in_flight -= 1
-            if not done:
-                engine.cancel(job)  # thread-safe; the engine settles and answers the sink
-                task = asyncio.get_running_loop().create_task(self._settle(job, sink))
+            if done or request_id is None:
+                bridge.close(inbox)
+            else:
+                llm.cancel(request_id)  # thread-safe; the engine settles and answers the sink
+                task = asyncio.get_running_loop().create_task(
+                    self._settle(request_id, rendered, bridge, inbox)
+                )
                 self._settling.add(task)
                 task.add_done_callback(self._settling.discard)
 
-    async def _next(self, job: Job, sink: _LoopSink):
-        """The job's next event; an "abort" output if the engine thread is gone."""
-        while True:
+    async def _take(self, request_id: str, rendered: Rendered, inbox: _Inbox) -> list:
+        """Every event that arrived for the request (at least one); an "abort" output if the
+        engine thread is gone."""
+        while not inbox.events:
+            inbox.waiter = asyncio.get_running_loop().create_future()
             try:
-                return await asyncio.wait_for(sink.queue.get(), ENGINE_CHECK_S)
-            except TimeoutError:
-                if not self.llm._engine._thread.is_alive() and sink.queue.empty():
-                    return RequestOutput(
-                        request_id=job.request_id,
-                        prompt_token_ids=list(job.prompt),
+                await inbox.waiter
+            finally:
+                inbox.waiter = None
+            if not inbox.events and not self.llm.running:
+                return [
+                    RequestOutput(
+                        request_id=request_id,
+                        prompt_token_ids=list(rendered.prompt.token_ids),
                         finish_reason="abort",
                     )
+                ]
+        events, inbox.events = inbox.events, []
+        return events
 
-    async def _settle(self, job: Job, sink: _LoopSink) -> None:
-        """A cancelled job's final output, read for the accounting only."""
-        while not isinstance(event := await self._next(job, sink), RequestOutput):
-            pass
-        self._final(event)
+    async def _settle(
+        self, request_id: str, rendered: Rendered, bridge: _Bridge, inbox: _Inbox
+    ) -> None:
+        """A cancelled request's final output, read for the accounting only."""
+        try:
+            batch = await self._take(request_id, rendered, inbox)
+            while not isinstance(batch[-1], RequestOutput):
+                batch = await self._take(request_id, rendered, inbox)
+        finally:
+            bridge.close(inbox)
+        self._final(batch[-1])
 
     def _final(self, out: RequestOutput) -> None:
         if self.on_final is not None:

@@ -1,12 +1,14 @@
-"""Prometheus metrics of one server: requests, tokens, TTFT and decode histograms, and every
-field of the engine's `cache_stats()` (read at scrape time) as `ninfer_cache_<field>`."""
+"""Prometheus metrics of one server: requests, tokens, TTFT and decode histograms, every field
+of the engine's `cache_stats()` (read at scrape time) as `ninfer_cache_<field>`, and the
+server's event-loop cost (`ninfer_server_*`)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import fields
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ninfer.request import RequestOutput
 
@@ -28,6 +30,37 @@ class _CacheCollector:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             yield GaugeMetricFamily(f"ninfer_cache_{f.name}", f"cache_stats().{f.name}", value)
+
+
+class _LoopCollector:
+    """The server's own host cost: its event loop's CPU time (the loop thread runs no model
+    code, and it competes with the engine thread for the GIL), loop wake-ups for engine
+    events, and streamed body writes (`tools/bench_serve.py --server-cpu` divides them by the
+    tokens streamed)."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self):
+        m = self._metrics
+        yield CounterMetricFamily(
+            "ninfer_server_stream_writes", "response body writes on the server", m.stream_writes
+        )
+        loop = m.loop_stats() if m.loop_stats is not None else None
+        thread, wakeups = loop if loop is not None else (None, 0)  # None: no request yet
+        cpu = None
+        if thread is not None:
+            try:
+                cpu = time.clock_gettime(time.pthread_getcpuclockid(thread))
+            except (AttributeError, OSError):  # no per-thread clocks here, or the thread ended
+                cpu = None
+        if cpu is not None:
+            yield CounterMetricFamily(
+                "ninfer_server_loop_cpu_seconds", "CPU time of the event-loop thread", cpu
+            )
+        yield CounterMetricFamily(
+            "ninfer_server_loop_wakeups", "loop callbacks that delivered engine events", wakeups
+        )
 
 
 class ServerMetrics:
@@ -56,6 +89,9 @@ class ServerMetrics:
         )
         self.in_flight = Gauge("ninfer_requests_in_flight", "requests being served", registry=r)
         r.register(_CacheCollector(cache_stats))
+        self.stream_writes = 0  # response body messages sent (counted by the app's middleware)
+        self.loop_stats = None  # () -> (loop thread id, wake-ups) | None: the driver's
+        r.register(_LoopCollector(self))
 
     def observe(self, out: RequestOutput) -> None:
         u, m = out.usage, out.metrics

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from ninfer.request import RequestOutput
 from ninfer.server.common import MAX_TOP_LOGPROBS, token_text
 from ninfer.server.errors import ApiError
-from ninfer.server.tool_calls import ToolArgs, ToolCall, ToolEnd, ToolStart
+from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolStart
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -269,33 +269,48 @@ def chat_message(reasoning: str, content: str, calls: list[ToolCall]) -> dict:
     return msg
 
 
-def chunk(rid: str, created: int, model: str, choices: list[dict], usage_: dict | None = None):
-    body = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
-    if usage_ is not None:
-        body["usage"] = usage_
-    return body
+class ChunkFormat:
+    """A stream's chunks as SSE text: the fields every chunk repeats (id, object, created,
+    model) are encoded once per request; each chunk encodes only its choices (and usage).
+    The text is what `json.dumps` of the whole chunk gives."""
+
+    __slots__ = ("_head",)
+
+    def __init__(self, rid: str, created: int, model: str, obj: str) -> None:
+        head = json.dumps(
+            {"id": rid, "object": obj, "created": created, "model": model}, ensure_ascii=False
+        )
+        self._head = "data: " + head[:-1] + ', "choices": '
+
+    def sse(self, choices: list[dict], usage_: dict | None = None) -> str:
+        tail = "" if usage_ is None else ', "usage": ' + json.dumps(usage_, ensure_ascii=False)
+        return self._head + json.dumps(choices, ensure_ascii=False) + tail + "}\n\n"
 
 
-def delta_of(event, index: int) -> dict | None:
-    """A parser event as a chat-chunk delta (None: nothing to send)."""
-    if isinstance(event, ToolStart):
-        call = {
-            "index": event.index,
-            "id": event.id,
-            "type": "function",
-            "function": {"name": event.name, "arguments": ""},
-        }
-        return {"index": index, "delta": {"tool_calls": [call]}, "finish_reason": None}
-    if isinstance(event, ToolArgs):
-        call = {"index": event.index, "function": {"arguments": event.fragment}}
-        return {"index": index, "delta": {"tool_calls": [call]}, "finish_reason": None}
-    if isinstance(event, ToolEnd):
+def delta_choice(events: list, index: int) -> dict | None:
+    """Parser events as one chat-chunk choice (None: nothing to send): the reasoning and the
+    content joined, each tool call's start and argument fragments in one entry by its index."""
+    delta: dict[str, Any] = {}
+    calls: dict[int, dict] = {}
+    for event in events:
+        if isinstance(event, Text):
+            key = "reasoning_content" if event.kind == "reasoning" else "content"
+            delta[key] = delta.get(key, "") + event.text
+        elif isinstance(event, ToolStart):
+            function = {"name": event.name, "arguments": ""}
+            calls[event.index] = {
+                "index": event.index,
+                "id": event.id,
+                "type": "function",
+                "function": function,
+            }
+        elif isinstance(event, ToolArgs):
+            entry = calls.setdefault(
+                event.index, {"index": event.index, "function": {"arguments": ""}}
+            )
+            entry["function"]["arguments"] += event.fragment
+    if calls:
+        delta["tool_calls"] = list(calls.values())
+    if not delta:
         return None
-    key = "reasoning_content" if event.kind == "reasoning" else "content"
-    return {"index": index, "delta": {key: event.text}, "finish_reason": None}
+    return {"index": index, "delta": delta, "finish_reason": None}

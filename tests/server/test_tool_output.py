@@ -35,16 +35,18 @@ def scripted(served, monkeypatch):
         pieces = [REPLY[i : i + 7] for i in range(0, len(REPLY), 7)]
         if stream:
             for k, piece in enumerate(pieces):
-                yield StreamDelta(request_id="x", token_ids=[k], text=piece)
+                yield [StreamDelta(request_id="x", token_ids=[k], text=piece)]
         n = len(rendered.prompt.token_ids)
-        yield RequestOutput(
-            request_id="x",
-            prompt_token_ids=list(rendered.prompt.token_ids),
-            token_ids=list(range(len(pieces))),
-            text=REPLY,
-            finish_reason="stop",
-            usage=Usage(prompt_tokens=n, completion_tokens=len(pieces)),
-        )
+        yield [
+            RequestOutput(
+                request_id="x",
+                prompt_token_ids=list(rendered.prompt.token_ids),
+                token_ids=list(range(len(pieces))),
+                text=REPLY,
+                finish_reason="stop",
+                usage=Usage(prompt_tokens=n, completion_tokens=len(pieces)),
+            )
+        ]
 
     monkeypatch.setattr(served.app.state.driver, "run", run)
     return served

@@ -1,0 +1,125 @@
+"""The Anthropic routes: /v1/messages (stream and not) and /v1/messages/count_tokens.
+
+A stream writes once per batch of engine events (`EngineDriver.run`): the content-block events
+of every token that arrived since the previous write, and with the final output the closing
+`message_delta` (stop reason, usage with the cache figures) and `message_stop`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from ninfer.request import SamplingParams, StreamDelta
+from ninfer.server import anthropic_api as anth
+from ninfer.server.common import new_id, sampling_params
+from ninfer.server.context import Serving, failure, or_disconnect, serving, sse
+from ninfer.server.driver import Rendered
+from ninfer.server.errors import anthropic_body, from_value_error
+from ninfer.server.tool_calls import OutputParser, Text, parse_text, tool_schemas
+
+router = APIRouter()
+Srv = Annotated[Serving, Depends(serving)]
+
+
+def _render(srv: Serving, req: anth.MessagesRequest) -> tuple[Rendered, list[dict] | None]:
+    srv.check_model(req.model)
+    msgs = anth.convert_messages(req)
+    tools, tool_marked = anth.convert_tools(req)
+    kwargs = dict(req.chat_template_kwargs or {})
+    thinking = anth.enable_thinking(req)
+    if thinking is not None:
+        kwargs["enable_thinking"] = thinking
+    try:
+        rendered = srv.driver.render_chat(msgs, tools, kwargs, tool_breakpoint=tool_marked)
+    except ValueError as e:
+        raise from_value_error(e, "messages") from None
+    return rendered, tools
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request, srv: Srv):
+    req = await srv.parse(request, anth.MessagesRequest, defaults={"max_tokens": 1})
+    rendered, _ = _render(srv, req)
+    return {"input_tokens": len(rendered.prompt.token_ids)}
+
+
+@router.post("/v1/messages")
+async def messages(request: Request, srv: Srv):
+    req = await srv.parse(request, anth.MessagesRequest)
+    rendered, tools = _render(srv, req)
+    params = sampling_params(
+        max_tokens=req.max_tokens,
+        max_tokens_field="max_tokens",
+        remaining=srv.driver.max_model_len - len(rendered.prompt.token_ids),
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        stop=req.stop_sequences,
+    )
+    params = srv.validate(rendered, params, "messages")
+    schemas = tool_schemas(tools) if tools else None
+    mid = new_id("msg_")
+    eos = set(srv.driver.eos_token_ids)
+
+    def new_tool_id() -> str:
+        return new_id("toolu_")
+
+    if not req.stream:
+        (out,) = await or_disconnect(request, srv.run_all(rendered, [params]))
+        reasoning, text, calls = parse_text(out.text, rendered.thinking, schemas, new_tool_id)
+        blocks = anth.content_blocks(reasoning, text, calls)
+        stop = anth.stop_reason(out, calls, eos)
+        return anth.message(mid, srv.model_name, blocks, stop, anth.usage(out))
+    parser = OutputParser(rendered.thinking, schemas, new_tool_id)
+    events = _events(srv, rendered, params, mid, parser, eos)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _events(
+    srv: Serving,
+    rendered: Rendered,
+    params: SamplingParams,
+    mid: str,
+    p: OutputParser,
+    eos: set[int],
+) -> AsyncIterator[str]:
+    blocks = anth.BlockStream()
+    start_usage = {
+        "input_tokens": len(rendered.prompt.token_ids),
+        "output_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+    }
+    start = anth.message(mid, srv.model_name, [], None, start_usage)
+    srv.metrics.in_flight.inc()
+    try:
+        yield sse({"type": "message_start", "message": start}, "message_start")
+        async for _, batch in srv.stream(rendered, [params]):
+            parts: list[str] = []
+            for event in batch:
+                if isinstance(event, StreamDelta):
+                    for ev in p.feed(event.text):
+                        parts += (sse({"type": n, **d}, n) for n, d in blocks.feed(ev))
+                    continue
+                if event.finish_reason == "error":
+                    parts.append(sse(anthropic_body(failure(event, "messages")), "error"))
+                    yield "".join(parts)
+                    return
+                out_events = [e for ev in p.finish() for e in blocks.feed(ev)]
+                if blocks.index < 0:  # an empty reply still has one text block
+                    out_events += blocks.feed(Text("content", ""))
+                out_events += blocks.close()
+                parts += (sse({"type": n, **d}, n) for n, d in out_events)
+                stop = anth.stop_reason(event, p.tool_calls, eos)
+                delta = {"stop_reason": stop, "stop_sequence": None}
+                final = {"type": "message_delta", "delta": delta, "usage": anth.usage(event)}
+                parts.append(sse(final, "message_delta"))
+                parts.append(sse({"type": "message_stop"}, "message_stop"))
+            if parts:
+                yield "".join(parts)
+    finally:
+        srv.metrics.in_flight.dec()

@@ -1,0 +1,266 @@
+"""The OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models.
+
+A stream writes once per batch of engine events (`EngineDriver.run`): one chunk per choice
+carrying every token that arrived since the previous write (clients accept multi-token
+deltas), the finish chunk, and after the last choice's finish the usage chunk and
+`data: [DONE]`, all in that one write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from ninfer.request import RequestOutput, SamplingParams, StreamDelta
+from ninfer.server import openai_api as oai
+from ninfer.server.common import check_n, new_id, now, sampling_params, siblings
+from ninfer.server.context import Serving, failure, or_disconnect, serving, sse
+from ninfer.server.driver import Rendered
+from ninfer.server.errors import ApiError, from_value_error, openai_body
+from ninfer.server.tool_calls import OutputParser, parse_text, tool_schemas
+
+router = APIRouter()
+Srv = Annotated[Serving, Depends(serving)]
+
+
+@router.get("/v1/models")
+async def models(srv: Srv):
+    card = {
+        "id": srv.model_name,
+        "object": "model",
+        "created": now(),
+        "owned_by": "ninfer",
+        "max_model_len": srv.driver.max_model_len,
+    }
+    return {"object": "list", "data": [card]}
+
+
+# ---- chat -------------------------------------------------------------------------------------
+def _chat_render(srv: Serving, req: oai.ChatRequest) -> tuple[Rendered, list[dict] | None, int]:
+    """The checked request's prompt, its tools and its choice count (`n`)."""
+    srv.check_model(req.model)
+    oai.check_penalties(req)
+    n = check_n(req.n)
+    messages = oai.convert_messages(req.messages)
+    tools = oai.render_tools(req.tools, req.tool_choice)
+    kwargs = dict(req.chat_template_kwargs or {})
+    if not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise ApiError("chat_template_kwargs keys must be names", "chat_template_kwargs")
+    try:
+        return srv.driver.render_chat(messages, tools, kwargs), tools, n
+    except ValueError as e:
+        raise from_value_error(e, "messages") from None
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, srv: Srv):
+    req = await srv.parse(request, oai.ChatRequest)
+    rendered, tools, n = _chat_render(srv, req)
+    k = oai.chat_logprobs_k(req)
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+    params = sampling_params(
+        max_tokens=max_tokens,
+        max_tokens_field=field,
+        remaining=srv.driver.max_model_len - len(rendered.prompt.token_ids),
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        seed=req.seed,
+        stop=req.stop,
+        logprobs=k,
+        ignore_eos=req.ignore_eos,
+    )
+    plist = siblings(srv.validate(rendered, params, "messages"), n)
+    schemas = tool_schemas(tools) if tools else None
+    rid, created = new_id("chatcmpl-"), now()
+    if not req.stream:
+        outs = await or_disconnect(request, srv.run_all(rendered, plist))
+        choices = []
+        for i, out in enumerate(outs):
+            reasoning, content, calls = parse_text(
+                out.text, rendered.thinking, schemas, lambda: new_id("call_")
+            )
+            choices.append(
+                {
+                    "index": i,
+                    "message": oai.chat_message(reasoning, content, calls),
+                    "logprobs": oai.chat_logprobs(out, srv.driver.tokenizer, k or 0),
+                    "finish_reason": oai.finish_reason(out, calls),
+                }
+            )
+            if req.return_token_ids is True:
+                choices[-1]["token_ids"] = list(out.token_ids)
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": srv.model_name,
+            "choices": choices,
+            "usage": oai.usage_of(outs),
+        }
+    fmt = oai.ChunkFormat(rid, created, srv.model_name, "chat.completion.chunk")
+    events = _chat_events(
+        srv,
+        rendered,
+        plist,
+        fmt,
+        [OutputParser(rendered.thinking, schemas, lambda: new_id("call_")) for _ in plist],
+        include_usage=bool((req.stream_options or {}).get("include_usage")),
+        return_ids=req.return_token_ids is True,
+    )
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _chat_events(
+    srv: Serving,
+    rendered: Rendered,
+    plist: list[SamplingParams],
+    fmt: oai.ChunkFormat,
+    parsers: list[OutputParser],
+    include_usage: bool,
+    return_ids: bool,
+) -> AsyncIterator[str]:
+    finals: list[RequestOutput | None] = [None] * len(plist)
+    srv.metrics.in_flight.inc(len(plist))
+    try:
+        role = {"role": "assistant", "content": ""}
+        yield "".join(
+            fmt.sse([{"index": i, "delta": role, "logprobs": None, "finish_reason": None}])
+            for i in range(len(plist))
+        )
+        async for i, batch in srv.stream(rendered, plist):
+            parts: list[str] = []
+            p = parsers[i]
+            for event in batch:
+                if isinstance(event, StreamDelta):
+                    choice = oai.delta_choice(p.feed(event.text), i)
+                    if return_ids and event.token_ids:
+                        if choice is None:  # tokens without text yet (a partial character)
+                            choice = {"index": i, "delta": {}, "finish_reason": None}
+                        choice["token_ids"] = list(event.token_ids)
+                    if choice is not None:
+                        parts.append(fmt.sse([choice]))
+                    continue
+                finals[i] = event
+                if event.finish_reason == "error":
+                    parts.append(sse(openai_body(failure(event, "messages"))))
+                    continue
+                choice = oai.delta_choice(p.finish(), i)  # the deltas carried all the text
+                if choice is not None:
+                    parts.append(fmt.sse([choice]))
+                reason = oai.finish_reason(event, p.tool_calls)
+                parts.append(fmt.sse([{"index": i, "delta": {}, "finish_reason": reason}]))
+            if all(f is not None for f in finals):  # the last choice finished: the tail
+                if include_usage:
+                    parts.append(fmt.sse([], oai.usage_of(finals)))  # type: ignore[arg-type]
+                parts.append(sse("[DONE]"))
+            if parts:
+                yield "".join(parts)
+    finally:
+        srv.metrics.in_flight.dec(len(plist))
+
+
+# ---- completions ------------------------------------------------------------------------------
+@router.post("/v1/completions")
+async def completions(request: Request, srv: Srv):
+    req = await srv.parse(request, oai.CompletionRequest)
+    srv.check_model(req.model)
+    oai.check_penalties(req)
+    n = check_n(req.n)
+    prompt: object = req.prompt
+    if req.cache_breakpoints:
+        key = "prompt" if isinstance(req.prompt, str) else "prompt_token_ids"
+        prompt = {key: req.prompt, "cache_breakpoints": req.cache_breakpoints}
+    try:
+        rendered = srv.driver.render_prompt(prompt)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise from_value_error(e, "prompt") from None
+    rendered.text = req.prompt if isinstance(req.prompt, str) else ""
+    k = req.logprobs
+    if k is not None and not 0 <= k <= 20:
+        raise ApiError("logprobs must be in [0, 20]", "logprobs")
+    params = sampling_params(
+        max_tokens=req.max_tokens if req.max_tokens is not None else 16,
+        max_tokens_field="max_tokens",
+        remaining=srv.driver.max_model_len - len(rendered.prompt.token_ids),
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        seed=req.seed,
+        stop=req.stop,
+        logprobs=k,
+        ignore_eos=req.ignore_eos,
+    )
+    plist = siblings(srv.validate(rendered, params, "prompt"), n)
+    rid, created = new_id("cmpl-"), now()
+    echo = rendered.text if req.echo else ""
+    if not req.stream:
+        outs = await or_disconnect(request, srv.run_all(rendered, plist))
+        choices = [
+            {
+                "index": i,
+                "text": echo + out.text,
+                "logprobs": oai.completion_logprobs(out, srv.driver.tokenizer, k or 0),
+                "finish_reason": "length" if out.finish_reason == "length" else "stop",
+            }
+            for i, out in enumerate(outs)
+        ]
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": srv.model_name,
+            "choices": choices,
+            "usage": oai.usage_of(outs),
+        }
+    fmt = oai.ChunkFormat(rid, created, srv.model_name, "text_completion")
+    include_usage = bool((req.stream_options or {}).get("include_usage"))
+    events = _completion_events(srv, rendered, plist, fmt, echo, include_usage)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _completion_events(
+    srv: Serving,
+    rendered: Rendered,
+    plist: list[SamplingParams],
+    fmt: oai.ChunkFormat,
+    echo: str,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    finals: list[RequestOutput] = []
+    srv.metrics.in_flight.inc(len(plist))
+    try:
+        if echo:
+            yield "".join(
+                fmt.sse([{"index": i, "text": echo, "logprobs": None, "finish_reason": None}])
+                for i in range(len(plist))
+            )
+        async for i, batch in srv.stream(rendered, plist):
+            parts: list[str] = []
+            for event in batch:
+                if isinstance(event, StreamDelta):
+                    if event.text:
+                        choice = {"index": i, "text": event.text, "logprobs": None}
+                        parts.append(fmt.sse([{**choice, "finish_reason": None}]))
+                    continue
+                finals.append(event)
+                if event.finish_reason == "error":
+                    parts.append(sse(openai_body(failure(event, "prompt"))))
+                    continue
+                reason = "length" if event.finish_reason == "length" else "stop"
+                choice = {"index": i, "text": "", "logprobs": None, "finish_reason": reason}
+                parts.append(fmt.sse([choice]))
+            if len(finals) == len(plist):  # the last choice finished: the tail
+                if include_usage:
+                    parts.append(fmt.sse([], oai.usage_of(finals)))
+                parts.append(sse("[DONE]"))
+            if parts:
+                yield "".join(parts)
+    finally:
+        srv.metrics.in_flight.dec(len(plist))
