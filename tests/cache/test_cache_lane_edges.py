@@ -79,7 +79,7 @@ def test_a_device_hit_pins_the_resumed_path_and_moves_the_recomputed_blocks_to_m
     assert [ix.node(n).last_access for n in (1, 2, 3, 4)] == [t] * 4
     assert ix.node(5).last_access < t
     s = ix.snapshot(1)
-    assert (s.hits, s.last_hit, s.l_at, s.restore_pins) == (1, t, ix.L, 1)
+    assert (s.hits, s.last_hit, s.l_at, s.restore_pins) == (1, t, ix.host_tier.L, 1)
     after = ix.stats().lookups, ix.stats().reuse_tokens, ix.stats().hits_device
     assert [b - a for a, b in zip(before, after, strict=True)] == [1, 136, 1]
     assert (ix.stats().hits_host, ix.stats().hits_root) == (0, 2)
@@ -100,6 +100,7 @@ def test_a_root_hit_evicts_the_deficit_at_stage():
     q = ix.quote(prepare_prompt(tokens(7, 200)), QuoteParams(4, 1, BIG))
     assert (q.readiness, q.source, q.need_pages) == (Readiness.READY, None, 4)
     st = ix.stage(q, 3, 1)
+    assert st.lane == 3
     # 3 pages short: the Device LRU's head (tail 1, nodes 4, 3) goes, backed by the Host
     assert (st.evicted_pages, st.hit_tier, st.path) == ([1003, 1004, 1002], "root", [])
     assert (st.source_slot, st.source_tail_page, st.restore_pages_needed) == (-1, -1, 0)
@@ -163,7 +164,12 @@ def test_a_host_hit_restores_blocks_tail_and_image_in_one_batch():
     ix.check_invariants()
     # the image still lives on the Host only: a second hit is a Host hit; then a Device hit
     q = ix.quote(prepare_prompt(P[:136] + tokens(4, 60)), QuoteParams(4, BIG, BIG))
-    assert ix.stage(q, 4, BIG).hit_tier == "host"
+    st = ix.stage(q, 4, BIG)
+    assert (st.lane, st.hit_tier, st.restore_pages_needed, st.restore_image) == (4, "host", 0, True)
+    rb = ix.begin_restore(4, [])  # the image only
+    assert (rb.blocks, rb.tail, rb.bytes) == ([], None, IMAGE)
+    restores = ix.stats().restores, ix.stats().restored_host_bytes
+    assert restores == (before[1] + 2, before[2] + 3 * SLAB + 2 * IMAGE)
     q = ix.quote(prepare_prompt(tokens(2, 128) + tokens(5, 60)), QuoteParams(4, BIG, BIG))
     assert (q.source, ix.stage(q, 5, BIG).hit_tier) == (2, "device")
     assert (ix.stats().hits_host, ix.stats().hits_device) == (before[0] + 2, 1)
@@ -231,7 +237,7 @@ def test_release_revalues_the_snapshot_whose_exclusive_blocks_get_host_copies():
     res = ix.release(1)
     assert [b.node for b in res.write.blocks] == [1, 2, 3, 4] and res.lru_added == []
     assert [ix.node(n).last_access for n in (1, 2, 3, 4)] == [t + 1] * 4
-    ix._flush_dirty()
+    ix.host_tier.flush()
     assert ix.snapshot(1).h < h_before  # four exclusive slabs more for the same saving
     ix.check_invariants()
 
@@ -285,3 +291,28 @@ def test_a_resumed_lane_values_its_first_snapshot_from_its_resume_point():
     assert ix.allocate_snapshot_slot(3, 192, SnapshotKind.TAP) is None
     assert sorted(ix.snaps) == [1, 2] and not ix.snapshot(1).superseded
     assert ix.stats().taps_skipped_no_slot == 1
+
+
+def test_stage_evicts_a_deficit_of_one_page():
+    ix = make_index()
+    d = Driver(ix)
+    d.run(1, P, taps=[136])
+    q = ix.quote(prepare_prompt(tokens(7, 200)), QuoteParams(4, 3, BIG))
+    assert (q.readiness, q.need_pages) == (Readiness.READY, 4)
+    assert ix.stage(q, 3, 3).evicted_pages == [1003]  # the LRU head: snapshot 1's tail
+
+
+def test_host_only_path_blocks_need_a_restore_even_with_the_image_on_the_device():
+    ix = make_index()
+    d = Driver(ix)
+    d.run(1, P, taps=[136])
+    assert ix.evict_device_pages(5) == [1003, 1004, 1002, 1001, 1000]  # tail, blocks 3-0
+    q = ix.quote(prepare_prompt(P), QuoteParams(6, BIG, BIG))
+    st = ix.stage(q, 2, BIG)
+    assert (st.restore_image, st.restore_pages_needed, st.source_slot) == (False, 3, 0)
+    with pytest.raises(LaneError, match="^lane 2 has Host-only parts: call begin_restore first$"):
+        ix.activate(2)
+    rb = ix.begin_restore(2, [7, 8, 9])
+    assert [b.node for b in rb.blocks] == [1, 2] and rb.image is None
+    ix.activate(2)
+    ix.check_invariants()
