@@ -34,10 +34,11 @@ import torch
 
 from ninfer.cache.keys import prepare_prompt
 from ninfer.config import EngineConfig
-from ninfer.engine import backend, faults, outputs
+from ninfer.engine import faults, outputs
 from ninfer.engine.cache_bridge import CacheBridge
+from ninfer.engine.executor import warmup
+from ninfer.engine.executor.runner import Launched, Row, Runner
 from ninfer.engine.lane import Job, Lane
-from ninfer.engine.runner import Launched, Row, Runner
 from ninfer.engine.scheduler import Slice, may_admit, plan_step
 from ninfer.forward import ModelCache
 from ninfer.request import EngineError
@@ -90,7 +91,7 @@ class Engine:
         mem = self.bridge
         cache = ModelCache(kv=mem.kv.kv, conv=mem.states.conv, ssm=mem.states.ssm)
         self.runner = Runner(model, ops, cache, self.device, sampler)
-        self.startup = backend.prepare_runner(self.runner, cfg, self.bridge)  # CUDA warm-up
+        self.startup = warmup.prepare_runner(self.runner, cfg, mem.kv, mem.states)  # CUDA only
         self.waiting: deque[Job] = deque()
         self.lanes: list[Lane] = []
         self.inflight: InFlight | None = None  # a decode step launched, tokens not yet read

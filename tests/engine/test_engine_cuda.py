@@ -16,7 +16,8 @@ import pytest
 import torch
 from engine_helpers import CUDA_TINY
 
-from ninfer.engine.runner import Row, Runner
+from ninfer.engine.executor.runner import Row, Runner
+from ninfer.engine.executor.warmup import warm_up
 from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.reference import ReferenceOps
@@ -69,7 +70,7 @@ def _greedy(logits, params, generators):
 def make_runner(model, ops, graphs: bool) -> Runner:
     runner = Runner(model, ops, new_cache(), DEV, sampler=_greedy)
     if ops.name == "cuda":
-        runner.warm_up([61, 62, 63], list(range(8)), capture=graphs, max_pages_per_row=16)
+        warm_up(runner, [61, 62, 63], list(range(8)), capture=graphs, max_pages_per_row=16)
         assert (runner.graphs is not None) == graphs
     return runner
 
@@ -232,7 +233,7 @@ def test_prefill_graph_replay_equals_eager(model, gather):
             ops.attention_planner.gather_graphs = True
         runner = Runner(model, ops, new_cache(slots=9, pages=65), DEV, sampler=_greedy)
         prefill = (256, 64, 8) if graphs else None  # scratch page 64, scratch slot 8
-        runner.warm_up([61, 62, 63], list(range(6)), graphs, 16, prefill)
+        warm_up(runner, [61, 62, 63], list(range(6)), graphs, 16, prefill)
         runners.append(runner)
     eager, graph = runners
     assert sorted(graph.prefill_graphs.buckets) == [1, 2, 3, 4]
@@ -336,7 +337,8 @@ def test_mixed_step_split_into_two_replays_on_cuda(model):
     runners = []
     for graphs in (False, True):
         runner = Runner(model, CudaOps(DEV), new_cache(slots=9, pages=65), DEV, sampler=_greedy)
-        runner.warm_up([61, 62, 63], list(range(6)), graphs, 16, (256, 64, 8) if graphs else None)
+        prefill = (256, 64, 8) if graphs else None
+        warm_up(runner, [61, 62, 63], list(range(6)), graphs, 16, prefill)
         runners.append(runner)
     tok = [(7 * i) % 2400 + 4 for i in range(600)]
     for runner in runners:  # the decoding lanes' contexts

@@ -9,7 +9,7 @@ import pytest
 import torch
 from engine_helpers import TINY
 
-from ninfer.engine.runner import Row, Runner
+from ninfer.engine.executor.runner import Row, Runner
 from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.ops.reference import ReferenceOps
 from ninfer.request import SamplingParams

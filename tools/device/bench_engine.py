@@ -4,7 +4,7 @@ the state-image tap copy, and a profile of one decode step.
 
 Self-contained: each preset of `ninfer.models.presets` is built with random bf16 weights on the
 GPU (one at a time, freed after), over pools sized for the run, and driven through
-`ninfer.engine.runner.Runner` directly (warm-up + graph capture as the engine does it).
+`ninfer.engine.executor.runner.Runner` directly (warm-up + graph capture as the engine does it).
 
     decode bound  = (weights read per step + KV read + GDN state read and written) / copy BW
                     weights: all matrices except an untied embedding (only bs rows read); MoE:
@@ -40,7 +40,8 @@ import torch
 
 from ninfer.bench.bounds import copy_bandwidth, matmul_peak
 from ninfer.bench.model_math import param_counts, prefill_flops
-from ninfer.engine.runner import Row, Runner
+from ninfer.engine.executor.runner import Row, Runner
+from ninfer.engine.executor.warmup import warm_up
 from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.models.presets import PRESETS, build_random_model
 from ninfer.ops.cuda.attention import GATHER_MIN_ROWS
@@ -131,7 +132,7 @@ def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row:
     cfg = PRESETS[name]
     t0 = time.perf_counter()
     model = build_random_model(cfg, BF16, DEV, seed=0)
-    if args.fuse:  # as the engine's prepare_runner does
+    if args.fuse:  # as the engine's warm-up (`prepare_runner`) does
         model.fuse_projections()
     cache = make_cache(cfg, slots, pages)
     ops = CudaOps(DEV, compile=compile, skinny=args.skinny)
@@ -142,9 +143,8 @@ def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row:
     ops.gdn_intra = args.gdn_intra.split(",")[0]
     runner = Runner(model, ops, cache, DEV, greedy_sampler)
     t1 = time.perf_counter()
-    warm = runner.warm_up(
-        [pages - 3, pages - 2, pages - 1], list(range(8)), True, max_pages_row, tune_tokens=tune
-    )
+    scratch = [pages - 3, pages - 2, pages - 1]
+    warm = warm_up(runner, scratch, list(range(8)), True, max_pages_row, tune_tokens=tune)
     emit(kind="startup", model=name, compile=compile, conv_tile=list(ops.conv_tile),
          gdn_intra=ops.gdn_intra, tune_tokens=tune,
          build_s=round(t1 - t0, 2), **{k: round(v, 2) for k, v in warm.items()})  # fmt: skip

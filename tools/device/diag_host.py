@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_engine as be  # noqa: E402
 
-from ninfer.engine.runner import Row  # noqa: E402
+from ninfer.engine.executor.runner import Row  # noqa: E402
 from ninfer.forward import PAGE_SIZE  # noqa: E402
 
 

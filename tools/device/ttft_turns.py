@@ -30,7 +30,7 @@ import torch
 
 from ninfer.bench import ttft as ttft_mod
 from ninfer.bench.suite import BenchSpec, load
-from ninfer.engine.runner import Runner
+from ninfer.engine.executor.runner import Runner
 
 JIT_DIRS = [
     Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache")),

@@ -24,12 +24,12 @@ K/V are written to the pages first on every path, by one Triton launch (`write_k
 `index_copy_` for scaled fp8), graph-safe.
 Knows nothing about the model.
 
-CUDA-graph decode (`ninfer.engine.graphs`) uses two hooks: `graph_wrapper(bs, kv_dtype, ...)`
-makes a decode wrapper with `use_cuda_graph=True` over fixed metadata buffers (one per captured
-batch size), and `plan(...)` plans a given wrapper for a batch from metadata the caller built
-(pinned host indptr / last_page_len, device indices), OUTSIDE the graph, before every capture
-and replay. While `frozen` is set (during capture) the forward never plans: every layer runs the
-wrapper planned last. The prefill graphs (`ninfer.engine.prefill_graphs`) take
+The CUDA graphs (`ninfer.engine.executor.graphs`) use these hooks. Decode takes
+`graph_wrapper(bs, kv_dtype, ...)`: a decode wrapper with `use_cuda_graph=True` over fixed
+metadata buffers (one per captured batch size); `plan(...)` plans a given wrapper for a batch
+from metadata the caller built (pinned host indptr / last_page_len, device indices), OUTSIDE the
+graph, before every capture and replay. While `frozen` is set (during capture) the forward never
+plans: every layer runs the wrapper planned last. Prefill takes
 `prefill_graph_wrapper(...)`: a paged one, or, with `gather_graphs` on and for a bucket with
 enough queries, a gathered one (ragged graph wrapper, fixed indptr buffers, the gather's fixed
 grid and one scratch shared by every bucket, at most `GATHER_SCRATCH_BYTES`).
@@ -269,7 +269,7 @@ class PagedAttention:
         max_kv_tokens: int = 0,
     ):
         """A prefill wrapper for exactly `rows` rows, capturable in a CUDA graph (the prefill
-        graphs, `ninfer.engine.prefill_graphs`): its indptr and last_page_len buffers are its
+        graphs, `ninfer.engine.executor.graphs`): its indptr and last_page_len buffers are its
         own, `indices_buf` (int32, on the device) may be shared. Gathered instead of paged
         when `shape` (as `plan`'s) allows it, a row of `max_q` queries pays for its gather,
         and the scratch for `max_kv_tokens` (every row's KV tokens together) fits."""

@@ -12,10 +12,11 @@ earlier step's sampled ids on the device, so the GPU never waits for the host's 
     host   launch N | read N-1, bookkeeping | launch N+1 | read N, bookkeeping | ...
     GPU    ... N-1 ][ N ...................][ N+1 ..............................
 
-A pure-decode step replays a captured CUDA graph when `graphs` (`ninfer.engine.graphs`) is set
-and serves it; every other step (prefill chunks, mixed steps, Host restores, `cuda_graphs=False`)
-runs the model eagerly. `warm_up()` (called by `ninfer.engine.backend` before serving) runs the
-JIT / autotune / compile paths once and captures the graphs.
+A step replays a captured CUDA graph (`ninfer.engine.executor.graphs`) when one is set and
+serves it: a pure-decode step the decode graphs, a one-row prefill step the prefill graphs, a
+mixed step (decode rows, then one prefill chunk) one of each; every other step (Host restores,
+in-pass snapshots, `cuda_graphs=False`) runs the model eagerly. `executor.warmup` runs the JIT /
+autotune / compile paths once and captures the graphs before serving.
 
     flat tokens  |<- row 0 ->|<- row 1 ->| ...       position p of row r = ctx_lens[r] + i
     slot_mapping[t] = block_table[row(t), p // 64] * 64 + p % 64
@@ -25,8 +26,6 @@ from __future__ import annotations
 
 import array
 import itertools
-import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,12 +34,6 @@ import torch
 from ninfer.engine.faults import is_fatal
 from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache, split_last_row
 from ninfer.request import SamplingParams
-
-logger = logging.getLogger(__name__)
-# the warm-up's cached-turn pass: queries enough for the gathered attention path at any head
-# ratio (`attention.gather_pays`, GATHER_MIN_ROWS), its in-pass snapshot this far from its end
-WARM_CACHED_TOKENS = 1600
-WARM_CACHED_TAIL = 576
 
 
 @dataclass(slots=True)
@@ -153,7 +146,7 @@ class Runner:
         # callable(logits, params, generators) -> an object with `token_ids` (int64 [R] on the
         # device, no host sync) and `logprobs` (per row or None; may sync when read)
         self.sampler = sampler
-        self.graphs = None  # a DecodeGraphs once captured (ninfer.engine.backend)
+        self.graphs = None  # a DecodeGraphs once captured (`executor.warmup`)
         self.prefill_graphs = None  # a PrefillGraphs once captured
         self.split_steps = 0  # mixed steps run as a decode replay + a prefill replay
         self.startup: dict[str, float] = {}  # warm-up figures (seconds)
@@ -181,7 +174,7 @@ class Runner:
             pos.copy_(torch.tensor(ctx_lens, dtype=torch.int64))
             page = table2d[torch.arange(n_rows), pos // PAGE_SIZE]
             torch.add(page * PAGE_SIZE, pos % PAGE_SIZE, out=smap)
-        else:  # row by row: no gathers over the tokens (~4 ms of host time for 32k tokens)
+        else:  # row by row: no gathers over the tokens (host time grows with them)
             _fill_prefill_rows(rows, table2d, ids, pos, smap)
         slots.copy_(torch.tensor([r.slot for r in rows], dtype=torch.int64))
         lidx.copy_(cu[1:][torch.tensor(want, dtype=torch.int64)] - 1)
@@ -229,7 +222,7 @@ class Runner:
         """A mixed step (the scheduler's decode rows, then one prefill chunk) as two graph
         replays, decode rows first, when a captured graph serves each part: rows are
         independent, so the two passes compute what the mixed one does, and two replays beat one
-        eager pass bound by the host (the 9B with a 1024-token chunk: ~5 + ~28 ms against ~90).
+        eager pass bound by the host (figures: docs/results-h200.md, prefill graphs).
         Returns the logits of the sampling rows in row order, or None (run it eagerly)."""
         head, tail = rows[:-1], rows[-1:]
         if not head or self.graphs is None or not self.graphs.can_run(head):
@@ -248,93 +241,6 @@ class Runner:
         if self.device.type != "cuda":
             return True
         return self.graphs is not None and self.graphs.can_run(rows)
-
-    @torch.no_grad()
-    def warm_up(
-        self,
-        pages: list[int],
-        slots: list[int],
-        capture: bool,
-        max_pages_per_row: int,
-        prefill_graph: tuple[int, int, int] | None = None,
-        tune_tokens: int = 0,
-        spare_slot: int | None = None,
-    ) -> dict[str, float]:
-        """Runs every kernel path once before serving (JIT builds, Triton autotune,
-        torch.compile): with `tune_tokens`, first one fresh row of that many tokens (the
-        longest pass the engine runs: see below); then a fresh two-row prefill, a continuing
-        chunk mixed with decode rows, one eager decode per batch size, then (capture=True,
-        CUDA) the decode graphs and, with `prefill_graph` = (max tokens, scratch page, scratch
-        slot), the prefill graphs (a capture that fails leaves every prefill eager, with one
-        warning). `pages` (>= 3) and `slots` (one per row, max batch = len(slots)) are free
-        pool entries that are overwritten.
-
-        Why a long pass first: fla's Triton kernels autotune on their first call, keyed by
-        head counts and dims but not by length, and keep that choice for every later pass
-        (and, with TRITON_CACHE_AUTOTUNING, on disk). Tuned on the 116-token pass below, the
-        9B's state pass and output kernels took 0.26 and 0.20 ms a layer in a profiled 8k
-        pass on the H200; tuned on 32k tokens, 0.19 and 0.16 ms. The tuning row's page table
-        repeats one page (its K/V are scratch: nothing reads them). Returns (and keeps in
-        `startup`) the seconds per phase.
-
-        Then the eager pass a cached turn's long final chunk is (no cold prompt runs one): one
-        row of WARM_CACHED_TOKENS after a cached context, enough queries for the gathered
-        attention path, with its snapshot inside the pass into `spare_slot` (else the second
-        slot; `GdnSplit`): its first use (kernel variants for one row over a context, the
-        gather, the split) is paid here, not by a user's cached turn."""
-        t0 = time.perf_counter()
-        n = len(slots)
-        greedy = SamplingParams(temperature=0.0)
-        p = pages[:3]
-        if tune_tokens > 0:
-            table = [p[0]] * -(-tune_tokens // PAGE_SIZE)
-            self.step([Row([7] * tune_tokens, 0, slots[0], table, greedy)])
-        rows = [Row(list(range(1, 100)), 0, slots[0], p[:2], greedy)]
-        if n > 1:
-            rows.append(Row(list(range(1, 18)), 0, slots[1], [p[2]], greedy))
-        self.step(rows)
-        rows = [Row(list(range(1, 40)), 99, slots[0], p[:3], greedy)]
-        rows += [Row([5], 17 + i, slots[1], [p[2]], greedy) for i in range(min(n - 1, 1))]
-        self.step(rows)
-        spare = spare_slot if spare_slot is not None else (slots[1] if n > 1 else None)
-        q = WARM_CACHED_TOKENS
-        table = [p[0]] * -(-(PAGE_SIZE + q) // PAGE_SIZE)  # K/V of [0, 64) written above
-        tap = None if spare is None else (q - WARM_CACHED_TAIL, spare)
-        ids = [(7 * i) % 97 + 1 for i in range(q)]
-        self.step([Row(ids, PAGE_SIZE, slots[0], table, greedy, tap=tap)])
-        self._sync()
-        t1 = time.perf_counter()
-        for bs in range(1, n + 1):
-            self.step([Row([7], 20, slots[i], [p[2]], greedy) for i in range(bs)])
-        self._sync()
-        t2 = time.perf_counter()
-        self.startup = {"warm_prefill_s": t1 - t0, "warm_decode_s": t2 - t1, "capture_s": 0.0}
-        if capture and self.device.type == "cuda":
-            from ninfer.engine.graphs import DecodeGraphs
-
-            graphs = DecodeGraphs(
-                self.model, self.ops, self.cache, self.device, n, max_pages_per_row
-            )
-            self.startup["capture_s"] = graphs.capture(p[2], slots)
-            self.graphs = graphs
-        if capture and self.device.type == "cuda" and prefill_graph is not None:
-            from ninfer.engine.prefill_graphs import PrefillGraphs
-
-            prefill = PrefillGraphs(
-                self.model, self.ops, self.cache, self.device, prefill_graph[0],
-                max_pages_per_row, *prefill_graph[1:],
-            )  # fmt: skip
-            try:
-                self.startup["prefill_capture_s"] = prefill.capture()
-                self.prefill_graphs = prefill
-            except Exception as e:  # noqa: BLE001 - e.g. an op that cannot be captured
-                self._sync()
-                logger.warning("ninfer: prefill graphs unavailable (%r): prefill runs eagerly", e)
-        return self.startup
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def launch(self, rows: list[Row], feed: Feed | None = None) -> Launched:
         """Queue one ragged forward pass and the sampling of every row that asks for it; no
@@ -388,8 +294,8 @@ def _fill_prefill_rows(rows, table2d, ids, pos, smap) -> None:
 
 
 def _int64(values) -> torch.Tensor:
-    """A CPU int64 tensor of the ints `values` (through an `array`: a third of the host time
-    of `torch.tensor` on a list, ~0.4 against ~1.1 ms for an 8k-token prompt)."""
+    """A CPU int64 tensor of the ints `values` (through an `array`: much less host time than
+    `torch.tensor` on a list)."""
     buf = array.array("q", values)
     return torch.frombuffer(buf, dtype=torch.int64) if buf else torch.empty(0, dtype=torch.int64)
 

@@ -1,6 +1,7 @@
-"""CPU checks of the CUDA-graph decode metadata (`ninfer.engine.graphs.DecodeGraphs._fill`):
-the static buffers and the FlashInfer CSR it plans with equal what the eager path builds
-(`Runner.build_batch` + `page_metadata`) for the same decode rows. Capture itself needs CUDA
+"""CPU checks of the CUDA-graph decode metadata
+(`ninfer.engine.executor.graphs.DecodeGraphs._fill`): the static buffers and the FlashInfer CSR
+it plans with equal what the eager path builds (`Runner.build_batch` + `page_metadata`) for the
+same decode rows. Capture itself needs CUDA
 (tests/engine/test_engine_cuda.py)."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import random
 import torch
 from engine_helpers import TINY
 
-from ninfer.engine.graphs import DecodeGraphs
-from ninfer.engine.runner import Row, Runner
+from ninfer.engine.executor.graphs import DecodeGraphs
+from ninfer.engine.executor.runner import Row, Runner
 from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.cuda.attention import GATHER_MIN_ROWS, gather_pays, page_metadata

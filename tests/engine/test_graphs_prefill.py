@@ -1,8 +1,9 @@
-"""CPU checks of the CUDA-graph prefill's padding (`ninfer.engine.prefill_graphs`): the bucket
-table, the constant chunk count that lets one graph serve every length of its bucket, the pass
-tables (`ninfer.ops.cuda.passmeta`), and, on the reference model, that the padded two-row pass
-gives the one-row pass's logits, state and K/V while the padding row writes only the scratch
-page and slot. Capture and replay need CUDA (tests/engine/test_engine_cuda.py)."""
+"""CPU checks of the CUDA-graph prefill's padding
+(`ninfer.engine.executor.graphs.PrefillGraphs`): the bucket table, the constant chunk count that
+lets one graph serve every length of its bucket, the pass tables (`ninfer.ops.cuda.passmeta`),
+and, on the reference model, that the padded two-row pass gives the one-row pass's logits,
+state and K/V while the padding row writes only the scratch page and slot. Capture and replay
+need CUDA (tests/engine/test_engine_cuda.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from engine_helpers import TINY
 
-from ninfer.engine.prefill_graphs import buckets, padded
+from ninfer.engine.executor.graphs import buckets, padded
 from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.cuda import passmeta
@@ -164,7 +165,7 @@ def test_mixed_step_split_into_two_replays_equals_the_mixed_pass(chunk_samples):
     """`Runner._split_mixed`: decode rows then one prefill chunk, run as a decode replay and a
     prefill replay, give the mixed pass's logits (sampling rows, in order) and leave the same
     states and K/V."""
-    from ninfer.engine.runner import Row, Runner
+    from ninfer.engine.executor.runner import Row, Runner
     from ninfer.request import SamplingParams
 
     model = build_random_model(TINY, torch.float32, "cpu", seed=9)
