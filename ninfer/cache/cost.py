@@ -3,7 +3,7 @@
 
 Costs only *rank* choices; capacity and validity never depend on them (§10.10). The engine
 derives its model from the model's shape and the device's rates (`ninfer.costs`,
-`CacheBridge`); the presets below are fixed planning values for the standalone cache benchmark
+`KVState`); the presets below are fixed planning values for the standalone cache benchmark
 and tests.
 """
 

@@ -3,7 +3,7 @@
 Three kinds of field:
   - gauges recounted over the whole tree by `PrefixIndex.stats()` (O(tree): on demand only);
   - counters the index bumps as it decides (monotonic since construction);
-  - engine fields (marked "engine"), which the index leaves at 0 and `CacheBridge.stats()`
+  - engine fields (marked "engine"), which the index leaves at 0 and `KVState.stats()`
     fills from the memory layer and the engine's own counters: Device bytes and page states
     need the KV page size and the lanes, which the index does not know.
 """
@@ -31,7 +31,7 @@ class CacheStats:
     host_block_bytes: int = 0  # slabs of Host-resident blocks
     host_snapshot_bytes: int = 0  # slabs of Host-resident snapshot images and tails
     gdsf_l: float = 0.0
-    # engine gauges (CacheBridge.stats())
+    # engine gauges (KVState.stats())
     device_block_bytes: int = 0  # Device KV bytes of cached blocks
     device_snapshot_bytes: int = 0  # Device state images in snapshot slots + tail pages
     pages_total: int = 0
@@ -67,7 +67,7 @@ class CacheStats:
     restores: int = 0
     restored_host_bytes: int = 0  # admission restores and prefetches
     prefetched_blocks: int = 0
-    # engine counters (CacheBridge.stats())
+    # engine counters (KVState.stats())
     taps_skipped_no_page: int = 0  # a non-aligned tap found no page for its tail copy
     taps_dropped: int = 0  # captured but the lane ended before its blocks committed
     prefetches: int = 0  # prefetch batches issued for a blocked FIFO head (§6.6)

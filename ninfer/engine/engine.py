@@ -35,9 +35,9 @@ import torch
 from ninfer.cache.keys import prepare_prompt
 from ninfer.config import EngineConfig
 from ninfer.engine import faults, outputs
-from ninfer.engine.cache_bridge import CacheBridge
 from ninfer.engine.executor import warmup
 from ninfer.engine.executor.runner import Launched, Row, Runner
+from ninfer.engine.kv.state import KVState
 from ninfer.engine.lane import Job, Lane
 from ninfer.engine.scheduler import Slice, may_admit, plan_step
 from ninfer.forward import ModelCache
@@ -87,8 +87,8 @@ class Engine:
         )
         self.make_gen = make_gen
         self.device = torch.device(cfg.device)
-        self.bridge = CacheBridge(cfg, model_config, self.device)
-        mem = self.bridge
+        self.kv_state = KVState(cfg, model_config, self.device)
+        mem = self.kv_state
         cache = ModelCache(kv=mem.kv.kv, conv=mem.states.conv, ssm=mem.states.ssm)
         self.runner = Runner(model, ops, cache, self.device, sampler)
         self.startup = warmup.prepare_runner(self.runner, cfg, mem.kv, mem.states)  # CUDA only
@@ -108,7 +108,7 @@ class Engine:
         self.persistence = persistence  # engine/persistence.PrefixCacheFile or None
         self._save_on_stop = True
         if persistence is not None:
-            persistence.load(self.bridge)
+            persistence.load(self.kv_state)
         self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
         self._thread.start()
 
@@ -158,7 +158,7 @@ class Engine:
             self._thread.join()
         # the pools, graphs and model go with the loop, so the process can build another engine
         # in the freed device memory (later calls raise "the engine is closed")
-        self.runner = self.bridge = None
+        self.runner = self.kv_state = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -207,10 +207,10 @@ class Engine:
         for lane in list(self.lanes):
             lane.finish_reason = "abort"
             self._finish(lane)
-        self.bridge.poll(wait=True)
+        self.kv_state.poll(wait=True)
         self._answer_inbox("engine closed")
         if self.persistence is not None and self._save_on_stop:
-            self.persistence.save(self.bridge)  # after every answer: no request waits for it
+            self.persistence.save(self.kv_state)  # after every answer: no request waits for it
 
     def _answer_inbox(self, message: str, reason: str = "abort") -> None:
         """After the loop ends: answer whatever is still queued so no caller waits forever."""
@@ -257,14 +257,14 @@ class Engine:
         self.faults_contained += 1
         lane.finish_reason = "error"
         self.lanes.remove(lane)
-        self.bridge.release(lane)
+        self.kv_state.release(lane)
         lane.job.sink.put(outputs.fault_output(lane, message, time.perf_counter()))
 
     def _vouch(self, exc: BaseException) -> None:
         """After a contained fault the cache must be consistent; if not, the engine cannot
         vouch for its state and ends with the original fault."""
         try:
-            self.bridge.check_invariants(self.lanes)
+            self.kv_state.check_invariants(self.lanes)
         except AssertionError as broken:
             raise RuntimeError(f"{exc!r} left the cache inconsistent: {broken}") from exc
 
@@ -311,13 +311,13 @@ class Engine:
             self.on_step(self)
         if self._overlap_next():
             if self.waiting:  # the head waits for a free lane: prefetch its Host-only path
-                self.bridge.prefetch_head(self.waiting[0])
+                self.kv_state.prefetch_head(self.waiting[0])
         else:
             self._settle_inflight()
             self._reap_cancelled()
             self._admit()
             if self.waiting:  # the FIFO head stays blocked: prefetch its Host-only path (§6.6)
-                self.bridge.prefetch_head(self.waiting[0])
+                self.kv_state.prefetch_head(self.waiting[0])
             if self.lanes:
                 cfg = self.cfg
                 self._run(plan_step(self.lanes, cfg.prefill_chunk, cfg.solo_prefill_chunk))
@@ -325,9 +325,9 @@ class Engine:
             s.lane.finish_reason is None and s.lane in self.lanes for s in self.inflight.slices
         ):
             self._settle_inflight()  # every lane of it has finished: nothing to wait for
-        self.bridge.poll()
+        self.kv_state.poll()
         if self.cfg.check_invariants:
-            self.bridge.check_invariants(self.lanes)
+            self.kv_state.check_invariants(self.lanes)
 
     # ---- admission ----------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -335,11 +335,7 @@ class Engine:
             self.lanes, self.cfg.max_concurrency, self.cfg.concurrent_prefill
         ):
             job = self.waiting[0]
-            try:
-                verdict = self.bridge.try_admit(job, time.perf_counter(), self.lanes)
-            except faults.HostRestoreFault as fault:  # rolled back: the head is quoted again
-                self.bridge.restore_failed(fault)  # without those Host entries (it prefills)
-                continue
+            verdict = self.kv_state.try_admit(job, time.perf_counter(), self.lanes)
             if verdict.lane is None and verdict.error is None:
                 return  # TemporarilyBlocked: the FIFO head is never overtaken
             self.waiting.popleft()
@@ -361,7 +357,7 @@ class Engine:
                     raise
                 self.faults_contained += 1
                 lane.finish_reason = "error"
-                self.bridge.release(lane)
+                self.kv_state.release(lane)
                 text = outputs.engine_error_text(f"{type(e).__name__}: {e}")
                 job.sink.put(outputs.error_output(job, text))
                 continue
@@ -393,10 +389,10 @@ class Engine:
         runnable: list[Slice] = []
         suspended: list[Lane] = []
         for s in slices:
-            if not self.bridge.budget.grow(s.lane, s.end):
+            if not self.kv_state.budget.grow(s.lane, s.end):
                 suspended.append(s.lane)  # the pool cannot extend it: suspend, never cut short
                 continue
-            dst = self.bridge.before_chunk(s.lane, s.start, s.end, s.tap_at)
+            dst = self.kv_state.before_chunk(s.lane, s.start, s.end, s.tap_at)
             lane = s.lane
             rows.append(
                 Row(
@@ -413,7 +409,7 @@ class Engine:
             lane.restore_ticket = None  # later passes are stream-ordered behind this one
             runnable.append(s)
             if s.start < lane.prompt_len:
-                self.bridge.counters.prefill_tokens += s.end - s.start
+                self.kv_state.counters.prefill_tokens += s.end - s.start
         if suspended:
             self._suspend(suspended)
         launched = self._launch(rows, [s.lane for s in runnable]) if rows else None
@@ -435,7 +431,7 @@ class Engine:
         jobs = []
         for lane in lanes:
             self.lanes.remove(lane)
-            self.bridge.suspend(lane)
+            self.kv_state.suspend(lane)
             lane.suspensions += 1
             job = lane.job
             job.resume = lane
@@ -473,7 +469,7 @@ class Engine:
             if self._sure_to_stop(lane):
                 return False
         for lane in lanes:
-            if not self.bridge.budget.grow(lane, lane.computed + 1):
+            if not self.kv_state.budget.grow(lane, lane.computed + 1):
                 return False  # settled first; the plain step then suspends it (§9.5)
         rows = [
             Row([0], lane.computed, lane.slot, lane.pages, lane.job.params, lane.generator)
@@ -530,7 +526,7 @@ class Engine:
                     raise
                 failed.append((lane, f"{type(e).__name__}: {e}"))
                 continue
-            self.bridge.after_advance(lane)
+            self.kv_state.after_advance(lane)
         for lane, message in failed:
             self._fail(lane, message)
         if failed:
@@ -559,7 +555,7 @@ class Engine:
         if lane not in self.lanes:
             return
         self.lanes.remove(lane)
-        self.bridge.release(lane)
+        self.kv_state.release(lane)
         try:
             outputs.flush_text(lane)
             if lane.job.stream:

@@ -23,7 +23,7 @@ from ninfer.costs import (
     rates_for,
 )
 from ninfer.demo import demo_config
-from ninfer.engine.cache_bridge import engine_cost_model
+from ninfer.engine.kv.state import engine_cost_model
 from ninfer.models.presets import PRESETS
 from tests.cache.cache_helpers import Driver
 
@@ -154,14 +154,14 @@ def test_cache_decides_restore_or_recompute_by_the_derived_costs():
 
 
 def test_engine_index_uses_the_derived_cost_model():
-    """`CacheBridge` builds its index's cost model from the model and the resolved rates (the
+    """`KVState` builds its index's cost model from the model and the resolved rates (the
     demo model on the CPU), not from a fixed preset."""
     from ninfer.cache import CacheCostModel
     from ninfer.llm import LLM
 
     with LLM(host_cache_mib=0) as llm:
         cfg, model = llm.engine_config, llm._model_config
-        got = llm._engine.bridge.index.cost
+        got = llm._engine.kv_state.index.cost
     assert got == engine_cost_model(cfg, model)
     assert got != CacheCostModel.cpu(cfg.prefill_chunk)
     per_token = PrefillShape.of(model).token_flops / cfg.prefill_flops_per_s

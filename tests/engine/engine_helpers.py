@@ -114,14 +114,14 @@ def assert_idle(llm) -> None:
     engine = llm._engine
 
     def check():
-        bridge = engine.bridge
+        kv_state = engine.kv_state
         assert not engine.lanes and not engine.waiting
-        assert bridge.budget.reserved == 0
-        bridge.check_invariants([])
-        cached = bridge.cached_pages()
-        assert bridge.kv.num_free + len(cached) == bridge.kv.num_pages
-        assert bridge.states.num_free_active == bridge.states.active_slots
-        index = bridge.index
+        assert kv_state.budget.reserved == 0
+        kv_state.check_invariants([])
+        cached = kv_state.cached_pages()
+        assert kv_state.kv.num_free + len(cached) == kv_state.kv.num_pages
+        assert kv_state.states.num_free_active == kv_state.states.active_slots
+        index = kv_state.index
         if index is not None:
             assert not index.lanes and not index.batches
             for node in index.tree.nodes.values():

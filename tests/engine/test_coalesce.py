@@ -13,7 +13,7 @@ import torch
 from engine_helpers import TINY, assert_idle, greedy, rand_tokens
 
 from ninfer.cache.cost import CacheCostModel
-from ninfer.engine.coalesce import wait_for_sibling
+from ninfer.engine.kv.coalesce import wait_for_sibling
 from ninfer.llm import LLM
 from ninfer.models.presets import build_random_model
 

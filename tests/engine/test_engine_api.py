@@ -144,7 +144,7 @@ def test_close_and_context_manager(make_llm):
     with pytest.raises(RuntimeError, match="closed"):
         llm.memory_ledger()
     # the pools, graphs and model are dropped with the loop, so their memory can be reused
-    assert llm._engine.bridge is None and llm._engine.runner is None
+    assert llm._engine.kv_state is None and llm._engine.runner is None
 
 
 def test_engine_failure_answers_everyone(make_llm):
@@ -182,19 +182,19 @@ def test_a_blocked_head_with_no_lane_is_retried_without_spinning(make_llm):
 
     from engine_helpers import rand_tokens, run
 
-    from ninfer.engine.admission import Verdict
     from ninfer.engine.engine import BLOCKED_RETRY_S
+    from ninfer.engine.kv.admitter import Verdict
 
     llm = make_llm(check_invariants=False)  # a spinning loop's steps are then fast
     engine = llm._engine
-    real = engine.bridge.try_admit
+    real = engine.kv_state.try_admit
     hold_s = 0.2
     until = time.perf_counter() + hold_s
 
     def gate(job, now, lanes):
         return Verdict() if time.perf_counter() < until else real(job, now, lanes)
 
-    engine.bridge.try_admit = gate
+    engine.kv_state.try_admit = gate
     before = engine.steps
     out = run(llm, rand_tokens(__import__("random").Random(5), 40), 3)
     assert out.error is None and len(out.token_ids) == 3

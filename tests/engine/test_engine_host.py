@@ -46,16 +46,16 @@ def test_host_only_restore_matches_cold(make_llm):
     assert out.metrics.restore_s == 0.0  # CPU copies are synchronous: nothing to time
     assert out.token_ids == run(cold, follow, 20).token_ids
     llm.settle()  # every write-through and restore landed and retired
-    assert llm._engine.call(lambda: not llm._engine.bridge.index.batches)  # none in flight
+    assert llm._engine.call(lambda: not llm._engine.kv_state.index.batches)  # none in flight
     stats = llm.cache_stats()
     assert stats.hits_host == 1 and stats.restores == 1
     assert stats.restored_host_bytes == 5 * BUNDLE + IMAGE
     assert_idle(llm)
 
 
-def _written(bridge, frontier: int):
+def _written(kv_state, frontier: int):
     """Device copies of the endpoint at `frontier` and of its path blocks (engine thread)."""
-    index, kv, states = bridge.index, bridge.kv.kv, bridge.states
+    index, kv, states = kv_state.index, kv_state.kv.kv, kv_state.states
     (s,) = [s for s in index.snaps.values() if s.frontier == frontier]
     assert s.kind == SnapshotKind.ENDPOINT and s.host_state == Residency.RESIDENT
     blocks, nid = {}, s.anchor
@@ -74,20 +74,20 @@ def test_host_restore_is_bit_identical_to_what_was_written(make_llm):
     rng = random.Random(13)
     llm = _host_llm(make_llm)
     engine = llm._engine
-    bridge = engine.bridge
+    kv_state = engine.kv_state
     prompt = rand_tokens(rng, 200)
     first = run(llm, prompt, 80)
-    sid, blocks, image, tail = engine.call(lambda: _written(bridge, 279))
+    sid, blocks, image, tail = engine.call(lambda: _written(kv_state, 279))
     assert len(blocks) == 4
     _push_off_device(llm, rng)
     restored = {}
-    transfer = bridge.transfer
+    transfer = kv_state.transfer
     original = transfer.restore
 
     def spy(batch, lane_slot):  # what the restore put on the Device, before any pass runs
         ticket = original(batch, lane_slot)
         ticket.wait_all()
-        kv, states = bridge.kv.kv, bridge.states
+        kv, states = kv_state.kv.kv, kv_state.states
         restored["blocks"] = {b.node: [layer[b.page].clone() for layer in kv] for b in batch.blocks}
         restored["tail"] = [layer[batch.tail.page].clone() for layer in kv]
         restored["image"] = (states.conv[lane_slot].clone(), states.ssm[lane_slot].clone())
@@ -169,9 +169,9 @@ def test_write_through_and_restore_move_long_runs(make_llm):
 
     rng = random.Random(16)
     llm = _host_llm(make_llm)
-    bridge = llm._engine.bridge
-    transfer, runs = bridge.transfer, []
-    geometry = bridge.host_slabs.geometry
+    kv_state = llm._engine.kv_state
+    transfer, runs = kv_state.transfer, []
+    geometry = kv_state.host_slabs.geometry
     write_blocks, restore = transfer.write_blocks, transfer.restore
 
     def spy_write(batch):

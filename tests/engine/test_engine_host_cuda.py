@@ -60,20 +60,20 @@ def test_cuda_host_restore_is_bit_identical_and_matches_cold(model):
     cold = _llm(model, prefix_reuse=False, host_cache_mib=0)
     try:
         assert llm.memory_ledger()["host_tier"] and llm.engine_config.cuda_graphs
-        engine, bridge = llm._engine, llm._engine.bridge
-        assert bridge.host_slabs.pinned  # page-locked: the copies run asynchronously
+        engine, kv_state = llm._engine, llm._engine.kv_state
+        assert kv_state.host_slabs.pinned  # page-locked: the copies run asynchronously
         prompt = rand_tokens(rng, 200)
         first = _run(llm, prompt)
         frontier = 200 + len(first.token_ids) - 1
-        _, blocks, image, tail = engine.call(lambda: _written(bridge, frontier))
+        _, blocks, image, tail = engine.call(lambda: _written(kv_state, frontier))
         _push_off_device(llm, rng)
         restored = {}
-        original = bridge.transfer.restore
+        original = kv_state.transfer.restore
 
         def spy(batch, lane_slot):  # what the restore put on the Device, before any pass runs
             ticket = original(batch, lane_slot)
             ticket.wait_all()  # the compute stream (where the clones run) waits for every copy
-            kv, states = bridge.kv.kv, bridge.states
+            kv, states = kv_state.kv.kv, kv_state.states
             restored["blocks"] = {
                 b.node: [layer[b.page].clone() for layer in kv] for b in batch.blocks
             }
@@ -82,10 +82,10 @@ def test_cuda_host_restore_is_bit_identical_and_matches_cold(model):
             restored["parts"] = ticket.parts
             return ticket
 
-        bridge.transfer.restore = spy
+        kv_state.transfer.restore = spy
         follow = prompt + first.token_ids + rand_tokens(rng, 40)
         warm = _run(llm, follow)
-        bridge.transfer.restore = original
+        kv_state.transfer.restore = original
         assert warm.usage.cached_tokens == frontier and warm.usage.restored_host_bytes > 0
         assert warm.metrics.restore_s > 0  # timed on the restore stream
         assert restored["blocks"].keys() == blocks.keys() and len(blocks) == 3

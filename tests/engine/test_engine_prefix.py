@@ -167,7 +167,7 @@ def test_stream_close_cancels_and_leaks_no_pin(make_llm, cold):
     expect = run(cold, prompt, 100).token_ids
     assert got == expect[:70]
     # the aborted lane (it may have run ahead of the reader) published its endpoint
-    index = llm._engine.bridge.index
+    index = llm._engine.kv_state.index
     ends = [s.frontier for s in index.snaps.values() if s.kind == SnapshotKind.ENDPOINT]
     assert len(ends) == 1 and 150 + 70 - 1 <= ends[0] < 150 + 100
     echoed = prompt + expect[: ends[0] - 150 + 1]

@@ -15,7 +15,7 @@ from engine_helpers import assert_idle, greedy, rand_tokens
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ninfer.engine import pages
+from ninfer.engine.kv import pages
 from ninfer.request import RequestOutput, SamplingParams, StreamDelta
 
 

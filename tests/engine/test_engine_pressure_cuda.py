@@ -12,7 +12,7 @@ import pytest
 import torch
 from engine_helpers import CUDA_TINY, assert_idle, rand_tokens
 
-from ninfer.engine import pages
+from ninfer.engine.kv import pages
 from ninfer.llm import LLM
 from ninfer.models.presets import build_random_model
 from ninfer.request import SamplingParams

@@ -25,7 +25,7 @@ def snapshots(llm) -> list[tuple[int, int, bool]]:
     """(frontier, kind, superseded) of every snapshot in the index, sorted."""
 
     def read():
-        snaps = llm._engine.bridge.index.snaps.values()
+        snaps = llm._engine.kv_state.index.snaps.values()
         return sorted((s.frontier, int(s.kind), s.superseded) for s in snaps)
 
     return llm._engine.call(read)
@@ -119,8 +119,8 @@ def test_a_dropped_tap_does_not_supersede_the_source(make_llm):
     assert snapshots(llm) == [(128, int(SnapshotKind.TAP), False)]
 
     def no_tail_pages():  # every later tail copy finds no page
-        bridge = llm._engine.bridge
-        bridge.budget.headroom = lambda: 0
+        kv_state = llm._engine.kv_state
+        kv_state.budget.headroom = lambda: 0
 
     llm._engine.call(no_tail_pages)
     out = llm.generate(

@@ -80,7 +80,7 @@ def test_in_pass_tap_without_a_free_snapshot_slot_is_skipped(make_llm, monkeypat
     cold = make_llm(prefill_chunk=64, solo_prefill_chunk=256, prefix_reuse=False)
     want = cold.generate([prompt], GREEDY)[0].token_ids
     llm = make_llm(prefill_chunk=64, solo_prefill_chunk=256)
-    index, rows = llm._engine.bridge.index, []
+    index, rows = llm._engine.kv_state.index, []
     allocate = index.allocate_snapshot_slot
     monkeypatch.setattr(
         index,

@@ -1,13 +1,13 @@
 """In-flight coalescing decisions (spec §12.2) at their boundaries, without an engine: which
 sibling snapshot a blocked head would resume from, when it waits, and the exact Boundary tap it
-plants (ninfer/engine/coalesce.py; the engine-level behaviour is in test_coalesce.py)."""
+plants (ninfer/engine/kv/coalesce.py; the engine-level behaviour is in test_coalesce.py)."""
 
 from __future__ import annotations
 
 from engine_helpers import greedy
 
 from ninfer.cache.cost import CacheCostModel
-from ninfer.engine.coalesce import _shared_blocks, _target, wait_for_sibling
+from ninfer.engine.kv.coalesce import _shared_blocks, _target, wait_for_sibling
 from ninfer.engine.lane import Job, Lane, PendingTap, PromptHints
 
 # 1 ms per token and 10 ms per chunk of 512: prefill_seconds(b, k) = 0.001 k + 0.01 ceil(k/512)

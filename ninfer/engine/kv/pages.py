@@ -8,8 +8,8 @@ the entitlements not yet drawn is `reserved`; admission of a new lane needs
 
 so every active lane can always draw its entitlement (cached pages never count against it:
 taking a page may evict cache, never an active lane). `evictable` is exactly what eviction can
-free (`PrefixIndex.evictable_pages`), and the quote checks this same rule (admission.py passes
-free - reserved unclamped). Beyond its entitlement a lane grows one page at a time while
+free (`PrefixIndex.evictable_pages`), and the index's quote checks this same rule (`quote`
+passes free - reserved unclamped). Beyond its entitlement a lane grows one page at a time while
 `free + evictable - reserved > 0`. When that fails the engine suspends the lane instead of
 cutting it short: it is released through its endpoint snapshot and resumes from there, with
 everything it generated, when pages allow (engine.py `_suspend`). A request therefore ends
@@ -22,11 +22,15 @@ Mutates: the lane's `pages` / `private` / `entitled_pages`, the KV pool's free l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ninfer.engine.lane import Lane
+from ninfer.cache.records import QuoteParams
+from ninfer.engine.lane import Job, Lane
 from ninfer.forward import PAGE_SIZE
 from ninfer.memory.kv_pool import KVPool
+
+if TYPE_CHECKING:
+    from ninfer.cache.index import PrefixIndex
 
 OUTPUT_WINDOW = 512  # tokens of output an admission reserves pages for
 
@@ -38,27 +42,40 @@ def pages_for(tokens: int) -> int:
 class PageBudget:
     """Page reservations of the active lanes over the KV pool plus the cache's evictable pages.
 
-    `evictable()` counts unpinned Device cache pages; `evict(n)` drops at least n of them from
-    the cache (Device LRU order) and returns their page ids to the pool.
+    `index` is the prefix index (None when prefix reuse is off: nothing is evictable).
     """
 
-    def __init__(
-        self,
-        pool: KVPool,
-        evictable: Callable[[], int],
-        evict: Callable[[int], None],
-        max_model_len: int,
-    ) -> None:
+    def __init__(self, pool: KVPool, index: PrefixIndex | None, max_model_len: int) -> None:
         self.pool = pool
-        self.evictable = evictable
-        self.evict = evict
+        self.index = index
         self.max_model_len = max_model_len
         self.reserved = 0
+
+    def evictable(self) -> int:
+        """Unpinned Device cache pages: what `evict` can free. Reads only."""
+        return 0 if self.index is None else self.index.evictable_pages()
+
+    def evict(self, n: int) -> None:
+        """Drop at least n evictable pages from the cache (Device LRU order) and return their
+        page ids to the pool."""
+        if self.index is None:
+            raise RuntimeError("no cache to evict from")
+        self.pool.free(self.index.evict_device_pages(n))
 
     def entitlement(self, prompt_len: int, max_tokens: int, mapped_pages: int) -> int:
         """Private pages a lane resuming with `mapped_pages` shared pages is entitled to."""
         total = min(prompt_len + min(max_tokens, OUTPUT_WINDOW), self.max_model_len)
         return max(pages_for(total) - mapped_pages, 1)
+
+    def quote(self, job: Job) -> QuoteParams:
+        """What `job` asks of the Device pool now: its whole entitlement, the free pages less the
+        active lanes' reservations and the pool size (admission and the prefetcher quote alike).
+
+        Not clamped at 0: the index's quote then checks the rule above,
+        need <= free + evictable - reserved, so an admitted lane can always draw its entitlement.
+        Reads only."""
+        entitlement = self.entitlement(len(job.known_tokens()), job.tokens_left(), 0)
+        return QuoteParams(entitlement, self.pool.num_free - self.reserved, self.pool.num_pages)
 
     def headroom(self) -> int:
         """Pages a new admission or an over-entitlement growth may take."""

@@ -17,14 +17,14 @@ def _scenario(make_llm, prefetch: bool):
     llm = make_llm(
         host_cache_mib=4, kv_capacity=32 * 64, max_concurrency=1, device_snapshot_slots=2
     )
-    bridge = llm._engine.bridge
+    kv_state = llm._engine.kv_state
     if not prefetch:
-        bridge.prefetcher.maybe_prefetch = lambda job: 0
+        kv_state.prefetcher.maybe_prefetch = lambda job: 0
     prompt = rand_tokens(rng, 500)
     first = run(llm, prompt, 20)
     for _ in range(5):  # other conversations push its blocks, tail and image off the Device
         run(llm, rand_tokens(rng, 600), 20)
-    index = bridge.index
+    index = kv_state.index
     follow = prompt + first.token_ids + rand_tokens(rng, 30)
     path = llm._engine.call(lambda: index.match(_blocks(follow)).path)
     assert len(path) == 8 and all(index.node(n).device_state == 0 for n in path)
@@ -58,7 +58,7 @@ def test_blocked_head_finds_its_path_on_the_device(make_llm):
 
 
 class _Room:
-    """A stand-in bridge: only what Prefetcher reads to decide whether to try."""
+    """Stand-in parts: only what Prefetcher reads to decide whether to try."""
 
     def __init__(self):
         from types import SimpleNamespace
@@ -75,10 +75,10 @@ class _Room:
 def test_same_head_is_retried_only_after_a_copy_or_more_room():
     from types import SimpleNamespace
 
-    from ninfer.engine.prefetch import Prefetcher
+    from ninfer.engine.kv.prefetcher import Prefetcher
 
-    bridge = _Room()
-    pf = Prefetcher(bridge)
+    room = _Room()
+    pf = Prefetcher(room.index, room.kv, room.budget, transfer=None)
     copies = iter([4, 0, 0, 0])
     tried = []
 
@@ -88,19 +88,19 @@ def test_same_head_is_retried_only_after_a_copy_or_more_room():
 
     pf._prefetch = fake
     head = SimpleNamespace(request_id="a", blocks=object())
-    bridge.sync()
+    room.sync()
     assert pf.maybe_prefetch(head) == 4  # first attempt: room 2 + 3
     pf.batch_id = 7  # in flight: no second batch beside it
     assert pf.maybe_prefetch(head) == 0 and tried == [5]
     pf.landed(7)
     assert pf.maybe_prefetch(head) == 0 and tried == [5, 5]  # the last attempt copied: retry
     assert pf.maybe_prefetch(head) == 0 and tried == [5, 5]  # copied nothing, same room
-    bridge.backed = 4
+    room.backed = 4
     assert pf.maybe_prefetch(head) == 0 and tried == [5, 5, 6]  # the room grew
-    bridge.index.lanes = {1: SimpleNamespace(activated=False)}  # an open admission
+    room.index.lanes = {1: SimpleNamespace(activated=False)}  # an open admission
     other = SimpleNamespace(request_id="b", blocks=object())
     assert pf.maybe_prefetch(other) == 0 and tried == [5, 5, 6]
-    bridge.index.lanes = {}
+    room.index.lanes = {}
     assert pf.maybe_prefetch(other) == 0 and tried == [5, 5, 6, 6]  # a new head: try
 
 

@@ -17,7 +17,11 @@ Rules (invariants):
   - the same head is retried only while the previous attempt copied blocks or the spare room
     grew (matching walks the whole prompt path);
   - `settle()` waits for an in-flight batch before the next admission quote, so the quote sees
-    the blocks Device-resident instead of skipping Filling candidates (settle_prefetch).
+    the blocks Device-resident instead of skipping Filling candidates (settle_prefetch); the
+    owner (`KVState`) then reports what landed to the index and calls `landed()`.
+
+The Prefetcher takes pages only through the index's prefetch plan and the free list; it never
+admits, and it never waits for a copy except in `settle()`.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ninfer.cache.records import Readiness
-from ninfer.engine.admission import quote_params
+from ninfer.engine.kv.pages import PageBudget
+from ninfer.memory.kv_pool import KVPool
+from ninfer.memory.transfer import Transfer
 
 if TYPE_CHECKING:
-    from ninfer.engine.cache_bridge import CacheBridge
+    from ninfer.cache.index import PrefixIndex
     from ninfer.engine.lane import Job
 
 MAX_PREFETCH_BLOCKS = 256  # one batch (spec §6.6: ~550 MB for 27B INT8 KV)
@@ -43,30 +49,33 @@ class _Attempt:
 
 
 class Prefetcher:
-    """Prefetch state of one engine (engine thread only). `batches`: batches issued."""
+    """Prefetch state of one engine (engine thread only). `batches`: batches issued. `index`
+    is None when prefix reuse is off (then it never prefetches)."""
 
-    def __init__(self, bridge: CacheBridge) -> None:
-        self.bridge = bridge
+    def __init__(
+        self, index: PrefixIndex | None, kv: KVPool, budget: PageBudget, transfer: Transfer
+    ) -> None:
+        self.index = index
+        self.kv = kv
+        self.budget = budget
+        self.transfer = transfer
         self.batch_id: int | None = None  # the in-flight batch, until poll() reports it
         self.ticket: Any = None
         self.batches = 0
         self._last: _Attempt | None = None
 
     def enabled(self) -> bool:
-        index = self.bridge.index
-        return index is not None and index.host is not None
+        return self.index is not None and self.index.host is not None
 
     def spare_room(self) -> int:
         """Pages a prefetch may fill now without touching any lane's reservation."""
-        b = self.bridge
-        return max(0, min(b.budget.headroom(), b.kv.num_free + b.index.prefetch_room()))
+        return max(0, min(self.budget.headroom(), self.kv.num_free + self.index.prefetch_room()))
 
     def maybe_prefetch(self, job: Job) -> int:
         """Prefetch for the blocked head `job` if the rules above allow; blocks copied."""
         if not self.enabled() or job.blocks is None or self.batch_id is not None:
             return 0
-        index = self.bridge.index
-        if any(not rec.activated for rec in index.lanes.values()):
+        if any(not rec.activated for rec in self.index.lanes.values()):
             return 0  # never beside an open admission
         room = self.spare_room()
         last = self._last
@@ -78,9 +87,8 @@ class Prefetcher:
         return copied
 
     def _prefetch(self, job: Job, room: int) -> int:
-        b = self.bridge
-        index, kv = b.index, b.kv
-        quote = index.quote(job.blocks, quote_params(b, job))
+        index, kv = self.index, self.kv
+        quote = index.quote(job.blocks, self.budget.quote(job))
         if quote.readiness == Readiness.PERMANENTLY_INFEASIBLE:
             return 0
         plan = index.plan_prefetch(quote, kv.num_free, max_blocks=min(MAX_PREFETCH_BLOCKS, room))
@@ -89,18 +97,20 @@ class Prefetcher:
             return 0
         pages = kv.alloc(len(plan.nodes))
         batch = index.begin_prefetch(plan.nodes, pages)
-        self.ticket = b.transfer.restore(batch, -1)  # no image: the slot is unused
+        self.ticket = self.transfer.restore(batch, -1)  # no image: the slot is unused
         self.batch_id = batch.batch_id
         self.batches += 1
         return len(plan.nodes)
 
     def landed(self, batch_id: int) -> None:
-        """poll() saw restore batch `batch_id` land."""
+        """The owner's poll saw restore batch `batch_id` land."""
         if batch_id == self.batch_id:
             self.batch_id, self.ticket = None, None
 
-    def settle(self) -> None:
-        """Wait for the in-flight batch (if any) and report it landed (before a quote)."""
-        if self.batch_id is not None:
-            self.ticket.synchronize()
-            self.bridge.poll()
+    def settle(self) -> bool:
+        """Wait for the in-flight batch, if any (before a quote). True when one was waited for:
+        the caller then polls the transfer so that the index sees it landed."""
+        if self.batch_id is None:
+            return False
+        self.ticket.synchronize()
+        return True

@@ -1,9 +1,17 @@
-"""The engine's side of the hybrid prefix cache: the index plus the memory it decides about.
+"""The engine's KV state: the prefix index plus the memory it decides about.
 
-`CacheBridge` owns the Device KV pool, the state pool, the streams, the Host transfer seam, the
-page budget and (unless `prefix_reuse=False`) the `PrefixIndex`. Admission (`admission.py`) and
-block commit / taps / release (`publication.py`) are functions over it. Everything here runs on
-the engine thread only.
+`KVState` owns the Device KV pool, the state pool, the streams, the Host transfer seam, the page
+budget, the engine's cache counters and (unless `prefix_reuse=False`) the `PrefixIndex`. It
+builds its collaborators and hands each only the parts it uses; none holds a reference back:
+
+    Admitter    (admitter.py)   quote / stage / activate the FIFO head into a Lane
+    Publisher   (publisher.py)  block commit, taps, publication, release / suspension of a lane
+    Prefetcher  (prefetcher.py) the blocked head's Host-only path into spare Device pages
+    PageBudget  (pages.py)      entitlements and growth of active lanes' pages
+
+The loop (engine.py) calls the methods below, `budget.grow` and `counters.prefill_tokens`; the
+executor reads the pools' tensors and borrows warm-up pages and slots. Neither edits the index.
+Everything here runs on the engine thread only.
 
 With `prefix_reuse=False` there is no index: every page is a lane's private page, no node or
 snapshot is ever made (spec §7.7, §10.8).
@@ -14,19 +22,21 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
-from dataclasses import dataclass
 
 import torch
 
 from ninfer.config import EngineConfig
-from ninfer.engine import admission, publication
+from ninfer.engine.kv import host_faults
+from ninfer.engine.kv.admitter import Admitter, Verdict
+from ninfer.engine.kv.counters import EngineCounters
+from ninfer.engine.kv.pages import PageBudget
+from ninfer.engine.kv.prefetcher import Prefetcher
+from ninfer.engine.kv.publisher import Publisher
 from ninfer.engine.lane import Job, Lane
-from ninfer.engine.pages import PageBudget
-from ninfer.engine.prefetch import Prefetcher
 from ninfer.memory.kv_pool import KVPool
 from ninfer.memory.state_pool import StatePool
 from ninfer.memory.streams import Streams
-from ninfer.memory.transfer_seam import DeviceOnlyTransfer, Transfer
+from ninfer.memory.transfer import DeviceOnlyTransfer, Transfer
 
 _DTYPES = {
     "float32": torch.float32,
@@ -43,22 +53,10 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-@dataclass(slots=True)
-class EngineCounters:
-    """Cache-related counters only the engine sees (merged into CacheStats by `stats()`)."""
-
-    taps_skipped_no_page: int = 0  # a non-aligned tap found no page for its tail copy
-    taps_dropped: int = 0  # captured, but the lane ended before its blocks committed
-    coalesced_waits: int = 0  # FIFO heads that waited for a prefilling sibling (§12.2)
-    prefill_tokens: int = 0  # tokens run through prefill passes
-    host_faults: int = 0  # Host copies / slab allocations that raised (entries left Device-only)
-    suspensions: int = 0  # lanes the pool could not extend, suspended to resume later (§9.5)
-
-
 def slab_bytes(page_bytes: int) -> int:
     """The index's slab size without a Host tier (no slab exists; it sizes GDSF scores): one
     block bundle (every FA layer's page) rounded up to 4 KiB. A Host tier's slabs are exactly
-    one block bundle (`HostSlabs.geometry.slab_bytes`)."""
+    one block bundle (`EngineConfig.host_geometry.slab_bytes`)."""
     return -(-page_bytes // 4096) * 4096
 
 
@@ -78,7 +76,13 @@ def engine_cost_model(cfg: EngineConfig, model_config):
     )
 
 
-class CacheBridge:
+class KVState:
+    """The KV-state owner (engine thread only). Invariants (`check_invariants`, with the
+    index's own): every Device page is exactly one of free / active (a lane's private page or a
+    pending tap's tail copy) / cached (index-owned); every state slot exactly one of free / a
+    lane's / a snapshot slot's image; the page reservations equal the lanes' outstanding
+    entitlements and never exceed free + evictable pages."""
+
     def __init__(self, cfg: EngineConfig, model_config, device: torch.device) -> None:
         self.cfg = cfg
         mc = model_config
@@ -106,18 +110,48 @@ class CacheBridge:
             scratch=cfg.scratch_entries,
         )
         self.transfer: Transfer = DeviceOnlyTransfer()
-        self.host_slabs = None  # the Host tier's HostSlabs (read by engine/persistence.py)
-        self.index = None
+        self.host_slabs = None  # the Host tier's HostSlabs (read by the cache file's load/save)
+        self._index = None
         if cfg.prefix_reuse:
-            self.index = self._build_index(cfg, model_config, device)
-        self.budget = PageBudget(self.kv, self._evictable, self._evict, cfg.max_model_len)
+            self._index = self._build_index(cfg, model_config, device)
         self._lane_ids = itertools.count(1)
         self.counters = EngineCounters()
-        self.prefetcher = Prefetcher(self)
+        self._build_collaborators()
+
+    def _build_collaborators(self) -> None:
+        """Hand each collaborator the parts it uses (again after the index is replaced)."""
+        index, kv, states = self.index, self.kv, self.states
+        transfer, counters = self.transfer, self.counters
+        self.budget = budget = PageBudget(kv, index, self.cfg.max_model_len)
+        self.admitter = Admitter(
+            index,
+            kv,
+            states,
+            budget,
+            transfer,
+            counters,
+            self._lane_ids,
+            self.cfg.pending_timeout_s,
+        )
+        self.publisher = Publisher(index, kv, states, budget, transfer, counters)
+        self.prefetcher = Prefetcher(index, kv, budget, transfer)
+
+    @property
+    def index(self):
+        """The PrefixIndex (None when prefix reuse is off)."""
+        return self._index
+
+    @index.setter
+    def index(self, index) -> None:
+        """Replace the index (a cache file that failed to load part-way starts from an empty
+        one): only before any lane is admitted. The collaborators, page budget included, are
+        rebuilt around it."""
+        self._index = index
+        self._build_collaborators()
 
     def _build_index(self, cfg: EngineConfig, model_config, device: torch.device):
-        """The PrefixIndex, and with a Host tier the pinned slabs and their Transfer, sized
-        from one geometry so that slab ids mean the same on both sides."""
+        """The PrefixIndex, and with a Host tier the pinned slabs and their Transfer, all
+        over `cfg.host_geometry` (one object: slab ids mean the same on both sides)."""
         from ninfer.cache.index import PrefixIndex
         from ninfer.cache.records import CacheConfig
         from ninfer.cache.taps import TapConfig
@@ -129,13 +163,12 @@ class CacheBridge:
             min_gap_tokens=cfg.cache_tap_min_gap,
             forward_tokens=cfg.cache_tap_forward,
         )
+        geometry = cfg.host_geometry if cfg.host_tier else None
         slabs = None
-        if cfg.host_tier:
+        if geometry is not None:
             from ninfer.memory.host_slabs import HostSlabs
 
-            slabs = HostSlabs.for_pools(
-                self.kv.kv, self.states.conv, self.states.ssm, cfg.host_cache_bytes >> 20
-            )
+            slabs = HostSlabs(geometry, pin=device.type == "cuda")
         self.host_slabs = slabs
         if slabs is None:
             config = CacheConfig(
@@ -146,92 +179,73 @@ class CacheBridge:
                 taps=taps,
             )
             return PrefixIndex(config, cost)
-        g = slabs.geometry
-        config = CacheConfig(
-            slab_bytes=g.slab_bytes,
-            image_bytes=g.image_bytes,
-            host_cache_bytes=g.total_bytes,
-            device_snapshot_slots=cfg.device_snapshot_slots,
-            host_chunk_bytes=g.slabs_per_chunk * g.slab_bytes,
-            taps=taps,
-        )
-        index = PrefixIndex(config, cost)
-        from ninfer.engine import faults
-        from ninfer.memory.host_transfer import HostTierTransfer
+        index = PrefixIndex(CacheConfig.for_host(geometry, cfg.device_snapshot_slots, taps), cost)
+        from ninfer.memory.transfer import HostTransfer
 
-        host = HostTierTransfer(
+        host = HostTransfer(
             slabs,
             self.kv.kv,
             self.states.conv,
             self.states.ssm,
             model_config.layer_types,
             self.streams,
-            index.host,
             timing=True,  # CUDA: timed events give metrics.restore_s (no-op on the CPU)
         )
-        # A Host fault degrades the entries it hit to Device-only (engine/faults.py)
-        self.transfer = faults.GuardedTransfer(host, self._host_write_failed, self.streams)
-        faults.guard_host_pool(index.host, self._host_alloc_failed)
+        # A Host fault degrades the entries it hit to Device-only (host_faults.py)
+        self.transfer = host_faults.GuardedTransfer(host, self._host_write_failed, self.streams)
+        host_faults.guard_host_pool(index.host, self._host_alloc_failed)
         return index
 
-    # ---- Host-tier faults (engine/faults.py) ----------------------------------------------------
+    # ---- Host-tier faults (host_faults.py) ------------------------------------------------------
     def _host_write_failed(self, batch_id: int, exc: BaseException) -> None:
-        from ninfer.engine import faults
-
         self.counters.host_faults += 1
         logger.warning("ninfer: Host write %d failed (%r): entries stay Device-only", batch_id, exc)
-        self.kv.free(faults.undo_host_write(self.index, batch_id))
+        self.kv.free(host_faults.undo_host_write(self.index, batch_id))
 
     def _host_alloc_failed(self, exc: BaseException) -> None:
         self.counters.host_faults += 1
         logger.warning("ninfer: Host slab allocation failed (%r): the entry stays Device-only", exc)
 
     def restore_failed(self, fault) -> None:
-        """Undo a Host restore that raised (a `faults.HostRestoreFault`): its targets and the
-        admission that began it are rolled back, the Host copies it read are dropped."""
-        from ninfer.engine import faults
-
+        """Undo a Host restore that raised (a `host_faults.HostRestoreFault`): its targets and
+        the admission that began it are rolled back, the Host copies it read are dropped."""
         self.counters.host_faults += 1
         logger.warning("ninfer: %s: the request is served without those Host entries", fault)
-        self.kv.free(faults.undo_host_restore(self.index, fault.batch_id))
+        self.kv.free(host_faults.undo_host_restore(self.index, fault.batch_id))
         if fault.lane_slot >= 0:
             self.states.release(fault.lane_slot)
 
-    # ---- hooks for the page budget ------------------------------------------------------------
-    def _evictable(self) -> int:
-        return 0 if self.index is None else self.index.evictable_pages()
-
-    def _evict(self, n: int) -> None:
-        if self.index is None:
-            raise RuntimeError("no cache to evict from")
-        self.kv.free(self.index.evict_device_pages(n))
-
-    def next_lane_id(self) -> int:
-        return next(self._lane_ids)
-
     # ---- the engine's calls ----------------------------------------------------------------
-    def try_admit(self, job: Job, now: float, lanes: list[Lane]) -> admission.Verdict:
-        return admission.try_admit(self, job, now, lanes)
+    def try_admit(self, job: Job, now: float, lanes: list[Lane]) -> Verdict:
+        """Admit the FIFO head `job` or say why not (admitter.py). A prefetch in flight lands
+        first, so the quote sees its blocks; a Host restore that raised is rolled back and the
+        head quoted again, without those Host entries (it prefills what they held)."""
+        while True:
+            if self.prefetcher.settle():
+                self.poll()
+            try:
+                return self.admitter.try_admit(job, now, lanes)
+            except host_faults.HostRestoreFault as fault:
+                self.restore_failed(fault)
 
     def before_chunk(
         self, lane: Lane, start: int, end: int, tap_at: int | None = None
     ) -> int | None:
         """Taps due before the chunk runs; the physical slot of an in-pass tap at `tap_at`."""
-        if self.index is None:
-            return None
-        return publication.before_chunk(self, lane, start, end, tap_at)
+        return self.publisher.before_chunk(lane, start, end, tap_at)
 
     def after_advance(self, lane: Lane) -> None:
-        if self.index is not None:
-            publication.after_advance(self, lane)
+        """After a pass moved `lane.computed`: commit blocks, realize taps, publish."""
+        self.publisher.after_advance(lane)
 
     def release(self, lane: Lane) -> None:
-        publication.release(self, lane)
+        """Terminal settlement of a finished, cancelled or failed lane (§7.7)."""
+        self.publisher.release(lane)
 
     def suspend(self, lane: Lane) -> None:
         """Release a lane the pool cannot extend so that it can resume (§9.5): its endpoint
         snapshot is published at its frontier (when a snapshot slot is granted)."""
-        publication.release(self, lane, suspend=True)
+        self.publisher.release(lane, suspend=True)
         self.counters.suspensions += 1
 
     def poll(self, wait: bool = False) -> None:
@@ -271,7 +285,7 @@ class CacheBridge:
         outstanding = sum(lane.entitled_pages for lane in lanes)
         if outstanding != self.budget.reserved:
             raise AssertionError(f"page budget: reserved {self.budget.reserved} != {outstanding}")
-        if self.budget.reserved > self.kv.num_free + self._evictable():
+        if self.budget.reserved > self.kv.num_free + self.budget.evictable():
             raise AssertionError("page budget: reservations exceed free + evictable pages")
         if self.index is not None:
             self._check_evictable()
@@ -297,11 +311,9 @@ class CacheBridge:
     def prefetch_head(self, job: Job) -> int:
         """The FIFO head stays blocked: prefetch its Host-only path (§6.6); blocks copied. A
         restore that raised is rolled back (its entries are dropped from the Host tier)."""
-        from ninfer.engine.faults import HostRestoreFault
-
         try:
             return self.prefetcher.maybe_prefetch(job)
-        except HostRestoreFault as fault:
+        except host_faults.HostRestoreFault as fault:
             self.restore_failed(fault)
             return 0
 

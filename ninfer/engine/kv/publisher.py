@@ -1,0 +1,260 @@
+"""Block commit, taps, publication and terminal settlement of a lane (spec §7.4–§7.7, §9.3).
+
+Tap realization against chunk boundaries (s = chunk start, e = chunk end, n = prompt length):
+
+    exact tap p        the scheduler cut the chunk at p, so e == p: capture at e
+    flexible tap p     s < p <= e < n: capture at e (a page boundary, no split)
+                       s < p <= e == n (final chunk): capture at s, before the chunk runs,
+                       or at the scheduler's `tap_at` inside it (the pass's GDN layers copy
+                       the state there: `forward.GdnSplit`; the slot is reserved here)
+    capture            D2D copy lane slot -> a staging snapshot slot; a non-aligned frontier also
+                       copies its partial block into a cache-owned tail page
+    publication        deferred until blocks 0 .. f//64 - 1 (and f//64 for a tail) are committed;
+                       a finishing lane publishes what is left from its own last page (§7.4)
+
+Endpoint (finish, or cancel after prefilling something): F_end = computed; the lane's slot
+itself becomes the snapshot image (slot ownership swap, no copy) and its partial last page
+moves to the snapshot as the tail.
+
+    positions  0      64*committed_blocks   F_end = computed   len(tokens)
+               |-- committed blocks --|-- tail --|-- last sampled token (not computed)
+
+The Publisher writes only the lanes it is handed and the cache's records through the index's
+calls; it admits nothing and never grows a lane's pages (`PageBudget.grow`, the loop's call).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ninfer.cache.common import SnapshotKind
+from ninfer.cache.keys import pack_tokens
+from ninfer.cache.records import CommitKind
+from ninfer.engine.kv.counters import EngineCounters
+from ninfer.engine.kv.pages import PageBudget
+from ninfer.engine.lane import Lane, PendingTap
+from ninfer.forward import PAGE_SIZE
+from ninfer.memory.kv_pool import KVPool
+from ninfer.memory.state_pool import StatePool
+from ninfer.memory.transfer import Transfer
+
+if TYPE_CHECKING:
+    from ninfer.cache.index import PrefixIndex
+
+
+class Publisher:
+    """Block commit, taps, publication and release of lanes (engine thread only). `index` is
+    None when prefix reuse is off: then only `release` does anything (pages, reservation and
+    state slot go back)."""
+
+    def __init__(
+        self,
+        index: PrefixIndex | None,
+        kv: KVPool,
+        states: StatePool,
+        budget: PageBudget,
+        transfer: Transfer,
+        counters: EngineCounters,
+    ) -> None:
+        self.index = index
+        self.kv = kv
+        self.states = states
+        self.budget = budget
+        self.transfer = transfer
+        self.counters = counters
+
+    def before_chunk(
+        self, lane: Lane, start: int, end: int, tap_at: int | None = None
+    ) -> int | None:
+        """Flexible taps inside the prompt's final chunk are taken at its start, or at `tap_at`
+        inside the pass: then returns the physical slot the pass copies the state into (None when
+        no snapshot slot is free: the tap is skipped, or no prefix cache)."""
+        if self.index is None or end != lane.prompt_len or not lane.taps:
+            return None
+        inside = [(p, exact) for p, exact in lane.taps if start < p <= end and not exact]
+        if not inside:
+            return None
+        lane.taps = [t for t in lane.taps if t not in inside]
+        if tap_at is not None:
+            return self._reserve_in_pass(lane, start, tap_at)
+        if start > lane.cached_tokens:
+            self._capture(lane, start, SnapshotKind.TAP)
+        return None
+
+    def _reserve_in_pass(self, lane: Lane, start: int, f: int) -> int | None:
+        """A pending tap at page boundary f whose image the next pass writes (no copy here)."""
+        if not (start < f < lane.prompt_len and f % PAGE_SIZE == 0):
+            raise ValueError(f"in-pass tap at {f}: not a page boundary inside ({start}, n)")
+        if f <= lane.last_snapshot:
+            return None
+        grant = self.index.allocate_snapshot_slot(lane.lane_id, f, SnapshotKind.TAP)
+        if grant is None:
+            return None
+        self.kv.free(grant.freed_pages)
+        lane.pending.append(PendingTap(f, grant.slot, SnapshotKind.TAP))
+        lane.last_snapshot = f
+        return self.states.snap_phys[grant.slot]
+
+    def after_advance(self, lane: Lane) -> None:
+        """After a pass moved `lane.computed`: commit full blocks, realize taps, publish."""
+        if self.index is None:
+            return
+        self._commit_blocks(lane)
+        f = lane.computed
+        if lane.taps and f <= lane.prompt_len:
+            due = [(p, exact) for p, exact in lane.taps if p <= f]
+            if due:
+                lane.taps = [t for t in lane.taps if t not in due]
+                if f < lane.prompt_len or any(exact and p == f for p, exact in due):
+                    boundary = any(p in lane.boundary_taps for p, _ in due)
+                    self._capture(lane, f, SnapshotKind.BOUNDARY if boundary else SnapshotKind.TAP)
+        self._publish_ready(lane)
+
+    def _commit_blocks(self, lane: Lane) -> None:
+        index = self.index
+        while (lane.committed_blocks + 1) * PAGE_SIZE <= lane.computed:
+            b = lane.committed_blocks
+            data = pack_tokens(lane.tokens[b * PAGE_SIZE : (b + 1) * PAGE_SIZE])
+            result = index.commit_block(lane.lane_id, b, data, lane.pages[b])
+            if result.kind != CommitKind.DUPLICATE:
+                lane.private[b] = False  # the node owns the page from now on
+            if result.kind == CommitKind.INSERTED and (b + 1) * PAGE_SIZE <= lane.prompt_len:
+                lane.created_prompt_tokens += PAGE_SIZE
+            lane.committed_blocks += 1
+
+    def _capture(self, lane: Lane, f: int, kind: int) -> None:
+        """Stage a snapshot of the lane's state at frontier f (= lane.computed now)."""
+        if f <= lane.last_snapshot:
+            return
+        grant = self.index.allocate_snapshot_slot(lane.lane_id, f, kind)
+        if grant is None:
+            return
+        self.kv.free(grant.freed_pages)
+        tail = None
+        if f % PAGE_SIZE:
+            got = self.budget.take(1) if self.budget.headroom() >= 1 else None
+            if got is None:
+                self.index.free_snapshot_slot(lane.lane_id, grant.slot)
+                self.counters.taps_skipped_no_page += 1
+                return
+            tail = got[0]
+            self.kv.copy_prefix(lane.pages[f // PAGE_SIZE], tail, f % PAGE_SIZE)
+        self.states.tap(lane.slot, grant.slot)
+        lane.pending.append(PendingTap(f, grant.slot, kind, tail))
+        lane.last_snapshot = f
+
+    @staticmethod
+    def _publishable(lane: Lane, tap: PendingTap) -> bool:
+        blocks = tap.frontier // PAGE_SIZE + (1 if tap.frontier % PAGE_SIZE else 0)
+        return lane.committed_blocks >= blocks
+
+    def _publish(
+        self,
+        lane: Lane,
+        f: int,
+        slot: int,
+        kind: int,
+        tail: int | None,
+        finishing: bool = False,
+    ):
+        """Publish a staged snapshot; returns True when the index took the tail page."""
+        r = f % PAGE_SIZE
+        tail_tokens = lane.tokens[f - r : f] if r else ()
+        result = self.index.publish_snapshot(
+            lane.lane_id,
+            f,
+            slot,
+            kind,
+            tail_tokens=tail_tokens,
+            tail_page=tail,
+            finishing=finishing,
+        )
+        self.kv.free(result.freed_pages)
+        if result.write is not None:
+            self.transfer.write_snapshot(result.write, self.states.snap_phys[slot])
+        return not result.duplicate
+
+    def _publish_ready(self, lane: Lane) -> None:
+        keep: list[PendingTap] = []
+        for tap in lane.pending:
+            if not self._publishable(lane, tap):
+                keep.append(tap)
+                continue
+            taken = self._publish(lane, tap.frontier, tap.snap_slot, tap.kind, tap.tail_page)
+            if tap.tail_page is not None and not taken:
+                self.kv.free([tap.tail_page])
+        lane.pending = keep
+
+    def _publish_finishing(self, lane: Lane) -> None:
+        """§7.4: a finishing lane publishes its pending taps from its own last page. A tap whose
+        tail block never filled (a short reply ended inside it) has its tail tokens and tail page
+        already; only its anchor blocks must be committed, as for an endpoint."""
+        keep: list[PendingTap] = []
+        for tap in lane.pending:
+            if lane.committed_blocks < tap.frontier // PAGE_SIZE or lane.computed < tap.frontier:
+                keep.append(tap)
+                continue
+            taken = self._publish(
+                lane, tap.frontier, tap.snap_slot, tap.kind, tap.tail_page, finishing=True
+            )
+            if tap.tail_page is not None and not taken:
+                self.kv.free([tap.tail_page])
+        lane.pending = keep
+
+    def _drop_pending(self, lane: Lane) -> None:
+        self.counters.taps_dropped += len(lane.pending)
+        for tap in lane.pending:
+            self.index.free_snapshot_slot(lane.lane_id, tap.snap_slot)
+            if tap.tail_page is not None:
+                self.kv.free([tap.tail_page])
+        lane.pending = []
+
+    def _endpoint(self, lane: Lane, suspend: bool = False) -> None:
+        f = lane.computed
+        # Measured against the deepest *published* snapshot on the path (a dropped tap is none).
+        # A suspended lane resumes here whatever the gap: from an earlier snapshot it would
+        # recompute its generated tokens by prefill instead of continuing the decoded state.
+        worth = suspend and f > lane.last_snapshot
+        if not worth and not self.index.endpoint_worthwhile(lane.lane_id, f):
+            return
+        if lane.finish_reason == "abort" and f <= lane.cached_tokens:
+            return  # cancelled before any committed unit
+        grant = self.index.allocate_snapshot_slot(lane.lane_id, f, SnapshotKind.ENDPOINT)
+        if grant is None:
+            return
+        self.kv.free(grant.freed_pages)
+        # The lane's image becomes the snapshot's (no copy); the lane leaves with the old slot.
+        lane.slot = self.states.adopt_endpoint(lane.slot, grant.slot)
+        b, r = divmod(f, PAGE_SIZE)
+        tail = lane.pages[b] if r else None
+        if tail is not None:
+            lane.private[b] = False
+        taken = self._publish(lane, f, grant.slot, SnapshotKind.ENDPOINT, tail)
+        if tail is not None and not taken:
+            lane.private[b] = True
+        lane.last_snapshot = f
+
+    def release(self, lane: Lane, suspend: bool = False) -> None:
+        """Terminal settlement (§7.7): endpoint snapshot, path release with write-through, free the
+        lane's private pages, its reservation and its state slot. `suspend`: the lane will resume
+        from its endpoint (§9.5), which is then published even less than 64 tokens past the
+        lane's previous snapshot."""
+        index = self.index
+        if lane.restore_ticket is not None:  # released before its first pass: the slot and pages
+            lane.restore_ticket.wait_all()  # may still be restore destinations (§6.5)
+            lane.restore_ticket = None
+        if index is not None:
+            self._publish_ready(lane)
+            if lane.finish_reason != "error":
+                self._publish_finishing(lane)
+            self._drop_pending(lane)
+            if lane.finish_reason != "error":
+                self._endpoint(lane, suspend)
+            result = index.release(lane.lane_id)
+            self.kv.free(result.freed_pages)
+            if result.write is not None:
+                self.transfer.write_blocks(result.write)
+        self.kv.free(lane.private_pages())
+        lane.pages, lane.private = [], []
+        self.budget.unreserve(lane)
+        self.states.release(lane.slot)
