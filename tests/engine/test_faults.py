@@ -314,7 +314,7 @@ def _host_copies_equal_cold(make_llm, llm, seed: int) -> None:
 @pytest.mark.parametrize("mode", ["once", "repeatedly"])
 def test_device_to_host_copy_fault_degrades_to_device_only(make_llm, mode):
     llm = _fault_llm(make_llm)
-    inner = llm._engine.kv_state.transfer.inner.transfer  # memory.transfer.Transfer
+    inner = llm._engine.kv_state.transfer.inner  # memory.transfer.HostTransfer
     real = inner.write_through
     state = {"left": 1 if mode == "once" else 10**9}
 
@@ -368,7 +368,7 @@ def test_host_to_device_copy_fault_recomputes(make_llm, mode):
     for p in _prompts(60, 16):  # push the first round off the Device
         llm.generate([p], greedy(4))
     follow = [p + o.token_ids + [5, 6, 7] for p, o in zip(prompts, first, strict=True)]
-    inner = llm._engine.kv_state.transfer.inner.transfer
+    inner = llm._engine.kv_state.transfer.inner
     real = inner.restore
     state = {"left": 1 if mode == "once" else 10**9, "hit": 0}
 

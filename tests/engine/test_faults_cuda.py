@@ -145,7 +145,7 @@ def _first_round(llm, seed):
 def test_cuda_raising_copy_mid_batch_degrades(model, copy):
     llm = _llm(model, kv_capacity=40 * 64)
     follow = _first_round(llm, 2) if copy == "restore" else _prompts(3)
-    inner = llm._engine.kv_state.transfer.inner.transfer  # memory.transfer.Transfer
+    inner = llm._engine.kv_state.transfer.inner  # memory.transfer.HostTransfer
     method = "restore" if copy == "restore" else "write_through"
     real_views, real_issue = inner._views, getattr(inner, method)
     state = {"in": False, "n": 0, "hit": 0}
