@@ -79,7 +79,7 @@ def test_a_device_hit_pins_the_resumed_path_and_moves_the_recomputed_blocks_to_m
     assert [ix.node(n).last_access for n in (1, 2, 3, 4)] == [t] * 4
     assert ix.node(5).last_access < t
     s = ix.snapshot(1)
-    assert (s.hits, s.last_hit, s.l_at, s.restore_pins) == (1, t, ix.host_tier.L, 1)
+    assert (s.hits, s.last_hit, s.l_at, s.restore_pins) == (1, t, ix.L, 1)
     after = ix.stats().lookups, ix.stats().reuse_tokens, ix.stats().hits_device
     assert [b - a for a, b in zip(before, after, strict=True)] == [1, 136, 1]
     assert (ix.stats().hits_host, ix.stats().hits_root) == (0, 2)
@@ -237,7 +237,7 @@ def test_release_revalues_the_snapshot_whose_exclusive_blocks_get_host_copies():
     res = ix.release(1)
     assert [b.node for b in res.write.blocks] == [1, 2, 3, 4] and res.lru_added == []
     assert [ix.node(n).last_access for n in (1, 2, 3, 4)] == [t + 1] * 4
-    ix.host_tier.flush()
+    ix._flush_dirty()
     assert ix.snapshot(1).h < h_before  # four exclusive slabs more for the same saving
     ix.check_invariants()
 
