@@ -11,7 +11,7 @@
 #   -s           keep them and run the previous run's survivors again (after adding tests)
 #   -r           report only: print the table of the last run, run nothing
 #   -m           print the table as Markdown (for docs/mutation.md)
-#   MODULE       files to mutate, e.g. ninfer/cache/gdsf.py (default: every module of the group)
+#   MODULE       files to mutate, e.g. ninfer/cache/host_tier.py (default: every module of the group)
 #
 # Each group runs in a scratch copy of the tree (.mutation/GROUP, or $NINFER_MUTATION_DIR/GROUP)
 # whose pyproject.toml has the group's overrides written over [tool.mutmut], so the working tree

@@ -127,8 +127,9 @@ def run_soak(
                     raise
                 report.tolerated[known[0]] += 1
                 index = eng.kv_state.index
-                index.dirty.update(index.snaps)
-                index._flush_dirty()
+                for sid in index.snapshots.by_id:
+                    index.host_tier.mark(sid)
+                index.host_tier.flush()
                 eng.kv_state.check_invariants(eng.lanes)
             report.invariant_checks += 1
 

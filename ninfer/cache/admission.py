@@ -88,7 +88,7 @@ class AdmissionMixin:
             if node.snapshots:
                 anchored.append((b, node, _PathStats(host_only, in_lru, filling, all_device)))
         cands = []
-        snaps, spans = self.snaps, prompt.vision_spans
+        snaps, spans = self.snapshots.by_id, prompt.vision_spans
         for depth, node, st in reversed(anchored):
             start = BLOCK_BYTES * (depth + 1)
             for sid in node.snapshots:

@@ -116,15 +116,16 @@ def run_cache_bench(
     taps = plan_taps(n_tokens, q.frontier, hints, existing, (), TapConfig())
 
     def revalue_all():
-        ix.dirty.update(ix.snaps)
-        ix._flush_dirty()
+        for sid in ix.snapshots.by_id:
+            ix.host_tier.mark(sid)
+        ix.host_tier.flush()
 
     revalue = _time(revalue_all, max(3, repeats // 4))
     return {
         "prompt_tokens": n_tokens,
         "prompt_blocks": len(hashes),
         "tree_blocks": len(ix.tree),
-        "snapshots": len(ix.snaps),
+        "snapshots": len(ix.snapshots),
         "build_tree_s": round(build_s, 2),
         "matched_blocks": len(q.match.path),
         "candidates": len(q.match.candidates),
@@ -138,6 +139,6 @@ def run_cache_bench(
             lambda: plan_taps(n_tokens, q.frontier, hints, existing, (), TapConfig()), repeats
         ),
         "taps": [(t.position, t.placement.name, t.priority) for t in taps],
-        "host_victim_scan": _time(ix._host_victim, repeats),
+        "host_victim_scan": _time(ix.host_tier.victim, repeats),
         "host_revalue_all": revalue,
     }

@@ -1,10 +1,20 @@
 """PrefixIndex: the facade the engine drives (docs/cache-api.md, spec §5-§10).
 
-The index decides; the engine's memory layer moves bytes. It holds the block tree, the
-snapshots, the Device LRU, the Device snapshot slot table, the Host slab allocator and the
-lanes' pins, and answers with ids: pages to free, slabs and pages to copy between. It never
-imports torch or knows a KV dtype. One engine loop is its only caller; every mutating method
-bumps `cache_epoch`, so a quote made before any mutation is detectably stale.
+The index decides; the engine's memory layer moves bytes. It answers with ids: pages to free,
+slabs and pages to copy between. It never imports torch or knows a KV dtype. One engine loop
+is its only caller; every mutating method bumps `cache_epoch`, so a quote made before any
+mutation is detectably stale. Its parts:
+
+    snapshots  SnapshotStore (snapshot_store.py): snapshots by id and key, ancestor links,
+               supersession order, the Device snapshot slot table
+    host_tier  HostTier (host_tier.py): the Host slab pool and the GDSF priorities
+    tree, lru, dead, freed   the block tree, the Device LRU, the dead-KV set, the pages freed
+               since the last result
+    lanes, batches           the lanes' pins and the transfers in flight
+
+The index runs the lane protocol and every rule that spans parts (deleting a block deletes the
+snapshots anchored under it and frees their slabs; §9.3's Host eviction order); the stores do
+not call each other.
 
 Invariants (spec §10; `check_invariants` checks every one that is checkable without tensors):
   - §10.1 every cached page and every Host slab has exactly one owner (node, image, tail);
@@ -33,9 +43,9 @@ from ninfer.cache.common import (
 )
 from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.device_lru import DeviceEntry, DeviceLru, EntryKind
-from ninfer.cache.device_slots import DeviceSlots
-from ninfer.cache.gdsf import GdsfMixin
-from ninfer.cache.host_pool import HostSlabPool, check_host_budget
+from ninfer.cache.host_pool import HostSlabPool
+from ninfer.cache.host_tier import HostTier
+from ninfer.cache.invariants import check_index
 from ninfer.cache.lanes import LaneMixin
 from ninfer.cache.liveness import LivenessMixin
 from ninfer.cache.load import LoadMixin
@@ -47,13 +57,14 @@ from ninfer.cache.records import (
     TransferRecord,
 )
 from ninfer.cache.slot_policy import SlotPolicyMixin
+from ninfer.cache.snapshot_store import SnapshotStore
 from ninfer.cache.snapshots import Snapshot
 from ninfer.cache.stats import CacheStats
 from ninfer.cache.taps import Tap, TapHint
 from ninfer.cache.taps import plan_taps as plan_taps_fn
 from ninfer.cache.tree import BlockNode, BlockTree
 
-_ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
+_ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
 __all__ = ["PrefixIndex"]
 
@@ -65,7 +76,6 @@ class PrefixIndex(
     PrefetchMixin,
     LoadMixin,
     AdmissionMixin,
-    GdsfMixin,
     LivenessMixin,
 ):
     """The hybrid prefix cache index. See the module docstring for its invariants."""
@@ -74,28 +84,17 @@ class PrefixIndex(
         if config.slab_bytes <= 0 or config.image_bytes <= 0 or config.host_cache_bytes < 0:
             raise ValueError(f"invalid cache sizes in {config}")
         self.config, self.cost = config, cost
-        self.host: HostSlabPool | None = None
-        geometry = config.host_geometry()
-        if geometry is not None:
-            check_host_budget(geometry, "host_cache_bytes", config.host_cache_bytes)
-            self.host = HostSlabPool(geometry)
         self.tree = BlockTree()
-        self.snaps: dict[int, Snapshot] = {}
-        self.snap_by_key: dict[tuple[int, bytes], int] = {}
+        self.snapshots = SnapshotStore(config.device_snapshot_slots, self.tree, self._revalue)
+        self.host_tier = HostTier(config, cost, self.tree, self.snapshots.by_id)
         self.lru = DeviceLru()
-        self.slots = DeviceSlots(config.device_snapshot_slots)
         self.dead: OrderedDict[int, None] = OrderedDict()  # dead-KV sweep order
-        self.superseded: OrderedDict[int, None] = OrderedDict()  # supersession order
-        self.root_deps: set[int] = set()  # snapshots with no snapshot above them
-        self.dirty: set[int] = set()  # snapshots whose cached H is stale
         self.freed: list[int] = []  # Device pages freed since the last result
-        self.L = 0.0
         self.lanes: dict[int, Lane] = {}
         self.batches: dict[int, TransferRecord] = {}
         self.counters = CacheStats()
         self.epoch = 0
         self._clock = 0
-        self._next_sid = 1
         self._next_batch = 1
 
     # ---- small helpers ---------------------------------------------------------------------
@@ -104,6 +103,12 @@ class PrefixIndex(
     def cache_epoch(self) -> int:
         return self.epoch
 
+    @property
+    def host(self) -> HostSlabPool | None:
+        """The Host tier's slab pool over its geometry (None without a Host tier): the memory
+        layer reads its geometry, chunks and copy runs. Its slabs are the index's to hand out."""
+        return self.host_tier.pool
+
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
@@ -111,6 +116,9 @@ class PrefixIndex(
     def _mutated(self) -> int:
         self.epoch += 1
         return self._tick()
+
+    def _revalue(self, sid: int) -> None:
+        self.host_tier.mark(sid)
 
     def _take_freed(self) -> list[int]:
         out, self.freed = self.freed, []
@@ -138,7 +146,7 @@ class PrefixIndex(
 
     def snapshot(self, sid: int) -> Snapshot:
         """The snapshot record (read-only for callers). KeyError if it does not exist."""
-        return self.snaps[sid]
+        return self.snapshots.by_id[sid]
 
     def lane_path(self, lane: int) -> list[int]:
         return list(self._lane(lane, None).path)
@@ -153,29 +161,27 @@ class PrefixIndex(
         st.nodes = len(nodes)
         st.nodes_device = sum(n.device_state != _ABSENT for n in nodes)
         st.nodes_host = sum(n.host_state != _ABSENT for n in nodes)
-        st.snapshots = len(self.snaps)
-        st.snapshots_device = sum(s.device_state != _ABSENT for s in self.snaps.values())
-        st.snapshots_host = sum(s.host_state != _ABSENT for s in self.snaps.values())
-        st.snapshots_superseded = len(self.superseded)
-        st.snapshot_tails_device = sum(s.tail_page >= 0 for s in self.snaps.values())
+        st.snapshots = len(self.snapshots.by_id)
+        st.snapshots_device = sum(s.device_state != _ABSENT for s in self.snapshots.by_id.values())
+        st.snapshots_host = sum(s.host_state != _ABSENT for s in self.snapshots.by_id.values())
+        st.snapshots_superseded = len(self.snapshots.superseded)
+        st.snapshot_tails_device = sum(s.tail_page >= 0 for s in self.snapshots.by_id.values())
         st.device_cached_pages = st.nodes_device + st.snapshot_tails_device
         slab = self.config.slab_bytes
         st.host_block_bytes = st.nodes_host * slab
         st.host_snapshot_bytes = slab * sum(
             len(s.host_slabs) + (s.tail_slab >= 0)
-            for s in self.snaps.values()
+            for s in self.snapshots.by_id.values()
             if s.host_state != _ABSENT
         )
         st.device_evictable_pages = len(self.lru)
-        st.host_slabs_free = self.host.free_slabs if self.host else 0
-        st.host_slabs_total = self.host.n_slabs if self.host else 0
-        st.gdsf_l = self.L
+        st.host_slabs_free = self.host_tier.free_slabs
+        st.host_slabs_total = self.host_tier.n_slabs
+        st.gdsf_l = self.host_tier.L
         return st
 
     def check_invariants(self) -> None:
         """Raise AssertionError naming the first broken invariant (O(everything))."""
-        from ninfer.cache.invariants import check_index
-
         check_index(self)
 
     # ---- Device eviction (§9.1, §9.5) ------------------------------------------------------
@@ -206,7 +212,7 @@ class PrefixIndex(
             if entry.kind == EntryKind.NODE:
                 self._drop_node_device(self.tree.nodes[entry.id])
             else:
-                self._drop_tail_device(self.snaps[entry.id])
+                self._drop_tail_device(self.snapshots.by_id[entry.id])
 
     def evict_device_pages(self, n: int) -> list[int]:
         """§9.5: free >= n cached Device pages for active growth (fewer if not enough are
@@ -216,6 +222,56 @@ class PrefixIndex(
         if n > 0:
             self._evict(n)
         return self._take_freed()
+
+    # ---- Host eviction (§9.3): dead KV, then superseded snapshots, then GDSF ---------------
+
+    def _sweep_dead_one(self) -> bool:
+        """§9.3 step 1: reclaim one dead-KV slab (leaves first). False when none is dead."""
+        nid = next(iter(self.dead), None)
+        if nid is None:
+            return False
+        self.counters.host_dead_kv_reclaimed += 1
+        self._drop_node_host(self.tree.nodes[nid])
+        return True
+
+    def _oldest_superseded_host(self) -> Snapshot | None:
+        for sid in self.snapshots.superseded:
+            s = self.snapshots.by_id[sid]
+            if s.host_state == _RESIDENT and not s.restore_pins:
+                return s
+        return None
+
+    def _host_alloc(self, k: int, bound: float | None = None) -> list[int] | None:
+        """k Host slabs, evicting as §9.3 orders, or None (and a partial eviction) if impossible.
+
+        `bound`: an image write's own H; GDSF stops at a victim worth more (never inserts what
+        it would evict next). Block writes pass None (not bounded).
+        """
+        tier = self.host_tier
+        if tier.pool is None or k > tier.n_slabs:
+            return None
+        while tier.free_slabs < k:
+            if self._sweep_dead_one():
+                continue
+            s = self._oldest_superseded_host()
+            if s is not None:
+                self.counters.host_superseded_evicted += 1
+                self._delete_snapshot(s)  # both copies; L unchanged
+                continue
+            tier.flush()
+            v = tier.victim()
+            if v is None or (bound is not None and v.h > bound):
+                if v is not None:
+                    self.counters.host_image_writes_refused += 1
+                self.counters.host_alloc_failures += 1
+                return None
+            tier.charge(v.h)
+            self.counters.host_gdsf_evicted += 1
+            if v.device_complete:
+                self._drop_snapshot_host(v)  # still restorable from the Device
+            else:
+                self._delete_snapshot(v)
+        return tier.allocate(k)
 
     # ---- transfers landing -----------------------------------------------------------------
 
@@ -232,7 +288,7 @@ class PrefixIndex(
         if b.nodes:
             self._order_path(b.nodes[-1])  # deeper blocks are evicted first (§7.7, §9.1)
         if b.snapshot is not None:
-            s = self.snaps[b.snapshot]
+            s = self.snapshots.by_id[b.snapshot]
             if b.tail:
                 s.tail_device = _RESIDENT
             s.restore_pins -= 1
@@ -254,11 +310,76 @@ class PrefixIndex(
         if b.nodes:
             self._order_path(b.nodes[-1])  # behind the path's shallower blocks (§7.7 step 2)
         if b.snapshot is not None:
-            s = self.snaps[b.snapshot]
+            s = self.snapshots.by_id[b.snapshot]
             s.host_state = _RESIDENT
             s.restore_pins -= 1
-            self.dirty.add(s.id)
+            self.host_tier.mark(s.id)
             self._tail_changed(s)
+
+    # ---- transfers that never ran (the engine's Host-fault containment) ---------------------
+
+    def abort_write_through(self, batch_id: int) -> list[int]:
+        """A write batch (blocks or snapshot) that never ran: its nodes and snapshot lose the
+        Host copy they were getting (Filling -> Absent, slabs freed, pins dropped); an entry
+        left without a copy is deleted (§9.4). Unknown ids are ignored (already undone).
+        Returns the Device pages freed."""
+        b = self.batches.pop(batch_id, None)
+        if b is None:
+            return []
+        self._mutated()
+        nodes = self.tree.nodes
+        for nid in reversed(b.nodes):
+            node = nodes.get(nid)
+            if node is None or node.host_state != _FILLING:
+                continue
+            node.restore_pins -= 1
+            self._drop_node_host(node)
+        if b.snapshot is not None:
+            s = self.snapshots.by_id.get(b.snapshot)
+            if s is not None and s.host_state == _FILLING:
+                s.restore_pins -= 1
+                self._drop_snapshot_host(s)
+        return self._take_freed()
+
+    def abort_restore(self, batch_id: int) -> list[int]:
+        """A restore or prefetch batch that never (fully) ran: its targets go back to
+        Device-absent (their pages freed), the staged lane that began it is cancelled, and the
+        Host copies it read are dropped (a fault may have left them unreadable; an entry left
+        without a copy is deleted, deepest first, never under a pin). Unknown ids are ignored.
+        Returns the Device pages freed (the lane's state slot stays the caller's)."""
+        b = self.batches.pop(batch_id, None)
+        if b is None:
+            return []
+        self._mutated()
+        nodes = self.tree.nodes
+        for nid in b.nodes:
+            node = nodes[nid]
+            if node.device_state == _FILLING:
+                self.freed.append(node.device_page)
+                node.device_page, node.device_state = -1, _ABSENT
+            node.restore_pins -= 1
+            self._node_changed(node)
+        snap = None
+        if b.snapshot is not None:
+            snap = self.snapshots.by_id[b.snapshot]
+            if b.tail and snap.tail_device == _FILLING:
+                self.freed.append(snap.tail_page)
+                snap.tail_page, snap.tail_device = -1, _ABSENT
+            snap.restore_pins -= 1
+            self._tail_changed(snap)
+        if b.lane is not None and b.lane in self.lanes:
+            self.lanes[b.lane].restore_batch = None
+            taken = self.cancel_stage(b.lane)  # it takes the pages freed so far: put them back
+            self.freed.extend(taken)
+        for nid in reversed(b.nodes):
+            node = nodes.get(nid)
+            if node is None or node.host_state == _ABSENT or self._subtree_pinned(node):
+                continue
+            self._drop_node_host(node)
+        live = snap is not None and b.snapshot in self.snapshots.by_id and not snap.restore_pins
+        if live and snap.host_state != _ABSENT:
+            self._drop_snapshot_host(snap)
+        return self._take_freed()
 
     def plan_taps(
         self,

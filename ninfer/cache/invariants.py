@@ -1,36 +1,32 @@
 """check_index: every §10 invariant the index can check, recomputed from scratch.
 
+It reads a PrefixIndex's records (duck-typed: this module sits below index.py).
+
 O(nodes x depth + snapshots x depth): for tests and the engine's debug mode only.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from ninfer.cache.common import BLOCK_BYTES, ROOT, Residency
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
 from ninfer.cache.device_slots import SlotState
 
-if TYPE_CHECKING:
-    from ninfer.cache.index import PrefixIndex
-
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
 
-def check_index(ix: PrefixIndex) -> None:
+def check_index(ix) -> None:
     _check_tree(ix)
     _check_ownership(ix)
     _check_counters(ix)
     _check_membership(ix)
     _check_snapshots(ix)
-    _check_gdsf(ix)
-    ix.slots.check_invariants()
-    if ix.host is not None:
-        ix.host.check_invariants()
+    ix.snapshots.check_invariants()
+    ix.host_tier.check_invariants()
 
 
-def _check_tree(ix: PrefixIndex) -> None:
+def _check_tree(ix) -> None:
     nodes = ix.tree.nodes
     keys = set()
     for n in nodes.values():
@@ -55,7 +51,7 @@ def _check_tree(ix: PrefixIndex) -> None:
     ix.tree.check_hash_map()
 
 
-def _check_ownership(ix: PrefixIndex) -> None:
+def _check_ownership(ix) -> None:
     """§10.1: each cached page and each Host slab has exactly one owner."""
     pages, slabs = Counter(), Counter()
     for n in ix.tree.nodes.values():
@@ -63,7 +59,7 @@ def _check_ownership(ix: PrefixIndex) -> None:
             pages[n.device_page] += 1
         if n.host_slab >= 0:
             slabs[n.host_slab] += 1
-    for s in ix.snaps.values():
+    for s in ix.snapshots.by_id.values():
         if s.tail_page >= 0:
             pages[s.tail_page] += 1
         for x in s.host_slabs:
@@ -79,10 +75,10 @@ def _check_ownership(ix: PrefixIndex) -> None:
         assert not slabs
 
 
-def _check_counters(ix: PrefixIndex) -> None:
+def _check_counters(ix) -> None:
     nodes = ix.tree.nodes
     live, ret, xor = Counter(), Counter(), Counter()
-    for s in ix.snaps.values():
+    for s in ix.snapshots.by_id.values():
         for n in ix.tree.ancestors(nodes[s.anchor]):
             live[n.id] += 1
             if not s.superseded:
@@ -108,11 +104,11 @@ def _check_counters(ix: PrefixIndex) -> None:
         assert n.retained_xor == xor[n.id], f"retained_xor of node {n.id}"
         assert n.active_refs == refs[n.id], f"active_refs of node {n.id}"
         assert n.restore_pins == pins[n.id], f"restore_pins of node {n.id}"
-    for s in ix.snaps.values():
+    for s in ix.snapshots.by_id.values():
         assert s.restore_pins == pins[("s", s.id)], f"restore_pins of snapshot {s.id}"
 
 
-def _check_membership(ix: PrefixIndex) -> None:
+def _check_membership(ix) -> None:
     nodes = ix.tree.nodes
     want = {}
     for n in nodes.values():
@@ -123,7 +119,7 @@ def _check_membership(ix: PrefixIndex) -> None:
             and not n.restore_pins
         ):
             want[DeviceEntry(EntryKind.NODE, n.id)] = n.host_state == _RESIDENT
-    for s in ix.snaps.values():
+    for s in ix.snapshots.by_id.values():
         if s.tail and s.tail_device == _RESIDENT and not s.restore_pins:
             want[DeviceEntry(EntryKind.TAIL, s.id)] = s.host_state == _RESIDENT
     have = {e: True for e in ix.lru.backed} | {e: False for e in ix.lru.unbacked}
@@ -141,28 +137,22 @@ def _check_membership(ix: PrefixIndex) -> None:
     }
     assert dead == set(ix.dead), "§9.3 dead-KV set is wrong"
     staging = {(slot, lane.id) for lane in ix.lanes.values() for slot in lane.staging}
-    for slot, o in enumerate(ix.slots.owners):
+    for slot, o in enumerate(ix.snapshots.slots.owners):
         if o.state == SlotState.STAGING:
             assert (slot, o.owner) in staging, f"staging slot {slot} has no lane"
-        elif o.state == SlotState.SNAPSHOT:
-            s = ix.snaps.get(o.owner)
-            assert s is not None and s.device_slot == slot, f"slot {slot} owner mismatch"
-    assert len(staging) == sum(o.state == SlotState.STAGING for o in ix.slots.owners)
+    assert len(staging) == sum(o.state == SlotState.STAGING for o in ix.snapshots.slots.owners)
 
 
-def _check_snapshots(ix: PrefixIndex) -> None:
+def _check_snapshots(ix) -> None:
+    """The records against the tree and the Host tier (the store checks its own links)."""
     nodes = ix.tree.nodes
-    assert set(ix.superseded) == {s.id for s in ix.snaps.values() if s.superseded}
-    for s in ix.snaps.values():
+    for s in ix.snapshots.by_id.values():
         anchor = nodes.get(s.anchor)
         assert anchor is not None and s.id in anchor.snapshots, f"snapshot {s.id} anchor"
         assert anchor.depth == s.anchor_depth and s.frontier == s.expected_frontier()
         assert s.tail_len < 64, f"snapshot {s.id} tail too long"
-        assert ix.snap_by_key.get((s.anchor, s.tail)) == s.id, "§5.3 one snapshot per key"
         assert s.image_has_copy() and s.tail_has_copy(), f"§10.4 snapshot {s.id} invalid"
         assert (s.device_slot >= 0) == (s.device_state != _ABSENT)
-        if s.device_slot >= 0:
-            assert ix.slots.owners[s.device_slot] == (SlotState.SNAPSHOT, s.id)
         assert (s.tail_page >= 0) == (s.tail_device != _ABSENT)
         assert bool(s.host_slabs) == (s.host_state != _ABSENT)
         if s.host_slabs:
@@ -170,17 +160,3 @@ def _check_snapshots(ix: PrefixIndex) -> None:
             assert (s.tail_slab >= 0) == bool(s.tail)
         if s.host_state == _FILLING or s.tail_device == _FILLING:
             assert s.restore_pins > 0, f"§10.6 Filling snapshot {s.id} is not pinned"
-        assert s.ancestor == ix._find_ancestor(s), f"snapshot {s.id} ancestor link"
-        for t in s.dependents:
-            assert ix.snaps[t].ancestor == s.id
-    assert len(ix.snap_by_key) == len(ix.snaps)
-    assert {s.id for s in ix.snaps.values() if s.ancestor is None} == ix.root_deps
-
-
-def _check_gdsf(ix: PrefixIndex) -> None:
-    """Cached H values agree with a recomputation once the dirty set is flushed."""
-    ix._flush_dirty()
-    for s in ix.snaps.values():
-        if not s.superseded:
-            h = ix._value(s)
-            assert abs(s.h - h) <= 1e-9 * max(1.0, abs(h)), f"§9.3 stale H of snapshot {s.id}"

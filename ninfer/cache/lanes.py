@@ -55,7 +55,7 @@ class LaneMixin:
         #                 pinned (shared)  | recomputed: touched only (MRU), committed later
         a = f // BLOCK_TOKENS
         path = quote.match.path
-        nodes, snaps = self.tree.nodes, self.snaps
+        nodes, snaps = self.tree.nodes, self.snapshots.by_id
         s = None if quote.source is None else snaps[quote.source]
         rec = Lane(
             lane,
@@ -87,10 +87,10 @@ class LaneMixin:
             s.restore_pins += 1
             rec.source_pinned = True
             s.hits += 1
-            s.l_at = self.L
+            s.l_at = self.host_tier.L
             s.last_hit = t
             self._retain(s)  # a hit on a superseded snapshot retains it again (§9.3)
-            self.dirty.add(s.id)
+            self.host_tier.mark(s.id)
             self._tail_changed(s)
         self.lanes[lane] = rec
         deficit = quote.need_pages - free_pages
@@ -123,7 +123,7 @@ class LaneMixin:
         rec = self._lane(lane, activated=False)
         nodes = self.tree.nodes
         todo = [nodes[nid] for nid in rec.path if nodes[nid].device_state == _ABSENT]
-        s = None if rec.source is None else self.snaps[rec.source]
+        s = None if rec.source is None else self.snapshots.by_id[rec.source]
         tail = s is not None and bool(s.tail) and s.tail_device == _ABSENT
         image = s is not None and s.device_state == _ABSENT
         if len(pages) != len(todo) + tail:
@@ -169,7 +169,7 @@ class LaneMixin:
 
     def _unpin_source(self, rec: Lane) -> None:
         if rec.source_pinned:
-            s = self.snaps[rec.source]
+            s = self.snapshots.by_id[rec.source]
             s.restore_pins -= 1
             rec.source_pinned = False
             self._tail_changed(s)
@@ -183,7 +183,7 @@ class LaneMixin:
         self._mutated()
         self._unpin_source(rec)
         for slot in rec.staging:
-            self.slots.release(slot)
+            self.snapshots.slots.release(slot)
         for nid in reversed(rec.path):
             node = self.tree.nodes[nid]
             node.active_refs -= 1
@@ -200,7 +200,7 @@ class LaneMixin:
         rec = self._lane(lane)
         t = self._mutated()
         for slot in rec.staging:
-            self.slots.release(slot)
+            self.snapshots.slots.release(slot)
         rec.staging.clear()
         nodes = self.tree.nodes
         blocks: list[BlockCopy] = []
@@ -216,7 +216,7 @@ class LaneMixin:
                 node.host_slab, node.host_state = slabs[0], _FILLING
                 node.restore_pins += 1
                 if node.retained_below == 1:
-                    self.dirty.add(node.retained_xor)
+                    self.host_tier.mark(node.retained_xor)
                 blocks.append(BlockCopy(nid, node.device_page, slabs[0]))
         added = []
         for nid in reversed(rec.path):

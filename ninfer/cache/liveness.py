@@ -1,14 +1,14 @@
 """Residency bookkeeping shared by the PrefixIndex: counters along paths, Device LRU and dead-KV
-membership, snapshot links, and deletion when a last copy goes (spec §5.3, §9.4).
+membership, supersession's counters, and deletion when a last copy goes (spec §5.3, §9.4).
 
-A mixin: `PrefixIndex` provides the state (`tree`, `snaps`, `lru`, `slots`, `host`, `dead`,
-`superseded`, `root_deps`, `dirty`, `freed`, `counters`, ...). Every helper keeps the §10
-invariants that `check_invariants` verifies; the policy that calls them lives elsewhere.
+A mixin: `PrefixIndex` provides the state (`tree`, `snapshots`, `host_tier`, `lru`, `dead`,
+`freed`, `counters`, ...). Every helper keeps the §10 invariants that `check_invariants`
+verifies; the policy that calls them lives elsewhere.
 """
 
 from __future__ import annotations
 
-from ninfer.cache.common import ROOT, Residency, SnapshotKind
+from ninfer.cache.common import ROOT, Residency
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
 from ninfer.cache.snapshots import Snapshot
 from ninfer.cache.tree import BlockNode
@@ -78,7 +78,7 @@ class LivenessMixin:
         unbacked = self.lru.unbacked
         if not unbacked:
             return set()
-        nodes, snaps = self.tree.nodes, self.snaps
+        nodes, snaps = self.tree.nodes, self.snapshots.by_id
         starts: list[int] = []
         for b in self.batches.values():
             starts.extend(b.nodes)
@@ -111,7 +111,7 @@ class LivenessMixin:
         When a node's retained count crosses 1, the snapshot that owned (or now owns) its
         exclusive bytes changes value: mark it dirty (its xor identifies it, §9.3 Z).
         """
-        nodes, dirty = self.tree.nodes, self.dirty
+        nodes, mark = self.tree.nodes, self.host_tier.mark
         node = nodes[anchor]
         while True:
             if live_delta:
@@ -122,171 +122,58 @@ class LivenessMixin:
             if retained_delta:
                 before = node.retained_below
                 if before == 1:
-                    dirty.add(node.retained_xor)
+                    mark(node.retained_xor)
                 node.retained_below = before + retained_delta
                 node.retained_xor ^= sid
                 if node.retained_below == 1:
-                    dirty.add(node.retained_xor)
+                    mark(node.retained_xor)
             if node.id == ROOT:
                 return
             node = nodes[node.parent]
 
-    # ---- snapshot ancestry (§9.3: nearest snapshot above, and its dependents) ---------------
-
-    def _deps(self, sid: int | None) -> set[int]:
-        return self.root_deps if sid is None else self.snaps[sid].dependents
-
-    def _find_ancestor(self, s: Snapshot) -> int | None:
-        """The deepest other snapshot whose tokens are a prefix of s's, or None (root)."""
-        nodes, snaps = self.tree.nodes, self.snaps
-        anchor = nodes[s.anchor]
-        best = None
-        for sid in anchor.snapshots:
-            t = snaps[sid]
-            if (
-                t is not s
-                and t.frontier < s.frontier
-                and s.tail.startswith(t.tail)
-                and (best is None or t.frontier > best.frontier)
-            ):
-                best = t
-        child = anchor
-        while best is None and child.id != ROOT:
-            node = nodes[child.parent]
-            for sid in node.snapshots:
-                t = snaps[sid]
-                if child.tokens.startswith(t.tail) and (best is None or t.frontier > best.frontier):
-                    best = t
-            child = node
-        return None if best is None else best.id
-
-    def _is_below(self, t: Snapshot, s: Snapshot) -> bool:
-        """True when s's tokens are a strict prefix of t's."""
-        if t.frontier <= s.frontier:
-            return False
-        if t.anchor == s.anchor:
-            return t.tail.startswith(s.tail)
-        # t's path block just below s's anchor: its parent must be the anchor, and its tokens
-        # must start with s's tail (trivially true without a tail).
-        y = self.tree.at_depth(self.tree.nodes[t.anchor], s.anchor_depth + 1)
-        return y is not None and y.parent == s.anchor and y.tokens.startswith(s.tail)
-
-    def _link(self, s: Snapshot) -> None:
-        """Insert s between its nearest ancestor and the ancestor's dependents below s."""
-        a = self._find_ancestor(s)
-        s.ancestor = a
-        deps = self._deps(a)
-        # Only snapshots in the anchor's subtree can lie below s; none there (other than s,
-        # already counted) means nothing to take over, without scanning a's dependents.
-        below = [] if self.tree.nodes[s.anchor].live_below <= 1 else deps
-        for tid in [tid for tid in below if self._is_below(self.snaps[tid], s)]:
-            deps.discard(tid)
-            s.dependents.add(tid)
-            self.snaps[tid].ancestor = s.id
-        deps.add(s.id)
-        # The taken-over snapshots now value against s, and so do the retained ones below a
-        # superseded one among them (their nearest retained ancestor was above s): all of them
-        # change C, however deep below s they hang.
-        self._mark_dependents_dirty(s)
-
-    def _unlink(self, s: Snapshot) -> None:
-        deps = self._deps(s.ancestor)
-        deps.discard(s.id)
-        for tid in s.dependents:
-            self.snaps[tid].ancestor = s.ancestor
-            deps.add(tid)
-        s.dependents = set()
-
-    def _retained_ancestor(self, s: Snapshot) -> Snapshot | None:
-        a = s.ancestor
-        while a is not None and self.snaps[a].superseded:
-            a = self.snaps[a].ancestor
-        return None if a is None else self.snaps[a]
-
-    def _mark_dependents_dirty(self, s: Snapshot) -> None:
-        """Snapshots whose nearest *retained* ancestor is s change C when s changes."""
-        stack = list(s.dependents)
-        while stack:
-            t = self.snaps[stack.pop()]
-            self.dirty.add(t.id)
-            if t.superseded:
-                stack.extend(t.dependents)
-
-    # ---- supersession (§9.3) ---------------------------------------------------------------
-
-    def _single_chain_below(self, s: Snapshot) -> bool:
-        """True while no other conversation continued from s: the tree below it is one chain."""
-        nodes = self.tree.nodes
-        node = nodes[s.anchor]
-        if s.tail:
-            kids = [c for c in node.children if nodes[c].tokens.startswith(s.tail)]
-            if len(kids) != 1:
-                return len(kids) == 0
-            node = nodes[kids[0]]
-        while node.children:
-            if len(node.children) > 1:
-                return False
-            node = nodes[node.children[0]]
-        return True
+    # ---- supersession (§9.3): the store's flags, the tree's retained counters -------------
 
     def _supersede(self, s: Snapshot) -> bool:
-        if s.superseded:
+        if not self.snapshots.can_supersede(s):
             return False
-        if s.kind == SnapshotKind.BOUNDARY and not self._single_chain_below(s):
-            return False
-        s.superseded = True
-        s.superseded_tick = self._tick()
-        self.superseded[s.id] = None
+        self.snapshots.supersede(s, self._tick())
         self._walk(s.anchor, 0, -1, s.id)
-        self._mark_dependents_dirty(s)
         return True
 
     def _retain(self, s: Snapshot) -> None:
-        if not s.superseded:
-            return
-        s.superseded = False
-        del self.superseded[s.id]
-        self._walk(s.anchor, 0, +1, s.id)
-        self.dirty.add(s.id)
-        self._mark_dependents_dirty(s)
+        if self.snapshots.retain(s):
+            self._walk(s.anchor, 0, +1, s.id)
 
     # ---- dropping copies; deletion on the last copy (§9.4) ---------------------------------
 
     def _delete_snapshot(self, s: Snapshot) -> None:
         assert not s.restore_pins, f"deleting pinned snapshot {s.id}"
-        if s.device_slot >= 0:
-            self.slots.release(s.device_slot)
         if s.tail_page >= 0:
             self.freed.append(s.tail_page)
             self.lru.discard(DeviceEntry(EntryKind.TAIL, s.id))
         self._free_snapshot_slabs(s)
-        self._mark_dependents_dirty(s)
-        self._unlink(s)
         self._walk(s.anchor, -1, 0 if s.superseded else -1, s.id)
-        self.tree.nodes[s.anchor].snapshots.remove(s.id)
-        del self.snap_by_key[(s.anchor, s.tail)]
-        self.superseded.pop(s.id, None)
-        del self.snaps[s.id]
-        self.dirty.discard(s.id)
+        self.snapshots.remove(s)
+        self.host_tier.forget(s.id)
         self.counters.snapshots_deleted += 1
 
     def _free_snapshot_slabs(self, s: Snapshot) -> None:
         if s.host_slabs:
-            self.host.free(s.host_slabs)
+            self.host_tier.free(s.host_slabs)
         if s.tail_slab >= 0:
-            self.host.free([s.tail_slab])
+            self.host_tier.free([s.tail_slab])
         s.host_slabs, s.tail_slab, s.host_state = [], -1, _ABSENT
 
     def _drop_snapshot_host(self, s: Snapshot) -> None:
         self._free_snapshot_slabs(s)
-        self.dirty.add(s.id)
+        self.host_tier.mark(s.id)
         if not (s.image_has_copy() and s.tail_has_copy()):
             self._delete_snapshot(s)
         else:
             self._tail_changed(s)
 
     def _drop_snapshot_image_device(self, s: Snapshot) -> None:
-        self.slots.release(s.device_slot)
+        self.snapshots.slots.release(s.device_slot)
         s.device_slot, s.device_state = -1, _ABSENT
         if not s.image_has_copy():
             self._delete_snapshot(s)
@@ -307,10 +194,10 @@ class LivenessMixin:
             self._delete_subtree(node)
 
     def _drop_node_host(self, node: BlockNode) -> None:
-        self.host.free([node.host_slab])
+        self.host_tier.free([node.host_slab])
         node.host_slab, node.host_state = -1, _ABSENT
         if node.retained_below == 1:
-            self.dirty.add(node.retained_xor)
+            self.host_tier.mark(node.retained_xor)
         if node.has_copy:
             self._node_changed(node)
         else:
@@ -320,7 +207,7 @@ class LivenessMixin:
         for n in self.tree.subtree_postorder(node):
             if n.active_refs or n.restore_pins:
                 return True
-            if any(self.snaps[sid].restore_pins for sid in n.snapshots):
+            if any(self.snapshots.by_id[sid].restore_pins for sid in n.snapshots):
                 return True
         return False
 
@@ -329,14 +216,14 @@ class LivenessMixin:
         sub = self.tree.subtree_postorder(node)
         for n in sub:
             for sid in list(n.snapshots):
-                self._delete_snapshot(self.snaps[sid])
+                self._delete_snapshot(self.snapshots.by_id[sid])
         for n in sub:
             assert not n.active_refs and not n.restore_pins, f"deleting pinned node {n.id}"
             if n.device_page >= 0:
                 self.freed.append(n.device_page)
             self.lru.discard(DeviceEntry(EntryKind.NODE, n.id))
             if n.host_slab >= 0:
-                self.host.free([n.host_slab])
+                self.host_tier.free([n.host_slab])
             self.dead.pop(n.id, None)
             self.tree.remove(n)
         self.counters.subtree_deletions += 1

@@ -32,7 +32,7 @@ class LoadMixin:
         node = self.tree.find_child(parent, h, data, extra)
         if node is not None:
             return node.id
-        slabs = None if self.host is None else self.host.allocate(1)
+        slabs = self.host_tier.allocate(1)
         if slabs is None:
             raise ValueError("no free Host slab to load a block into")
         self.epoch += 1
@@ -55,24 +55,23 @@ class LoadMixin:
         """
         tail_b = pack_tokens(tail)
         node = self.tree.nodes[anchor]
-        if (anchor, tail_b) in self.snap_by_key:
+        if self.snapshots.find(anchor, tail_b) is not None:
             raise ValueError("snapshot already present")
         k = self.config.image_slabs + bool(tail_b)
-        slabs = None if self.host is None else self.host.allocate(k)
+        slabs = self.host_tier.allocate(k)
         if slabs is None:
             raise ValueError("not enough free Host slabs to load a snapshot")
         self.epoch += 1
         frontier = BLOCK_TOKENS * (node.depth + 1) + len(tail_b) // TOKEN_BYTES
-        sid = self._next_sid
-        self._next_sid += 1
-        s = Snapshot(sid, anchor, node.depth, frontier, tail_b, kind, hits=hits, l_at=self.L)
+        sid = self.snapshots.new_id()
+        s = Snapshot(
+            sid, anchor, node.depth, frontier, tail_b, kind, hits=hits, l_at=self.host_tier.L
+        )
         s.host_slabs = slabs[: self.config.image_slabs]
         s.tail_slab = slabs[-1] if tail_b else -1
         s.host_state = _RESIDENT
-        self.snaps[sid] = s
-        self.snap_by_key[(anchor, tail_b)] = sid
-        node.snapshots.append(sid)
+        self.snapshots.add(s)
         self._walk(anchor, +1, +1, sid)
-        self._link(s)
-        self.dirty.add(sid)
+        self.snapshots.link(s)
+        self.host_tier.mark(sid)
         return sid

@@ -58,7 +58,7 @@ class PrefetchMixin:
             if entry.kind == EntryKind.NODE:
                 self._drop_node_device(nodes[entry.id])
             else:
-                self._drop_tail_device(self.snaps[entry.id])
+                self._drop_tail_device(self.snapshots.by_id[entry.id])
             room += 1
         return PrefetchPlan(self._take_freed(), todo[: max(0, room)])
 

@@ -24,6 +24,7 @@ from ninfer.cache.keys import block_hash, pack_tokens
 from ninfer.cache.records import (
     CommitKind,
     CommitResult,
+    Lane,
     PublishResult,
     SnapshotWrite,
     TransferRecord,
@@ -131,35 +132,33 @@ class PublishMixin:
         anchor = rec.path[a - 1] if a else ROOT
         st = self.counters
         rec.latest_frontier = max(rec.latest_frontier, frontier)
-        dup = self.snap_by_key.get((anchor, tail))
+        dup = self.snapshots.find(anchor, tail)
         if dup is not None:  # §5.3: a duplicate is a no-op that refreshes recency
-            self.slots.release(slot)
-            s = self.snaps[dup]
+            self.snapshots.slots.release(slot)
+            s = self.snapshots.by_id[dup]
             s.last_hit = t
             if kind != SnapshotKind.ENDPOINT:
-                rec.last_tap = dup
+                self._follow_previous_tap(rec, s)
             st.snapshots_duplicate += 1
             return PublishResult(dup, True, None, self._take_freed())
-        sid = self._next_sid
-        self._next_sid += 1
-        s = Snapshot(sid, anchor, a - 1, frontier, tail, kind, l_at=self.L, last_hit=t)
+        store = self.snapshots
+        sid = store.new_id()
+        s = Snapshot(sid, anchor, a - 1, frontier, tail, kind, l_at=self.host_tier.L, last_hit=t)
         s.device_slot, s.device_state = slot, _RESIDENT
         if tail_len:
             s.tail_page, s.tail_device = tail_page, _RESIDENT
-        self.snaps[sid] = s
-        self.snap_by_key[(anchor, tail)] = sid
-        nodes[anchor].snapshots.append(sid)
-        self.slots.assign(slot, SlotState.SNAPSHOT, sid)
+        store.add(s)
+        store.slots.assign(slot, SlotState.SNAPSHOT, sid)
         self._walk(anchor, +1, +1, sid)
-        self._link(s)
-        self.dirty.add(sid)
+        self.snapshots.link(s)
+        self.host_tier.mark(sid)
         if kind != SnapshotKind.ENDPOINT:
-            rec.last_tap = sid
+            self._follow_previous_tap(rec, s)  # before it takes Host slabs (§9.3)
         st.snapshots_published += 1
         st.taps_published += kind != SnapshotKind.ENDPOINT
         write = None
         if self.host is not None:
-            self._flush_dirty()  # s.h is the bound: never insert what GDSF would evict next
+            self.host_tier.flush()  # s.h is the bound: never insert what GDSF would evict next
             k = self.config.image_slabs + bool(tail_len)
             slabs = self._host_alloc(k, bound=s.h)
             if slabs is not None:
@@ -175,3 +174,17 @@ class PublishMixin:
                 st.write_through_bytes += nbytes
         self._tail_changed(s)
         return PublishResult(sid, False, write, self._take_freed())
+
+    def _follow_previous_tap(self, rec: Lane, s: Snapshot) -> None:
+        """§9.3: of the lane's taps in this prompt, the shallower is superseded by the deeper.
+
+        Allocating a tap's slot supersedes the previous tap already published; this covers the
+        taps published out of that order: a tap with a tail waits for the block holding it, so
+        a deeper tap's slot can be allocated before the shallower tap is published."""
+        prev = None if rec.last_tap is None else self.snapshots.by_id.get(rec.last_tap)
+        if prev is not None and prev.frontier > s.frontier:
+            self._supersede(s)
+            return
+        if prev is not None and prev.frontier < s.frontier:
+            self._supersede(prev)
+        rec.last_tap = s.id

@@ -24,8 +24,7 @@ class SlotPolicyMixin:
         self, rec: Lane, frontier: int, has_tail: bool
     ) -> tuple[int, int, bool] | None:
         """Steps 2-4 of §9.2. Returns (slot, displaced id, deleted) or None."""
-        owned = [(slot, self.snaps[sid]) for slot, sid in self.slots.owned_by_snapshots()]
-        owned = [(slot, s) for slot, s in owned if not s.restore_pins]
+        owned = self.snapshots.slot_owners()
         sup = [x for x in owned if x[1].superseded]
         if sup:
             _, s = min(sup, key=lambda x: (x[1].superseded_tick, x[1].id))
@@ -34,20 +33,20 @@ class SlotPolicyMixin:
                 self._delete_snapshot(s)  # no Host copy: the slot was its last image copy
             else:
                 self._drop_snapshot_image_device(s)
-            return self.slots.take_free(), s.id, deleted
+            return self.snapshots.slots.take_free(), s.id, deleted
         device_only = [x for x in owned if x[1].host_state == _ABSENT]
         if device_only:
-            self._flush_dirty()
+            self.host_tier.flush()
             _, v = min(device_only, key=lambda x: (x[1].h, x[1].last_hit, x[1].id))
-            if self._estimate_new(rec, frontier, has_tail) >= v.h:
-                self.L = max(self.L, v.h)
+            if self.host_tier.estimate_new(rec.latest_frontier, frontier, has_tail) >= v.h:
+                self.host_tier.charge(v.h)
                 self._delete_snapshot(v)
-                return self.slots.take_free(), v.id, True
+                return self.snapshots.slots.take_free(), v.id, True
         backed = [x for x in owned if x[1].host_state == _RESIDENT]
         if backed:
             _, v = min(backed, key=lambda x: (x[1].last_hit, x[1].id))
             self._drop_snapshot_image_device(v)
-            return self.slots.take_free(), v.id, False
+            return self.snapshots.slots.take_free(), v.id, False
         return None
 
     def allocate_snapshot_slot(
@@ -62,15 +61,15 @@ class SlotPolicyMixin:
         self._mutated()
         superseded: list[int] = []
         if rec.source is not None and not rec.source_superseded and frontier > rec.base:
-            s = self.snaps.get(rec.source)
+            s = self.snapshots.by_id.get(rec.source)
             if s is not None and self._supersede(s):
                 superseded.append(s.id)
             rec.source_superseded = True
         if kind != SnapshotKind.ENDPOINT and rec.last_tap is not None:
-            s = self.snaps.get(rec.last_tap)
+            s = self.snapshots.by_id.get(rec.last_tap)
             if s is not None and s.frontier < frontier and self._supersede(s):
                 superseded.append(s.id)
-        slot = self.slots.take_free()
+        slot = self.snapshots.slots.take_free()
         displaced, deleted = None, False
         if slot is None:
             got = self._displace_slot(rec, frontier, frontier % BLOCK_TOKENS != 0)
@@ -80,7 +79,7 @@ class SlotPolicyMixin:
                 return None
             slot, displaced, deleted = got
             self.counters.slot_displaced += 1
-        self.slots.assign(slot, SlotState.STAGING, lane)
+        self.snapshots.slots.assign(slot, SlotState.STAGING, lane)
         rec.staging.add(slot)
         if superseded:
             rec.superseded_for[slot] = superseded
@@ -93,14 +92,14 @@ class SlotPolicyMixin:
             raise LaneError(f"slot {slot} is not staged by lane {lane}")
         self._mutated()
         rec.staging.discard(slot)
-        self.slots.release(slot)
+        self.snapshots.slots.release(slot)
         self._unsupersede(rec, rec.superseded_for.pop(slot, ()))
 
     def _unsupersede(self, rec: Lane, ids) -> None:
         """A skipped or dropped tap is no deeper snapshot: what its allocation superseded stays
         the lineage's resume point (§9.3), unless the allocation displaced it already."""
         for sid in ids:
-            s = self.snaps.get(sid)
+            s = self.snapshots.by_id.get(sid)
             if s is not None:
                 self._retain(s)
             if sid == rec.source:

@@ -101,23 +101,20 @@ def _out_of_spans(position: int, spans: Sequence[Span], align: bool) -> int:
     return p
 
 
-def _semantic_clusters(hints: Iterable[TapHint]) -> list[tuple[int, int, bool]]:
-    """Cluster opener/structural positions closer than 64 tokens; keep each cluster's earliest.
-
-    Returns (position, priority, boundary) per cluster: the best member priority, and Boundary
-    if any member (dropped ones included) was a non-automatic structural boundary.
-    """
+def _semantic_clusters(hints: Iterable[TapHint]) -> list[tuple[int, bool]]:
+    """Cluster structural/automatic positions closer than 64 tokens; keep each cluster's
+    earliest. Returns (position, boundary) per cluster, by position: Boundary if any member
+    (dropped ones included) was a non-automatic structural boundary."""
     ordered = sorted(hints, key=lambda h: (h.position, h.kind))
-    clusters: list[tuple[int, int, bool]] = []
+    clusters: list[tuple[int, bool]] = []
     last = None
     for h in ordered:
-        prio = 2 if h.kind == HintKind.OPENER else 3
         boundary = h.kind == HintKind.STRUCTURAL
         if last is not None and h.position - last < BLOCK_TOKENS:
-            p, q, b = clusters[-1]
-            clusters[-1] = (p, min(q, prio), b or boundary)
+            p, b = clusters[-1]
+            clusters[-1] = (p, b or boundary)
         else:
-            clusters.append((h.position, prio, boundary))
+            clusters.append((h.position, boundary))
         last = h.position
     return clusters
 
@@ -162,8 +159,7 @@ def plan_taps(
             covered = any(0 <= p - y <= BLOCK_TOKENS for y in (base, *existing))
             if base < p <= last and not covered:
                 semantic.append(TapHint(p, h.kind))
-    clusters = sorted(_semantic_clusters(semantic), key=lambda c: (c[1], c[0]))
-    cands += [Tap(p, Placement.EXACT, prio, b, p) for p, prio, b in clusters]
+    cands += [Tap(p, Placement.EXACT, 3, b, p) for p, b in _semantic_clusters(semantic)]
 
     def flexible(target: int, priority: int) -> Tap:
         target = _out_of_spans(target, spans, False)

@@ -56,7 +56,7 @@ def collect(index, meta: dict) -> SaveSet:
     nodes = index.tree.nodes
     chosen: list = []
     needed: set[int] = set()
-    for s in index.snaps.values():
+    for s in index.snapshots.by_id.values():
         if s.host_state != _RESIDENT:
             continue
         path = []

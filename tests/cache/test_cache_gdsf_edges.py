@@ -46,7 +46,7 @@ def test_superseded_snapshots_go_before_gdsf_oldest_first():
     # a tap with a tail needs 3 slabs: s1's image frees 2, then s2's frees 2 more; the
     # retained snapshot s3, GDSF's only candidate, keeps its Host copy
     res = tap_only(d, 2, tokens(2, 300), 200)
-    assert 1 not in ix.snaps and 2 not in ix.snaps
+    assert 1 not in ix.snapshots.by_id and 2 not in ix.snapshots.by_id
     assert ix.snapshot(3).host_state == RES
     assert ix.snapshot(res.snapshot).host_slabs == [0, 1]
     assert ix.snapshot(res.snapshot).tail_slab == 2
@@ -94,7 +94,7 @@ def test_restore_in_flight_is_never_the_gdsf_victim():
     d.land = False
     d.admit(3, a[:128] + [7, 8])  # restore from s1's Host copy in flight: pinned, one hit
     d.land = True
-    ix._flush_dirty()
+    ix.host_tier.flush()
     s1 = ix.snapshot(1)
     assert s1.restore_pins == 1
     assert s1.h == pytest.approx(2 * 127 / 16384, rel=1e-12) and s1.h < ix.snapshot(2).h
@@ -103,7 +103,7 @@ def test_restore_in_flight_is_never_the_gdsf_victim():
     assert ix.snapshot(1).host_state == RES and ix.snapshot(1).host_slabs == [0, 1]
     assert ix.snapshot(2).host_state == ABS and ix.snapshot(2).device_slot >= 0
     assert ix.snapshot(res.snapshot).host_slabs == [4, 5]
-    assert pytest.approx(255 / 8192, rel=1e-12) == ix.L
+    assert pytest.approx(255 / 8192, rel=1e-12) == ix.host_tier.L
     ix.check_invariants()
 
 
@@ -117,7 +117,7 @@ def test_a_victim_worth_exactly_the_bound_is_evicted():
     tap_only(d, 2, tokens(2, 200), 130)
     assert ix.snapshot(1).host_state == ABS and ix.snapshot(1).device_slot == 0
     assert ix.snapshot(2).host_slabs == [0, 1] and ix.snapshot(2).tail_slab == 2
-    assert ix.L == 129 / 12288
+    assert ix.host_tier.L == 129 / 12288
     assert ix.counters.host_gdsf_evicted == 1
     assert ix.counters.host_image_writes_refused == 0
 
@@ -132,7 +132,7 @@ def test_writes_worth_less_than_every_victim_are_refused_each_time():
     assert ix.snapshot(2).host_state == ABS and ix.snapshot(3).host_state == ABS
     assert ix.counters.host_image_writes_refused == 2
     assert ix.counters.host_alloc_failures == 2
-    assert ix.L == 0.0
+    assert ix.host_tier.L == 0.0
     ix.check_invariants()
 
 
@@ -141,11 +141,11 @@ def test_the_cost_floor_leaves_h_at_l():
     ix = make_index(host_slabs=64, slots=4, cost=slow_restore())
     d = Driver(ix)
     d.run(1, tokens(1, 129), taps=[128])
-    ix._flush_dirty()
+    ix.host_tier.flush()
     assert ix.snapshot(1).h == 0.0
     # the §9.2 estimate of a new snapshot is floored the same way
     d.admit(2, tokens(2, 300))
-    assert ix._estimate_new(ix._lane(2), 256, False) == 0.0
+    assert ix.host_tier.estimate_new(ix._lane(2).latest_frontier, 256, False) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -165,4 +165,6 @@ def test_new_snapshot_estimate_counts_from_the_lanes_previous_tap(frontier, tail
     d.admit(1, toks)
     d.snapshot(1, 100)
     assert ix._lane(1).latest_frontier == 100
-    assert ix._estimate_new(ix._lane(1), frontier, tail) == pytest.approx(expected, rel=1e-12)
+    assert ix.host_tier.estimate_new(ix._lane(1).latest_frontier, frontier, tail) == pytest.approx(
+        expected, rel=1e-12
+    )

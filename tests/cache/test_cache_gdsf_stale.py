@@ -26,7 +26,7 @@ def _scenario():
     d.run(0, t, taps=[256, 384])
     d.run(2, t[:192] + tokens(2, 320), taps=[320])
     d.run(1, t[:200], taps=[128])
-    by_frontier = {s.frontier: s for s in ix.snaps.values()}
+    by_frontier = {s.frontier: s for s in ix.snapshots.by_id.values()}
     names = {"B": 256, "C": 384, "D": 320, "S": 128}
     return ix, {k: by_frontier[f] for k, f in names.items()}
 
@@ -47,9 +47,9 @@ def test_snapshot_above_superseded_dependent_revalues_the_ones_below():
 
 def test_gdsf_victim_order_after_the_takeover():
     ix, s = _scenario()
-    ix._flush_dirty()
-    retained = [x for x in ix.snaps.values() if not x.superseded]
+    ix.host_tier.flush()
+    retained = [x for x in ix.snapshots.by_id.values() if not x.superseded]
     order = sorted(retained, key=lambda x: (x.h, x.last_hit, x.id))
     # The stale value priced C as a re-prefill from the root (383 s) and put it last.
     assert [x.id for x in order] == [s["D"].id, s["C"].id, s["S"].id]
-    assert ix._host_victim() is s["D"]
+    assert ix.host_tier.victim() is s["D"]

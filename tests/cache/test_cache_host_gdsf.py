@@ -32,7 +32,7 @@ def _siblings(host_slabs: int, slots: int = 4):
 def test_two_siblings_lower_density_loses_host_copy():
     ix, d = _siblings(host_slabs=8)
     assert ix.host.free_slabs == 0
-    ix._flush_dirty()
+    ix.host_tier.flush()
     # s1: C = 128 - 1, Z = image + node 2 (node 1 is shared with s2)
     assert ix.snapshot(1).h == pytest.approx(127 / 12288, rel=1e-12)
     # s2: C = 192 - 1, Z = image + nodes 3, 4
@@ -42,7 +42,7 @@ def test_two_siblings_lower_density_loses_host_copy():
     assert s1.host_state == Residency.ABSENT and s1.device_slot == 0  # still restorable
     assert ix.snapshot(2).host_state == Residency.RESIDENT
     assert ix.snapshot(3).host_slabs == [0, 1]  # lowest free slabs, ascending
-    assert pytest.approx(127 / 12288, rel=1e-12) == ix.L
+    assert pytest.approx(127 / 12288, rel=1e-12) == ix.host_tier.L
     assert ix.counters.host_gdsf_evicted == 1
     ix.check_invariants()
 
@@ -53,7 +53,7 @@ def test_nested_descendant_is_valued_against_its_ancestor():
     d.run(1, tokens(1, 257), taps=[128], endpoint=256)  # s1 tap @128, s2 endpoint @256
     assert not ix.snapshot(1).superseded  # the endpoint leaves the last tap retained
     assert ix.snapshot(2).ancestor == 1
-    ix._flush_dirty()
+    ix.host_tier.flush()
     # s1 shares all its blocks with s2: Z = image only; s2 owns nodes 3, 4 and recomputes
     # only from s1: C = prefill(128 -> 256) - 1
     assert ix.snapshot(1).h == pytest.approx(127 / 8192, rel=1e-12)
@@ -75,7 +75,7 @@ def test_frequency_doubles_priority(hit):
         d.admit(3, A[:128] + [5, 6])  # resumes from s1: hits = 1
         assert ix.lane_path(3) == [1, 2] and ix.snapshot(1).hits == 1
         ix.release(3)
-    ix._flush_dirty()
+    ix.host_tier.flush()
     assert ix.snapshot(1).h == pytest.approx((2 if hit else 1) * 127 / 12288, rel=1e-12)
     assert ix.snapshot(2).h == pytest.approx(127 / 12288, rel=1e-12)
     tap_only(d, 4, tokens(4, 257), 256)
@@ -110,7 +110,7 @@ def test_victim_exclusive_path_becomes_dead_and_goes_first():
     res = ix.publish_snapshot(3, 256, 0, SnapshotKind.TAP)
     ix.on_write_through_landed(res.write.batch_id)
     # s1 was Host-only, so GDSF deleted it; node 2 (its exclusive path) is now dead KV
-    assert 1 not in ix.snaps and res.write.slabs == [0, 1]
+    assert 1 not in ix.snapshots.by_id and res.write.slabs == [0, 1]
     assert list(ix.dead) == [2]
     rel = d.release(3)  # 4 blocks to write: dead KV first (node 2's slab 3)
     assert rel.write.blocks[0].slab == 3 and ix.node(2).host_state == Residency.ABSENT
@@ -120,10 +120,10 @@ def test_victim_exclusive_path_becomes_dead_and_goes_first():
 
 def test_l_is_monotonic_over_evictions():
     ix, d = _siblings(host_slabs=8)
-    seen = [ix.L]
+    seen = [ix.host_tier.L]
     for k in range(3, 9):
         d.run(k, tokens(k, 257), taps=[256])
-        seen.append(ix.L)
+        seen.append(ix.host_tier.L)
         ix.check_invariants()
     assert seen == sorted(seen) and seen[-1] > 0
     assert ix.counters.host_gdsf_evicted >= 3

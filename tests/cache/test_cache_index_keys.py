@@ -199,7 +199,7 @@ def test_load_snapshot_ids_hits_epoch_and_l():
     ix = make_index(host_slabs=16)
     n0 = ix.load_block(ROOT, tokens(1, 64))
     n1 = ix.load_block(n0, tokens(1, 128)[64:])
-    ix.L = 0.25  # as after GDSF evictions: a loaded snapshot starts at the current L
+    ix.host_tier.L = 0.25  # as after GDSF evictions: a loaded snapshot starts at the current L
     epoch = ix.cache_epoch
     a = ix.load_snapshot(n0, [])
     b = ix.load_snapshot(n1, [7, 8], SnapshotKind.BOUNDARY, hits=3)
@@ -242,7 +242,7 @@ def test_a_loaded_snapshot_is_valued_at_the_next_flush():
     ix = make_index(host_slabs=16)
     n0 = ix.load_block(ROOT, tokens(1, 64))
     sid = ix.load_snapshot(n0, [])
-    ix._flush_dirty()
+    ix.host_tier.flush()
     # C = 64 - 1; Z = image + its exclusive Host block
     assert ix.snapshot(sid).h == pytest.approx(63 / (8192 + 4096), rel=1e-12)
     # a snapshot loaded above another one owns no block exclusively (no walk marks it dirty)
@@ -250,9 +250,9 @@ def test_a_loaded_snapshot_is_valued_at_the_next_flush():
     m0 = ix2.load_block(ROOT, tokens(1, 64))
     m1 = ix2.load_block(m0, tokens(1, 128)[64:])
     deep = ix2.load_snapshot(m1, [])
-    ix2._flush_dirty()
+    ix2.host_tier.flush()
     top = ix2.load_snapshot(m0, [])  # loaded second, above `deep`
-    ix2._flush_dirty()
+    ix2.host_tier.flush()
     assert ix2.snapshot(top).h == pytest.approx(63 / 8192, rel=1e-12)
     assert ix2.snapshot(deep).h == pytest.approx(63 / (8192 + 4096), rel=1e-12)
 

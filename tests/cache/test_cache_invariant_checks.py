@@ -102,8 +102,8 @@ def test_rich_index_holds_the_states_the_cases_rely_on():
     assert [n(i).device_state for i in (8, 9, 10)] == [ABSENT] * 3
     assert [n(i).host_state for i in (11, 12, 13)] == [FILLING] * 3
     assert list(ix.dead) == [7, 6, 10]
-    assert list(ix.superseded) == [3]
-    assert ix.root_deps == {1, 4, 5}
+    assert list(ix.snapshots.superseded) == [3]
+    assert ix.snapshots.root_deps == {1, 4, 5}
     assert [(x.ancestor, x.dependents) for x in map(s, (1, 2, 3))] == [
         (None, {2}),
         (1, {3}),
@@ -164,7 +164,7 @@ def _seq(*steps: Callable[[PrefixIndex], object]) -> Callable[[PrefixIndex], Non
 
 
 def _stale_h(ix: PrefixIndex) -> None:
-    ix._flush_dirty()
+    ix.host_tier.flush()
     ix.snapshot(2).h += 1e-3
 
 
@@ -360,7 +360,7 @@ CASES: list[tuple[str, Callable[[PrefixIndex], None], str]] = [
     ("snapshot slot owner", _set(snap(2), device_slot=3), "slot 1 owner mismatch"),
     ("lane staging a free slot", lambda ix: ix.lanes[8].staging.add(5), ""),
     # snapshots (§5.3, §10.4, §10.6)
-    ("superseded list", lambda ix: ix.superseded.__setitem__(2, None), ""),
+    ("superseded list", lambda ix: ix.snapshots.superseded.__setitem__(2, None), ""),
     ("anchor does not list it", lambda ix: ix.node(3).snapshots.remove(2), "snapshot 2 anchor"),
     ("anchor depth", _set(snap(2), anchor_depth=1), ""),
     ("frontier", _set(snap(2), frontier=201), ""),
@@ -371,7 +371,7 @@ CASES: list[tuple[str, Callable[[PrefixIndex], None], str]] = [
     ),
     (
         "key map",
-        lambda ix: ix.snap_by_key.__setitem__((3, ix.snapshot(2).tail), 4),
+        lambda ix: ix.snapshots.by_key.__setitem__((3, ix.snapshot(2).tail), 4),
         "§5.3 one snapshot per key",
     ),
     ("tail without a copy", lambda ix: _drop_host_copy(ix, 2), "§10.4 snapshot 2 invalid"),
@@ -408,11 +408,15 @@ CASES: list[tuple[str, Callable[[PrefixIndex], None], str]] = [
     ),
     ("dependent's ancestor", _set(snap(3), ancestor=1), ""),
     ("dependent", lambda ix: ix.snapshot(2).dependents.add(4), ""),
-    ("extra key", lambda ix: ix.snap_by_key.__setitem__((999, b""), 1), ""),
-    ("root dependents", lambda ix: ix.root_deps.add(2), ""),
+    ("extra key", lambda ix: ix.snapshots.by_key.__setitem__((999, b""), 1), ""),
+    ("root dependents", lambda ix: ix.snapshots.root_deps.add(2), ""),
     # GDSF (§9.3) and the slot and slab structures
     ("stale H", _stale_h, "§9.3 stale H of snapshot 2"),
-    ("slot free twice", lambda ix: ix.slots._free.extend([0, 0]), "slot on the free stack twice"),
+    (
+        "slot free twice",
+        lambda ix: ix.snapshots.slots._free.extend([0, 0]),
+        "slot on the free stack twice",
+    ),
     ("slab free twice", lambda ix: ix.host._free.extend([63, 63]), "slab on the free heap twice"),
 ]
 
@@ -443,7 +447,11 @@ DEVICE_ONLY_CASES: list[tuple[str, Callable[[PrefixIndex], None], str]] = [
         lambda ix: ix.dead.__setitem__(5, None),
         "§9.3 dead-KV set is wrong",
     ),
-    ("slot free twice", lambda ix: ix.slots._free.extend([1, 1]), "slot on the free stack twice"),
+    (
+        "slot free twice",
+        lambda ix: ix.snapshots.slots._free.extend([1, 1]),
+        "slot on the free stack twice",
+    ),
 ]
 
 
@@ -499,7 +507,7 @@ def test_stale_h_tolerance_is_relative_above_one_and_absolute_below():
     with pytest.raises(AssertionError, match="^§9.3 stale H of snapshot 2$"):
         ix.check_invariants()
     s.l_at = 1000.0  # H = L_s + ...: a value above one
-    ix.dirty.add(2)
+    ix.host_tier.mark(2)
     ix.check_invariants()
     h = s.h
     assert h > 1000.0

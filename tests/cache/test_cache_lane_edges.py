@@ -79,7 +79,7 @@ def test_a_device_hit_pins_the_resumed_path_and_moves_the_recomputed_blocks_to_m
     assert [ix.node(n).last_access for n in (1, 2, 3, 4)] == [t] * 4
     assert ix.node(5).last_access < t
     s = ix.snapshot(1)
-    assert (s.hits, s.last_hit, s.l_at, s.restore_pins) == (1, t, ix.L, 1)
+    assert (s.hits, s.last_hit, s.l_at, s.restore_pins) == (1, t, ix.host_tier.L, 1)
     after = ix.stats().lookups, ix.stats().reuse_tokens, ix.stats().hits_device
     assert [b - a for a, b in zip(before, after, strict=True)] == [1, 136, 1]
     assert (ix.stats().hits_host, ix.stats().hits_root) == (0, 2)
@@ -237,7 +237,7 @@ def test_release_revalues_the_snapshot_whose_exclusive_blocks_get_host_copies():
     res = ix.release(1)
     assert [b.node for b in res.write.blocks] == [1, 2, 3, 4] and res.lru_added == []
     assert [ix.node(n).last_access for n in (1, 2, 3, 4)] == [t + 1] * 4
-    ix._flush_dirty()
+    ix.host_tier.flush()
     assert ix.snapshot(1).h < h_before  # four exclusive slabs more for the same saving
     ix.check_invariants()
 
@@ -263,9 +263,9 @@ def test_release_returns_a_staging_slot_the_lane_never_published():
     d.admit(1, P)
     d.commit(1, 256)
     grant = ix.allocate_snapshot_slot(1, 256, SnapshotKind.TAP)
-    assert grant.slot == 0 and ix.slots.free_count == 1
+    assert grant.slot == 0 and ix.snapshots.slots.free_count == 1
     d.release(1)
-    assert ix.slots.free_count == 2 and not ix.snaps
+    assert ix.snapshots.slots.free_count == 2 and not ix.snapshots.by_id
     ix.check_invariants()
 
 
@@ -289,7 +289,7 @@ def test_a_resumed_lane_values_its_first_snapshot_from_its_resume_point():
     ix.check_invariants()
     assert ix.snapshot(2).h == 63 / 8192
     assert ix.allocate_snapshot_slot(3, 192, SnapshotKind.TAP) is None
-    assert sorted(ix.snaps) == [1, 2] and not ix.snapshot(1).superseded
+    assert sorted(ix.snapshots.by_id) == [1, 2] and not ix.snapshot(1).superseded
     assert ix.stats().taps_skipped_no_slot == 1
 
 

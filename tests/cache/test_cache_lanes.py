@@ -63,7 +63,7 @@ def test_lane_protocol_errors():
     with pytest.raises(LaneError):
         ix.publish_snapshot(1, 64, grant.slot + 1, SnapshotKind.TAP)  # not its slot
     ix.free_snapshot_slot(1, grant.slot)
-    assert ix.slots.free_count == len(ix.slots)
+    assert ix.snapshots.slots.free_count == len(ix.snapshots.slots)
     q = ix.quote(prepare_prompt(A), QuoteParams(8, 100, 100))
     with pytest.raises(LaneError):
         ix.stage(q, 1, 100)  # lane 1 is open

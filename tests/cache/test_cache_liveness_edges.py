@@ -1,7 +1,7 @@
 """Edges of the residency bookkeeping (spec §9.3, §9.4): the Boundary rule for a snapshot with a
-tail, and what losing a Host copy does when a Host transfer never ran (the engine's containment,
-ninfer.engine.kv.host_faults): a snapshot left without a copy is deleted, and a snapshot whose
-exclusive blocks lost their Host copy is valued again."""
+tail, and what losing a Host copy does when a Host transfer never ran (the engine's containment
+calls PrefixIndex.abort_write_through / abort_restore): a snapshot left without a copy is
+deleted, and a snapshot whose exclusive blocks lost their Host copy is valued again."""
 
 from __future__ import annotations
 
@@ -10,11 +10,6 @@ from cache_helpers import Driver, make_index, tokens
 
 from ninfer.cache import PrefixIndex, QuoteParams, Residency, SnapshotKind, prepare_prompt
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
-
-try:  # the engine's Host-fault containment: ninfer.engine.kv, or ninfer.engine.faults before it
-    from ninfer.engine.kv.host_faults import undo_host_restore, undo_host_write
-except ImportError:
-    from ninfer.engine.faults import undo_host_restore, undo_host_write
 
 ABSENT, RESIDENT, FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 P = tokens(1, 400)
@@ -61,7 +56,7 @@ def test_boundary_with_a_tail_counts_only_blocks_continuing_its_tail(continuatio
     frontier = 256 if 1 in continuations else 150
     ix.allocate_snapshot_slot(1, frontier, SnapshotKind.TAP)
     assert ix.snapshot(b).superseded is superseded
-    assert list(ix.superseded) == ([b] if superseded else [])
+    assert list(ix.snapshots.superseded) == ([b] if superseded else [])
     ix.check_invariants()
 
 
@@ -83,10 +78,10 @@ def test_undone_block_write_revalues_the_snapshot_that_owned_the_blocks():
     ix, d, batch = _tap_write_in_flight()
     ix.check_invariants()  # flushes the dirty set: H counts the four Host slabs being written
     h_before = ix.snapshot(1).h
-    assert undo_host_write(ix, batch) == []
+    assert ix.abort_write_through(batch) == []
     assert [ix.node(n).host_state for n in (1, 2, 3, 4)] == [ABSENT] * 4
     assert [e.id for e in ix.lru.unbacked] == [4, 3, 2, 1]
-    ix._flush_dirty()
+    ix.host_tier.flush()
     assert ix.snapshot(1).h > h_before  # fewer exclusive bytes, same saving: worth more
     ix.check_invariants()
 
@@ -116,11 +111,11 @@ def _image_only_on_host(tail_on_device: bool) -> tuple[PrefixIndex, int]:
 def test_undone_restore_deletes_a_snapshot_left_without_an_image(tail_on_device):
     ix, batch = _image_only_on_host(tail_on_device)
     tail_page = ix.snapshot(1).tail_page
-    freed = undo_host_restore(ix, batch)
+    freed = ix.abort_restore(batch)
     assert 3 not in ix.lanes
     with pytest.raises(KeyError):
         ix.snapshot(1)
-    assert 1 not in ix.snap_by_key.values()
+    assert 1 not in ix.snapshots.by_key.values()
     if tail_on_device:
         assert tail_page in freed  # the tail's page goes with the snapshot
     ix.check_invariants()
@@ -134,11 +129,11 @@ def test_a_snapshot_published_above_another_takes_over_only_the_deeper_one():
     d = Driver(ix)
     d.run(1, tokens(9, 100), taps=[64])
     d.run(2, P[:300], taps=[256])
-    assert ix.root_deps == {1, 2}
+    assert ix.snapshots.root_deps == {1, 2}
     d.run(3, P[:200] + tokens(3, 100), taps=[128])
     t, u, s = ix.snapshot(1), ix.snapshot(2), ix.snapshot(3)
     assert (s.frontier, s.anchor, u.anchor) == (128, 3, 5)
-    assert ix.root_deps == {1, 3}
+    assert ix.snapshots.root_deps == {1, 3}
     assert (t.ancestor, s.ancestor, u.ancestor) == (None, None, 3)
     assert (t.dependents, s.dependents) == (set(), {2})
     ix.check_invariants()
@@ -169,7 +164,7 @@ def test_eviction_skips_unbacked_blocks_above_a_prefetch_in_flight():
     first.commit(1, 128)
     write = first.release(1).write
     Driver(ix).run(2, P[:300], taps=[256])  # blocks 0-3 (2-3 new)
-    assert undo_host_write(ix, write.batch_id) == []
+    assert ix.abort_write_through(write.batch_id) == []
     backed = [ix.node(n).device_page for n in (4, 3)]
     assert ix.evict_device_pages(2) == backed  # blocks 3, 2: Host-backed
     assert list(ix.lru.unbacked) == [DeviceEntry(EntryKind.NODE, n) for n in (2, 1)]
@@ -212,9 +207,9 @@ def test_a_failed_restore_deletes_the_block_with_its_subtree_and_frees_every_cop
     st = ix.stage(q, 2, 10**6)
     assert (st.source, st.path, st.restore_pages_needed) == (1, [1], 1)
     rb = ix.begin_restore(2, [9])
-    assert undo_host_restore(ix, rb.batch_id) == [9, 0]
-    assert sorted(ix.tree.nodes) == [0] and not ix.snaps and not ix.lanes
-    assert ix.host.free_slabs == 4 and ix.slots.free_count == 4
+    assert ix.abort_restore(rb.batch_id) == [9, 0]
+    assert sorted(ix.tree.nodes) == [0] and not ix.snapshots.by_id and not ix.lanes
+    assert ix.host.free_slabs == 4 and ix.snapshots.slots.free_count == 4
     st = ix.stats()
     assert (st.subtree_deletions, st.nodes_deleted, st.snapshots_deleted) == (1, 3, 1)
     ix.check_invariants()

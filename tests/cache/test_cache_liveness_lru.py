@@ -34,11 +34,11 @@ def test_live_snapshots_below_under_publish_evict_and_subtree_deletion():
     # endpoint 3's tail page went in when published.
     assert list(ix.lru.order()) == [N(4), N(3), T(3), N(5), N(2), N(1)]
     assert ix.evict_device_pages(1) == [1003]  # node 4 and snapshot 2 go
-    assert 2 not in ix.snaps and live(ix, 0, 1, 2, 3) == [2, 2, 2, 0]
+    assert 2 not in ix.snapshots.by_id and live(ix, 0, 1, 2, 3) == [2, 2, 2, 0]
     ix.check_invariants()
     # the tail of endpoint 3 is its last copy: evicting it deletes snapshot 3 only
     assert ix.evict_device_pages(2) == [1002, 1005]  # node 3, then the tail page
-    assert sorted(ix.snaps) == [1] and sorted(ix.tree.nodes) == [0, 1, 2, 5]
+    assert sorted(ix.snapshots.by_id) == [1] and sorted(ix.tree.nodes) == [0, 1, 2, 5]
     assert live(ix, 0, 1, 2, 5) == [1, 1, 1, 0]
     ix.check_invariants()
 
@@ -49,18 +49,18 @@ def test_losing_the_last_copy_deletes_exactly_the_subtree_snapshots():
     a = tokens(1, 260)
     d.run(1, a, taps=[64, 128, 192])  # nodes 1-4; snapshots 1@node1, 2@node2, 3@node3
     d.run(2, a[:64] + tokens(2, 200), taps=[128])  # resumes from 1: nodes 5-7, snapshot 4@5
-    assert sorted(ix.snaps) == [1, 2, 3, 4]
+    assert sorted(ix.snapshots.by_id) == [1, 2, 3, 4]
     # tail-first LRU: lane 2's path (7, 6, 5, then 1 re-released) is the MRU end
     assert list(ix.lru.order()) == [N(4), N(3), N(2), N(7), N(6), N(5), N(1)]
     freed = ix.evict_device_pages(3)  # node 4 (no snapshot), node 3 (snapshot 3), node 2
     assert freed == [1003, 1002, 1001]
-    assert sorted(ix.snaps) == [1, 4]
+    assert sorted(ix.snapshots.by_id) == [1, 4]
     ix.check_invariants()
     # lane 3 pins node 1; node 5's subtree is unpinned, so it goes with snapshot 4
     d.admit(3, a[:64] + tokens(3, 100))  # resumes from snapshot 1: pins node 1
     assert ix.lane_path(3) == [1]
     assert ix.evict_device_pages(10) == [1006, 1005, 1004]  # 7, 6, 5 (snapshot 4 deleted)
-    assert sorted(ix.snaps) == [1] and sorted(ix.tree.nodes) == [0, 1]
+    assert sorted(ix.snapshots.by_id) == [1] and sorted(ix.tree.nodes) == [0, 1]
     ix.check_invariants()
 
 

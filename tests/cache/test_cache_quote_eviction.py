@@ -97,7 +97,7 @@ def test_quote_does_not_count_unbacked_nodes_whose_subtree_is_pinned():
     st = ix.stage(q, 2, 0)
     assert st.evicted_pages == [1003, 1000]  # backed first: the tail, node 1 (Host kept)
     assert ix.evict_device_pages(2) == [1002, 1001]  # node 3 takes snapshot 1 with it
-    assert not ix.snaps and ix.evictable_pages() == 0
+    assert not ix.snapshots.by_id and ix.evictable_pages() == 0
     ix.check_invariants()
 
 

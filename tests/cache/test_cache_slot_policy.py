@@ -46,7 +46,7 @@ def test_step2_takes_the_oldest_supersession_not_the_lowest_slot():
     grant = ix.allocate_snapshot_slot(1, 128, SnapshotKind.TAP)  # supersedes s1 now
     # both superseded, both Device-only: s2's supersession is the older one
     assert grant == SlotGrant(1, 2, True, [])
-    assert 2 not in ix.snaps and ix.snapshot(1).superseded
+    assert 2 not in ix.snapshots.by_id and ix.snapshot(1).superseded
     assert ix.counters.slot_displaced == 1
 
 
@@ -59,7 +59,7 @@ def test_step3_takes_the_lowest_h_not_the_lowest_slot():
     # below 127/8192 = 0.0155: only slot 1's owner may go
     grant = grant_at(d, 3, tokens(3, 700), 640)
     assert grant == SlotGrant(1, 2, True, [])
-    assert ix.L == 63 / 8192
+    assert ix.host_tier.L == 63 / 8192
     # again: L rose to 63/8192, so the estimate is 0.0197 and s1 (0.0155) goes as well
     grant = grant_at(d, 4, tokens(4, 700), 640)
     assert grant == SlotGrant(0, 1, True, [])
@@ -94,7 +94,7 @@ def test_step3_worth_as_much_displaces():
     tap_only(d, 1, tokens(1, 200), 128)
     grant = grant_at(d, 2, tokens(2, 200), 128)
     assert grant == SlotGrant(0, 1, True, [])
-    assert 1 not in ix.snaps
+    assert 1 not in ix.snapshots.by_id
 
 
 def test_step4_takes_the_least_recently_hit_not_the_lowest_slot():

@@ -214,12 +214,12 @@ class CacheMachine(RuleBasedStateMachine):
         ix = self.ix
         ix.check_invariants()
         owned = [n.device_page for n in ix.tree.nodes.values() if n.device_page >= 0]
-        owned += [s.tail_page for s in ix.snaps.values() if s.tail_page >= 0]
+        owned += [s.tail_page for s in ix.snapshots.by_id.values() if s.tail_page >= 0]
         private = [p for rec in self.lanes.values() for p in rec["private"]]
         everything = owned + private + list(self.free)
         assert sorted(everything) == list(range(POOL)), "a page leaked or has two owners"
-        assert self.last_l <= ix.L, "L decreased"
-        self.last_l = ix.L
+        assert self.last_l <= ix.host_tier.L, "L decreased"
+        self.last_l = ix.host_tier.L
 
 
 class DeviceOnlyMachine(CacheMachine):

@@ -18,7 +18,7 @@ def test_lineage_previous_tap_superseded_and_a_hit_retains_it():
     d.snapshot(1, 128)
     d.snapshot(1, 256)  # the lane moves past its previous tap
     assert ix.snapshot(1).superseded and not ix.snapshot(2).superseded
-    assert list(ix.superseded) == [1]
+    assert list(ix.snapshots.superseded) == [1]
     d.snapshot(1, 290, SnapshotKind.ENDPOINT)
     assert not ix.snapshot(2).superseded  # the endpoint leaves the last tap retained
     d.release(1)
@@ -26,6 +26,33 @@ def test_lineage_previous_tap_superseded_and_a_hit_retains_it():
     assert ix.lane_path(2) == [1, 2] and not ix.snapshot(1).superseded
     d.snapshot(2, 200, SnapshotKind.ENDPOINT)  # this lineage moves on
     assert ix.snapshot(1).superseded
+    ix.check_invariants()
+
+
+@pytest.mark.parametrize("deeper_first", [False, True])
+def test_a_deferred_tap_is_superseded_by_the_deeper_tap_of_its_prompt(deeper_first):
+    """§9.3 when taps publish out of slot order: the tap at 150 (tail 22) waits for block 2,
+    and the lane allocates the slot of its tap at 170 before publishing it. Whichever of the
+    two publishes first, the shallower ends superseded and the deeper retained."""
+    ix = make_index()
+    d = Driver(ix)
+    toks = P[1]
+    d.admit(1, toks)
+    d.commit(1, 128)
+    g150 = ix.allocate_snapshot_slot(1, 150, SnapshotKind.TAP)
+    g170 = ix.allocate_snapshot_slot(1, 170, SnapshotKind.TAP)
+    assert not ix.snapshots.superseded  # nothing of the lane is published yet
+    d.commit(1, 192)
+    order = [(170, g170), (150, g150)] if deeper_first else [(150, g150), (170, g170)]
+    sid = {}
+    for f, g in order:
+        res = ix.publish_snapshot(1, f, g.slot, SnapshotKind.TAP, toks[128:f], d.page())
+        sid[f] = res.snapshot
+    assert sid == ({170: 1, 150: 2} if deeper_first else {150: 1, 170: 2})
+    assert ix.snapshot(sid[150]).superseded and not ix.snapshot(sid[170]).superseded
+    assert list(ix.snapshots.superseded) == [sid[150]]
+    d.snapshot(1, 290, SnapshotKind.ENDPOINT)  # the endpoint leaves the last tap retained
+    assert list(ix.snapshots.superseded) == [sid[150]] and not ix.snapshot(sid[170]).superseded
     ix.check_invariants()
 
 
@@ -80,7 +107,7 @@ def test_superseded_device_only_owner_is_deleted():
     ix, d = _slot_setup()
     d.commit(3, 128)
     assert ix.allocate_snapshot_slot(3, 128, SnapshotKind.TAP) == SlotGrant(2, 3, True, [])
-    assert 3 not in ix.snaps
+    assert 3 not in ix.snapshots.by_id
 
 
 def test_slot_from_least_valuable_device_only_owner_when_worth_as_much():
@@ -89,8 +116,8 @@ def test_slot_from_least_valuable_device_only_owner_when_worth_as_much():
     d.commit(4, 128)
     # estimate: 127 / (8192 + 2 blocks) = 127/16384 >= H(s3) = 63/8192
     assert ix.allocate_snapshot_slot(4, 128, SnapshotKind.TAP) == SlotGrant(2, 3, True, [])
-    assert 3 not in ix.snaps
-    assert pytest.approx(63 / 8192, rel=1e-12) == ix.L
+    assert 3 not in ix.snapshots.by_id
+    assert pytest.approx(63 / 8192, rel=1e-12) == ix.host_tier.L
     ix.check_invariants()
 
 

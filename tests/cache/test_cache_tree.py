@@ -138,13 +138,13 @@ def test_duplicate_publication_is_a_noop_that_refreshes_recency():
     assert first.snapshot == 1 and not first.duplicate
     before = ix.snapshot(1).last_hit
     assert [r.kind for r in d.commit(2, 128)] == [CommitKind.DUPLICATE] * 2
-    free_slots = ix.slots.free_count
+    free_slots = ix.snapshots.slots.free_count
     grant = ix.allocate_snapshot_slot(2, 128, SnapshotKind.TAP)
-    assert ix.slots.free_count == free_slots - 1
+    assert ix.snapshots.slots.free_count == free_slots - 1
     dup = ix.publish_snapshot(2, 128, grant.slot, SnapshotKind.TAP)
     assert dup.snapshot == 1 and dup.duplicate and dup.write is None
-    assert len(ix.snaps) == 1 and ix.snapshot(1).device_slot == 0
-    assert ix.slots.free_count == free_slots  # the staging slot went back
+    assert len(ix.snapshots.by_id) == 1 and ix.snapshot(1).device_slot == 0
+    assert ix.snapshots.slots.free_count == free_slots  # the staging slot went back
     assert ix.snapshot(1).last_hit > before
     assert ix.counters.snapshots_duplicate == 1
     ix.check_invariants()

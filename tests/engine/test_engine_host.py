@@ -56,7 +56,7 @@ def test_host_only_restore_matches_cold(make_llm):
 def _written(kv_state, frontier: int):
     """Device copies of the endpoint at `frontier` and of its path blocks (engine thread)."""
     index, kv, states = kv_state.index, kv_state.kv.kv, kv_state.states
-    (s,) = [s for s in index.snaps.values() if s.frontier == frontier]
+    (s,) = [s for s in index.snapshots.by_id.values() if s.frontier == frontier]
     assert s.kind == SnapshotKind.ENDPOINT and s.host_state == Residency.RESIDENT
     blocks, nid = {}, s.anchor
     while nid != 0:

@@ -29,7 +29,11 @@ def _trace_host_evictions(index) -> list[tuple]:
     """Log every §9.3 step the index takes, in order: ("dead", node), ("superseded", snapshot),
     ("gdsf", snapshot). Wraps the instance's three victim pickers."""
     log: list[tuple] = []
-    sweep, oldest, victim = index._sweep_dead_one, index._oldest_superseded_host, index._host_victim
+    sweep, oldest, victim = (
+        index._sweep_dead_one,
+        index._oldest_superseded_host,
+        index.host_tier.victim,
+    )
 
     def traced_sweep():
         nid = next(iter(index.dead), None)
@@ -52,7 +56,7 @@ def _trace_host_evictions(index) -> list[tuple]:
 
     index._sweep_dead_one = traced_sweep
     index._oldest_superseded_host = traced_oldest
-    index._host_victim = traced_victim
+    index.host_tier.victim = traced_victim
     return log
 
 
@@ -139,13 +143,13 @@ def test_gdsf_keeps_the_shared_system_prompt_over_stale_endpoints(make_llm):
     st = llm.cache_stats()
     assert st.host_superseded_evicted > 0 and st.host_gdsf_evicted > 0
     index = llm._engine.kv_state.index
-    (boundary,) = [s for s in index.snaps.values() if s.frontier == 640]
+    (boundary,) = [s for s in index.snapshots.by_id.values() if s.frontier == 640]
     assert boundary.kind == SnapshotKind.BOUNDARY
     assert boundary.host_state == Residency.RESIDENT  # GDSF kept it
     # every first turn but the first hit it, and so did later turns whose own (stale)
     # endpoint GDSF had evicted
     assert boundary.hits > 19
-    endpoints = [s for s in index.snaps.values() if s.kind == SnapshotKind.ENDPOINT]
+    endpoints = [s for s in index.snapshots.by_id.values() if s.kind == SnapshotKind.ENDPOINT]
     assert len([s for s in endpoints if s.host_state == Residency.RESIDENT]) < 20
     fresh = llm.generate([system + rand_tokens(rng, 90) for _ in range(2)], greedy(5))
     assert [o.usage.cached_tokens for o in fresh] == [640, 640]

@@ -168,7 +168,7 @@ def test_stream_close_cancels_and_leaks_no_pin(make_llm, cold):
     assert got == expect[:70]
     # the aborted lane (it may have run ahead of the reader) published its endpoint
     index = llm._engine.kv_state.index
-    ends = [s.frontier for s in index.snaps.values() if s.kind == SnapshotKind.ENDPOINT]
+    ends = [s.frontier for s in index.snapshots.by_id.values() if s.kind == SnapshotKind.ENDPOINT]
     assert len(ends) == 1 and 150 + 70 - 1 <= ends[0] < 150 + 100
     echoed = prompt + expect[: ends[0] - 150 + 1]
     again = run(llm, echoed, 10)

@@ -25,7 +25,7 @@ def snapshots(llm) -> list[tuple[int, int, bool]]:
     """(frontier, kind, superseded) of every snapshot in the index, sorted."""
 
     def read():
-        snaps = llm._engine.kv_state.index.snaps.values()
+        snaps = llm._engine.kv_state.index.snapshots.by_id.values()
         return sorted((s.frontier, int(s.kind), s.superseded) for s in snaps)
 
     return llm._engine.call(read)

@@ -22,7 +22,7 @@ def cold(make_llm):
 
 def boundaries(llm) -> list[int]:
     def read():
-        snaps = llm._engine.kv_state.index.snaps.values()
+        snaps = llm._engine.kv_state.index.snapshots.by_id.values()
         return sorted(s.frontier for s in snaps if s.kind == SnapshotKind.BOUNDARY)
 
     return llm._engine.call(read)

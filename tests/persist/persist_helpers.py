@@ -73,7 +73,7 @@ def name_of(index, s) -> str:
 
 
 def names(index) -> set[str]:
-    return {name_of(index, s) for s in index.snaps.values()}
+    return {name_of(index, s) for s in index.snapshots.by_id.values()}
 
 
 def check_contents(bridge) -> None:
@@ -85,7 +85,7 @@ def check_contents(bridge) -> None:
         chain, rest = divmod(int.from_bytes(node.tokens[:4], "little"), 1000)
         seed = chain * 100 + rest // 64
         assert torch.equal(slabs.slab_view(node.host_slab), pattern(seed)), node.id
-    for s in index.snaps.values():
+    for s in index.snapshots.by_id.values():
         ids = [*s.host_slabs, s.tail_slab] if s.tail else s.host_slabs
         for p, slab in enumerate(ids):
             assert torch.equal(slabs.slab_view(slab), pattern(snapshot_seed(index, s, p)))

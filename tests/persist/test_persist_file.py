@@ -50,9 +50,9 @@ def test_round_trip_restores_every_entry_byte_for_byte(tmp_path):
     assert names(dst.index) == names(src.index) == {
         "c1@64", "c2@256", "c2@128", "c3@128", "c4@74",
     }  # fmt: skip
-    for s in dst.index.snaps.values():
+    for s in dst.index.snapshots.by_id.values():
         assert s.device_state == Residency.ABSENT and s.host_state == Residency.RESIDENT
-    hits = {s.frontier: s.hits for s in dst.index.snaps.values()}
+    hits = {s.frontier: s.hits for s in dst.index.snapshots.by_id.values()}
     assert hits[256] == 5 and hits[64] == 0
     assert len(dst.index.tree) == 8
     check_contents(dst)
@@ -67,7 +67,7 @@ def test_superseded_snapshots_are_saved_flagged_and_dead_blocks_are_not(tmp_path
     src = four_snapshots()
     add_chain(src, 9, 3)  # dead KV: no snapshot below
     index = src.index
-    victim = next(s for s in index.snaps.values() if s.frontier == 64)
+    victim = next(s for s in index.snapshots.by_id.values() if s.frontier == 64)
     assert index._supersede(victim)
     chosen = plan.collect(index, {})
     assert len(chosen.tables.snapshots) == 4 and len(chosen.tables.blocks) == 7
@@ -76,14 +76,16 @@ def test_superseded_snapshots_are_saved_flagged_and_dead_blocks_are_not(tmp_path
     dst = make_tier(40)
     f.load(dst)
     assert names(dst.index) == {"c1@64", "c2@256", "c2@128", "c3@128"}
-    assert {name_of(dst.index, s) for s in dst.index.snaps.values() if s.superseded} == {"c1@64"}
+    assert {name_of(dst.index, s) for s in dst.index.snapshots.by_id.values() if s.superseded} == {
+        "c1@64"
+    }
     check_contents(dst)
     dst.index.check_invariants()
 
 
 def test_a_smaller_tier_restores_superseded_snapshots_last(tmp_path):
     src = four_snapshots()
-    densest = next(s for s in src.index.snaps.values() if s.frontier == 256)
+    densest = next(s for s in src.index.snapshots.by_id.values() if s.frontier == 256)
     assert src.index._supersede(densest)  # B: by density alone it would go first
     f = saved(tmp_path, src)
     dst = make_tier(10)
@@ -99,7 +101,7 @@ def test_format_1_files_are_still_read(tmp_path, monkeypatch):
     monkeypatch.undo()
     dst = make_tier(40)
     assert f.load(dst) == 4
-    assert not any(s.superseded for s in dst.index.snaps.values())
+    assert not any(s.superseded for s in dst.index.snapshots.by_id.values())
 
 
 @pytest.mark.parametrize(
@@ -148,7 +150,7 @@ def test_a_tier_that_holds_no_snapshot_restores_nothing(tmp_path, caplog):
     dst = make_tier(5)
     with caplog.at_level(logging.WARNING, logger="ninfer.cache"):
         assert f.load(dst) == 0
-    assert len(dst.index.tree) == 0 and not dst.index.snaps
+    assert len(dst.index.tree) == 0 and not dst.index.snapshots.by_id
     (msg,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert "not restored" in msg and "replaces the file" in msg
 
@@ -191,7 +193,7 @@ def test_a_damaged_file_loads_nothing(tmp_path, caplog, damage, why):
     dst = make_tier(40)
     with caplog.at_level(logging.WARNING, logger="ninfer.cache"):
         assert f.load(dst) == 0
-    assert len(dst.index.tree) == 0 and not dst.index.snaps
+    assert len(dst.index.tree) == 0 and not dst.index.snapshots.by_id
     assert dst.index.host.free_slabs == 40
     dst.index.check_invariants()
     (msg,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -205,7 +207,7 @@ def test_a_foreign_file_loads_nothing(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="ninfer.cache"):
         assert other.load(dst) == 0
         assert f.load(make_tier(40, image_bytes=5000)) == 0  # another Host geometry
-    assert not dst.index.snaps
+    assert not dst.index.snapshots.by_id
     msgs = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert "dtype differ" in msgs[0] and "image_bytes differ" in msgs[1]
 
@@ -244,4 +246,4 @@ def test_empty_cache_saves_an_empty_file_that_loads(tmp_path):
     f = saved(tmp_path, make_tier(10))
     assert f.path.stat().st_size == 4096
     dst = make_tier(10)
-    assert f.load(dst) == 0 and not dst.index.snaps
+    assert f.load(dst) == 0 and not dst.index.snapshots.by_id

@@ -1,15 +1,14 @@
 """Host-tier fault containment: a Host copy or slab allocation that raised is undone, and the
 entries it hit lose their Host copy (they stay Device-only; engine/faults.py has the whole rule).
 
-The undo functions edit the prefix index's records the way its own transitions do
-(Filling -> Absent instead of Filling -> Resident); they run on the engine thread only.
+The undo itself is the prefix index's (`PrefixIndex.abort_write_through`, `abort_restore`:
+Filling -> Absent instead of Filling -> Resident); it runs on the engine thread only.
 """
 
 from __future__ import annotations
 
 import weakref
 
-from ninfer.cache.common import Residency
 from ninfer.cache.host_pool import HostSlabPool
 from ninfer.engine.faults import is_fatal
 
@@ -109,70 +108,3 @@ def guard_host_pool(pool: HostSlabPool, on_fault) -> None:
     """Make `pool.allocate` contain its faults (see GuardedHostPool)."""
     pool.__class__ = GuardedHostPool
     _POOL_FAULTS[id(pool)] = weakref.WeakMethod(on_fault)  # (a later pool at that id replaces it)
-
-
-_ABSENT, _FILLING = Residency.ABSENT, Residency.FILLING
-
-
-def undo_host_write(index, batch_id: int) -> list[int]:
-    """A write-through batch that never ran: its nodes and snapshot lose the Host copy they
-    were getting (Filling -> Absent, slabs freed, pins dropped); an entry left with no copy is
-    deleted as the index deletes it. Returns Device pages freed."""
-    b = index.batches.pop(batch_id, None)
-    if b is None:
-        return []
-    index._mutated()
-    nodes = index.tree.nodes
-    for nid in reversed(b.nodes):
-        node = nodes.get(nid)
-        if node is None or node.host_state != _FILLING:
-            continue
-        node.restore_pins -= 1
-        index._drop_node_host(node)
-    if b.snapshot is not None:
-        s = index.snaps.get(b.snapshot)
-        if s is not None and s.host_state == _FILLING:
-            s.restore_pins -= 1
-            index._drop_snapshot_host(s)
-    return index._take_freed()
-
-
-def undo_host_restore(index, batch_id: int) -> list[int]:
-    """A restore batch that never (fully) ran: its targets go back to Device-absent (their pages
-    freed), the admission that began it is un-staged, and the Host copies it read are dropped
-    (the fault may have left them unreadable; an entry without a copy is deleted). Returns
-    Device pages freed (the caller also frees the lane's state slot)."""
-    b = index.batches.pop(batch_id, None)
-    if b is None:
-        return []
-    index._mutated()
-    freed: list[int] = []
-    nodes = index.tree.nodes
-    for nid in b.nodes:
-        node = nodes[nid]
-        if node.device_state == _FILLING:
-            freed.append(node.device_page)
-            node.device_page, node.device_state = -1, _ABSENT
-        node.restore_pins -= 1
-        index._node_changed(node)
-    snap = None
-    if b.snapshot is not None:
-        snap = index.snaps[b.snapshot]
-        if b.tail and snap.tail_device == _FILLING:
-            freed.append(snap.tail_page)
-            snap.tail_page, snap.tail_device = -1, _ABSENT
-        snap.restore_pins -= 1
-        index._tail_changed(snap)
-    if b.lane is not None and b.lane in index.lanes:
-        index.lanes[b.lane].restore_batch = None
-        freed += index.cancel_stage(b.lane)
-    # Drop the Host copies read (deepest first, so a parent is never deleted under a child).
-    for nid in reversed(b.nodes):
-        node = nodes.get(nid)
-        if node is None or node.host_state == _ABSENT or index._subtree_pinned(node):
-            continue
-        index._drop_node_host(node)
-    live = snap is not None and b.snapshot in index.snaps and not snap.restore_pins
-    if live and snap.host_state != _ABSENT:
-        index._drop_snapshot_host(snap)
-    return freed + index._take_freed()

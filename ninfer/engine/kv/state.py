@@ -200,7 +200,7 @@ class KVState:
     def _host_write_failed(self, batch_id: int, exc: BaseException) -> None:
         self.counters.host_faults += 1
         logger.warning("ninfer: Host write %d failed (%r): entries stay Device-only", batch_id, exc)
-        self.kv.free(host_faults.undo_host_write(self.index, batch_id))
+        self.kv.free(self.index.abort_write_through(batch_id))
 
     def _host_alloc_failed(self, exc: BaseException) -> None:
         self.counters.host_faults += 1
@@ -211,7 +211,7 @@ class KVState:
         the admission that began it are rolled back, the Host copies it read are dropped."""
         self.counters.host_faults += 1
         logger.warning("ninfer: %s: the request is served without those Host entries", fault)
-        self.kv.free(host_faults.undo_host_restore(self.index, fault.batch_id))
+        self.kv.free(self.index.abort_restore(fault.batch_id))
         if fault.lane_slot >= 0:
             self.states.release(fault.lane_slot)
 
@@ -270,7 +270,7 @@ class KVState:
         pages = [
             n.device_page for n in nodes if n.id != ROOT and n.device_state != Residency.ABSENT
         ]
-        return pages + [s.tail_page for s in self.index.snaps.values() if s.tail_page >= 0]
+        return pages + [s.tail_page for s in self.index.snapshots.by_id.values() if s.tail_page >= 0]
 
     def check_invariants(self, lanes: list[Lane]) -> None:
         """Cache §10 invariants plus the memory partition: every page exactly one of free /

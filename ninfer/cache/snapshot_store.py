@@ -1,0 +1,218 @@
+"""SnapshotStore (spec §5.3, §9.2, §9.3): the snapshots, their links, supersession and the
+Device snapshot slot table.
+
+Owns: the records by id (`by_id`) and by key (`by_key`, one per (anchor, tail)), the
+supersession order (`superseded`, oldest first), the ancestor links (`ancestor`, `dependents`,
+`root_deps` for the snapshots with none above), the ids, the `superseded` flags, and the
+Device slot table (`slots`: free, staging for a lane, or owned by a snapshot), plus each
+anchor node's list of the snapshots anchored there.
+
+Reads, never writes, the rest of the block tree (ancestor search, the Boundary rule's
+single-chain test). Marks snapshots whose GDSF value changes through the `mark` it is given
+(the Host tier's). It does not free pages or slabs, walk the tree's counters or delete blocks:
+PrefixIndex coordinates those around `add`, `remove`, `supersede` and `retain`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from ninfer.cache.common import ROOT, SnapshotKind
+from ninfer.cache.device_slots import DeviceSlots, SlotState
+from ninfer.cache.snapshots import Snapshot
+from ninfer.cache.tree import BlockTree
+
+
+class SnapshotStore:
+    """Invariants (check_invariants): `by_key` indexes every snapshot once by (anchor, tail);
+    `superseded` holds exactly the superseded ones; `ancestor` is the nearest other snapshot
+    whose tokens are a prefix (None = the root) and `dependents` / `root_deps` are its inverse;
+    a slot owned by a snapshot is that snapshot's `device_slot` and back; the slot table's own
+    (a slot is on the free stack iff free)."""
+
+    def __init__(self, n_slots: int, tree: BlockTree, mark: Callable[[int], None]) -> None:
+        self.by_id: dict[int, Snapshot] = {}
+        self.by_key: dict[tuple[int, bytes], int] = {}
+        self.superseded: OrderedDict[int, None] = OrderedDict()  # supersession order
+        self.root_deps: set[int] = set()  # snapshots with no snapshot above them
+        self.slots = DeviceSlots(n_slots)
+        self._tree, self._mark = tree, mark
+        self._next_id = 1
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def find(self, anchor: int, tail: bytes) -> int | None:
+        """The snapshot at (anchor, tail), or None (§5.3: at most one)."""
+        return self.by_key.get((anchor, tail))
+
+    # ---- membership ------------------------------------------------------------------------
+
+    def add(self, s: Snapshot) -> None:
+        """Register `s` (its id from `new_id`) under its key and on its anchor node; `link` it
+        once the tree's counters count it."""
+        self.by_id[s.id] = s
+        self.by_key[(s.anchor, s.tail)] = s.id
+        self._tree.nodes[s.anchor].snapshots.append(s.id)
+
+    def new_id(self) -> int:
+        sid = self._next_id
+        self._next_id += 1
+        return sid
+
+    def remove(self, s: Snapshot) -> None:
+        """Forget `s`: its slot goes back to the table, its dependents to its ancestor."""
+        if s.device_slot >= 0:
+            self.slots.release(s.device_slot)
+        self._mark_dependents(s)
+        self._unlink(s)
+        self._tree.nodes[s.anchor].snapshots.remove(s.id)
+        del self.by_key[(s.anchor, s.tail)]
+        self.superseded.pop(s.id, None)
+        del self.by_id[s.id]
+
+    # ---- ancestor links (§9.3: nearest snapshot above, and its dependents) -----------------
+
+    def _deps(self, sid: int | None) -> set[int]:
+        return self.root_deps if sid is None else self.by_id[sid].dependents
+
+    def find_ancestor(self, s: Snapshot) -> int | None:
+        """The deepest other snapshot whose tokens are a prefix of s's, or None (root)."""
+        nodes, snaps = self._tree.nodes, self.by_id
+        anchor = nodes[s.anchor]
+        best = None
+        for sid in anchor.snapshots:
+            t = snaps[sid]
+            if (
+                t is not s
+                and t.frontier < s.frontier
+                and s.tail.startswith(t.tail)
+                and (best is None or t.frontier > best.frontier)
+            ):
+                best = t
+        child = anchor
+        while best is None and child.id != ROOT:
+            node = nodes[child.parent]
+            for sid in node.snapshots:
+                t = snaps[sid]
+                if child.tokens.startswith(t.tail) and (best is None or t.frontier > best.frontier):
+                    best = t
+            child = node
+        return None if best is None else best.id
+
+    def _is_below(self, t: Snapshot, s: Snapshot) -> bool:
+        """True when s's tokens are a strict prefix of t's."""
+        if t.frontier <= s.frontier:
+            return False
+        if t.anchor == s.anchor:
+            return t.tail.startswith(s.tail)
+        # t's path block just below s's anchor: its parent must be the anchor, and its tokens
+        # must start with s's tail (trivially true without a tail).
+        y = self._tree.at_depth(self._tree.nodes[t.anchor], s.anchor_depth + 1)
+        return y is not None and y.parent == s.anchor and y.tokens.startswith(s.tail)
+
+    def link(self, s: Snapshot) -> None:
+        """Insert s between its nearest ancestor and the ancestor's dependents below s. Needs
+        the anchor's live_below to count s already."""
+        a = self.find_ancestor(s)
+        s.ancestor = a
+        deps = self._deps(a)
+        # Only snapshots in the anchor's subtree can lie below s; none there (other than s,
+        # already counted) means nothing to take over, without scanning a's dependents.
+        below = [] if self._tree.nodes[s.anchor].live_below <= 1 else deps
+        for tid in [tid for tid in below if self._is_below(self.by_id[tid], s)]:
+            deps.discard(tid)
+            s.dependents.add(tid)
+            self.by_id[tid].ancestor = s.id
+        deps.add(s.id)
+        # The taken-over snapshots now value against s, and so do the retained ones below a
+        # superseded one among them (their nearest retained ancestor was above s): all of them
+        # change C, however deep below s they hang.
+        self._mark_dependents(s)
+
+    def _unlink(self, s: Snapshot) -> None:
+        deps = self._deps(s.ancestor)
+        deps.discard(s.id)
+        for tid in s.dependents:
+            self.by_id[tid].ancestor = s.ancestor
+            deps.add(tid)
+        s.dependents = set()
+
+    def _mark_dependents(self, s: Snapshot) -> None:
+        """Snapshots whose nearest *retained* ancestor is s change C when s changes."""
+        stack = list(s.dependents)
+        while stack:
+            t = self.by_id[stack.pop()]
+            self._mark(t.id)
+            if t.superseded:
+                stack.extend(t.dependents)
+
+    # ---- supersession (§9.3) ---------------------------------------------------------------
+
+    def _single_chain_below(self, s: Snapshot) -> bool:
+        """True while no other conversation continued from s: the tree below it is one chain."""
+        nodes = self._tree.nodes
+        node = nodes[s.anchor]
+        if s.tail:
+            kids = [c for c in node.children if nodes[c].tokens.startswith(s.tail)]
+            if len(kids) != 1:
+                return len(kids) == 0
+            node = nodes[kids[0]]
+        while node.children:
+            if len(node.children) > 1:
+                return False
+            node = nodes[node.children[0]]
+        return True
+
+    def can_supersede(self, s: Snapshot) -> bool:
+        """Retained, and not a Boundary that another conversation continued from."""
+        if s.superseded:
+            return False
+        return s.kind != SnapshotKind.BOUNDARY or self._single_chain_below(s)
+
+    def supersede(self, s: Snapshot, tick: int) -> None:
+        """Mark s superseded at `tick` (check can_supersede first); the tree's retained
+        counters are the caller's."""
+        s.superseded = True
+        s.superseded_tick = tick
+        self.superseded[s.id] = None
+        self._mark_dependents(s)
+
+    def retain(self, s: Snapshot) -> bool:
+        """A superseded s is retained again (False when it was not superseded); the tree's
+        retained counters are the caller's."""
+        if not s.superseded:
+            return False
+        s.superseded = False
+        del self.superseded[s.id]
+        self._mark(s.id)
+        self._mark_dependents(s)
+        return True
+
+    # ---- Device slots (§5.4, §9.2) ---------------------------------------------------------
+
+    def slot_owners(self) -> list[tuple[int, Snapshot]]:
+        """(slot, snapshot) for every slot a published, unpinned snapshot owns, by slot."""
+        snaps = self.by_id
+        owned = [(slot, snaps[sid]) for slot, sid in self.slots.owned_by_snapshots()]
+        return [(slot, s) for slot, s in owned if not s.restore_pins]
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first broken invariant (O(snapshots x depth))."""
+        snaps = self.by_id
+        for slot, o in enumerate(self.slots.owners):
+            if o.state == SlotState.SNAPSHOT:
+                s = snaps.get(o.owner)
+                assert s is not None and s.device_slot == slot, f"slot {slot} owner mismatch"
+        assert set(self.superseded) == {s.id for s in snaps.values() if s.superseded}
+        for s in snaps.values():
+            assert self.by_key.get((s.anchor, s.tail)) == s.id, "§5.3 one snapshot per key"
+            if s.device_slot >= 0:
+                assert self.slots.owners[s.device_slot] == (SlotState.SNAPSHOT, s.id)
+            assert s.ancestor == self.find_ancestor(s), f"snapshot {s.id} ancestor link"
+            for t in s.dependents:
+                assert snaps[t].ancestor == s.id
+        assert len(self.by_key) == len(snaps)
+        assert {s.id for s in snaps.values() if s.ancestor is None} == self.root_deps
+        self.slots.check_invariants()
