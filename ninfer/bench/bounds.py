@@ -48,11 +48,11 @@ def timeit(fn: Callable[[], object], device: torch.device, iters: int, warmup: i
 def device_seconds(fn: Callable[[], object], device: torch.device, iters: int) -> float:
     """Best seconds of one call of `fn`. On CUDA: after `spin` (30 ms: clocks up from idle),
     `iters` batches of 5 calls back to back, timed by CUDA events; the best batch's mean. A host
-    timer around each call adds the launch and the synchronisation to a ~1 ms copy or product
-    (~4 % on the H200: a bound too loose, every fraction of it high); and the best batch, not a
-    long sustained run, is what the chip reaches: on one H200 the 8192^3 bf16 product ran at
-    708 TFLOP/s in short bursts and 676-681 after 0.3-0.5 s of it (clocks settle lower under
-    sustained load), so the burst figure makes the stricter MFU. On a CPU: `timeit`."""
+    timer around each call adds the launch and the synchronisation to a millisecond-long copy
+    or product (a bound too loose, every fraction of it high); and the best batch, not a long
+    sustained run, is what the chip reaches: clocks settle lower under sustained load, so the
+    burst figure makes the stricter MFU (docs/results-h200.md, sixth session, "What the
+    figures count now"). On a CPU: `timeit`."""
     if device.type != "cuda":
         return timeit(fn, device, iters)
     spin(fn, device, 0.03)
@@ -106,8 +106,8 @@ def readback_bandwidth(device: torch.device, mib: int = 256, iters: int = 5) -> 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None) -> float:
     """FLOP/s of an n x n x n matmul in `dtype` (n: 8192 on CUDA, 1024 on a CPU), random data;
-    `device_seconds`. Earlier versions timed single calls on the host after two warm-ups (H200
-    peaks of 741 to 803 TFLOP/s between machines, each read low by the launch and sync)."""
+    `device_seconds`, not single calls timed on the host, whose launch and synchronisation
+    would read the peak low."""
     n = n or (8192 if device.type == "cuda" else 1024)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)

@@ -14,8 +14,8 @@ allocated), which keeps them exact for dense and MoE shapes alike.
               + 6 * Hv * dk * dv * T per GDN layer    (state update and read-out)
 
 The LM head (vocab x hidden: 11 % of the 9B's matmul parameters, 5 % of the 27B's) multiplies
-only the rows whose logits are computed. Counting it for every prompt token, as the MFU of
-earlier versions did, overstated prefill FLOPs by those fractions.
+only the rows whose logits are computed. Counting it for every prompt token would overstate
+prefill FLOPs by those fractions.
 """
 
 from __future__ import annotations

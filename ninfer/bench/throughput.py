@@ -15,7 +15,7 @@
               at a time, each prefilling while the earlier ones decode), so the window holds
               about `decode_tokens` steps; under MIN_WINDOW_STEPS steps it is reported as too
               short instead of a number.
-      e2e     end to end, the figure of earlier versions: B requests of `decode_tokens` through
+      e2e     end to end: B requests of `decode_tokens` through
               `generate`, tokens generated after each one's first over the longest lane's
               first-token-to-finish time, so the staggered start (other lanes prefilling while
               this one decodes) is inside it.

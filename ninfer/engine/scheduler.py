@@ -6,8 +6,8 @@ this module decides, for the admitted lanes, the rows of one step:
   * every decoding lane contributes one row of one token (its last sampled token);
   * prefilling lanes (one at a time unless `concurrent_prefill`) share a budget of
     `prefill_chunk` tokens, in admission order; of `solo_chunk` tokens when no lane decodes
-    (nobody waits between tokens, so a lone prompt takes fewer, longer passes: on the H200 the
-    9B's 32k prompt in five passes instead of sixteen took 892 ms instead of 926).
+    (nobody waits between tokens, so a lone prompt takes fewer, longer passes, each with less
+    host time per token; measured: docs/results-h200.md, eleventh session).
 
 Chunk ends, for a lane at frontier s with prompt length n (planned exact tap e_x, spec §7.1):
 
@@ -25,9 +25,8 @@ otherwise taken at its start, spec §7.1; the prompt tail always is one). The sn
 inside the pass (`Slice.tap_at` = c: the GDN layers run the row in two parts, see
 `forward.GdnSplit`), one such row per step, moved to the step's end; a second one in the
 same step is cut at c instead (two passes). With budget = final_cap neither happens: a final
-chunk is at most the budget. On the H200 (one machine, docs/results-h200.md, thirteenth
-session) the 9B's 8k prompt took 202.1 ms with the tap inside, 204.5 ms cut into 6144 + 2048,
-and 199.8 ms in one pass with no tap.
+chunk is at most the budget. The tap inside the pass costs less than cutting the chunk in two
+(measured: docs/results-h200.md, thirteenth session).
 """
 
 from __future__ import annotations

@@ -7,16 +7,15 @@ of that pass reuse the plan. Four paths, by pass:
   `BatchDecodeWithPagedKVCacheWrapper` with tensor cores;
 - a prefill pass whose rows all start a sequence (no cached context: a cold prompt, its first
   chunk), run eagerly: `BatchPrefillWithRaggedKVCacheWrapper` over the pass's own k and v,
-  when the cache holds them unscaled in their dtype (H200, one 8k row of the 27B's heads:
-  1.27 ms against 1.80 ms paged; 9B's at 32k: 12.7 ms against 18.2 ms; fa3 both);
+  when the cache holds them unscaled in their dtype (faster than the paged kernel over the
+  same tokens: docs/results-h200.md, sixth session, "ragged attention");
 - the gathered path: a prefill pass over a cached context with enough queries per KV head
   (`gather_pays`; a long prompt's later chunks, a cached turn's new tokens, every gathered
   bucket of the prefill graphs), an unscaled cache in the queries' dtype, at most
   `GATHER_SCRATCH_BYTES` of K/V to copy: each row's K and V
   pages are copied into contiguous buffers (`kv_gather`, one launch) and the ragged kernel
   attends over them, queries aligned to the end of the keys as the paged kernel aligns them
-  (H200, 9B heads, a 2048-token chunk after 30k tokens: 1.64 ms with the gather, against 2.27
-  ms paged; `tools/device/bench_prefix_attention.py`);
+  (`tools/device/bench_prefix_attention.py`; docs/results-h200.md, tenth session);
 - anything else `BatchPrefillWithPagedKVCacheWrapper` (fa3 on sm_90 for bf16; fa2 for bf16 q
   over an fp8 cache).
 
@@ -38,21 +37,19 @@ Why `gather_graphs` is off by default (`GATHER_GRAPHS`): FlashInfer's fa3 ragged
 a row's last K/V tile whole, past the row's end into the next row's (or stale) scratch rows;
 those scores are masked, but P = 0 times a non-finite V is NaN, so one non-finite row poisons
 its right neighbour. A graph bucket's right neighbour is its padding row, computed on the
-shared scratch slot and page. On the H200 (2026-12-01) the warm-up's and the captures' rows of
-one repeated token made NaN GDN states with the matmul-product chunk inverse (`gdn_intra`,
-then the default), the padding rows carried them into the scratch, and a gathered replay's
-real row read them: NaN logits in every cold full run of tests/engine/test_engine_cuda.py.
-The GDN prefill now runs fla's stable solve; the engine test covers both graph kinds, and the
-paged kind stays the default: the gathered one was not faster through the engine (9B, 32k
-prompt: 892 ms with it, 886 ms without, not head to head: two machines). Why the NaN showed
-only in a machine's first process is not known. The scratch is zeroed when made, so no row
-ever reads uninitialised memory.
+shared scratch slot and page. The warm-up's and the captures' rows of one repeated token make
+NaN GDN states with the matmul-product chunk inverse (`gdn_intra`), the padding rows carry them
+into the scratch, and a gathered replay's real row reads them (docs/results-h200.md, eleventh
+and twelfth sessions). So the GDN prefill runs fla's stable solve (`CudaOps.gdn_intra =
+"fla"`), the engine's GPU test covers both graph kinds, and the paged kind stays the default:
+the gathered one is not faster through the engine (same sections). The scratch is zeroed when
+made, so no row ever reads uninitialised memory.
 
 Plans never overtake a queued pass: FlashInfer's plan() writes its work schedule into the
 wrapper's one page-locked buffer and queues an asynchronous copy of it to the device; a second
 plan() before the GPU has run that copy rewrites the buffer under it, and the earlier pass then
-runs the later pass's schedule (an illegal address, or silently wrong rows: seen with eager
-2048-token chunks of a 32k prompt, the host a pass ahead). So every plan() first waits for
+runs the later pass's schedule (an illegal address, or silently wrong rows, when the host runs
+a pass ahead, as with eager chunks of a long prompt). So every plan() first waits for
 the event recorded after the wrapper's previous one (`_PlanGuard`); it only ever waits when the
 host is a whole pass ahead of the GPU.
 """
@@ -70,7 +67,8 @@ from ninfer.ops.cuda.host import pinned, to_device
 
 WORKSPACE_BYTES = 256 << 20
 # The gathered path pays when the pass's query rows per KV head (q_len x GQA group), averaged
-# over its KV tokens, reach this: the measured break-even is ~1100 (9B and 27B heads, H200).
+# over its KV tokens, reach this: above the measured break-even, with a margin
+# (docs/results-h200.md, tenth session).
 GATHER_MIN_ROWS = 1536
 GATHER_SCRATCH_BYTES = 2 << 30  # the most K/V a gather may copy (a pass, the graphs' scratch)
 GATHER_GRAPHS = False  # prefill-graph buckets may capture the gathered path (module docstring)

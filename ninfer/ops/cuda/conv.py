@@ -42,10 +42,11 @@ class Tile(NamedTuple):
     warps: int
 
 
-# H200, 9B GDN channels (8192), 8k tokens, x a strided view of the in_proj: 0.173 ms (bound
-# 0.063); 64 x 128: 0.187; 27B's 10240 channels: 0.210 against 0.226 (tools/device/
-# bench_gdn_glue.py). A variant walking each tile's tokens in order, every input loaded once
-# into registers, ran at 0.23-0.60 ms (the K shifted loads of a tile hit the cache, presumably).
+# The prefill tile, chosen over the block shapes `tools/device/bench_gdn_glue.py` times at the
+# 9B's and 27B's GDN channel counts, x a strided view of the in_proj (docs/results-h200.md,
+# eighth session, "Conv tiles"). A variant walking each tile's tokens in order, every input
+# loaded once into registers, was slower than every tile shape: the K shifted loads of a tile
+# hit the cache.
 TILE = Tile(16, 256, 4)
 HEAD = 128  # the GDN head dim that causal_conv_qkv normalises over
 BLOCK_C = 128  # decode and state kernels: channels per program

@@ -6,14 +6,15 @@ like binomial coefficients when the keys point the same way (A[i, j] ~ beta for 
 their rounding errors do not cancel. Against the float64 inverse (largest entry 1), with tf32
 products: keys of mean cosine 0.7 and beta = 0.5, off by 1.8e3; one repeated key, beta = 0.5,
 by 4.6e5, beta = 0.9 by 1.1e13; even fp32 products give 2.1e9 there; random keys, 7e-5
-(`tools/gdn_inverse_stability.py`, CPU). A run of one repeated token is such a chunk:
-the engine's warm-up and prefill-graph capture passes (one token repeated) produced NaN
-states with it on the H200, which then reached a real row through the gathered attention's
-shared K/V scratch (`ninfer.ops.cuda.attention`). Random test inputs (near-orthogonal keys)
-never showed it: errors 2e-5 to 7e-5. So `CudaOps.gdn_intra` defaults to "fla" (fla's kkt + blocked
-triangular solve: substitution, stable), and this kernel stays for the benchmarks that
-compare the two (`tools/device/bench_gdn_intra.py`); making it stable (substitution on the
-16 x 16 diagonal blocks, products only to merge them, as fla does) is open.
+(`tools/gdn_inverse_stability.py`, CPU). A run of one repeated token is such a chunk, and
+the engine's warm-up and prefill-graph capture passes repeat one token: with this kernel they
+produce NaN states, which can reach a real row through the gathered attention's shared K/V
+scratch (`ninfer.ops.cuda.attention`; found on the device: docs/results-h200.md, twelfth
+session). Random test inputs (near-orthogonal keys) do not show it: errors 2e-5 to 7e-5.
+So `CudaOps.gdn_intra` defaults to "fla" (fla's kkt + blocked triangular solve: substitution,
+stable), and this kernel stays for the benchmarks that compare the two
+(`tools/device/bench_gdn_intra.py`); making it stable (substitution on the 16 x 16 diagonal
+blocks, products only to merge them, as fla does) is open.
 
 For every 64-token chunk of a row and every value head h (key head h // group), with k the
 chunk's keys [64, dk], beta [64], g [64] the chunk-local cumulative log2 decay:
@@ -38,13 +39,9 @@ ten 64 x 64 x 64 matmuls (five squarings, five products). In exact arithmetic it
 matrix; in floating point each product rounds differently from a substitution, so the GPU
 tests bound both against a float64 solve. `SOLVE` picks the matmul precision: "tf32" for bf16
 inputs (T is rounded to bf16 before the output matmuls, as fla does, which dominates the
-error: w and u within 0.29 % / 0.23 % of a float64 solve for tf32, tf32x3 and fla alike, on
-the H200 at the 9B's 8k shape), "tf32x3" (three tf32 products, about fp32 accuracy, twice the
-time) for fp32 inputs.
-
-Time, H200, one 8k-token row of the 9B's heads (16 key / 32 value heads; `tools/device/
-bench_gdn_intra.py`): 0.172 ms against fla's 0.198 ms (tuned on that length), 0.42 of the
-copy bound; the 27B's (16 / 48): 0.257 against 0.278 ms.
+error, for tf32, tf32x3 and fla alike), "tf32x3" (three tf32 products, about fp32 accuracy,
+twice the time) for fp32 inputs. Its time against fla's (`tools/device/bench_gdn_intra.py`):
+docs/results-h200.md, ninth session, "our own GDN intra kernel".
 
 Varlen layout as fla's: k [1, T, Hk, dk], v [1, T, Hv, dv], beta [1, T, Hv], g [1, T, Hv]
 fp32, all contiguous; `cu_seqlens` [R + 1] and `chunk_indices` [NC, 2] (row, chunk in row)

@@ -2,16 +2,16 @@
 where the compiled torch version is slow, the K/V write of an attention layer in one launch
 (the torch version takes six small kernels at decode: the row arithmetic and two index_copy_),
 the attention's q / k norm + partial RoPE in one launch per tensor, and its sigmoid output gate
-(compiled, those two read the strided q | gate halves at a fifth to a tenth of the copy rate:
-27B, 8k tokens, H200 profile: 0.53 ms for the RoPE of q, 0.375 ms for the gate, against
-bounds of ~0.05 and 0.07 ms), and the GDN layer's gated RMSNorm over the strided z view of the
-fused in_proj (compiled: 128 us a call at 27B, 8k tokens, against a 71 us bound).
+(compiled, those two read the strided q | gate halves at a fraction of the copy rate), and the
+GDN layer's gated RMSNorm over the strided z view of the fused in_proj (compiled, it stays well
+off its copy bound). Measured: docs/results-h200.md, seventh session, "GDN prefill glue".
 
 `torch.compile(dynamic=True)` turns `silu(gate) * up` into one kernel over a flat index, which
-it splits into (row, column) with a runtime 64-bit division per element; on the 27B's prefill
-([8192, 17408] halves) that kernel ran at a third of the copy rate (0.59 ms, profile of the
-third session). Here a 2-D grid (row, column block) needs no division. Math in fp32, one
-rounding to the output dtype (as the compiled version). Knows nothing about the model.
+it splits into (row, column) with a runtime 64-bit division per element, and that division
+bounds it well below the copy rate on prefill-sized halves (measured: docs/results-h200.md,
+fourth session, "Prefill glue"). Here a 2-D grid (row, column block) needs no division. Math
+in fp32, one rounding to the output dtype (as the compiled version). Knows nothing about the
+model.
 """
 
 from __future__ import annotations

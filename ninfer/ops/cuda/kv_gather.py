@@ -2,11 +2,12 @@
 buffers, so that FlashInfer's ragged prefill kernel can attend over a cached context (the
 gathered path of `attention.PagedAttention`).
 
-Why: on the H200, FlashInfer's fa3 paged prefill loads K/V tiles through the page table and
-runs at ~470 TFLOP/s at head_dim 256; the ragged kernel over contiguous K/V runs at ~650. For
-a 2048-token chunk after a 30k-token context the gather takes 0.08 ms and the attention drops
-from 2.27 to 1.64 ms (`tools/device/bench_prefix_attention.py`). For few queries per row
-the gather costs more than it saves, so the caller decides per pass.
+Why: FlashInfer's fa3 paged prefill loads K/V tiles through the page table and runs well
+below the ragged kernel over contiguous K/V at head_dim 256; with many queries per row the
+gather costs a small part of the attention time it saves, with few it costs more than it saves,
+so the caller decides per pass (`attention.gather_pays`). Measured with
+`tools/device/bench_prefix_attention.py`: docs/results-h200.md, tenth session, "gathered
+attention over a cached context".
 
 Layout: cache [pages, 2, 64, Hkv, D] (K plane 0, V plane 1; each page's planes contiguous);
 row r's pages are indices[page_indptr[r] : page_indptr[r + 1]] and its kv_len tokens land at

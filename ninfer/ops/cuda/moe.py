@@ -27,8 +27,8 @@ always replays the path it was captured with:
   of x.dtype, in favour of the fused sum. `block_fusable` says which MoE blocks it takes
   (`CudaOps.moe_block` runs it for those, else composes the block from its separate ops).
   At decode the work is a batch of matrix-vector products, bound by reading the weights, where
-  the grouped GEMM below (GEMM tiles over a few rows per expert) was ~6x off that bound on an
-  H200 at 35B-A3B shapes (`tools/device/bench_moe.py` compares the two). The shared expert's
+  the grouped GEMM below (GEMM tiles over a few rows per expert) stays far off that bound
+  (`tools/device/bench_moe.py` compares the two; docs/results-h200.md). The shared expert's
   weights stay where the model keeps them (its own gate_up [2I, H] and down [H, I]): the gate_up
   kernel picks their base pointer for pair top_k, the down kernel reads them as one more tile.
   Each pair reads its rows once, so at N tokens the shared expert is read N times (from L2 after

@@ -41,9 +41,9 @@ def even(n: int) -> int:
 
 def tables(q_lens: list[int], ctx_lens: list[int]) -> torch.Tensor:
     """The five tables of the module docstring, in that order, each padded to `even`: one
-    int64 host tensor. Long passes build it by vectorised ops (Python lists of an 8k-token
-    prompt took ~1.5 ms of host time, on the path before its first GDN layer can launch),
-    short ones from lists (a dozen small torch ops cost ~0.15 ms: more than the lists)."""
+    int64 host tensor. Long passes build it by vectorised ops (Python lists of a long prompt
+    cost host time on the path before its first GDN layer can launch), short ones (up to
+    SHORT_PASS tokens) from lists, where a dozen small torch ops cost more than the lists."""
     if sum(q_lens) <= SHORT_PASS:
         return torch.tensor(_table_lists(q_lens, ctx_lens), dtype=torch.int64)
     q = torch.tensor(q_lens, dtype=torch.int64)
