@@ -256,11 +256,17 @@ class Runner:
         """Sample every row at once; if that raises, row by row, so that a row whose sampling
         fails fails alone (`RowSamples.errors`) and the others get their tokens."""
         params, gens = [r.sample for r in want], [r.generator for r in want]
+        # A fault can strike after the batch call advanced some seeded generators: the row-by-row
+        # retry starts each from where it stood before the step, so a neighbour draws as in a
+        # cold run. (Host-side generator state: no device sync.)
+        before = [(g, g.get_state()) for g in gens if g is not None]
         try:
             return self.sampler(logits, params, gens)
         except Exception as e:
             if is_fatal(e):  # a poisoned context: nothing to retry
                 raise
+            for g, state in before:
+                g.set_state(state)
             rows = [self._sample_row(logits, params, gens, i) for i in range(len(want))]
             return RowSamples(rows, logits.device)
 
