@@ -56,9 +56,9 @@ class DeviceRates:
         return PREFILL_FRACTION * peak
 
 
-# One H200, for a CUDA device nobody probed: the bf16 8192^3 product and the pinned Host copies
-# as docs/results-h200.md measured them; fp32 without tensor cores below the datasheet's 67
-# TFLOP/s (torch keeps TF32 off for fp32 matmuls by default).
+# Planning constants for a CUDA device nobody probed, from one H200: the bf16 8192^3 product and
+# the pinned Host copies as docs/results-h200.md measured them; fp32 without tensor cores below
+# the datasheet's 67 TFLOP/s (torch keeps TF32 off for fp32 matmuls by default).
 CUDA_NOMINAL = DeviceRates(
     half_flops_per_s=780e12,
     fp32_flops_per_s=50e12,
@@ -147,8 +147,8 @@ def pass_seconds(model: Qwen35Config, tokens: int, flops_per_s: float | None = N
     return prefill_seconds(model, rate, tokens)
 
 
-# An eager prefill pass's host time: Python and kernel launches per layer, profiled on the H200
-# (docs/results-h200.md, the solo chunk).
+# Planning constants: an eager prefill pass's host time, Python and kernel launches per layer, as
+# profiled on the H200 (docs/results-h200.md, eleventh session, the solo chunk).
 HOST_S_PER_GDN_LAYER = 2.4e-3
 HOST_S_PER_FULL_LAYER = 1.05e-3
 
