@@ -1,6 +1,7 @@
-"""CUDA ops for ninfer: FlashInfer paged attention, fla-core / Triton gated delta rule, torch
-causal conv. Importing this package needs only torch; the kernel libraries are imported when a
-`CudaOps` is built, so CPU-only machines can import it and ask `cuda_ops_available()`.
+"""CUDA ops for ninfer: FlashInfer attention, fla-core / Triton gated delta rule, Triton causal
+conv, glue and skinny GEMMs. Importing this package needs only torch; the kernel libraries are
+imported when a `CudaOps` is built, so CPU-only machines can import it and ask
+`cuda_ops_available()`.
 """
 
 from __future__ import annotations
