@@ -39,9 +39,11 @@ class Option:
     """What one engine option accepts and what its command-line flag says.
 
     Rules: a bool option is a switch (`--no-NAME` when it defaults to True, else `--NAME`);
-    `kind` int or float is checked (never a bool) against `lo`..`hi`; an option with `auto`
-    also takes the string "auto" (= derive it); `choices` lists a string option's values;
-    None is accepted where the default is None (= derive it)."""
+    an int option with a `lo`, and a float option, are checked (a bool is not a number)
+    against `lo`..`hi`; an option with `auto` also takes the string "auto" (= derive it);
+    `choices` lists a string option's values; None is accepted where the default is None
+    (= derive it). A new option is one field here: `LLM`'s signature and checks and the
+    command line's flag follow from it."""
 
     help: str  # the flag's help text: explains itself, cites no document outside the package
     metavar: str | None = None  # the flag's value name (None: the option's name in capitals)
@@ -169,9 +171,10 @@ def _check_option(name: str, value: object, default: object, option: Option) -> 
     elif option.kind is int and option.lo is not None:
         _check_int(name, value, int(option.lo), option.hi)
     elif option.kind is float:
+        lo = option.lo or 0
         ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if not ok or not value >= (option.lo or 0):
-            raise ValueError(f"{name} must be a number >= {option.lo:g}, got {value!r}")
+        if not ok or not value >= lo:  # (NaN fails too)
+            raise ValueError(f"{name} must be a number >= {lo:g}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,3 +140,16 @@ def test_resolve_runs_once_per_engine(monkeypatch):
     with LLM(device="cpu", kv_capacity=4096, host_cache_mib=0, max_concurrency=2) as engine:
         assert len(seen) == 1 and engine.engine_config is seen[0]
         assert engine.engine_config.kv_pages == 64 and engine.engine_config.max_concurrency == 2
+
+
+def test_the_flags_are_built_without_importing_torch():
+    """`ninfer --help` reads the option declarations only: ninfer.config stays torch-free."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from ninfer.cli.main import build_parser; build_parser(); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
