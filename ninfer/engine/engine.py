@@ -105,7 +105,7 @@ class Engine:
         self.faults_contained = 0  # step and lane faults survived (Host faults: CacheStats)
         self._fault_streak = 0  # steps in a row that raised (MAX_FAULT_STREAK ends the engine)
         # spec §5.5: the Host tier is restored before any request and saved at the orderly stop
-        self.persistence = persistence  # engine/persistence.PrefixCacheFile or None
+        self.persistence = persistence  # persist/cache_file.PrefixCacheFile or None
         self._save_on_stop = True
         if persistence is not None:
             persistence.load(self.kv_state)
