@@ -227,8 +227,8 @@ def _final_checks(llm, report: SoakReport, requests: int, max_growth_mib: float)
             assert b.states.num_free_active == b.states.active_slots, "state slots leaked"
             if b.index is not None:
                 assert not b.index.lanes and not b.index.batches, "index lanes or batches open"
-                pinned = [n.id for n in b.index.tree.nodes.values() if n.active_refs]
-                pinned += [n.id for n in b.index.tree.nodes.values() if n.restore_pins]
+                pinned = [n.id for n in b.index.blocks.tree.nodes.values() if n.active_refs]
+                pinned += [n.id for n in b.index.blocks.tree.nodes.values() if n.restore_pins]
                 assert not pinned, f"nodes still pinned: {pinned[:5]}"
         except AssertionError as e:
             return str(e) or "invariant broken"

@@ -51,7 +51,7 @@ class AdmissionMixin:
         n = prompt.n_tokens
         limit = min((n - 1) // BLOCK_TOKENS if n > 0 else 0, len(prompt.hashes))
         data, hashes, extras = prompt.data, prompt.hashes, prompt.extras
-        tree = self.tree
+        tree = self.blocks.tree
         by_hash = tree._by_hash.get
         path: list[int] = []
         anchored = []  # (depth, node, stats) for nodes holding snapshots
@@ -111,7 +111,7 @@ class AdmissionMixin:
             blocks = st.host_only
             tail = bool(s.tail) and s.tail_device == _ABSENT
             image = s.device_state == _ABSENT
-            tail_in_lru = DeviceEntry(EntryKind.TAIL, s.id) in self.lru
+            tail_in_lru = DeviceEntry(EntryKind.TAIL, s.id) in self.blocks.lru
             evictable = evictable_now - st.in_lru - tail_in_lru
         nbytes = (blocks + tail) * cfg.slab_bytes + image * cfg.image_bytes
         need = blocks + tail + (f % BLOCK_TOKENS != 0) + max(0, ent - ceil_div(f, BLOCK_TOKENS))
@@ -124,7 +124,7 @@ class AdmissionMixin:
         """§6.2-§6.3: choose the source and classify readiness. Mutates nothing, pins nothing."""
         n, ent = prompt.n_tokens, params.entitlement_pages
         blocked = self._blocked_nodes()
-        ev = len(self.lru) - len(blocked)
+        ev = len(self.blocks.lru) - len(blocked)
         path, cands, root_stats = self._walk_prompt(prompt, blocked)
         match = _match_result(path, cands)
         s_star = s_dev = None

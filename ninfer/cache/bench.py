@@ -76,7 +76,7 @@ def build_tree(
     step = max(1, len(path) // on_path)
     anchors = [path[min(len(path), (k + 1) * step) - 1] for k in range(on_path)] + ends
     # unique (a zero-length branch ends on the path), parents first: cheap linking
-    anchors = sorted(dict.fromkeys(anchors), key=lambda nid: ix.tree.nodes[nid].depth)
+    anchors = sorted(dict.fromkeys(anchors), key=lambda nid: ix.blocks.tree.nodes[nid].depth)
     for nid in anchors:
         ix.load_snapshot(nid, b"", hits=rng.randrange(3))
     gc.enable()
@@ -124,7 +124,7 @@ def run_cache_bench(
     return {
         "prompt_tokens": n_tokens,
         "prompt_blocks": len(hashes),
-        "tree_blocks": len(ix.tree),
+        "tree_blocks": len(ix.blocks.tree),
         "snapshots": len(ix.snapshots),
         "build_tree_s": round(build_s, 2),
         "matched_blocks": len(q.match.path),

@@ -5,12 +5,12 @@ slabs and pages to copy between. It never imports torch or knows a KV dtype. One
 is its only caller; every mutating method bumps `cache_epoch`, so a quote made before any
 mutation is detectably stale. Its parts:
 
+    blocks     BlockStore (blocks.py): the block tree, the Device LRU, the dead-KV set, the
+               Device pages freed since the last result
     snapshots  SnapshotStore (snapshot_store.py): snapshots by id and key, ancestor links,
                supersession order, the Device snapshot slot table
     host_tier  HostTier (host_tier.py): the Host slab pool and the GDSF priorities
-    tree, lru, dead, freed   the block tree, the Device LRU, the dead-KV set, the pages freed
-               since the last result
-    lanes, batches           the lanes' pins and the transfers in flight
+    lanes, batches   the lanes' pins and the transfers in flight (the index's own)
 
 The index runs the lane protocol and every rule that spans parts (deleting a block deletes the
 snapshots anchored under it and frees their slabs; §9.3's Host eviction order); the stores do
@@ -30,10 +30,10 @@ Invariants (spec §10; `check_invariants` checks every one that is checkable wit
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from ninfer.cache.admission import AdmissionMixin
+from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import (
     ROOT,
     LaneError,
@@ -42,7 +42,6 @@ from ninfer.cache.common import (
     Span,
 )
 from ninfer.cache.cost import CacheCostModel
-from ninfer.cache.device_lru import DeviceEntry, DeviceLru, EntryKind
 from ninfer.cache.host_pool import HostSlabPool
 from ninfer.cache.host_tier import HostTier
 from ninfer.cache.invariants import check_index
@@ -62,7 +61,8 @@ from ninfer.cache.snapshots import Snapshot
 from ninfer.cache.stats import CacheStats
 from ninfer.cache.taps import Tap, TapHint
 from ninfer.cache.taps import plan_taps as plan_taps_fn
-from ninfer.cache.tree import BlockNode, BlockTree
+from ninfer.cache.transfers import TransferMixin
+from ninfer.cache.tree import BlockNode
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
@@ -76,6 +76,7 @@ class PrefixIndex(
     PrefetchMixin,
     LoadMixin,
     AdmissionMixin,
+    TransferMixin,
     LivenessMixin,
 ):
     """The hybrid prefix cache index. See the module docstring for its invariants."""
@@ -84,12 +85,10 @@ class PrefixIndex(
         if config.slab_bytes <= 0 or config.image_bytes <= 0 or config.host_cache_bytes < 0:
             raise ValueError(f"invalid cache sizes in {config}")
         self.config, self.cost = config, cost
-        self.tree = BlockTree()
-        self.snapshots = SnapshotStore(config.device_snapshot_slots, self.tree, self._revalue)
-        self.host_tier = HostTier(config, cost, self.tree, self.snapshots.by_id)
-        self.lru = DeviceLru()
-        self.dead: OrderedDict[int, None] = OrderedDict()  # dead-KV sweep order
-        self.freed: list[int] = []  # Device pages freed since the last result
+        self.blocks = BlockStore(self._revalue)
+        tree = self.blocks.tree
+        self.snapshots = SnapshotStore(config.device_snapshot_slots, tree, self._revalue)
+        self.host_tier = HostTier(config, cost, tree, self.snapshots.by_id)
         self.lanes: dict[int, Lane] = {}
         self.batches: dict[int, TransferRecord] = {}
         self.counters = CacheStats()
@@ -120,10 +119,6 @@ class PrefixIndex(
     def _revalue(self, sid: int) -> None:
         self.host_tier.mark(sid)
 
-    def _take_freed(self) -> list[int]:
-        out, self.freed = self.freed, []
-        return out
-
     def _lane(self, lane: int, activated: bool | None = True) -> Lane:
         rec = self.lanes.get(lane)
         if rec is None:
@@ -142,7 +137,7 @@ class PrefixIndex(
 
     def node(self, nid: int) -> BlockNode:
         """The node record (read-only for callers). KeyError if it does not exist."""
-        return self.tree.nodes[nid]
+        return self.blocks.tree.nodes[nid]
 
     def snapshot(self, sid: int) -> Snapshot:
         """The snapshot record (read-only for callers). KeyError if it does not exist."""
@@ -157,7 +152,7 @@ class PrefixIndex(
         The gauges are counted over every node and snapshot (O(tree)): call it on demand, not
         once per engine step."""
         st = self.counters
-        nodes = [n for n in self.tree.nodes.values() if n.id != ROOT]
+        nodes = [n for n in self.blocks.tree.nodes.values() if n.id != ROOT]
         st.nodes = len(nodes)
         st.nodes_device = sum(n.device_state != _ABSENT for n in nodes)
         st.nodes_host = sum(n.host_state != _ABSENT for n in nodes)
@@ -174,7 +169,7 @@ class PrefixIndex(
             for s in self.snapshots.by_id.values()
             if s.host_state != _ABSENT
         )
-        st.device_evictable_pages = len(self.lru)
+        st.device_evictable_pages = len(self.blocks.lru)
         st.host_slabs_free = self.host_tier.free_slabs
         st.host_slabs_total = self.host_tier.n_slabs
         st.gdsf_l = self.host_tier.L
@@ -184,35 +179,7 @@ class PrefixIndex(
         """Raise AssertionError naming the first broken invariant (O(everything))."""
         check_index(self)
 
-    # ---- Device eviction (§9.1, §9.5) ------------------------------------------------------
-
-    def _next_lru_victim(self) -> DeviceEntry | None:
-        for entry in self.lru.backed:
-            return entry
-        for entry in self.lru.unbacked:
-            if entry.kind == EntryKind.TAIL:
-                return entry
-            if not self._subtree_pinned(self.tree.nodes[entry.id]):
-                return entry  # its subtree goes with it (§9.4): nothing there may be pinned
-        return None
-
-    def _evict(self, n: int) -> None:
-        """Free at least n Device pages into self.freed (fewer if the LRU runs dry)."""
-        target = len(self.freed) + n
-        st = self.counters
-        while len(self.freed) < target:
-            entry = self._next_lru_victim()
-            if entry is None:
-                return
-            backed = self.lru.is_backed(entry)
-            if backed:
-                st.device_evicted_backed += 1
-            else:
-                st.device_evicted_unbacked += 1
-            if entry.kind == EntryKind.NODE:
-                self._drop_node_device(self.tree.nodes[entry.id])
-            else:
-                self._drop_tail_device(self.snapshots.by_id[entry.id])
+    # ---- Device eviction (§9.5) --------------------------------------------------------------
 
     def evict_device_pages(self, n: int) -> list[int]:
         """§9.5: free >= n cached Device pages for active growth (fewer if not enough are
@@ -221,165 +188,7 @@ class PrefixIndex(
         self._mutated()
         if n > 0:
             self._evict(n)
-        return self._take_freed()
-
-    # ---- Host eviction (§9.3): dead KV, then superseded snapshots, then GDSF ---------------
-
-    def _sweep_dead_one(self) -> bool:
-        """§9.3 step 1: reclaim one dead-KV slab (leaves first). False when none is dead."""
-        nid = next(iter(self.dead), None)
-        if nid is None:
-            return False
-        self.counters.host_dead_kv_reclaimed += 1
-        self._drop_node_host(self.tree.nodes[nid])
-        return True
-
-    def _oldest_superseded_host(self) -> Snapshot | None:
-        for sid in self.snapshots.superseded:
-            s = self.snapshots.by_id[sid]
-            if s.host_state == _RESIDENT and not s.restore_pins:
-                return s
-        return None
-
-    def _host_alloc(self, k: int, bound: float | None = None) -> list[int] | None:
-        """k Host slabs, evicting as §9.3 orders, or None (and a partial eviction) if impossible.
-
-        `bound`: an image write's own H; GDSF stops at a victim worth more (never inserts what
-        it would evict next). Block writes pass None (not bounded).
-        """
-        tier = self.host_tier
-        if tier.pool is None or k > tier.n_slabs:
-            return None
-        while tier.free_slabs < k:
-            if self._sweep_dead_one():
-                continue
-            s = self._oldest_superseded_host()
-            if s is not None:
-                self.counters.host_superseded_evicted += 1
-                self._delete_snapshot(s)  # both copies; L unchanged
-                continue
-            tier.flush()
-            v = tier.victim()
-            if v is None or (bound is not None and v.h > bound):
-                if v is not None:
-                    self.counters.host_image_writes_refused += 1
-                self.counters.host_alloc_failures += 1
-                return None
-            tier.charge(v.h)
-            self.counters.host_gdsf_evicted += 1
-            if v.device_complete:
-                self._drop_snapshot_host(v)  # still restorable from the Device
-            else:
-                self._delete_snapshot(v)
-        return tier.allocate(k)
-
-    # ---- transfers landing -----------------------------------------------------------------
-
-    def on_restore_landed(self, batch_id: int) -> None:
-        """Filling -> Resident for a restore batch's nodes and tail; drops the batch's pins."""
-        b = self.batches.pop(batch_id)
-        assert b.kind == "restore", f"batch {batch_id} is a {b.kind} batch"
-        self._mutated()
-        for nid in b.nodes:
-            node = self.tree.nodes[nid]
-            node.device_state = _RESIDENT
-            node.restore_pins -= 1
-            self._node_changed(node)
-        if b.nodes:
-            self._order_path(b.nodes[-1])  # deeper blocks are evicted first (§7.7, §9.1)
-        if b.snapshot is not None:
-            s = self.snapshots.by_id[b.snapshot]
-            if b.tail:
-                s.tail_device = _RESIDENT
-            s.restore_pins -= 1
-            self._tail_changed(s)
-        if b.lane is not None and b.lane in self.lanes:
-            self.lanes[b.lane].restore_batch = None
-
-    def on_write_through_landed(self, batch_id: int) -> None:
-        """Host Filling -> Resident for a write batch; written nodes/tails become evictable
-        (backed), nodes in reverse block order."""
-        b = self.batches.pop(batch_id)
-        assert b.kind in ("blocks", "snapshot"), f"batch {batch_id} is a {b.kind} batch"
-        self._mutated()
-        for nid in reversed(b.nodes):
-            node = self.tree.nodes[nid]
-            node.host_state = _RESIDENT
-            node.restore_pins -= 1
-            self._node_changed(node)
-        if b.nodes:
-            self._order_path(b.nodes[-1])  # behind the path's shallower blocks (§7.7 step 2)
-        if b.snapshot is not None:
-            s = self.snapshots.by_id[b.snapshot]
-            s.host_state = _RESIDENT
-            s.restore_pins -= 1
-            self.host_tier.mark(s.id)
-            self._tail_changed(s)
-
-    # ---- transfers that never ran (the engine's Host-fault containment) ---------------------
-
-    def abort_write_through(self, batch_id: int) -> list[int]:
-        """A write batch (blocks or snapshot) that never ran: its nodes and snapshot lose the
-        Host copy they were getting (Filling -> Absent, slabs freed, pins dropped); an entry
-        left without a copy is deleted (§9.4). Unknown ids are ignored (already undone).
-        Returns the Device pages freed."""
-        b = self.batches.pop(batch_id, None)
-        if b is None:
-            return []
-        self._mutated()
-        nodes = self.tree.nodes
-        for nid in reversed(b.nodes):
-            node = nodes.get(nid)
-            if node is None or node.host_state != _FILLING:
-                continue
-            node.restore_pins -= 1
-            self._drop_node_host(node)
-        if b.snapshot is not None:
-            s = self.snapshots.by_id.get(b.snapshot)
-            if s is not None and s.host_state == _FILLING:
-                s.restore_pins -= 1
-                self._drop_snapshot_host(s)
-        return self._take_freed()
-
-    def abort_restore(self, batch_id: int) -> list[int]:
-        """A restore or prefetch batch that never (fully) ran: its targets go back to
-        Device-absent (their pages freed), the staged lane that began it is cancelled, and the
-        Host copies it read are dropped (a fault may have left them unreadable; an entry left
-        without a copy is deleted, deepest first, never under a pin). Unknown ids are ignored.
-        Returns the Device pages freed (the lane's state slot stays the caller's)."""
-        b = self.batches.pop(batch_id, None)
-        if b is None:
-            return []
-        self._mutated()
-        nodes = self.tree.nodes
-        for nid in b.nodes:
-            node = nodes[nid]
-            if node.device_state == _FILLING:
-                self.freed.append(node.device_page)
-                node.device_page, node.device_state = -1, _ABSENT
-            node.restore_pins -= 1
-            self._node_changed(node)
-        snap = None
-        if b.snapshot is not None:
-            snap = self.snapshots.by_id[b.snapshot]
-            if b.tail and snap.tail_device == _FILLING:
-                self.freed.append(snap.tail_page)
-                snap.tail_page, snap.tail_device = -1, _ABSENT
-            snap.restore_pins -= 1
-            self._tail_changed(snap)
-        if b.lane is not None and b.lane in self.lanes:
-            self.lanes[b.lane].restore_batch = None
-            taken = self.cancel_stage(b.lane)  # it takes the pages freed so far: put them back
-            self.freed.extend(taken)
-        for nid in reversed(b.nodes):
-            node = nodes.get(nid)
-            if node is None or node.host_state == _ABSENT or self._subtree_pinned(node):
-                continue
-            self._drop_node_host(node)
-        live = snap is not None and b.snapshot in self.snapshots.by_id and not snap.restore_pins
-        if live and snap.host_state != _ABSENT:
-            self._drop_snapshot_host(snap)
-        return self._take_freed()
+        return self.blocks.take_freed()
 
     def plan_taps(
         self,

@@ -9,52 +9,29 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ninfer.cache.common import BLOCK_BYTES, ROOT, Residency
-from ninfer.cache.device_lru import DeviceEntry, EntryKind
+from ninfer.cache.common import Residency
 from ninfer.cache.device_slots import SlotState
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
 
 def check_index(ix) -> None:
-    _check_tree(ix)
+    """The stores' own invariants interleaved with the ones across stores, in an order where
+    the first failure names the broken invariant rather than a consequence of it."""
+    ix.blocks.check_tree(ix.host is not None)
     _check_ownership(ix)
     _check_counters(ix)
-    _check_membership(ix)
+    ix.blocks.check_membership(ix.snapshots.by_id)
+    _check_staging(ix)
     _check_snapshots(ix)
     ix.snapshots.check_invariants()
     ix.host_tier.check_invariants()
 
 
-def _check_tree(ix) -> None:
-    nodes = ix.tree.nodes
-    keys = set()
-    for n in nodes.values():
-        if n.id == ROOT:
-            continue
-        p = nodes.get(n.parent)
-        assert p is not None and n.id in p.children, f"§5.2 node {n.id} not linked to parent"
-        assert n.depth == p.depth + 1, f"node {n.id} depth"
-        assert len(n.tokens) == BLOCK_BYTES, f"node {n.id} holds a partial block"
-        key = (n.parent, n.tokens, n.extra)
-        assert key not in keys, f"§10.2 duplicate node for key of {n.id}"
-        keys.add(key)
-        assert n.has_copy, f"§9.4 node {n.id} has no copy but exists"
-        assert (n.device_page >= 0) == (n.device_state != _ABSENT), f"node {n.id} device page"
-        assert (n.host_slab >= 0) == (n.host_state != _ABSENT), f"node {n.id} host slab"
-        if ix.host is None:
-            assert n.host_state == _ABSENT, f"node {n.id} Host copy without a Host tier"
-        if n.device_state == _FILLING or n.host_state == _FILLING:
-            assert n.restore_pins > 0, f"§10.6 Filling node {n.id} is not pinned"
-        for c in n.children:
-            assert nodes[c].parent == n.id
-    ix.tree.check_hash_map()
-
-
 def _check_ownership(ix) -> None:
     """§10.1: each cached page and each Host slab has exactly one owner."""
     pages, slabs = Counter(), Counter()
-    for n in ix.tree.nodes.values():
+    for n in ix.blocks.tree.nodes.values():
         if n.device_page >= 0:
             pages[n.device_page] += 1
         if n.host_slab >= 0:
@@ -76,10 +53,10 @@ def _check_ownership(ix) -> None:
 
 
 def _check_counters(ix) -> None:
-    nodes = ix.tree.nodes
+    nodes = ix.blocks.tree.nodes
     live, ret, xor = Counter(), Counter(), Counter()
     for s in ix.snapshots.by_id.values():
-        for n in ix.tree.ancestors(nodes[s.anchor]):
+        for n in ix.blocks.tree.ancestors(nodes[s.anchor]):
             live[n.id] += 1
             if not s.superseded:
                 ret[n.id] += 1
@@ -108,34 +85,8 @@ def _check_counters(ix) -> None:
         assert s.restore_pins == pins[("s", s.id)], f"restore_pins of snapshot {s.id}"
 
 
-def _check_membership(ix) -> None:
-    nodes = ix.tree.nodes
-    want = {}
-    for n in nodes.values():
-        if (
-            n.id != ROOT
-            and n.device_state == _RESIDENT
-            and not n.active_refs
-            and not n.restore_pins
-        ):
-            want[DeviceEntry(EntryKind.NODE, n.id)] = n.host_state == _RESIDENT
-    for s in ix.snapshots.by_id.values():
-        if s.tail and s.tail_device == _RESIDENT and not s.restore_pins:
-            want[DeviceEntry(EntryKind.TAIL, s.id)] = s.host_state == _RESIDENT
-    have = {e: True for e in ix.lru.backed} | {e: False for e in ix.lru.unbacked}
-    assert len(ix.lru.backed) + len(ix.lru.unbacked) == len(have), "LRU entry in both lists"
-    assert have == want, "§9.1 Device LRU membership or backed/unbacked list is wrong"
-    dead = {
-        n.id
-        for n in nodes.values()
-        if n.id != ROOT
-        and n.host_state == _RESIDENT
-        and n.live_below == 0
-        and not n.active_refs
-        and not n.restore_pins
-        and (n.device_state == _RESIDENT or not n.children)
-    }
-    assert dead == set(ix.dead), "§9.3 dead-KV set is wrong"
+def _check_staging(ix) -> None:
+    """A staging slot is held by the lane that allocated it."""
     staging = {(slot, lane.id) for lane in ix.lanes.values() for slot in lane.staging}
     for slot, o in enumerate(ix.snapshots.slots.owners):
         if o.state == SlotState.STAGING:
@@ -145,7 +96,7 @@ def _check_membership(ix) -> None:
 
 def _check_snapshots(ix) -> None:
     """The records against the tree and the Host tier (the store checks its own links)."""
-    nodes = ix.tree.nodes
+    nodes = ix.blocks.tree.nodes
     for s in ix.snapshots.by_id.values():
         anchor = nodes.get(s.anchor)
         assert anchor is not None and s.id in anchor.snapshots, f"snapshot {s.id} anchor"

@@ -55,7 +55,7 @@ class LaneMixin:
         #                 pinned (shared)  | recomputed: touched only (MRU), committed later
         a = f // BLOCK_TOKENS
         path = quote.match.path
-        nodes, snaps = self.tree.nodes, self.snapshots.by_id
+        nodes, snaps = self.blocks.tree.nodes, self.snapshots.by_id
         s = None if quote.source is None else snaps[quote.source]
         rec = Lane(
             lane,
@@ -70,10 +70,10 @@ class LaneMixin:
             node = nodes[nid]
             node.active_refs += 1
             node.last_access = t
-            self._node_changed(node)
+            self.blocks.node_changed(node)
         for nid in reversed(path[a:]):  # a hit moves the whole path to MRU, deepest first
             nodes[nid].last_access = t
-            self.lru.touch(DeviceEntry(EntryKind.NODE, nid))
+            self.blocks.touch(nid)
         st = self.counters
         st.lookups += 1
         st.reuse_tokens += f
@@ -91,7 +91,7 @@ class LaneMixin:
             s.last_hit = t
             self._retain(s)  # a hit on a superseded snapshot retains it again (§9.3)
             self.host_tier.mark(s.id)
-            self._tail_changed(s)
+            self.blocks.tail_changed(s)
         self.lanes[lane] = rec
         deficit = quote.need_pages - free_pages
         if deficit > 0:
@@ -105,7 +105,7 @@ class LaneMixin:
             source=quote.source,
             frontier=f,
             path=list(rec.path),
-            evicted_pages=self._take_freed(),
+            evicted_pages=self.blocks.take_freed(),
             restore_pages_needed=restore,
             source_slot=-1 if s is None or s.device_state != _RESIDENT else s.device_slot,
             source_tail_page=-1 if s is None or s.tail_device != _RESIDENT else s.tail_page,
@@ -121,7 +121,7 @@ class LaneMixin:
         Host-only.
         """
         rec = self._lane(lane, activated=False)
-        nodes = self.tree.nodes
+        nodes = self.blocks.tree.nodes
         todo = [nodes[nid] for nid in rec.path if nodes[nid].device_state == _ABSENT]
         s = None if rec.source is None else self.snapshots.by_id[rec.source]
         tail = s is not None and bool(s.tail) and s.tail_device == _ABSENT
@@ -138,7 +138,7 @@ class LaneMixin:
         for node, page in zip(todo, pages, strict=False):
             node.device_page, node.device_state = page, _FILLING
             node.restore_pins += 1
-            self._node_changed(node)
+            self.blocks.node_changed(node)
             batch.nodes.append(node.id)
             blocks.append(BlockCopy(node.id, page, node.host_slab))
         tail_copy = image_copy = None
@@ -172,7 +172,7 @@ class LaneMixin:
             s = self.snapshots.by_id[rec.source]
             s.restore_pins -= 1
             rec.source_pinned = False
-            self._tail_changed(s)
+            self.blocks.tail_changed(s)
 
     def cancel_stage(self, lane: int) -> list[int]:
         """Undo stage before activate. A begun restore must have landed (LaneError
@@ -183,13 +183,13 @@ class LaneMixin:
         self._mutated()
         self._unpin_source(rec)
         for slot in rec.staging:
-            self.snapshots.slots.release(slot)
+            self.snapshots.release_slot(slot)
         for nid in reversed(rec.path):
-            node = self.tree.nodes[nid]
+            node = self.blocks.tree.nodes[nid]
             node.active_refs -= 1
-            self._node_changed(node)
+            self.blocks.node_changed(node)
         del self.lanes[lane]
-        return self._take_freed()
+        return self.blocks.take_freed()
 
     # ---- release (§7.6 write-through, §7.7 step 2) -----------------------------------------
 
@@ -200,9 +200,9 @@ class LaneMixin:
         rec = self._lane(lane)
         t = self._mutated()
         for slot in rec.staging:
-            self.snapshots.slots.release(slot)
+            self.snapshots.release_slot(slot)
         rec.staging.clear()
-        nodes = self.tree.nodes
+        nodes = self.blocks.tree.nodes
         blocks: list[BlockCopy] = []
         if self.host is not None:
             # Allocate while the path is still pinned, so eviction cannot touch it.
@@ -223,8 +223,8 @@ class LaneMixin:
             node = nodes[nid]
             node.active_refs -= 1
             node.last_access = t
-            self._node_changed(node)
-            if DeviceEntry(EntryKind.NODE, nid) in self.lru:
+            self.blocks.node_changed(node)
+            if DeviceEntry(EntryKind.NODE, nid) in self.blocks.lru:
                 added.append(nid)
         del self.lanes[lane]
         write = None
@@ -233,4 +233,4 @@ class LaneMixin:
             nbytes = len(blocks) * self.config.slab_bytes
             self.counters.write_through_bytes += nbytes
             write = BlockWriteBatch(bid, blocks, nbytes)
-        return ReleaseResult(write, added, self._take_freed())
+        return ReleaseResult(write, added, self.blocks.take_freed())

@@ -1,9 +1,11 @@
-"""Residency bookkeeping shared by the PrefixIndex: counters along paths, Device LRU and dead-KV
-membership, supersession's counters, and deletion when a last copy goes (spec §5.3, §9.4).
+"""Rules of the PrefixIndex that span its stores (spec §5.3, §9.1, §9.3, §9.4): what eviction
+can free, supersession with the tree's retained counters, dropping copies, and deletion when a
+last copy goes (a block takes its subtree and the snapshots anchored there, with their slots,
+tail pages and slabs).
 
-A mixin: `PrefixIndex` provides the state (`tree`, `snapshots`, `host_tier`, `lru`, `dead`,
-`freed`, `counters`, ...). Every helper keeps the §10 invariants that `check_invariants`
-verifies; the policy that calls them lives elsewhere.
+A mixin: `PrefixIndex` provides the stores (`blocks`, `snapshots`, `host_tier`) and `lanes`,
+`batches`, `counters`. Every helper keeps the §10 invariants that `check_invariants` verifies;
+the policy that calls them lives elsewhere.
 """
 
 from __future__ import annotations
@@ -17,55 +19,6 @@ _ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
 
 
 class LivenessMixin:
-    # ---- Device LRU / dead-KV membership -------------------------------------------------
-
-    def _node_changed(self, node: BlockNode) -> None:
-        """Re-derive the node's Device LRU and dead-KV membership from its fields."""
-        if node.id == ROOT:
-            return
-        entry = DeviceEntry(EntryKind.NODE, node.id)
-        if node.device_state == _RESIDENT and not node.active_refs and not node.restore_pins:
-            self.lru.put(entry, node.host_state == _RESIDENT)
-        else:
-            self.lru.discard(entry)
-        self._refresh_dead(node)
-
-    def _refresh_dead(self, node: BlockNode) -> None:
-        # Dead KV (§9.3 step 1): Host-resident, no snapshot below, unpinned. A Host-only node is
-        # only reclaimable as a leaf, so the sweep runs leaves first and never deletes a subtree.
-        ready = (
-            node.host_state == _RESIDENT
-            and node.live_below == 0
-            and not node.active_refs
-            and not node.restore_pins
-            and (node.device_state == _RESIDENT or not node.children)
-            and node.id != ROOT
-        )
-        if ready:
-            if node.id not in self.dead:
-                self.dead[node.id] = None
-        else:
-            self.dead.pop(node.id, None)
-
-    def _tail_changed(self, s: Snapshot) -> None:
-        entry = DeviceEntry(EntryKind.TAIL, s.id)
-        if s.tail and s.tail_device == _RESIDENT and not s.restore_pins:
-            self.lru.put(entry, s.host_state == _RESIDENT)
-        else:
-            self.lru.discard(entry)
-
-    def _order_path(self, deepest: int) -> None:
-        """§7.7 step 2, §9.1: deeper blocks are evicted before shallower ones on a path. Move
-        every Device LRU entry from `deepest` up to the root to its list's MRU end, deepest
-        first. Called when nodes enter the LRU late (a write-through or restore landing): a
-        released lane's shallower, already backed blocks went in at its release and would
-        otherwise be evicted before the deeper blocks that landed after them (O(depth))."""
-        nodes, lru = self.tree.nodes, self.lru
-        nid = deepest
-        while nid != ROOT:
-            lru.touch(DeviceEntry(EntryKind.NODE, nid))
-            nid = nodes[nid].parent
-
     # ---- what eviction can free (§6.3, §9.1) -----------------------------------------------
 
     def _blocked_nodes(self) -> set[int]:
@@ -75,10 +28,10 @@ class LivenessMixin:
         A lane's path pins are prefix-closed (its ancestors are pinned with it, so none is in
         the LRU); every other pin is held by an in-flight transfer batch or a staged lane's
         source, so walking up from those finds every blocked node: O(pinned + ancestors)."""
-        unbacked = self.lru.unbacked
+        unbacked = self.blocks.lru.unbacked
         if not unbacked:
             return set()
-        nodes, snaps = self.tree.nodes, self.snapshots.by_id
+        nodes, snaps = self.blocks.tree.nodes, self.snapshots.by_id
         starts: list[int] = []
         for b in self.batches.values():
             starts.extend(b.nodes)
@@ -101,35 +54,7 @@ class LivenessMixin:
         """Device pages eviction can free now (§9.5 `evictable`): every Device LRU entry but
         the unbacked nodes whose subtree is pinned. Evicting them all frees exactly this many
         pages (a subtree deleted with its root is made of LRU entries counted here)."""
-        return len(self.lru) - len(self._blocked_nodes())
-
-    # ---- counters along a path -------------------------------------------------------------
-
-    def _walk(self, anchor: int, live_delta: int, retained_delta: int, sid: int) -> None:
-        """Add to live_below / retained_below from `anchor` up to the root (O(depth)).
-
-        When a node's retained count crosses 1, the snapshot that owned (or now owns) its
-        exclusive bytes changes value: mark it dirty (its xor identifies it, §9.3 Z).
-        """
-        nodes, mark = self.tree.nodes, self.host_tier.mark
-        node = nodes[anchor]
-        while True:
-            if live_delta:
-                before = node.live_below
-                node.live_below = before + live_delta
-                if (before == 0) != (node.live_below == 0):
-                    self._refresh_dead(node)
-            if retained_delta:
-                before = node.retained_below
-                if before == 1:
-                    mark(node.retained_xor)
-                node.retained_below = before + retained_delta
-                node.retained_xor ^= sid
-                if node.retained_below == 1:
-                    mark(node.retained_xor)
-            if node.id == ROOT:
-                return
-            node = nodes[node.parent]
+        return len(self.blocks.lru) - len(self._blocked_nodes())
 
     # ---- supersession (§9.3): the store's flags, the tree's retained counters -------------
 
@@ -137,22 +62,22 @@ class LivenessMixin:
         if not self.snapshots.can_supersede(s):
             return False
         self.snapshots.supersede(s, self._tick())
-        self._walk(s.anchor, 0, -1, s.id)
+        self.blocks.walk(s.anchor, 0, -1, s.id)
         return True
 
     def _retain(self, s: Snapshot) -> None:
         if self.snapshots.retain(s):
-            self._walk(s.anchor, 0, +1, s.id)
+            self.blocks.walk(s.anchor, 0, +1, s.id)
 
     # ---- dropping copies; deletion on the last copy (§9.4) ---------------------------------
 
     def _delete_snapshot(self, s: Snapshot) -> None:
         assert not s.restore_pins, f"deleting pinned snapshot {s.id}"
         if s.tail_page >= 0:
-            self.freed.append(s.tail_page)
-            self.lru.discard(DeviceEntry(EntryKind.TAIL, s.id))
+            self.blocks.free_page(s.tail_page)
+            self.blocks.forget_tail(s.id)
         self._free_snapshot_slabs(s)
-        self._walk(s.anchor, -1, 0 if s.superseded else -1, s.id)
+        self.blocks.walk(s.anchor, -1, 0 if s.superseded else -1, s.id)
         self.snapshots.remove(s)
         self.host_tier.forget(s.id)
         self.counters.snapshots_deleted += 1
@@ -170,26 +95,25 @@ class LivenessMixin:
         if not (s.image_has_copy() and s.tail_has_copy()):
             self._delete_snapshot(s)
         else:
-            self._tail_changed(s)
+            self.blocks.tail_changed(s)
 
     def _drop_snapshot_image_device(self, s: Snapshot) -> None:
-        self.snapshots.slots.release(s.device_slot)
-        s.device_slot, s.device_state = -1, _ABSENT
+        self.snapshots.drop_image_device(s)
         if not s.image_has_copy():
             self._delete_snapshot(s)
 
     def _drop_tail_device(self, s: Snapshot) -> None:
-        self.freed.append(s.tail_page)
+        self.blocks.free_page(s.tail_page)
         s.tail_page, s.tail_device = -1, _ABSENT
-        self.lru.discard(DeviceEntry(EntryKind.TAIL, s.id))
+        self.blocks.forget_tail(s.id)
         if not s.tail_has_copy():
             self._delete_snapshot(s)
 
     def _drop_node_device(self, node: BlockNode) -> None:
-        self.freed.append(node.device_page)
+        self.blocks.free_page(node.device_page)
         node.device_page, node.device_state = -1, _ABSENT
         if node.has_copy:
-            self._node_changed(node)
+            self.blocks.node_changed(node)
         else:
             self._delete_subtree(node)
 
@@ -199,12 +123,12 @@ class LivenessMixin:
         if node.retained_below == 1:
             self.host_tier.mark(node.retained_xor)
         if node.has_copy:
-            self._node_changed(node)
+            self.blocks.node_changed(node)
         else:
             self._delete_subtree(node)
 
     def _subtree_pinned(self, node: BlockNode) -> bool:
-        for n in self.tree.subtree_postorder(node):
+        for n in self.blocks.tree.subtree_postorder(node):
             if n.active_refs or n.restore_pins:
                 return True
             if any(self.snapshots.by_id[sid].restore_pins for sid in n.snapshots):
@@ -213,20 +137,98 @@ class LivenessMixin:
 
     def _delete_subtree(self, node: BlockNode) -> None:
         """§9.4: `node` lost its last copy; delete it, its subtree and every snapshot there."""
-        sub = self.tree.subtree_postorder(node)
+        sub = self.blocks.tree.subtree_postorder(node)
         for n in sub:
             for sid in list(n.snapshots):
                 self._delete_snapshot(self.snapshots.by_id[sid])
         for n in sub:
             assert not n.active_refs and not n.restore_pins, f"deleting pinned node {n.id}"
             if n.device_page >= 0:
-                self.freed.append(n.device_page)
-            self.lru.discard(DeviceEntry(EntryKind.NODE, n.id))
+                self.blocks.free_page(n.device_page)
             if n.host_slab >= 0:
                 self.host_tier.free([n.host_slab])
-            self.dead.pop(n.id, None)
-            self.tree.remove(n)
+            self.blocks.remove(n)
         self.counters.subtree_deletions += 1
         self.counters.nodes_deleted += len(sub)
-        parent = self.tree.nodes[node.parent]
-        self._refresh_dead(parent)  # may have become a leaf
+        parent = self.blocks.tree.nodes[node.parent]
+        self.blocks.refresh_dead(parent)  # may have become a leaf
+
+    # ---- Device eviction (§9.1, §9.5) ------------------------------------------------------
+
+    def _next_lru_victim(self) -> DeviceEntry | None:
+        for entry in self.blocks.lru.backed:
+            return entry
+        for entry in self.blocks.lru.unbacked:
+            if entry.kind == EntryKind.TAIL:
+                return entry
+            if not self._subtree_pinned(self.blocks.tree.nodes[entry.id]):
+                return entry  # its subtree goes with it (§9.4): nothing there may be pinned
+        return None
+
+    def _evict(self, n: int) -> None:
+        """Free at least n Device pages into self.blocks.freed (fewer if the LRU runs dry)."""
+        target = len(self.blocks.freed) + n
+        st = self.counters
+        while len(self.blocks.freed) < target:
+            entry = self._next_lru_victim()
+            if entry is None:
+                return
+            backed = self.blocks.lru.is_backed(entry)
+            if backed:
+                st.device_evicted_backed += 1
+            else:
+                st.device_evicted_unbacked += 1
+            if entry.kind == EntryKind.NODE:
+                self._drop_node_device(self.blocks.tree.nodes[entry.id])
+            else:
+                self._drop_tail_device(self.snapshots.by_id[entry.id])
+
+    # ---- Host eviction (§9.3): dead KV, then superseded snapshots, then GDSF ---------------
+
+    def _sweep_dead_one(self) -> bool:
+        """§9.3 step 1: reclaim one dead-KV slab (leaves first). False when none is dead."""
+        nid = next(iter(self.blocks.dead), None)
+        if nid is None:
+            return False
+        self.counters.host_dead_kv_reclaimed += 1
+        self._drop_node_host(self.blocks.tree.nodes[nid])
+        return True
+
+    def _oldest_superseded_host(self) -> Snapshot | None:
+        for sid in self.snapshots.superseded:
+            s = self.snapshots.by_id[sid]
+            if s.host_state == _RESIDENT and not s.restore_pins:
+                return s
+        return None
+
+    def _host_alloc(self, k: int, bound: float | None = None) -> list[int] | None:
+        """k Host slabs, evicting as §9.3 orders, or None (and a partial eviction) if impossible.
+
+        `bound`: an image write's own H; GDSF stops at a victim worth more (never inserts what
+        it would evict next). Block writes pass None (not bounded).
+        """
+        tier = self.host_tier
+        if tier.pool is None or k > tier.n_slabs:
+            return None
+        while tier.free_slabs < k:
+            if self._sweep_dead_one():
+                continue
+            s = self._oldest_superseded_host()
+            if s is not None:
+                self.counters.host_superseded_evicted += 1
+                self._delete_snapshot(s)  # both copies; L unchanged
+                continue
+            tier.flush()
+            v = tier.victim()
+            if v is None or (bound is not None and v.h > bound):
+                if v is not None:
+                    self.counters.host_image_writes_refused += 1
+                self.counters.host_alloc_failures += 1
+                return None
+            tier.charge(v.h)
+            self.counters.host_gdsf_evicted += 1
+            if v.device_complete:
+                self._drop_snapshot_host(v)  # still restorable from the Device
+            else:
+                self._delete_snapshot(v)
+        return tier.allocate(k)

@@ -27,19 +27,19 @@ class LoadMixin:
         data = pack_tokens(tokens)
         if len(data) != BLOCK_BYTES:
             raise ValueError(f"a block holds {BLOCK_TOKENS} tokens")
-        p = self.tree.nodes[parent]
+        p = self.blocks.tree.nodes[parent]
         h = block_hash(p.lookup_hash, data, extra) if lookup_hash is None else lookup_hash
-        node = self.tree.find_child(parent, h, data, extra)
+        node = self.blocks.tree.find_child(parent, h, data, extra)
         if node is not None:
             return node.id
         slabs = self.host_tier.allocate(1)
         if slabs is None:
             raise ValueError("no free Host slab to load a block into")
         self.epoch += 1
-        node = self.tree.insert(parent, h, data, extra)
+        node = self.blocks.insert(parent, h, data, extra)
         node.host_slab, node.host_state = slabs[0], _RESIDENT
-        self._node_changed(node)
-        self._refresh_dead(p)
+        self.blocks.node_changed(node)
+        self.blocks.refresh_dead(p)
         return node.id
 
     def load_snapshot(
@@ -54,7 +54,7 @@ class LoadMixin:
         Raises ValueError without enough free slabs or when (anchor, tail) already exists.
         """
         tail_b = pack_tokens(tail)
-        node = self.tree.nodes[anchor]
+        node = self.blocks.tree.nodes[anchor]
         if self.snapshots.find(anchor, tail_b) is not None:
             raise ValueError("snapshot already present")
         k = self.config.image_slabs + bool(tail_b)
@@ -71,7 +71,7 @@ class LoadMixin:
         s.tail_slab = slabs[-1] if tail_b else -1
         s.host_state = _RESIDENT
         self.snapshots.add(s)
-        self._walk(anchor, +1, +1, sid)
+        self.blocks.walk(anchor, +1, +1, sid)
         self.snapshots.link(s)
         self.host_tier.mark(sid)
         return sid

@@ -28,7 +28,7 @@ class PrefetchPlan(NamedTuple):
 class PrefetchMixin:
     def prefetch_room(self) -> int:
         """Pages a prefetch could use besides the free ones: Host-backed evictable entries."""
-        return len(self.lru.backed)
+        return len(self.blocks.lru.backed)
 
     def plan_prefetch(self, quote: Quote, free_pages: int, max_blocks: int = 256) -> PrefetchPlan:
         """Choose the head's Host-only path blocks (up to the frontier of the cheapest source
@@ -40,7 +40,7 @@ class PrefetchMixin:
         if quote.epoch != self.epoch:
             raise StaleQuoteError(f"quote epoch {quote.epoch}, cache epoch {self.epoch}")
         self._mutated()
-        nodes = self.tree.nodes
+        nodes = self.blocks.tree.nodes
         # the source admission would choose if room allowed (a blocked quote picks the root)
         best = min(quote.considered, key=lambda o: (o.cost_s, o.restore_bytes))
         path = quote.match.path[: best.frontier // BLOCK_TOKENS]
@@ -50,7 +50,7 @@ class PrefetchMixin:
         # Each drop removes exactly one backed entry (a backed copy is never the last), so the
         # loop reads at most the drops it needs plus the path's entries: O(path), not O(LRU).
         scan = max(0, len(todo) - room) + len(keep)
-        for entry in list(islice(self.lru.backed, scan)):
+        for entry in list(islice(self.blocks.lru.backed, scan)):
             if room >= len(todo):
                 break
             if entry in keep:
@@ -60,7 +60,7 @@ class PrefetchMixin:
             else:
                 self._drop_tail_device(self.snapshots.by_id[entry.id])
             room += 1
-        return PrefetchPlan(self._take_freed(), todo[: max(0, room)])
+        return PrefetchPlan(self.blocks.take_freed(), todo[: max(0, room)])
 
     def begin_prefetch(self, nodes: Sequence[int], pages: Sequence[int]) -> RestoreBatch | None:
         """Make `nodes` (from plan_prefetch, still Host-only) Device Filling into `pages`; the
@@ -73,12 +73,12 @@ class PrefetchMixin:
         batch = TransferRecord("restore")
         blocks = []
         for nid, page in zip(nodes, pages, strict=True):
-            node = self.tree.nodes[nid]
+            node = self.blocks.tree.nodes[nid]
             if node.device_state != _ABSENT:
                 raise ValueError(f"node {nid} is not Host-only")
             node.device_page, node.device_state = page, _FILLING
             node.restore_pins += 1
-            self._node_changed(node)
+            self.blocks.node_changed(node)
             batch.nodes.append(nid)
             blocks.append(BlockCopy(nid, page, node.host_slab))
         nbytes = len(blocks) * self.config.slab_bytes

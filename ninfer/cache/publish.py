@@ -19,7 +19,6 @@ from ninfer.cache.common import (
     Residency,
     SnapshotKind,
 )
-from ninfer.cache.device_slots import SlotState
 from ninfer.cache.keys import block_hash, pack_tokens
 from ninfer.cache.records import (
     CommitKind,
@@ -59,17 +58,17 @@ class PublishMixin:
         if len(data) != BLOCK_BYTES:
             raise ValueError(f"a block holds {BLOCK_TOKENS} tokens, got {len(data) // 4}")
         t = self._mutated()
-        nodes = self.tree.nodes
-        parent = nodes[rec.path[-1]] if rec.path else self.tree.root
+        nodes = self.blocks.tree.nodes
+        parent = nodes[rec.path[-1]] if rec.path else self.blocks.tree.root
         h = block_hash(parent.lookup_hash, data, extra) if lookup_hash is None else lookup_hash
-        node = self.tree.find_child(parent.id, h, data, extra)
+        node = self.blocks.tree.find_child(parent.id, h, data, extra)
         st = self.counters
         if node is None:
-            node = self.tree.insert(parent.id, h, data, extra)
+            node = self.blocks.insert(parent.id, h, data, extra)
             node.device_page, node.device_state = page, _RESIDENT
             kind = CommitKind.INSERTED
             st.blocks_inserted += 1
-            self._refresh_dead(parent)
+            self.blocks.refresh_dead(parent)
         elif node.device_state == _ABSENT:
             node.device_page, node.device_state = page, _RESIDENT
             kind = CommitKind.ADOPTED
@@ -79,7 +78,7 @@ class PublishMixin:
             st.blocks_duplicate += 1
         node.active_refs += 1
         node.last_access = t
-        self._node_changed(node)
+        self.blocks.node_changed(node)
         rec.path.append(node.id)
         return CommitResult(kind, node.id)
 
@@ -123,7 +122,7 @@ class PublishMixin:
         early = kind != SnapshotKind.ENDPOINT and not finishing
         if committed < a or (early and tail_len and committed <= a):
             raise LaneError(f"lane {lane} publishes F={frontier} with {committed} blocks committed")
-        nodes = self.tree.nodes
+        nodes = self.blocks.tree.nodes
         if tail_len and committed > a and not nodes[rec.path[a]].tokens.startswith(tail):
             raise ValueError("tail tokens differ from the committed block")
         t = self._mutated()
@@ -134,13 +133,13 @@ class PublishMixin:
         rec.latest_frontier = max(rec.latest_frontier, frontier)
         dup = self.snapshots.find(anchor, tail)
         if dup is not None:  # §5.3: a duplicate is a no-op that refreshes recency
-            self.snapshots.slots.release(slot)
+            self.snapshots.release_slot(slot)
             s = self.snapshots.by_id[dup]
             s.last_hit = t
             if kind != SnapshotKind.ENDPOINT:
                 self._follow_previous_tap(rec, s)
             st.snapshots_duplicate += 1
-            return PublishResult(dup, True, None, self._take_freed())
+            return PublishResult(dup, True, None, self.blocks.take_freed())
         store = self.snapshots
         sid = store.new_id()
         s = Snapshot(sid, anchor, a - 1, frontier, tail, kind, l_at=self.host_tier.L, last_hit=t)
@@ -148,8 +147,7 @@ class PublishMixin:
         if tail_len:
             s.tail_page, s.tail_device = tail_page, _RESIDENT
         store.add(s)
-        store.slots.assign(slot, SlotState.SNAPSHOT, sid)
-        self._walk(anchor, +1, +1, sid)
+        self.blocks.walk(anchor, +1, +1, sid)
         self.snapshots.link(s)
         self.host_tier.mark(sid)
         if kind != SnapshotKind.ENDPOINT:
@@ -172,8 +170,8 @@ class PublishMixin:
                     bid, sid, slot, list(s.host_slabs), s.tail_page, s.tail_slab, nbytes
                 )
                 st.write_through_bytes += nbytes
-        self._tail_changed(s)
-        return PublishResult(sid, False, write, self._take_freed())
+        self.blocks.tail_changed(s)
+        return PublishResult(sid, False, write, self.blocks.take_freed())
 
     def _follow_previous_tap(self, rec: Lane, s: Snapshot) -> None:
         """§9.3: of the lane's taps in this prompt, the shallower is superseded by the deeper.

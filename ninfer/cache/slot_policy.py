@@ -13,7 +13,6 @@ Otherwise the tap is skipped. Pinned owners are never displaced.
 from __future__ import annotations
 
 from ninfer.cache.common import BLOCK_TOKENS, LaneError, Residency, SnapshotKind
-from ninfer.cache.device_slots import SlotState
 from ninfer.cache.records import Lane, SlotGrant
 
 _ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
@@ -33,7 +32,7 @@ class SlotPolicyMixin:
                 self._delete_snapshot(s)  # no Host copy: the slot was its last image copy
             else:
                 self._drop_snapshot_image_device(s)
-            return self.snapshots.slots.take_free(), s.id, deleted
+            return self.snapshots.take_free_slot(), s.id, deleted
         device_only = [x for x in owned if x[1].host_state == _ABSENT]
         if device_only:
             self.host_tier.flush()
@@ -41,12 +40,12 @@ class SlotPolicyMixin:
             if self.host_tier.estimate_new(rec.latest_frontier, frontier, has_tail) >= v.h:
                 self.host_tier.charge(v.h)
                 self._delete_snapshot(v)
-                return self.snapshots.slots.take_free(), v.id, True
+                return self.snapshots.take_free_slot(), v.id, True
         backed = [x for x in owned if x[1].host_state == _RESIDENT]
         if backed:
             _, v = min(backed, key=lambda x: (x[1].last_hit, x[1].id))
             self._drop_snapshot_image_device(v)
-            return self.snapshots.slots.take_free(), v.id, False
+            return self.snapshots.take_free_slot(), v.id, False
         return None
 
     def allocate_snapshot_slot(
@@ -69,7 +68,7 @@ class SlotPolicyMixin:
             s = self.snapshots.by_id.get(rec.last_tap)
             if s is not None and s.frontier < frontier and self._supersede(s):
                 superseded.append(s.id)
-        slot = self.snapshots.slots.take_free()
+        slot = self.snapshots.take_free_slot()
         displaced, deleted = None, False
         if slot is None:
             got = self._displace_slot(rec, frontier, frontier % BLOCK_TOKENS != 0)
@@ -79,11 +78,11 @@ class SlotPolicyMixin:
                 return None
             slot, displaced, deleted = got
             self.counters.slot_displaced += 1
-        self.snapshots.slots.assign(slot, SlotState.STAGING, lane)
+        self.snapshots.stage_slot(slot, lane)
         rec.staging.add(slot)
         if superseded:
             rec.superseded_for[slot] = superseded
-        return SlotGrant(slot, displaced, deleted, self._take_freed())
+        return SlotGrant(slot, displaced, deleted, self.blocks.take_freed())
 
     def free_snapshot_slot(self, lane: int, slot: int) -> None:
         """Return a staging slot the lane will not publish (a dropped tap)."""
@@ -92,7 +91,7 @@ class SlotPolicyMixin:
             raise LaneError(f"slot {slot} is not staged by lane {lane}")
         self._mutated()
         rec.staging.discard(slot)
-        self.snapshots.slots.release(slot)
+        self.snapshots.release_slot(slot)
         self._unsupersede(rec, rec.superseded_for.pop(slot, ()))
 
     def _unsupersede(self, rec: Lane, ids) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from ninfer.cache.common import ROOT, SnapshotKind
+from ninfer.cache.common import ROOT, Residency, SnapshotKind
 from ninfer.cache.device_slots import DeviceSlots, SlotState
 from ninfer.cache.snapshots import Snapshot
 from ninfer.cache.tree import BlockTree
@@ -50,8 +50,10 @@ class SnapshotStore:
     # ---- membership ------------------------------------------------------------------------
 
     def add(self, s: Snapshot) -> None:
-        """Register `s` (its id from `new_id`) under its key and on its anchor node; `link` it
-        once the tree's counters count it."""
+        """Register `s` (its id from `new_id`) under its key, on its anchor node and as the
+        owner of its Device slot if it has one; `link` it once the tree's counters count it."""
+        if s.device_slot >= 0:
+            self.slots.assign(s.device_slot, SlotState.SNAPSHOT, s.id)
         self.by_id[s.id] = s
         self.by_key[(s.anchor, s.tail)] = s.id
         self._tree.nodes[s.anchor].snapshots.append(s.id)
@@ -191,6 +193,23 @@ class SnapshotStore:
         return True
 
     # ---- Device slots (§5.4, §9.2) ---------------------------------------------------------
+
+    def take_free_slot(self) -> int | None:
+        """A free slot (lowest first, reused LIFO), still free in the table, or None."""
+        return self.slots.take_free()
+
+    def stage_slot(self, slot: int, lane: int) -> None:
+        """`slot` (from take_free_slot) now stages an image for `lane`."""
+        self.slots.assign(slot, SlotState.STAGING, lane)
+
+    def release_slot(self, slot: int) -> None:
+        """A staging slot goes back to the free stack."""
+        self.slots.release(slot)
+
+    def drop_image_device(self, s: Snapshot) -> None:
+        """s loses its Device image: its slot goes back to the free stack."""
+        self.slots.release(s.device_slot)
+        s.device_slot, s.device_state = -1, Residency.ABSENT
 
     def slot_owners(self) -> list[tuple[int, Snapshot]]:
         """(slot, snapshot) for every slot a published, unpinned snapshot owns, by slot."""

@@ -53,7 +53,7 @@ def collect(index, meta: dict) -> SaveSet:
     Superseded snapshots are saved too, flagged: the process that kept running would still
     resume a retry of the same prompt from the one its last run resumed from (§9.3: only Host
     eviction removes it), so a restart keeps it as well, superseded, first to go again."""
-    nodes = index.tree.nodes
+    nodes = index.blocks.tree.nodes
     chosen: list = []
     needed: set[int] = set()
     for s in index.snapshots.by_id.values():

@@ -59,7 +59,7 @@ def test_choice_prefers_cheapest_and_falls_back_to_s_dev_then_root():
     ix.evict_device_pages(100)  # nodes 1-4 and the tail are Host-only; images stay
     d.admit(3, A[:200] + tokens(3, 100))  # resumes from 1: restores nodes 1, 2
     ix.release(3)
-    assert list(ix.lru.order())[-2:] == [N(2), N(1)]
+    assert list(ix.blocks.lru.order())[-2:] == [N(2), N(1)]
     q = quote(ix, A, ent=10, free=100)
     assert [c.source for c in q.considered] == [None, 2, 1]  # root, s*, s_dev
     # s*: restore nodes 3, 4 and the tail, COW the tail, grow 10 - ceil(300/64)
@@ -86,7 +86,7 @@ def test_evictable_pages_count_but_not_the_admission_own_path():
     ix = make_index()
     d = Driver(ix)
     d.run(1, A, taps=[256])  # nodes 1-6 in the LRU
-    assert len(ix.lru) == 6
+    assert len(ix.blocks.lru) == 6
     # resuming from @256 pins nodes 1-4: only 5, 6 are evictable for it
     q = quote(ix, A, ent=10, free=4)
     assert (q.source, q.need_pages, q.considered[1].evictable_pages) == (1, 6, 2)
@@ -150,7 +150,7 @@ def test_stage_restore_activate_and_cancel():
         ix.cancel_stage(7)
     ix.on_restore_landed(rb.batch_id)
     assert ix.cancel_stage(7) == []
-    assert list(ix.lru.order()) == [N(4), N(3), N(2), N(1)]  # restored pages stay cached
+    assert list(ix.blocks.lru.order()) == [N(4), N(3), N(2), N(1)]  # restored pages stay cached
     assert ix.snapshot(1).restore_pins == 0 and all(ix.node(i).active_refs == 0 for i in (1, 2))
     ix.check_invariants()
 

@@ -91,7 +91,7 @@ def test_snapshots_anchored_at_the_root_are_resumed_from():
     ix = make_index()
     d = Driver(ix)
     d.run(1, A[:100], taps=[40])  # 1: anchored at the root, tail A[:40]
-    assert ix.tree.root.snapshots == [1]
+    assert ix.blocks.tree.root.snapshots == [1]
     q = quote(ix, A)
     assert q.match.candidates == [1] and q.match.path == [1]
     # tail Device-resident: one COW page plus ent - ceil(40 / 64); its own tail page in the LRU
@@ -145,7 +145,7 @@ def test_the_candidates_own_tail_page_is_not_evictable_for_it():
     ix = make_index()
     d = Driver(ix)
     d.run(1, A[:300], endpoint=300)  # LRU: nodes 1-4 and the tail page of 1
-    assert len(ix.lru) == 5
+    assert len(ix.blocks.lru) == 5
     q = quote(ix, A, ent=10, free=6)
     # resuming pins the path (4 pages) and COWs the tail (its page stays pinned): 0 evictable
     assert considered(q) == [(None, 0, 10, 5), (1, 300, 6, 0)]
@@ -322,7 +322,7 @@ def test_a_root_snapshot_is_s_dev_when_the_cheaper_s_star_does_not_fit():
     assert (st.source, st.frontier) == (1, 40)
     rb = ix.begin_restore(5, [d.page() for _ in range(st.restore_pages_needed)])
     ix.on_restore_landed(rb.batch_id)
-    assert ix.snapshot(1).tail_device == Residency.RESIDENT and len(ix.lru) == 4
+    assert ix.snapshot(1).tail_device == Residency.RESIDENT and len(ix.blocks.lru) == 4
     q = quote(ix, A, ent=10, free=7)
     # s* = 2 restores its tail (cheapest); s_dev = 1, anchored at the root
     assert considered(q) == [(None, 0, 10, 4), (2, 300, 7, 0), (1, 40, 10, 4)]
@@ -381,7 +381,7 @@ def test_on_a_cost_tie_the_root_is_tried_first_then_the_device_complete_s_star()
     d = Driver(ix)
     d.run(1, A[:300], taps=[256])
     d.admit(2, A[:290])  # resumes from 1 @256: nodes 1-4 pinned, not in the LRU
-    assert ix.lane_path(2) == [1, 2, 3, 4] and len(ix.lru) == 0
+    assert ix.lane_path(2) == [1, 2, 3, 4] and len(ix.blocks.lru) == 0
     ix.cost = CacheCostModel(0.0, 0.0, 0.0, 64, 1e30, 0.0)
     q = quote(ix, A, ent=10, free=6)
     assert considered(q) == [(None, 0, 10, 0), (1, 256, 6, 0)]

@@ -89,7 +89,7 @@ def test_dead_kv_is_reclaimed_before_any_snapshot():
     d = Driver(ix)
     d.run(1, A, taps=[128])  # s1: 0,1; nodes 1,2: 2,3
     d.run(2, tokens(2, 256))  # no snapshot: nodes 3-6 -> slabs 4-7 are dead KV at once
-    assert list(ix.dead) == [6, 5, 4, 3]  # landed in reverse block order: leaves first
+    assert list(ix.blocks.dead) == [6, 5, 4, 3]  # landed in reverse block order: leaves first
     tap_only(d, 3, tokens(3, 257), 256)
     assert ix.counters.host_dead_kv_reclaimed == 2
     assert ix.snapshot(2).host_slabs == [6, 7]  # node 5's then node 6's slab
@@ -111,7 +111,7 @@ def test_victim_exclusive_path_becomes_dead_and_goes_first():
     ix.on_write_through_landed(res.write.batch_id)
     # s1 was Host-only, so GDSF deleted it; node 2 (its exclusive path) is now dead KV
     assert 1 not in ix.snapshots.by_id and res.write.slabs == [0, 1]
-    assert list(ix.dead) == [2]
+    assert list(ix.blocks.dead) == [2]
     rel = d.release(3)  # 4 blocks to write: dead KV first (node 2's slab 3)
     assert rel.write.blocks[0].slab == 3 and ix.node(2).host_state == Residency.ABSENT
     assert ix.counters.host_dead_kv_reclaimed == 1

@@ -101,7 +101,7 @@ def test_rich_index_holds_the_states_the_cases_rely_on():
     assert (n(14).device_state, n(14).host_state, n(14).active_refs) == (RESIDENT, ABSENT, 1)
     assert [n(i).device_state for i in (8, 9, 10)] == [ABSENT] * 3
     assert [n(i).host_state for i in (11, 12, 13)] == [FILLING] * 3
-    assert list(ix.dead) == [7, 6, 10]
+    assert list(ix.blocks.dead) == [7, 6, 10]
     assert list(ix.snapshots.superseded) == [3]
     assert ix.snapshots.root_deps == {1, 4, 5}
     assert [(x.ancestor, x.dependents) for x in map(s, (1, 2, 3))] == [
@@ -119,8 +119,8 @@ def test_rich_index_holds_the_states_the_cases_rely_on():
         15,
     )
     assert (s(5).host_state, s(5).restore_pins) == (FILLING, 1)
-    assert list(ix.lru.backed) == [tail_entry(3), node_entry(7), node_entry(6)]
-    assert not ix.lru.unbacked
+    assert list(ix.blocks.lru.backed) == [tail_entry(3), node_entry(7), node_entry(6)]
+    assert not ix.blocks.lru.unbacked
     assert {k: (v.activated, v.source_pinned) for k, v in ix.lanes.items()} == {
         6: (True, False),
         7: (False, True),
@@ -276,77 +276,81 @@ CASES: list[tuple[str, Callable[[PrefixIndex], None], str]] = [
     # Device LRU, dead KV, staging slots (§9.1, §9.3)
     (
         "entry in both lists",
-        lambda ix: ix.lru.unbacked.__setitem__(node_entry(7), None),
+        lambda ix: ix.blocks.lru.unbacked.__setitem__(node_entry(7), None),
         "LRU entry in both lists",
     ),
     (
         "node missing from the LRU",
-        lambda ix: ix.lru.discard(node_entry(7)),
+        lambda ix: ix.blocks.lru.discard(node_entry(7)),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
     (
         "tail missing from the LRU",
-        lambda ix: ix.lru.discard(tail_entry(3)),
+        lambda ix: ix.blocks.lru.discard(tail_entry(3)),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
     (
         "backed node listed unbacked",
-        lambda ix: ix.lru.put(node_entry(7), False),
+        lambda ix: ix.blocks.lru.put(node_entry(7), False),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
     (
         "backed tail listed unbacked",
-        lambda ix: ix.lru.put(tail_entry(3), False),
+        lambda ix: ix.blocks.lru.put(tail_entry(3), False),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
     (
         "referenced node in the LRU",
-        lambda ix: ix.lru.put(node_entry(14), False),
+        lambda ix: ix.blocks.lru.put(node_entry(14), False),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
     (
         "pinned node in the LRU",
-        lambda ix: ix.lru.put(node_entry(11), False),
+        lambda ix: ix.blocks.lru.put(node_entry(11), False),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
     (
         "pinned tail in the LRU",
-        lambda ix: ix.lru.put(tail_entry(4), True),
+        lambda ix: ix.blocks.lru.put(tail_entry(4), True),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
     (
         "Host-only tail in the LRU",
-        lambda ix: ix.lru.put(tail_entry(2), True),
+        lambda ix: ix.blocks.lru.put(tail_entry(2), True),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
     (
         "Host-only node in the LRU",
-        lambda ix: ix.lru.put(node_entry(9), True),
+        lambda ix: ix.blocks.lru.put(node_entry(9), True),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
     (
         "root in the LRU",
-        lambda ix: ix.lru.put(node_entry(0), False),
+        lambda ix: ix.blocks.lru.put(node_entry(0), False),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
-    ("dead node missing", lambda ix: ix.dead.pop(7), "§9.3 dead-KV set is wrong"),
+    ("dead node missing", lambda ix: ix.blocks.dead.pop(7), "§9.3 dead-KV set is wrong"),
     (
         "Host-only inner node dead",
-        lambda ix: ix.dead.__setitem__(9, None),
+        lambda ix: ix.blocks.dead.__setitem__(9, None),
         "§9.3 dead-KV set is wrong",
     ),
     (
         "node with a snapshot below dead",
-        lambda ix: ix.dead.__setitem__(4, None),
+        lambda ix: ix.blocks.dead.__setitem__(4, None),
         "§9.3 dead-KV set is wrong",
     ),
-    ("pinned node dead", lambda ix: ix.dead.__setitem__(13, None), "§9.3 dead-KV set is wrong"),
+    (
+        "pinned node dead",
+        lambda ix: ix.blocks.dead.__setitem__(13, None),
+        "§9.3 dead-KV set is wrong",
+    ),
     (
         "Device-only node dead",
-        lambda ix: ix.dead.__setitem__(14, None),
+        lambda ix: ix.blocks.dead.__setitem__(14, None),
         "§9.3 dead-KV set is wrong",
     ),
-    ("root dead", lambda ix: ix.dead.__setitem__(0, None), "§9.3 dead-KV set is wrong"),
+    ("root dead", lambda ix: ix.blocks.dead.__setitem__(0, None), "§9.3 dead-KV set is wrong"),
     (
         "staging slot without its lane",
         lambda ix: ix.lanes[6].staging.clear(),
@@ -377,7 +381,7 @@ CASES: list[tuple[str, Callable[[PrefixIndex], None], str]] = [
     ("tail without a copy", lambda ix: _drop_host_copy(ix, 2), "§10.4 snapshot 2 invalid"),
     (
         "image without a copy",
-        _seq(lambda ix: _drop_host_copy(ix, 3), lambda ix: ix.lru.put(tail_entry(3), False)),
+        _seq(lambda ix: _drop_host_copy(ix, 3), lambda ix: ix.blocks.lru.put(tail_entry(3), False)),
         "§10.4 snapshot 3 invalid",
     ),
     ("image state without slot", _set(snap(3), device_state=RESIDENT), ""),
@@ -439,12 +443,12 @@ DEVICE_ONLY_CASES: list[tuple[str, Callable[[PrefixIndex], None], str]] = [
     ("snapshot slabs", _set(snap(1), host_slabs=[7, 8]), ""),
     (
         "unbacked node listed backed",
-        lambda ix: ix.lru.put(node_entry(3), True),
+        lambda ix: ix.blocks.lru.put(node_entry(3), True),
         "§9.1 Device LRU membership or backed/unbacked list is wrong",
     ),
     (
         "dead without a Host copy",
-        lambda ix: ix.dead.__setitem__(5, None),
+        lambda ix: ix.blocks.dead.__setitem__(5, None),
         "§9.3 dead-KV set is wrong",
     ),
     (
@@ -463,7 +467,7 @@ DEVICE_ONLY_CASES: list[tuple[str, Callable[[PrefixIndex], None], str]] = [
 def test_check_invariants_without_a_host_tier(corrupt, message):
     ix = device_only_index()
     ix.check_invariants()
-    assert list(ix.lru.unbacked) and not ix.lru.backed and not ix.dead
+    assert list(ix.blocks.lru.unbacked) and not ix.blocks.lru.backed and not ix.blocks.dead
     corrupt(ix)
     with pytest.raises(AssertionError, match=f"^{re.escape(message)}$"):
         ix.check_invariants()

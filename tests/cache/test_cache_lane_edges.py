@@ -28,7 +28,7 @@ BIG = 10**6
 
 
 def lru(ix) -> list[tuple[str, int]]:
-    return [(e.kind.name, e.id) for e in ix.lru.order()]
+    return [(e.kind.name, e.id) for e in ix.blocks.lru.order()]
 
 
 def test_stage_refuses_a_stale_quote_an_open_lane_and_a_quote_that_is_not_ready():
@@ -84,7 +84,7 @@ def test_a_device_hit_pins_the_resumed_path_and_moves_the_recomputed_blocks_to_m
     assert [b - a for a, b in zip(before, after, strict=True)] == [1, 136, 1]
     assert (ix.stats().hits_host, ix.stats().hits_root) == (0, 2)
     ix.activate(2)
-    assert ix.snapshot(1).restore_pins == 0 and DeviceEntry(EntryKind.TAIL, 1) in ix.lru
+    assert ix.snapshot(1).restore_pins == 0 and DeviceEntry(EntryKind.TAIL, 1) in ix.blocks.lru
     ix.check_invariants()
     ix.stage(ix.quote(prepare_prompt(P), QuoteParams(6, BIG, BIG)), 3, BIG)  # a second hit
     after = ix.stats().lookups, ix.stats().reuse_tokens, ix.stats().hits_device
@@ -216,7 +216,7 @@ def test_release_writes_through_until_the_host_is_full_and_leaves_the_rest_unbac
     assert res.write.bytes == 5 * SLAB and ix.stats().write_through_bytes == 5 * SLAB
     assert res.lru_added == [6]  # the written blocks stay pinned until their copy lands
     assert [ix.node(n).host_state for n in range(1, 7)] == [FILLING] * 5 + [ABSENT]
-    assert list(ix.lru.unbacked) == [DeviceEntry(EntryKind.NODE, 6)]
+    assert list(ix.blocks.lru.unbacked) == [DeviceEntry(EntryKind.NODE, 6)]
     ix.check_invariants()
     ix.on_write_through_landed(res.write.batch_id)
     assert lru(ix) == [("NODE", 5), ("NODE", 4), ("NODE", 3), ("NODE", 2), ("NODE", 1)] + [

@@ -93,7 +93,7 @@ def test_tail_and_image_restored_from_host():
     ix.check_invariants()
     ix.on_restore_landed(rb.batch_id)
     assert ix.snapshot(1).tail_device == Residency.RESIDENT and ix.snapshot(1).restore_pins == 0
-    assert DeviceEntry(EntryKind.TAIL, 1) in ix.lru
+    assert DeviceEntry(EntryKind.TAIL, 1) in ix.blocks.lru
     ix.check_invariants()
 
 
@@ -115,7 +115,7 @@ def test_prefetch_copies_the_heads_host_only_path_into_spare_pages():
     d.run(1, A, taps=[256])  # nodes 1-6, snapshot 1 @256
     ix.evict_device_pages(100)  # all Host-only
     d.run(2, tokens(2, 200))  # nodes 7-9: Host-backed LRU entries
-    assert list(ix.lru.order()) == [N(9), N(8), N(7)]
+    assert list(ix.blocks.lru.order()) == [N(9), N(8), N(7)]
     q = ix.quote(prepare_prompt(A), QuoteParams(12, 1, 100))
     assert q.readiness == Readiness.TEMPORARILY_BLOCKED  # 4 restores + 8 growth > 1 + 3
     assert [(c.source, c.restore_blocks) for c in q.considered] == [(None, 0), (1, 4)]
@@ -125,9 +125,9 @@ def test_prefetch_copies_the_heads_host_only_path_into_spare_pages():
     assert plan.nodes == [1, 2, 3, 4]
     rb = ix.begin_prefetch(plan.nodes, [31, 32, 33, 34])
     assert [(b.node, b.page) for b in rb.blocks] == [(1, 31), (2, 32), (3, 33), (4, 34)]
-    assert len(ix.lru) == 0  # Filling nodes are pinned
+    assert len(ix.blocks.lru) == 0  # Filling nodes are pinned
     ix.on_restore_landed(rb.batch_id)
-    assert list(ix.lru.order()) == [N(4), N(3), N(2), N(1)]  # deeper blocks go first
+    assert list(ix.blocks.lru.order()) == [N(4), N(3), N(2), N(1)]  # deeper blocks go first
     q = ix.quote(prepare_prompt(A), QuoteParams(12, 20, 100))
     assert (q.readiness, q.source, q.restore_blocks) == (Readiness.READY, 1, 0)
     assert ix.counters.prefetched_blocks == 4

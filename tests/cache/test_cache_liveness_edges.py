@@ -80,7 +80,7 @@ def test_undone_block_write_revalues_the_snapshot_that_owned_the_blocks():
     h_before = ix.snapshot(1).h
     assert ix.abort_write_through(batch) == []
     assert [ix.node(n).host_state for n in (1, 2, 3, 4)] == [ABSENT] * 4
-    assert [e.id for e in ix.lru.unbacked] == [4, 3, 2, 1]
+    assert [e.id for e in ix.blocks.lru.unbacked] == [4, 3, 2, 1]
     ix.host_tier.flush()
     assert ix.snapshot(1).h > h_before  # fewer exclusive bytes, same saving: worth more
     ix.check_invariants()
@@ -167,7 +167,7 @@ def test_eviction_skips_unbacked_blocks_above_a_prefetch_in_flight():
     assert ix.abort_write_through(write.batch_id) == []
     backed = [ix.node(n).device_page for n in (4, 3)]
     assert ix.evict_device_pages(2) == backed  # blocks 3, 2: Host-backed
-    assert list(ix.lru.unbacked) == [DeviceEntry(EntryKind.NODE, n) for n in (2, 1)]
+    assert list(ix.blocks.lru.unbacked) == [DeviceEntry(EntryKind.NODE, n) for n in (2, 1)]
     q = ix.quote(prepare_prompt(P[:300]), QuoteParams(6, 0, 10**6))
     plan = ix.plan_prefetch(q, 10)
     assert (plan.nodes, plan.evicted_pages) == ([3, 4], [])
@@ -179,7 +179,7 @@ def test_eviction_skips_unbacked_blocks_above_a_prefetch_in_flight():
     assert ix.evictable_pages() == 4
     block_1 = ix.node(2).device_page
     assert ix.evict_device_pages(3) == [8, 7, block_1]  # backed first, then unbacked block 1
-    assert sorted(ix.tree.nodes) == [0, 1]
+    assert sorted(ix.blocks.tree.nodes) == [0, 1]
     ix.check_invariants()
 
 
@@ -202,13 +202,13 @@ def test_a_failed_restore_deletes_the_block_with_its_subtree_and_frees_every_cop
     ix.on_write_through_landed(pub.write.batch_id)
     ix.on_write_through_landed(rel.write.batch_id)
     assert ix.evict_device_pages(2) == [6, 5]
-    assert list(ix.lru.unbacked) == [DeviceEntry(EntryKind.NODE, 3)]
+    assert list(ix.blocks.lru.unbacked) == [DeviceEntry(EntryKind.NODE, 3)]
     q = ix.quote(prepare_prompt(P[:64] + tokens(2, 30)), QuoteParams(3, 10**6, 10**6))
     st = ix.stage(q, 2, 10**6)
     assert (st.source, st.path, st.restore_pages_needed) == (1, [1], 1)
     rb = ix.begin_restore(2, [9])
     assert ix.abort_restore(rb.batch_id) == [9, 0]
-    assert sorted(ix.tree.nodes) == [0] and not ix.snapshots.by_id and not ix.lanes
+    assert sorted(ix.blocks.tree.nodes) == [0] and not ix.snapshots.by_id and not ix.lanes
     assert ix.host.free_slabs == 4 and ix.snapshots.slots.free_count == 4
     st = ix.stats()
     assert (st.subtree_deletions, st.nodes_deleted, st.snapshots_deleted) == (1, 3, 1)

@@ -21,8 +21,8 @@ def brute_evictable(ix) -> int:
     """What eviction would free, from its own rule: every LRU entry but an unbacked node whose
     subtree holds a pin."""
     out = 0
-    for e in ix.lru.order():
-        if e.kind == EntryKind.NODE and not ix.lru.is_backed(e):
+    for e in ix.blocks.lru.order():
+        if e.kind == EntryKind.NODE and not ix.blocks.lru.is_backed(e):
             out += not ix._subtree_pinned(ix.node(e.id))
         else:
             out += 1
@@ -34,17 +34,17 @@ def test_resumed_turn_evicts_its_new_blocks_before_the_shared_prefix():
     d = Driver(ix)
     a = tokens(1, 300)
     d.run(1, a, endpoint=300)  # nodes 1-4 written through and landed; endpoint 1 (tail 44)
-    assert list(ix.lru.backed) == [T(1), N(4), N(3), N(2), N(1)]
+    assert list(ix.blocks.lru.backed) == [T(1), N(4), N(3), N(2), N(1)]
     b = a + tokens(2, 260)  # 560 tokens: resumes from endpoint 1 at 300
     q, st = d.admit(2, b)
     assert (q.source, st.frontier, st.path) == (1, 300, [1, 2, 3, 4])
     d.commit(2, 512)  # nodes 5-8
     res = ix.release(2)  # 1-4 are Host-backed: evictable at once; 5-8 wait for their copy
     assert [c.node for c in res.write.blocks] == [5, 6, 7, 8]
-    assert list(ix.lru.backed) == [T(1), N(4), N(3), N(2), N(1)]
+    assert list(ix.blocks.lru.backed) == [T(1), N(4), N(3), N(2), N(1)]
     ix.on_write_through_landed(res.write.batch_id)
     # deeper blocks first along the path: the conversation's newer blocks, then the prefix
-    assert list(ix.lru.backed) == [T(1), N(8), N(7), N(6), N(5), N(4), N(3), N(2), N(1)]
+    assert list(ix.blocks.lru.backed) == [T(1), N(8), N(7), N(6), N(5), N(4), N(3), N(2), N(1)]
     assert ix.evict_device_pages(6) == [1004, 1008, 1007, 1006, 1005, 1003]
     assert [ix.node(i).device_state for i in range(1, 9)] == [1, 1, 1, 0, 0, 0, 0, 0]
     ix.check_invariants()
@@ -60,7 +60,7 @@ def test_prefetched_path_lands_deepest_first():
     plan = ix.plan_prefetch(q, free_pages=4)
     rb = ix.begin_prefetch(plan.nodes, [31, 32, 33, 34])
     ix.on_restore_landed(rb.batch_id)
-    assert list(ix.lru.order()) == [N(4), N(3), N(2), N(1)]
+    assert list(ix.blocks.lru.order()) == [N(4), N(3), N(2), N(1)]
     assert ix.evict_device_pages(1) == [34]
     ix.check_invariants()
 
@@ -80,7 +80,7 @@ def _pinned_below_unbacked():
 
 def test_quote_does_not_count_unbacked_nodes_whose_subtree_is_pinned():
     ix, d = _pinned_below_unbacked()
-    assert list(ix.lru.unbacked) == [N(3), N(2)] and not ix.lru.backed
+    assert list(ix.blocks.lru.unbacked) == [N(3), N(2)] and not ix.blocks.lru.backed
     assert ix.snapshot(1).restore_pins == 1 and ix.node(1).restore_pins == 1
     # 2 pages needed, none free: eviction would free nothing, so the quote must not be READY
     q = ix.quote(prepare_prompt(tokens(2, 100)), QuoteParams(2, 0, 100))
@@ -90,7 +90,10 @@ def test_quote_does_not_count_unbacked_nodes_whose_subtree_is_pinned():
     for bid in list(d.pending):  # the writes land: node 1 backed; the snapshot unpinned
         ix.on_write_through_landed(bid)
     d.pending.clear()
-    assert list(ix.lru.backed) == [T(1), N(1)] and list(ix.lru.unbacked) == [N(3), N(2)]
+    assert list(ix.blocks.lru.backed) == [T(1), N(1)] and list(ix.blocks.lru.unbacked) == [
+        N(3),
+        N(2),
+    ]
     assert ix.evictable_pages() == 4 == brute_evictable(ix)
     q = ix.quote(prepare_prompt(tokens(2, 100)), QuoteParams(2, 0, 100))
     assert q.readiness == Readiness.READY

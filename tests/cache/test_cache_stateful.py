@@ -213,7 +213,7 @@ class CacheMachine(RuleBasedStateMachine):
     def consistent(self):
         ix = self.ix
         ix.check_invariants()
-        owned = [n.device_page for n in ix.tree.nodes.values() if n.device_page >= 0]
+        owned = [n.device_page for n in ix.blocks.tree.nodes.values() if n.device_page >= 0]
         owned += [s.tail_page for s in ix.snapshots.by_id.values() if s.tail_page >= 0]
         private = [p for rec in self.lanes.values() for p in rec["private"]]
         everything = owned + private + list(self.free)

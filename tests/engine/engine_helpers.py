@@ -124,7 +124,7 @@ def assert_idle(llm) -> None:
         index = kv_state.index
         if index is not None:
             assert not index.lanes and not index.batches
-            for node in index.tree.nodes.values():
+            for node in index.blocks.tree.nodes.values():
                 assert node.active_refs == 0 and node.restore_pins == 0, node
             for snap in index.snapshots.by_id.values():
                 assert snap.restore_pins == 0, snap

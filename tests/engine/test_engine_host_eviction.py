@@ -36,7 +36,7 @@ def _trace_host_evictions(index) -> list[tuple]:
     )
 
     def traced_sweep():
-        nid = next(iter(index.dead), None)
+        nid = next(iter(index.blocks.dead), None)
         done = sweep()
         if done:
             log.append(("dead", nid))

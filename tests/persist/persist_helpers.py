@@ -79,7 +79,7 @@ def names(index) -> set[str]:
 def check_contents(bridge) -> None:
     """Every restored block and snapshot slab holds the pattern of what it holds."""
     index, slabs = bridge.index, bridge.host_slabs
-    for node in index.tree.nodes.values():
+    for node in index.blocks.tree.nodes.values():
         if node.id == ROOT:
             continue
         chain, rest = divmod(int.from_bytes(node.tokens[:4], "little"), 1000)

@@ -54,7 +54,7 @@ def test_round_trip_restores_every_entry_byte_for_byte(tmp_path):
         assert s.device_state == Residency.ABSENT and s.host_state == Residency.RESIDENT
     hits = {s.frontier: s.hits for s in dst.index.snapshots.by_id.values()}
     assert hits[256] == 5 and hits[64] == 0
-    assert len(dst.index.tree) == 8
+    assert len(dst.index.blocks.tree) == 8
     check_contents(dst)
     dst.index.check_invariants()
     assert f.last_load.bytes == 19 * 4096
@@ -120,7 +120,7 @@ def test_partial_restore_keeps_the_densest_snapshots(tmp_path, caplog, capacity,
     with caplog.at_level(logging.INFO, logger="ninfer.cache"):
         f.load(dst)
     assert names(dst.index) == kept
-    assert len(dst.index.tree) == blocks  # only the path blocks the kept snapshots need
+    assert len(dst.index.blocks.tree) == blocks  # only the path blocks the kept snapshots need
     check_contents(dst)
     dst.index.check_invariants()
     partly = [r for r in caplog.records if "partly restored" in r.getMessage()]
@@ -150,7 +150,7 @@ def test_a_tier_that_holds_no_snapshot_restores_nothing(tmp_path, caplog):
     dst = make_tier(5)
     with caplog.at_level(logging.WARNING, logger="ninfer.cache"):
         assert f.load(dst) == 0
-    assert len(dst.index.tree) == 0 and not dst.index.snapshots.by_id
+    assert len(dst.index.blocks.tree) == 0 and not dst.index.snapshots.by_id
     (msg,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert "not restored" in msg and "replaces the file" in msg
 
@@ -193,7 +193,7 @@ def test_a_damaged_file_loads_nothing(tmp_path, caplog, damage, why):
     dst = make_tier(40)
     with caplog.at_level(logging.WARNING, logger="ninfer.cache"):
         assert f.load(dst) == 0
-    assert len(dst.index.tree) == 0 and not dst.index.snapshots.by_id
+    assert len(dst.index.blocks.tree) == 0 and not dst.index.snapshots.by_id
     assert dst.index.host.free_slabs == 40
     dst.index.check_invariants()
     (msg,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

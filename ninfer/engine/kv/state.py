@@ -266,11 +266,12 @@ class KVState:
             return []
         from ninfer.cache.common import ROOT, Residency
 
-        nodes = self.index.tree.nodes.values()
+        nodes = self.index.blocks.tree.nodes.values()
         pages = [
             n.device_page for n in nodes if n.id != ROOT and n.device_state != Residency.ABSENT
         ]
-        return pages + [s.tail_page for s in self.index.snapshots.by_id.values() if s.tail_page >= 0]
+        snaps = self.index.snapshots.by_id.values()
+        return pages + [s.tail_page for s in snaps if s.tail_page >= 0]
 
     def check_invariants(self, lanes: list[Lane]) -> None:
         """Cache §10 invariants plus the memory partition: every page exactly one of free /
@@ -301,7 +302,7 @@ class KVState:
         index = self.index
         from ninfer.cache.device_lru import EntryKind
 
-        lru, brute = index.lru, 0
+        lru, brute = index.blocks.lru, 0
         for e in lru.order():
             skip = e.kind == EntryKind.NODE and not lru.is_backed(e)
             brute += not (skip and index._subtree_pinned(index.node(e.id)))
