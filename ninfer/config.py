@@ -374,11 +374,32 @@ def _host_geometry(
     return plan_slab_geometry(host_mib, n_fa, page_bytes // n_fa, state_bytes)
 
 
+def check_fit(opts: EngineOptions, model: Qwen35Config, on_cuda: bool) -> None:
+    """The rules between the options and the model's shape that need no memory measurement:
+    ValueError naming the field. `resolve` applies them; `LLM` applies them before it loads the
+    weights too, so that a value the checkpoint rules out fails before a long load."""
+    resolve_dtypes(opts, on_cuda)
+    if opts.max_model_len is not None:
+        _check_int("max_model_len", opts.max_model_len, 2, model.max_position_embeddings)
+        if opts.kv_capacity != "auto" and opts.kv_capacity < opts.max_model_len:
+            _kv_short(opts.kv_capacity // PAGE_SIZE, opts.max_model_len)
+    if opts.prefix_cache_file is not None and not opts.host_cache_mib:
+        raise ValueError("prefix_cache_file needs a Host tier (host_cache_mib > 0)")
+
+
+def _kv_short(pages: int, max_model_len: int) -> None:
+    raise ValueError(
+        f"kv_capacity holds {pages * PAGE_SIZE} tokens, less than max_model_len="
+        f"{max_model_len}: one max-length request must fit"
+    )
+
+
 def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> EngineConfig:
     """Compute every derived value (spec §14.2, ADAPTATION.md defaults) once. Pure; raises
     ValueError naming the offending field where the model or the device rules a value out
     (`EngineOptions` has checked each value on its own)."""
     on_cuda = facts.device.startswith("cuda")
+    check_fit(opts, model, on_cuda)
     c = opts.max_concurrency
     dtype, kv_dtype = resolve_dtypes(opts, on_cuda)
     chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
@@ -399,10 +420,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
     ladder = opts.cache_tap_ladder if opts.cache_tap_ladder is not None else max(4096, 2 * chunk)
     gap = opts.cache_tap_min_gap if opts.cache_tap_min_gap is not None else max(1024, chunk)
     forward = -(-FORWARD_TAP_MIN // chunk) * chunk
-    len_cfg = model.max_position_embeddings
-    if opts.max_model_len is not None:
-        _check_int("max_model_len", opts.max_model_len, 2, len_cfg)
-        len_cfg = opts.max_model_len
+    len_cfg = opts.max_model_len or model.max_position_embeddings
     graphs = bool(opts.cuda_graphs) and on_cuda
     graph_tokens = min(opts.prefill_graph_tokens, chunk)
     graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
@@ -411,12 +429,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
     pages = _resolve_pages(opts, facts, page_bytes, states, c, len_cfg)
     max_len = min(len_cfg, pages * PAGE_SIZE)
     if opts.max_model_len is not None and max_len < opts.max_model_len:
-        raise ValueError(
-            f"kv_capacity holds {pages * PAGE_SIZE} tokens, less than max_model_len="
-            f"{opts.max_model_len}: one max-length request must fit"
-        )
-    if opts.prefix_cache_file is not None and not host_bytes:
-        raise ValueError("prefix_cache_file needs a Host tier (host_cache_mib > 0)")
+        _kv_short(pages, opts.max_model_len)  # "auto" KV: the memory left after the weights
     return EngineConfig(
         model=opts.model,
         device=facts.device,

@@ -27,6 +27,7 @@ from ninfer.cache.keys import prepare_prompt
 from ninfer.config import (
     EngineConfig,
     EngineOptions,
+    check_fit,
     option_fields,
     probe_device,
     resolve,
@@ -124,7 +125,9 @@ class LLM:
     def _init(self, options, facts, config, tokenizer, template, build, identity=None) -> None:
         t_start = time.perf_counter()
         options = _check_cache_file(options)
-        dtype, _ = resolve_dtypes(options, facts.device.startswith("cuda"))
+        on_cuda = facts.device.startswith("cuda")
+        check_fit(options, config, on_cuda)  # before a long weight load
+        dtype, _ = resolve_dtypes(options, on_cuda)
         model = build(torch_dtype(dtype))
         got = next(model.parameters()).dtype
         if got != torch_dtype(dtype):

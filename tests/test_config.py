@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -123,6 +124,31 @@ def test_a_bad_option_fails_before_the_model_loads(monkeypatch):
         LLM(device="cpu", max_concurrency=9)
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['max_batch'\]"):
         LLM(device="cpu", max_batch=4)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_model_len": 10**9}, "max_model_len must be in 2..32768, got 1000000000"),
+        ({"max_model_len": 2048, "kv_capacity": 1024}, "kv_capacity holds 1024 tokens"),
+        ({"prefix_cache_file": "x.cache", "host_cache_mib": 0}, "prefix_cache_file needs"),
+        ({"kv_dtype": "fp8_e4m3"}, "kv_dtype='fp8_e4m3' needs a CUDA device"),
+    ],
+)
+def test_a_value_the_model_rules_out_fails_before_the_weights_load(
+    monkeypatch, tmp_path, options, message
+):
+    """Rules between an option and the checkpoint's shape fail before the (long) weight load."""
+    from ninfer import LLM
+    from ninfer.models import presets
+
+    def no_build(*_args, **_kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(presets, "build_random_model", no_build)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LLM(device="cpu", **options)
 
 
 def test_resolve_runs_once_per_engine(monkeypatch):
