@@ -148,7 +148,7 @@ def pass_seconds(model: Qwen35Config, tokens: int, flops_per_s: float | None = N
 
 
 # Planning constants: an eager prefill pass's host time, Python and kernel launches per layer, as
-# profiled on the H200 (docs/results-h200.md, eleventh session, the solo chunk).
+# profiled on the H200 (docs/results-h200.md, "longer passes for a lone prompt").
 HOST_S_PER_GDN_LAYER = 2.4e-3
 HOST_S_PER_FULL_LAYER = 1.05e-3
 

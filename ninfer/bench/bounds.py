@@ -51,8 +51,8 @@ def device_seconds(fn: Callable[[], object], device: torch.device, iters: int) -
     timer around each call adds the launch and the synchronisation to a millisecond-long copy
     or product (a bound too loose, every fraction of it high); and the best batch, not a long
     sustained run, is what the chip reaches: clocks settle lower under sustained load, so the
-    burst figure makes the stricter MFU (docs/results-h200.md, sixth session, "What the
-    figures count now"). On a CPU: `timeit`."""
+    burst figure makes the stricter MFU (docs/results-h200.md, "What the figures count now").
+    On a CPU: `timeit`."""
     if device.type != "cuda":
         return timeit(fn, device, iters)
     spin(fn, device, 0.03)

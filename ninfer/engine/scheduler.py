@@ -7,7 +7,7 @@ this module decides, for the admitted lanes, the rows of one step:
   * prefilling lanes (one at a time unless `concurrent_prefill`) share a budget of
     `prefill_chunk` tokens, in admission order; of `solo_chunk` tokens when no lane decodes
     (nobody waits between tokens, so a lone prompt takes fewer, longer passes, each with less
-    host time per token; measured: docs/results-h200.md, eleventh session).
+    host time per token; measured: docs/results-h200.md, "longer passes for a lone prompt").
 
 Chunk ends, for a lane at frontier s with prompt length n (planned exact tap e_x, spec §7.1):
 
@@ -26,7 +26,7 @@ inside the pass (`Slice.tap_at` = c: the GDN layers run the row in two parts, se
 `forward.GdnSplit`), one such row per step, moved to the step's end; a second one in the
 same step is cut at c instead (two passes). With budget = final_cap neither happens: a final
 chunk is at most the budget. The tap inside the pass costs less than cutting the chunk in two
-(measured: docs/results-h200.md, thirteenth session).
+(measured: docs/results-h200.md, "the prompt-tail snapshot inside the pass").
 """
 
 from __future__ import annotations

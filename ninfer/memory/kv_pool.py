@@ -13,8 +13,8 @@ of n consecutive free pages when one exists (a C-speed search of the free flags)
 lowest free pages (a min-heap). So the pages a lane grows into, and hence the blocks it writes
 through at release, and the pages a restore fills, are mostly consecutive: `copy_runs` joins
 consecutive pages (and slabs) into one copy per layer, which runs near the PCIe bound where a
-copy per scattered page runs far below it (docs/results-h200.md, first session, "Copies the
-cache tiers need").
+copy per scattered page runs far below it (docs/results-h200.md, "Copies the cache tiers
+need").
 
 Free-list invariant: `_flags[p]` is 1 iff page p is free and `_num_free` counts them; every free
 page is in `_heap` (entries of allocated pages are stale and skipped when popped; the heap is

@@ -8,14 +8,15 @@ of that pass reuse the plan. Four paths, by pass:
 - a prefill pass whose rows all start a sequence (no cached context: a cold prompt, its first
   chunk), run eagerly: `BatchPrefillWithRaggedKVCacheWrapper` over the pass's own k and v,
   when the cache holds them unscaled in their dtype (faster than the paged kernel over the
-  same tokens: docs/results-h200.md, sixth session, "ragged attention");
+  same tokens: docs/results-h200.md, "honest MFU, ragged attention");
 - the gathered path: a prefill pass over a cached context with enough queries per KV head
   (`gather_pays`; a long prompt's later chunks, a cached turn's new tokens, every gathered
   bucket of the prefill graphs), an unscaled cache in the queries' dtype, at most
   `GATHER_SCRATCH_BYTES` of K/V to copy: each row's K and V
   pages are copied into contiguous buffers (`kv_gather`, one launch) and the ragged kernel
   attends over them, queries aligned to the end of the keys as the paged kernel aligns them
-  (`tools/device/bench_prefix_attention.py`; docs/results-h200.md, tenth session);
+  (`tools/device/bench_prefix_attention.py`; docs/results-h200.md, "gathered attention over
+  a cached context");
 - anything else `BatchPrefillWithPagedKVCacheWrapper` (fa3 on sm_90 for bf16; fa2 for bf16 q
   over an fp8 cache).
 
@@ -39,11 +40,11 @@ those scores are masked, but P = 0 times a non-finite V is NaN, so one non-finit
 its right neighbour. A graph bucket's right neighbour is its padding row, computed on the
 shared scratch slot and page. The warm-up's and the captures' rows of one repeated token make
 NaN GDN states with the matmul-product chunk inverse (`gdn_intra`), the padding rows carry them
-into the scratch, and a gathered replay's real row reads them (docs/results-h200.md, eleventh
-and twelfth sessions). So the GDN prefill runs fla's stable solve (`CudaOps.gdn_intra =
-"fla"`), the engine's GPU test covers both graph kinds, and the paged kind stays the default:
-the gathered one is not faster through the engine (same sections). The scratch is zeroed when
-made, so no row ever reads uninitialised memory.
+into the scratch, and a gathered replay's real row reads them (docs/results-h200.md, "a NaN in
+gathered graph replays" and "the NaN's cause was our GDN intra kernel"). So the GDN prefill
+runs fla's stable solve (`CudaOps.gdn_intra = "fla"`), the engine's GPU test covers both graph
+kinds, and the paged kind stays the default: the gathered one is not faster through the engine
+(same sections). The scratch is zeroed when made, so no row ever reads uninitialised memory.
 
 Plans never overtake a queued pass: FlashInfer's plan() writes its work schedule into the
 wrapper's one page-locked buffer and queues an asynchronous copy of it to the device; a second
@@ -68,7 +69,7 @@ from ninfer.ops.cuda.host import pinned, to_device
 WORKSPACE_BYTES = 256 << 20
 # The gathered path pays when the pass's query rows per KV head (q_len x GQA group), averaged
 # over its KV tokens, reach this: above the measured break-even, with a margin
-# (docs/results-h200.md, tenth session).
+# (docs/results-h200.md, "gathered attention over a cached context").
 GATHER_MIN_ROWS = 1536
 GATHER_SCRATCH_BYTES = 2 << 30  # the most K/V a gather may copy (a pass, the graphs' scratch)
 GATHER_GRAPHS = False  # prefill-graph buckets may capture the gathered path (module docstring)

@@ -44,7 +44,7 @@ class Tile(NamedTuple):
 
 # The prefill tile, chosen over the block shapes `tools/device/bench_gdn_glue.py` times at the
 # 9B's and 27B's GDN channel counts, x a strided view of the in_proj (docs/results-h200.md,
-# eighth session, "Conv tiles"). A variant walking each tile's tokens in order, every input
+# "Conv tiles"). A variant walking each tile's tokens in order, every input
 # loaded once into registers, was slower than every tile shape: the K shifted loads of a tile
 # hit the cache.
 TILE = Tile(16, 256, 4)

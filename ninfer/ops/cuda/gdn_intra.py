@@ -9,10 +9,10 @@ by 4.6e5, beta = 0.9 by 1.1e13; even fp32 products give 2.1e9 there; random keys
 (`tools/gdn_inverse_stability.py`, CPU). A run of one repeated token is such a chunk, and
 the engine's warm-up and prefill-graph capture passes repeat one token: with this kernel they
 produce NaN states, which can reach a real row through the gathered attention's shared K/V
-scratch (`ninfer.ops.cuda.attention`; found on the device: docs/results-h200.md, twelfth
-session). Random test inputs (near-orthogonal keys) do not show it: errors 2e-5 to 7e-5.
-So `CudaOps.gdn_intra` defaults to "fla" (fla's kkt + blocked triangular solve: substitution,
-stable), and this kernel stays for the benchmarks that compare the two
+scratch (`ninfer.ops.cuda.attention`; found on the device: docs/results-h200.md, "the NaN's
+cause was our GDN intra kernel"). Random test inputs (near-orthogonal keys) do not show it:
+errors 2e-5 to 7e-5. So `CudaOps.gdn_intra` defaults to "fla" (fla's kkt + blocked triangular
+solve: substitution, stable), and this kernel stays for the benchmarks that compare the two
 (`tools/device/bench_gdn_intra.py`); making it stable (substitution on the 16 x 16 diagonal
 blocks, products only to merge them, as fla does) is open.
 
@@ -41,7 +41,7 @@ tests bound both against a float64 solve. `SOLVE` picks the matmul precision: "t
 inputs (T is rounded to bf16 before the output matmuls, as fla does, which dominates the
 error, for tf32, tf32x3 and fla alike), "tf32x3" (three tf32 products, about fp32 accuracy,
 twice the time) for fp32 inputs. Its time against fla's (`tools/device/bench_gdn_intra.py`):
-docs/results-h200.md, ninth session, "our own GDN intra kernel".
+docs/results-h200.md, "our own GDN intra kernel".
 
 Varlen layout as fla's: k [1, T, Hk, dk], v [1, T, Hv, dv], beta [1, T, Hv], g [1, T, Hv]
 fp32, all contiguous; `cu_seqlens` [R + 1] and `chunk_indices` [NC, 2] (row, chunk in row)

@@ -4,12 +4,12 @@ where the compiled torch version is slow, the K/V write of an attention layer in
 the attention's q / k norm + partial RoPE in one launch per tensor, and its sigmoid output gate
 (compiled, those two read the strided q | gate halves at a fraction of the copy rate), and the
 GDN layer's gated RMSNorm over the strided z view of the fused in_proj (compiled, it stays well
-off its copy bound). Measured: docs/results-h200.md, seventh session, "GDN prefill glue".
+off its copy bound). Measured: docs/results-h200.md, "GDN prefill glue, host time".
 
 `torch.compile(dynamic=True)` turns `silu(gate) * up` into one kernel over a flat index, which
 it splits into (row, column) with a runtime 64-bit division per element, and that division
 bounds it well below the copy rate on prefill-sized halves (measured: docs/results-h200.md,
-fourth session, "Prefill glue"). Here a 2-D grid (row, column block) needs no division. Math
+"overlapped decode, fewer launches"). Here a 2-D grid (row, column block) needs no division. Math
 in fp32, one rounding to the output dtype (as the compiled version). Knows nothing about the
 model.
 """

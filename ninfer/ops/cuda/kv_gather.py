@@ -6,8 +6,8 @@ Why: FlashInfer's fa3 paged prefill loads K/V tiles through the page table and r
 below the ragged kernel over contiguous K/V at head_dim 256; with many queries per row the
 gather costs a small part of the attention time it saves, with few it costs more than it saves,
 so the caller decides per pass (`attention.gather_pays`). Measured with
-`tools/device/bench_prefix_attention.py`: docs/results-h200.md, tenth session, "gathered
-attention over a cached context".
+`tools/device/bench_prefix_attention.py`: docs/results-h200.md, "gathered attention
+over a cached context".
 
 Layout: cache [pages, 2, 64, Hkv, D] (K plane 0, V plane 1; each page's planes contiguous);
 row r's pages are indices[page_indptr[r] : page_indptr[r + 1]] and its kv_len tokens land at
