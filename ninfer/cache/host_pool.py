@@ -172,7 +172,8 @@ class HostSlabPool:
       - a slab's bytes [offset, offset + slab_bytes) lie inside one chunk.
     `allocate` hands out the lowest free slabs, ascending (O(k log n), not the spec's O(1)
     stack): a write-through batch or a snapshot image then lands in consecutive slabs, which
-    the memory layer copies as one run per layer (about 2x faster than scattered slabs).
+    the memory layer copies as one run per layer (docs/results-h200.md, "Copies the cache tiers
+    need": a run near the PCIe bound, scattered copies far below it).
     """
 
     __slots__ = ("geometry", "slab_bytes", "n_slabs", "slabs_per_chunk", "_free", "_allocated")
