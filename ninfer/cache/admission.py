@@ -21,10 +21,20 @@ from __future__ import annotations
 
 from itertools import repeat
 
+from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, ROOT, Residency, ceil_div
+from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
 from ninfer.cache.keys import PromptBlocks
-from ninfer.cache.records import MatchResult, Quote, QuoteParams, Readiness, SourceCost
+from ninfer.cache.records import (
+    CacheConfig,
+    MatchResult,
+    Quote,
+    QuoteParams,
+    Readiness,
+    SourceCost,
+)
+from ninfer.cache.snapshot_store import SnapshotStore
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
@@ -39,7 +49,20 @@ class _PathStats:
         self.filling, self.all_device = filling, all_device
 
 
-class AdmissionMixin:
+class Admission:
+    """The §6 arithmetic over the block and snapshot stores. Owns nothing and mutates nothing;
+    PrefixIndex passes what depends on its lanes and batches (the blocked nodes, the epoch)."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        cost: CacheCostModel,
+        blocks: BlockStore,
+        snapshots: SnapshotStore,
+    ) -> None:
+        self.config, self.cost = config, cost
+        self.blocks, self.snapshots = blocks, snapshots
+
     def match(self, prompt: PromptBlocks) -> MatchResult:
         """§6.1 lookup. Mutates nothing."""
         path, cands, _ = self._walk_prompt(prompt)
@@ -120,10 +143,11 @@ class AdmissionMixin:
             None if s is None else s.id, f, blocks, tail, image, nbytes, need, evictable, cost_s
         )
 
-    def quote(self, prompt: PromptBlocks, params: QuoteParams) -> Quote:
+    def quote(
+        self, prompt: PromptBlocks, params: QuoteParams, blocked: set[int], epoch: int
+    ) -> Quote:
         """§6.2-§6.3: choose the source and classify readiness. Mutates nothing, pins nothing."""
         n, ent = prompt.n_tokens, params.entitlement_pages
-        blocked = self._blocked_nodes()
         ev = len(self.blocks.lru) - len(blocked)
         path, cands, root_stats = self._walk_prompt(prompt, blocked)
         match = _match_result(path, cands)
@@ -170,7 +194,7 @@ class AdmissionMixin:
             restore_bytes=pick.restore_bytes,
             cached_prefix_tokens=match.cached_prefix_tokens,
             cost_s=pick.cost_s,
-            epoch=self.epoch,
+            epoch=epoch,
             prompt=prompt,
             match=match,
             considered=options,

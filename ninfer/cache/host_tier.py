@@ -52,6 +52,10 @@ class HostTier:
         self.L = 0.0
         self.dirty: set[int] = set()  # snapshots whose cached H is stale
 
+    def set_cost(self, cost: CacheCostModel) -> None:
+        """Value with `cost` from now on (cached H values are recomputed when next marked)."""
+        self._cost = cost
+
     # ---- slabs ---------------------------------------------------------------------------
 
     @property

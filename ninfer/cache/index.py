@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ninfer.cache.admission import AdmissionMixin
+from ninfer.cache.admission import Admission
 from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import (
     ROOT,
@@ -45,6 +45,7 @@ from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.host_pool import HostSlabPool
 from ninfer.cache.host_tier import HostTier
 from ninfer.cache.invariants import check_index
+from ninfer.cache.keys import PromptBlocks
 from ninfer.cache.lanes import LaneMixin
 from ninfer.cache.liveness import LivenessMixin
 from ninfer.cache.load import LoadMixin
@@ -53,6 +54,9 @@ from ninfer.cache.publish import PublishMixin
 from ninfer.cache.records import (
     CacheConfig,
     Lane,
+    MatchResult,
+    Quote,
+    QuoteParams,
     TransferRecord,
 )
 from ninfer.cache.slot_policy import SlotPolicyMixin
@@ -75,7 +79,6 @@ class PrefixIndex(
     SlotPolicyMixin,
     PrefetchMixin,
     LoadMixin,
-    AdmissionMixin,
     TransferMixin,
     LivenessMixin,
 ):
@@ -84,11 +87,12 @@ class PrefixIndex(
     def __init__(self, config: CacheConfig, cost: CacheCostModel) -> None:
         if config.slab_bytes <= 0 or config.image_bytes <= 0 or config.host_cache_bytes < 0:
             raise ValueError(f"invalid cache sizes in {config}")
-        self.config, self.cost = config, cost
+        self.config, self._cost = config, cost
         self.blocks = BlockStore(self._revalue)
         tree = self.blocks.tree
         self.snapshots = SnapshotStore(config.device_snapshot_slots, tree, self._revalue)
         self.host_tier = HostTier(config, cost, tree, self.snapshots.by_id)
+        self._admission = Admission(config, cost, self.blocks, self.snapshots)
         self.lanes: dict[int, Lane] = {}
         self.batches: dict[int, TransferRecord] = {}
         self.counters = CacheStats()
@@ -101,6 +105,17 @@ class PrefixIndex(
     @property
     def cache_epoch(self) -> int:
         return self.epoch
+
+    @property
+    def cost(self) -> CacheCostModel:
+        """The cost model that prices admission sources and GDSF values."""
+        return self._cost
+
+    @cost.setter
+    def cost(self, cost: CacheCostModel) -> None:
+        # Every later decision uses the new model; cached H values stay until next revalued.
+        self._cost = self._admission.cost = cost
+        self.host_tier.set_cost(cost)
 
     @property
     def host(self) -> HostSlabPool | None:
@@ -145,6 +160,15 @@ class PrefixIndex(
 
     def lane_path(self, lane: int) -> list[int]:
         return list(self._lane(lane, None).path)
+
+    def match(self, prompt: PromptBlocks) -> MatchResult:
+        """§6.1 lookup. Mutates nothing."""
+        return self._admission.match(prompt)
+
+    def quote(self, prompt: PromptBlocks, params: QuoteParams) -> Quote:
+        """§6.2-§6.3: choose the source and classify readiness. Mutates nothing, pins nothing
+        (admission.py)."""
+        return self._admission.quote(prompt, params, self._blocked_nodes(), self.epoch)
 
     def stats(self) -> CacheStats:
         """Counters plus freshly computed gauges (the live object: copy it to keep it).
