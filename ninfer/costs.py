@@ -197,10 +197,10 @@ def rates_for(device: str) -> DeviceRates:
 @functools.cache
 def _probe_cuda(device: str) -> DeviceRates:
     """Times the device briefly (~0.5 s): a bf16 8192^3 and an fp32 4096^3 product, and
-    64 MiB pinned copies each way (`ninfer.bench.bounds`), then releases what it allocated."""
+    64 MiB pinned copies each way (`ninfer.probe`), then releases what it allocated."""
     import torch
 
-    from ninfer.bench.bounds import link_bandwidth, matmul_peak, readback_bandwidth
+    from ninfer.probe import link_bandwidth, matmul_peak, readback_bandwidth
 
     dev = torch.device(device)
     with torch.cuda.device(dev):

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from ninfer.bench.bounds import sync
 from ninfer.models.config import Qwen35Config
+from ninfer.probe import sync
 
 
 def hf_config(cfg: Qwen35Config, dtype: torch.dtype):

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.bench.bounds import timeit
 from ninfer.forward import PAGE_SIZE
 from ninfer.models.config import Qwen35Config
+from ninfer.probe import timeit
 
 
 def _state_pool(cfg: Qwen35Config, slots: int, dtype: torch.dtype, device: torch.device):

@@ -31,9 +31,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from ninfer.bench.bounds import release_memory
 from ninfer.bench.profiling import profiled
 from ninfer.bench.throughput import FIRST_ID, greedy
+from ninfer.probe import release_memory
 
 SLACK_TOKENS = 64  # KV pool room beyond one conversation (the resumed tail's copy-on-write page)
 

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ninfer import probe
 from ninfer.bench import PARTS as PARTS  # re-exported
-from ninfer.bench import bounds as bounds_mod
-from ninfer.bench.bounds import release_memory
 from ninfer.bench.model_math import param_counts
 from ninfer.bench.profiling import profiled
 from ninfer.bench.restore import bench_restore
@@ -25,6 +24,7 @@ from ninfer.bench.resume import bench_resume
 from ninfer.bench.reuse import bench_reuse
 from ninfer.bench.throughput import bench_decode, bench_prefill, greedy, random_prompts
 from ninfer.bench.ttft import bench_ttft, trace_sessions
+from ninfer.probe import release_memory
 
 
 @dataclass(slots=True)
@@ -103,7 +103,7 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
     cfg = loaded.model.config
     counts = param_counts(cfg)
     log("measuring machine bounds...")
-    machine = bounds_mod.machine_bounds(loaded.device, loaded.dtype)
+    machine = probe.machine_bounds(loaded.device, loaded.dtype)
     results: dict = {
         "meta": {
             "model": loaded.label,

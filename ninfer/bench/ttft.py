@@ -12,9 +12,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from ninfer.bench.bounds import release_memory
 from ninfer.bench.throughput import greedy
 from ninfer.bench.workloads import TRACES, Session, apply_step, replay
+from ninfer.probe import release_memory
 
 
 def _chat(llm, conv: list[dict], max_tokens: int):

@@ -6,7 +6,7 @@ Each case: one fresh row of T tokens of a preset's GDN channels, bf16, x (and z)
 of the fused in_proj output as in the model. Every `conv.Tile` of the sweep is timed by
 `triton.testing.do_bench` (median, after one untimed call that compiles it) and checked equal,
 bit for bit, to the default tile's output. Bounds: what must be read once and written once,
-over the copy bandwidth (`ninfer.bench.bounds.copy_bandwidth`). One JSON line per measurement.
+over the copy bandwidth (`ninfer.probe.copy_bandwidth`). One JSON line per measurement.
 
     python3 tools/device/bench_gdn_glue.py [--cases 9B:8192,27B:8192] [--out bench_gdn_glue.json]
 """

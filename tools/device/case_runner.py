@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from ninfer.bench import bounds
+from ninfer import probe as bounds
 
 
 def main(doc: str, default_cases: str, default_out: str,

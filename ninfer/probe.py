@@ -1,4 +1,5 @@
-"""Measured machine limits the benchmark figures are printed beside.
+"""Measured machine limits: the bounds benchmark figures are printed beside, and the rates the
+cost model probes on a CUDA device at start-up (`ninfer.costs.device_rates`).
 
 `copy_bandwidth` times a large tensor copy (bytes read + written per second): the bound for
 decode (weights + KV + state streamed once per step) and for restores and taps. `matmul_peak`
