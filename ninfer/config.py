@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ninfer.cache.common import BLOCK_TOKENS as PAGE_SIZE  # a KV page holds one cache block
 from ninfer.cache.host_pool import SlabGeometry, plan_slab_geometry
 from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, pass_seconds, solo_chunk_pays
+from ninfer.ops.choices import GATHER_MIN_ROWS, GDN_INTRA, OpChoices
 
 if TYPE_CHECKING:  # the command line reads the options without importing torch
     from ninfer.models.config import Qwen35Config
@@ -146,10 +147,36 @@ class EngineOptions:
     check_invariants: bool = _opt(
         False, "check the cache and memory invariants after every step (debugging)", flag=False
     )
+    # The CUDA op set's choices (`ninfer.ops.choices.OpChoices`; the reference ops have one
+    # path per op and ignore them): experiments and tests set them, no command-line flag.
+    gather_graphs: bool = _opt(
+        False, "prefill-graph buckets may capture the gathered attention path", flag=False
+    )
+    gather_min_rows: float = _opt(
+        GATHER_MIN_ROWS, "query rows per KV head from which a prefill pass over a cached "
+        "context gathers its K/V (0: always, inf: never)", kind=float, lo=0,
+        flag=False)  # fmt: skip
+    gdn_intra: str = _opt(
+        "fla", 'the GDN prefill\'s intra-chunk kernel: "fla" or "ninfer"', choices=GDN_INTRA,
+        flag=False)  # fmt: skip
+    conv_tile: tuple[int, int, int] | None = _opt(
+        None, "the prefill conv's launch shape (rows, channels, warps), powers of two (default: "
+        "the kernel's)", flag=False)  # fmt: skip
 
     def __post_init__(self) -> None:
         for f, option in option_fields():
             _check_option(f.name, getattr(self, f.name), f.default, option)
+        op_choices(self)  # checks what no `Option` rule says (conv_tile's shape)
+
+
+def op_choices(opts: EngineOptions) -> OpChoices:
+    """The op set's choices among `opts` (ValueError naming a field they rule out)."""
+    return OpChoices(
+        gather_graphs=opts.gather_graphs,
+        gather_min_rows=opts.gather_min_rows,
+        gdn_intra=opts.gdn_intra,
+        conv_tile=opts.conv_tile,
+    )
 
 
 def option_fields() -> Iterator[tuple[Field, Option]]:
@@ -226,6 +253,7 @@ class EngineConfig:
     prefill_graph_tokens: int  # 0 when off (no CUDA graphs); else a multiple of 64
     seed: int
     check_invariants: bool
+    op_choices: OpChoices  # handed to the op set when it is built (`select_ops`)
     # the rates every time estimate uses (`ninfer.costs`): the scheduler's pass sizing and the
     # cache's cost model (spec §6.2, §9.4)
     prefill_flops_per_s: float = CPU_RATES.prefill_flops_per_s("float32")
@@ -461,6 +489,7 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         prefill_graph_tokens=graph_tokens,
         seed=int(opts.seed),
         check_invariants=bool(opts.check_invariants),
+        op_choices=op_choices(opts),
         prefill_flops_per_s=rate,
         h2d_bytes_per_s=rates.h2d_bytes_per_s,
         d2h_bytes_per_s=rates.d2h_bytes_per_s,

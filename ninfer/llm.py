@@ -142,7 +142,7 @@ class LLM:
         from ninfer.persist.cache_file import for_engine
         from ninfer.sampling import make_generator
 
-        ops = select_ops(device, self._cfg.compile)
+        ops = select_ops(device, self._cfg.compile, self._cfg.op_choices)
         self._persist = for_engine(self._cfg, config, ops, identity)  # spec §5.5, or None
         try:
             self._engine = Engine(

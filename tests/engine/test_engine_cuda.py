@@ -20,6 +20,7 @@ from ninfer.engine.executor.runner import Row, Runner
 from ninfer.engine.executor.warmup import warm_up
 from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.models.presets import build_random_model
+from ninfer.ops.choices import OpChoices
 from ninfer.ops.reference import ReferenceOps
 from ninfer.request import SamplingParams
 from ninfer.sampling import SampleResult
@@ -227,10 +228,8 @@ def test_prefill_graph_replay_equals_eager(model, gather):
     the threshold), the graphs' gather over a fixed grid of every page a bucket can name."""
     runners = []
     for graphs in (False, True):
-        ops = CudaOps(DEV)
-        if gather:
-            ops.attention_planner.gather_min_rows = 0
-            ops.attention_planner.gather_graphs = True
+        choices = OpChoices(gather_graphs=True, gather_min_rows=0) if gather else None
+        ops = CudaOps(DEV, choices=choices)
         runner = Runner(model, ops, new_cache(slots=9, pages=65), DEV, sampler=_greedy)
         prefill = (256, 64, 8) if graphs else None  # scratch page 64, scratch slot 8
         warm_up(runner, [61, 62, 63], list(range(6)), graphs, 16, prefill)
@@ -276,7 +275,7 @@ LOGPROB_TOL = 0.1  # bf16 logits of two pass shapes: the runner test above measu
 
 
 @pytest.mark.parametrize("gather", [False, True], ids=["paged", "gathered"])
-def test_engine_prefill_graphs_match_eager_on_cuda(model, monkeypatch, gather):
+def test_engine_prefill_graphs_match_eager_on_cuda(model, gather):
     """The engine with prefill graphs over a conversation whose later turns echo the previous
     answer, so that each resumes from that turn's endpoint snapshot and is one short prefill
     after a cached context: 401 tokens after 307 (bucket 7: gathered with `gather`), then 41
@@ -286,9 +285,7 @@ def test_engine_prefill_graphs_match_eager_on_cuda(model, monkeypatch, gather):
     with gathered graphs this once gave NaN (the warm-up's repeated-token rows made NaN GDN
     states, which the gathered attention's shared K/V scratch carried into a real row)."""
     from ninfer.llm import LLM
-    from ninfer.ops.cuda import attention
 
-    monkeypatch.setattr(attention, "GATHER_GRAPHS", gather)
     base = [(13 * i) % 2500 + 4 for i in range(300)]
     news = [list(range(900, 1300)), [7] * 40]
     params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
@@ -297,6 +294,7 @@ def test_engine_prefill_graphs_match_eager_on_cuda(model, monkeypatch, gather):
         llm = LLM.from_model(
             model, device="cuda", max_concurrency=2, kv_capacity=8192, host_cache_mib=0,
             prefill_chunk=512, check_invariants=True, prefill_graph_tokens=tokens,
+            gather_graphs=gather,
         )  # fmt: skip
         try:
             prefill = llm._engine.runner.prefill_graphs

@@ -15,7 +15,8 @@ from ninfer.engine.executor.graphs import DecodeGraphs
 from ninfer.engine.executor.runner import Row, Runner
 from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.models.presets import build_random_model
-from ninfer.ops.cuda.attention import GATHER_MIN_ROWS, gather_pays, page_metadata
+from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
+from ninfer.ops.cuda.attention import gather_pays, page_metadata
 from ninfer.ops.reference import ReferenceOps
 from ninfer.request import SamplingParams
 
@@ -209,8 +210,8 @@ def _csr_ops(monkeypatch):
     class CsrOps(ReferenceOps):
         name = "csr"
 
-        def __init__(self) -> None:
-            self._attention = PagedAttention(torch.device("cpu"))
+        def __init__(self, choices: OpChoices | None = None) -> None:
+            self._attention = PagedAttention(torch.device("cpu"), choices)
 
         @property
         def attention_planner(self):
@@ -272,8 +273,7 @@ def test_gathered_prefill_matches_reference(monkeypatch):
     cpu = torch.device("cpu")
     runners = []
     for min_rows in (0, float("inf"), 0):  # gathered, paged, gathered but over the byte cap
-        ops = csr_ops()
-        ops.attention_planner.gather_min_rows = min_rows
+        ops = csr_ops(OpChoices(gather_min_rows=min_rows))
         runners.append(Runner(model, ops, _tiny_cache(), cpu, None))
     ref = Runner(model, ReferenceOps(), _tiny_cache(), cpu, None)
     a, b = list(range(3, 153)), list(range(200, 261))

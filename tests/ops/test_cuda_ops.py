@@ -23,8 +23,8 @@ if not torch.cuda.is_available():
 for _mod in ("triton", "flashinfer", "fla"):
     pytest.importorskip(_mod)
 
+from ninfer.ops.choices import OpChoices  # noqa: E402
 from ninfer.ops.cuda import CudaOps  # noqa: E402
-from ninfer.ops.cuda.attention import GATHER_MIN_ROWS  # noqa: E402
 
 DEV = torch.device("cuda")
 MIXED = ([(0, 130), (70, 100), (300, 1), (64, 1), (5, 3), (0, 1)], "mixed")
@@ -122,31 +122,27 @@ def test_attention_gathered_matches_reference(ops, rows, min_rows) -> None:
     """Prefill passes over a cached context on the gathered path (each row's K/V pages copied
     into contiguous buffers by `kv_gather`, then FlashInfer's ragged kernel) against the
     reference: PREFIX takes it by the threshold, MIXED (decode rows beside short chunks, ctx
-    crossing pages) only when forced. Pages the pass does not own are NaN and must not leak
-    in; the cache is written as on the paged path."""
+    crossing pages) only when forced (`OpChoices.gather_min_rows` 0). Pages the pass does not
+    own are NaN and must not leak in; the cache is written as on the paged path."""
     hq, hkv, dim, num_pages = 24, 4, 256, 96
+    if min_rows is not None:
+        ops = CudaOps(DEV, choices=OpChoices(gather_min_rows=min_rows))
     planner = ops.attention_planner
-    planner.gather_min_rows = GATHER_MIN_ROWS if min_rows is None else min_rows
-    try:
-        batch = make_batch(rows, num_pages, 16)
-        owned = owned_pages(batch, num_pages)
-        before = planner.gathered_passes
-        for _ in range(2):  # the second layer reuses the plan (and the gather's tables)
-            q = torch.randn(batch.num_tokens, hq, dim, device=DEV, dtype=torch.bfloat16)
-            k, v = (torch.randn(batch.num_tokens, hkv, dim, device=DEV).bfloat16() for _ in "kv")
-            cache = torch.randn(num_pages, 2, PAGE_SIZE, hkv, dim, device=DEV)
-            cache[~owned] = float("nan")
-            cache = cache.bfloat16()
-            ref_cache = cache.clone()
-            out = ops.attention(q, k, v, cache, batch, dim**-0.5)
-            ref = ReferenceOps().attention(q, k, v, ref_cache, batch, dim**-0.5)
-            assert rel_err(out, ref) < 1e-2
-            assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))
-        assert planner.gathered_passes - before == (
-            0 if rows is MIXED[0] and min_rows is None else 1
-        )
-    finally:
-        planner.gather_min_rows = GATHER_MIN_ROWS
+    batch = make_batch(rows, num_pages, 16)
+    owned = owned_pages(batch, num_pages)
+    before = planner.gathered_passes
+    for _ in range(2):  # the second layer reuses the plan (and the gather's tables)
+        q = torch.randn(batch.num_tokens, hq, dim, device=DEV, dtype=torch.bfloat16)
+        k, v = (torch.randn(batch.num_tokens, hkv, dim, device=DEV).bfloat16() for _ in "kv")
+        cache = torch.randn(num_pages, 2, PAGE_SIZE, hkv, dim, device=DEV)
+        cache[~owned] = float("nan")
+        cache = cache.bfloat16()
+        ref_cache = cache.clone()
+        out = ops.attention(q, k, v, cache, batch, dim**-0.5)
+        ref = ReferenceOps().attention(q, k, v, ref_cache, batch, dim**-0.5)
+        assert rel_err(out, ref) < 1e-2
+        assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))
+    assert planner.gathered_passes - before == (0 if rows is MIXED[0] and min_rows is None else 1)
 
 
 def test_attention_plan_waits_for_a_queued_pass(ops) -> None:

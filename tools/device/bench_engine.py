@@ -35,16 +35,17 @@ import math
 import os
 import time
 import traceback
+from dataclasses import replace
 
 import torch
 
-from ninfer.bench.bounds import copy_bandwidth, matmul_peak
 from ninfer.bench.model_math import param_counts, prefill_flops
 from ninfer.engine.executor.runner import Row, Runner
 from ninfer.engine.executor.warmup import warm_up
 from ninfer.forward import PAGE_SIZE, ModelCache
 from ninfer.models.presets import PRESETS, build_random_model
-from ninfer.ops.cuda.attention import GATHER_MIN_ROWS
+from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
+from ninfer.probe import copy_bandwidth, matmul_peak
 from ninfer.request import SamplingParams
 from ninfer.sampling import SampleResult
 
@@ -78,7 +79,7 @@ def cuda_ms(fn, reps: int = 10) -> float:
 
 def ceilings() -> tuple[float, float]:
     """(copy bandwidth B/s counting read + write, bf16 matmul FLOP/s), measured here as
-    `ninfer bench` measures them (`ninfer.bench.bounds`: best event-timed batch)."""
+    `ninfer bench` measures them (`ninfer.probe`: best event-timed batch)."""
     bw, flops = copy_bandwidth(DEV), matmul_peak(DEV, BF16)
     emit(kind="ceiling", copy_TBps=round(bw / 1e12, 3), bf16_matmul_TFLOPs=round(flops / 1e12, 1))
     return bw, flops
@@ -135,12 +136,10 @@ def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row:
     if args.fuse:  # as the engine's warm-up (`prepare_runner`) does
         model.fuse_projections()
     cache = make_cache(cfg, slots, pages)
-    ops = CudaOps(DEV, compile=compile, skinny=args.skinny)
-    if args.conv_tile:  # e.g. "16,256,4": rows, channels, warps (`conv.Tile`)
-        from ninfer.ops.cuda.conv import Tile
-
-        ops.conv_tile = Tile(*(int(v) for v in args.conv_tile.split(",")))
-    ops.gdn_intra = args.gdn_intra.split(",")[0]
+    # --conv-tile e.g. "16,256,4": rows, channels, warps (`conv.Tile`)
+    tile = tuple(int(v) for v in args.conv_tile.split(",")) if args.conv_tile else None
+    choices = OpChoices(gdn_intra=args.gdn_intra.split(",")[0], conv_tile=tile)
+    ops = CudaOps(DEV, compile=compile, skinny=args.skinny, choices=choices)
     runner = Runner(model, ops, cache, DEV, greedy_sampler)
     t1 = time.perf_counter()
     scratch = [pages - 3, pages - 2, pages - 1]
@@ -155,6 +154,22 @@ def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row:
         ]
         emit(kind="linear_race", model=name, rows_N_K_cublas_us_skinny_us_chosen=race)
     return model, cache, runner
+
+
+def variant(runner, made: dict, compile: bool, args, **changes):
+    """A runner over `runner`'s model and pools whose op set has `changes` made to its choices
+    (an op set's choices are fixed when it is built): `runner` itself when they change nothing,
+    else one eager runner per choices (no graphs; the first pass of each benchmark warms it),
+    kept in `made`. For the prefill benchmarks that interleave choices."""
+    from ninfer.ops.cuda import CudaOps
+
+    choices = replace(runner.ops.choices, **changes)
+    if choices == runner.ops.choices:
+        return runner
+    if choices not in made:
+        ops = CudaOps(DEV, compile=compile, skinny=args.skinny, choices=choices)
+        made[choices] = Runner(runner.model, ops, runner.cache, DEV, greedy_sampler)
+    return made[choices]
 
 
 def decode_rows(bs: int, ctx: int, pages_per_row: int) -> list[Row]:
@@ -488,17 +503,17 @@ def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool
     try:
         bench_decode(name, model, cache, runner, batches, args.ctx, args.steps, bw, ppr, tag)
         if compile == args.compile:
+            made: dict[OpChoices, Runner] = {}
             if name in prefill:
                 for intra in args.gdn_intra.split(","):  # e.g. ninfer,fla,ninfer: interleaved
-                    runner.ops.gdn_intra = intra
-                    bench_prefill(name, model, runner, prefill[name], peak)
-                runner.ops.gdn_intra = args.gdn_intra.split(",")[0]
-            planner = runner.ops.attention_planner
+                    alt = variant(runner, made, compile, args, gdn_intra=intra)
+                    bench_prefill(name, model, alt, prefill[name], peak)
             for length, chunks in args.chunked.get(name, []):
                 for gather in args.gather.split(","):  # e.g. on,off,on: interleaved
-                    planner.gather_min_rows = GATHER_MIN_ROWS if gather == "on" else math.inf
-                    bench_chunked(name, model, runner, length, chunks, peak, gather)
-            planner.gather_min_rows = GATHER_MIN_ROWS
+                    rows = GATHER_MIN_ROWS if gather == "on" else math.inf
+                    alt = variant(runner, made, compile, args, gather_min_rows=rows)
+                    bench_chunked(name, model, alt, length, chunks, peak, gather)
+            made.clear()
             for length in args.profile_prefill.get(name, []):
                 profile_prefill(name, runner, length, args.profile)
             if name == args.tap:

@@ -1,8 +1,10 @@
 """The one place that picks the op set.
 
     CPU                                   -> ReferenceOps
-    CUDA, flashinfer + fla + triton import -> CudaOps (norms, RoPE, glue compiled if compile)
+    CUDA, flashinfer + fla + triton import -> CudaOps (norms, RoPE, glue compiled if compile;
+                                             built with the op choices, `EngineConfig.op_choices`)
     CUDA, a kernel library missing        -> ReferenceOps, with one warning saying which
+(ReferenceOps has one path per op: it takes no choices.)
 
 Which CudaOps fast paths then take the model is decided by `ninfer.engine.executor.warmup`
 (`CudaOps.configure`), before the warm-up.
@@ -16,11 +18,13 @@ import os
 
 import torch
 
+from ninfer.ops.choices import OpChoices
+
 logger = logging.getLogger(__name__)
 
 
-def select_ops(device: torch.device, compile: bool = False):
-    """The op set for `device` (see the module docstring)."""
+def select_ops(device: torch.device, compile: bool = False, choices: OpChoices | None = None):
+    """The op set for `device` (see the module docstring); `choices` None: the defaults."""
     from ninfer.ops.reference import ReferenceOps
 
     if device.type != "cuda":
@@ -38,7 +42,7 @@ def select_ops(device: torch.device, compile: bool = False):
     try:
         from ninfer.ops.cuda import CudaOps
 
-        return CudaOps(device, compile=compile)
+        return CudaOps(device, compile=compile, choices=choices)
     except ImportError as e:  # a kernel library present but broken
         logger.warning("ninfer: CudaOps unavailable (%r): using the slow ReferenceOps", e)
         return ReferenceOps()

@@ -60,7 +60,7 @@ one pinned host buffer and one non-blocking copy:
                  each segment 16-byte aligned
     cu_q int32 [3]; the FlashInfer graph-mode prefill wrapper (2 rows), planned on the host
     before the replay; its kv indices buffer is shared by every bucket. With
-    `PagedAttention.gather_graphs` (off by default: see `ninfer.ops.cuda.attention`), a
+    `OpChoices.gather_graphs` (off by default: see `ninfer.ops.cuda.attention`), a
     bucket with enough queries takes the gathered attention path
     (`PagedAttention.prefill_graph_wrapper`): its K/V scratch holds every page the indices
     buffer can name, shared by those buckets

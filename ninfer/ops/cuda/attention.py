@@ -34,17 +34,18 @@ plans: every layer runs the wrapper planned last. Prefill takes
 enough queries, a gathered one (ragged graph wrapper, fixed indptr buffers, the gather's fixed
 grid and one scratch shared by every bucket, at most `GATHER_SCRATCH_BYTES`).
 
-Why `gather_graphs` is off by default (`GATHER_GRAPHS`): FlashInfer's fa3 ragged kernel reads
-a row's last K/V tile whole, past the row's end into the next row's (or stale) scratch rows;
-those scores are masked, but P = 0 times a non-finite V is NaN, so one non-finite row poisons
-its right neighbour. A graph bucket's right neighbour is its padding row, computed on the
-shared scratch slot and page. The warm-up's and the captures' rows of one repeated token make
-NaN GDN states with the matmul-product chunk inverse (`gdn_intra`), the padding rows carry them
-into the scratch, and a gathered replay's real row reads them (docs/results-h200.md, "a NaN in
-gathered graph replays" and "the NaN's cause was our GDN intra kernel"). So the GDN prefill
-runs fla's stable solve (`CudaOps.gdn_intra = "fla"`), the engine's GPU test covers both graph
-kinds, and the paged kind stays the default: the gathered one is not faster through the engine
-(same sections). The scratch is zeroed when made, so no row ever reads uninitialised memory.
+Why `gather_graphs` is off by default (`ninfer.ops.choices.OpChoices`): FlashInfer's fa3
+ragged kernel reads a row's last K/V tile whole, past the row's end into the next row's (or
+stale) scratch rows; those scores are masked, but P = 0 times a non-finite V is NaN, so one
+non-finite row poisons its right neighbour. A graph bucket's right neighbour is its padding
+row, computed on the shared scratch slot and page. The warm-up's and the captures' rows of one
+repeated token make NaN GDN states with the matmul-product chunk inverse (`gdn_intra`), the
+padding rows carry them into the scratch, and a gathered replay's real row reads them
+(docs/results-h200.md, "a NaN in gathered graph replays" and "the NaN's cause was our GDN intra
+kernel"). So the GDN prefill runs fla's stable solve (`OpChoices.gdn_intra`, "fla"), the
+engine's GPU test covers both graph kinds, and the paged kind stays the default: the gathered
+one is not faster through the engine (same sections). The scratch is zeroed when made, so no
+row ever reads uninitialised memory.
 
 Plans never overtake a queued pass: FlashInfer's plan() writes its work schedule into the
 wrapper's one page-locked buffer and queues an asynchronous copy of it to the device; a second
@@ -64,15 +65,11 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.forward import PAGE_SIZE, ForwardBatch
+from ninfer.ops.choices import OpChoices
 from ninfer.ops.cuda.host import pinned, to_device
 
 WORKSPACE_BYTES = 256 << 20
-# The gathered path pays when the pass's query rows per KV head (q_len x GQA group), averaged
-# over its KV tokens, reach this: above the measured break-even, with a margin
-# (docs/results-h200.md, "gathered attention over a cached context").
-GATHER_MIN_ROWS = 1536
 GATHER_SCRATCH_BYTES = 2 << 30  # the most K/V a gather may copy (a pass, the graphs' scratch)
-GATHER_GRAPHS = False  # prefill-graph buckets may capture the gathered path (module docstring)
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
@@ -209,9 +206,10 @@ class _PlanGuard:
 
 
 class PagedAttention:
-    """The attention op of `CudaOps`: holds the FlashInfer wrappers and the current plan."""
+    """The attention op of `CudaOps`: holds the FlashInfer wrappers and the current plan.
+    `choices`: its gathered path's (`gather_min_rows`, `gather_graphs`), fixed here."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, choices: OpChoices | None = None) -> None:
         import flashinfer
 
         self._flashinfer = flashinfer
@@ -228,8 +226,7 @@ class PagedAttention:
         self._gather_ragged = None  # the eager gathered path's ragged wrapper
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # the graphs' K/V
         self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # smaller, still captured
-        self.gather_min_rows: float = GATHER_MIN_ROWS  # tests and benchmarks force or forbid
-        self.gather_graphs = GATHER_GRAPHS  # read when the prefill graphs are captured
+        self.choices = choices or OpChoices()
         self.gathered_passes = 0  # plans on the gathered path: tests, benchmarks
         self.frozen = False  # set by the graph runner while capturing: never plan in the forward
         self.guard = _PlanGuard(device)
@@ -296,9 +293,9 @@ class PagedAttention:
     def _graph_gathers(self, shape: tuple, max_q: int, max_kv_tokens: int) -> bool:
         hq, hkv, dim, q_dtype, kv_dtype, _ = shape
         return (
-            self.gather_graphs
+            self.choices.gather_graphs
             and q_dtype == kv_dtype
-            and max_q * (hq // hkv) >= self.gather_min_rows
+            and max_q * (hq // hkv) >= self.choices.gather_min_rows
             and 0 < _kv_bytes(max_kv_tokens, hkv, dim, kv_dtype) <= GATHER_SCRATCH_BYTES
         )
 
@@ -348,7 +345,7 @@ class PagedAttention:
             and not batch.is_decode
             and q_dtype == kv_dtype
             and _kv_bytes(kv_tokens, hkv, dim, kv_dtype) <= GATHER_SCRATCH_BYTES
-            and gather_pays(batch.q_lens, batch.ctx_lens, hq // hkv, self.gather_min_rows)
+            and gather_pays(batch.q_lens, batch.ctx_lens, hq // hkv, self.choices.gather_min_rows)
         )
         if isinstance(wrapper, _Gathered) or gathers:
             self._plan_gathered(shape, qo_indptr, kv_indptr, last_len, indices, wrapper)

@@ -20,6 +20,7 @@ import logging
 import torch
 
 from ninfer.forward import ForwardBatch, HeadDims
+from ninfer.ops.choices import OpChoices
 from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_grouped
 from ninfer.ops.cuda.passmeta import PassMeta  # torch only: no kernel library imported
 from ninfer.ops.cuda.support import OpPlan, plan_ops
@@ -77,7 +78,11 @@ class CudaOps(ReferenceOps):
     `configure(dims, dtype, kv_dtype)` (or the same keywords here) decides once which fast
     paths serve the model (`support.plan_ops`); an op whose kernels cannot take its shapes or
     dtype runs the reference op, with one warning. Unconfigured, every fast path is on (the
-    kernel tests' shapes)."""
+    kernel tests' shapes).
+
+    `choices` (`ninfer.ops.choices.OpChoices`) picks the gathered attention's use, the GDN
+    prefill's intra-chunk stage and the conv's tile, fixed for the op set's life (default: the
+    engine's defaults)."""
 
     name = "cuda"
 
@@ -89,22 +94,23 @@ class CudaOps(ReferenceOps):
         dims: HeadDims | None = None,
         dtype: str | None = None,
         kv_dtype: str | None = None,
+        choices: OpChoices | None = None,
     ) -> None:
         from ninfer.ops.cuda import conv, gdn, glue
         from ninfer.ops.cuda.attention import PagedAttention
         from ninfer.ops.cuda.linear import DecodeLinear
 
-        self._attention = PagedAttention(torch.device(device))
+        self.choices = choices = choices or OpChoices()
+        self._attention = PagedAttention(torch.device(device), choices)
         self._conv, self._gdn, self._glue = conv, gdn, glue
         # (batch, key, PassMeta) of the latest prefill passes, newest first: a pass and the two
         # GDN sub-batches of a snapshot inside it (`forward.GdnSplit`) alternate per layer
         self._passes: list[tuple[ForwardBatch, tuple, object]] = []
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
-        self.conv_tile = conv.TILE  # the prefill conv's launch shape (benchmarks sweep it)
-        # the GDN prefill's intra-chunk kernel: "fla", or "ninfer" (unstable on correlated keys:
-        # `gdn_intra`; benchmarks only)
-        self.gdn_intra = "fla"
+        # the prefill conv's launch shape and the GDN prefill's intra-chunk kernel, by `choices`
+        self.conv_tile = conv.Tile(*choices.conv_tile) if choices.conv_tile else conv.TILE
+        self.gdn_intra = choices.gdn_intra
         self._rms_norm = _compiled(rms_norm_ref, compile)
         self._gated_rms_norm = _compiled(gated_rms_norm_ref, compile)
         self._rope = _compiled(_rope, compile)
