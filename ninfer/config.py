@@ -337,7 +337,8 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
 SOLO_CHUNK_CUDA = 8192
 SOLO_CHUNK_MAX = 32768
 # The longest estimated solo pass (`ninfer.costs.pass_seconds`) a derived solo chunk doubles up
-# to: a request arriving meanwhile waits for the pass (docs/results-h200.md, the solo chunk).
+# to: a request arriving meanwhile waits for the pass (docs/results-h200.md, "The 9B's solo
+# chunk").
 SOLO_PASS_S = 0.5
 
 

@@ -11,7 +11,7 @@ the engine's warm-up and prefill-graph capture passes repeat one token: with thi
 produce NaN states, which can reach a real row through the gathered attention's shared K/V
 scratch (`ninfer.ops.cuda.attention`; found on the device: docs/results-h200.md, "the NaN's
 cause was our GDN intra kernel"). Random test inputs (near-orthogonal keys) do not show it:
-errors 2e-5 to 7e-5. So `CudaOps.gdn_intra` defaults to "fla" (fla's kkt + blocked triangular
+errors 2e-5 to 7e-5. So `OpChoices.gdn_intra` defaults to "fla" (fla's kkt + blocked triangular
 solve: substitution, stable), and this kernel stays for the benchmarks that compare the two
 (`tools/device/bench_gdn_intra.py`); making it stable (substitution on the 16 x 16 diagonal
 blocks, products only to merge them, as fla does) is open.
