@@ -68,6 +68,7 @@ def prepare_runner(runner: Runner, cfg, kv_pool, state_pool) -> dict[str, float]
     figures["warm_up_s"] = time.perf_counter() - t0
     planner = getattr(runner.ops, "attention_planner", None)
     if planner is not None:  # its pass counters count served passes, not the warm-up's
+        figures["warm_gathered_passes"] = planner.gathered_passes
         planner.gathered_passes = 0
     prefill = runner.prefill_graphs
     logger.info(
