@@ -53,7 +53,7 @@ from ninfer.cache.prefetch import PrefetchMixin
 from ninfer.cache.publish import PublishMixin
 from ninfer.cache.records import (
     CacheConfig,
-    Lane,
+    LaneRecord,
     MatchResult,
     Quote,
     QuoteParams,
@@ -93,7 +93,7 @@ class PrefixIndex(
         self.snapshots = SnapshotStore(config.device_snapshot_slots, tree, self._revalue)
         self.host_tier = HostTier(config, cost, tree, self.snapshots.by_id)
         self._admission = Admission(config, cost, self.blocks, self.snapshots)
-        self.lanes: dict[int, Lane] = {}
+        self.lanes: dict[int, LaneRecord] = {}
         self.batches: dict[int, TransferRecord] = {}
         self.counters = CacheStats()
         self.epoch = 0
@@ -134,7 +134,7 @@ class PrefixIndex(
     def _revalue(self, sid: int) -> None:
         self.host_tier.mark(sid)
 
-    def _lane(self, lane: int, activated: bool | None = True) -> Lane:
+    def _lane(self, lane: int, activated: bool | None = True) -> LaneRecord:
         rec = self.lanes.get(lane)
         if rec is None:
             raise LaneError(f"lane {lane} is not open")

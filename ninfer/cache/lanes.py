@@ -20,7 +20,7 @@ from ninfer.cache.records import (
     BlockCopy,
     BlockWriteBatch,
     ImageCopy,
-    Lane,
+    LaneRecord,
     Quote,
     Readiness,
     ReleaseResult,
@@ -57,7 +57,7 @@ class LaneMixin:
         path = quote.match.path
         nodes, snaps = self.blocks.tree.nodes, self.snapshots.by_id
         s = None if quote.source is None else snaps[quote.source]
-        rec = Lane(
+        rec = LaneRecord(
             lane,
             list(path[:a]),
             f,
@@ -167,7 +167,7 @@ class LaneMixin:
         rec.activated = True
         self._unpin_source(rec)
 
-    def _unpin_source(self, rec: Lane) -> None:
+    def _unpin_source(self, rec: LaneRecord) -> None:
         if rec.source_pinned:
             s = self.snapshots.by_id[rec.source]
             s.restore_pins -= 1

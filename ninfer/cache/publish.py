@@ -23,7 +23,7 @@ from ninfer.cache.keys import block_hash, pack_tokens
 from ninfer.cache.records import (
     CommitKind,
     CommitResult,
-    Lane,
+    LaneRecord,
     PublishResult,
     SnapshotWrite,
     TransferRecord,
@@ -173,7 +173,7 @@ class PublishMixin:
         self.blocks.tail_changed(s)
         return PublishResult(sid, False, write, self.blocks.take_freed())
 
-    def _follow_previous_tap(self, rec: Lane, s: Snapshot) -> None:
+    def _follow_previous_tap(self, rec: LaneRecord, s: Snapshot) -> None:
         """§9.3: of the lane's taps in this prompt, the shallower is superseded by the deeper.
 
         Allocating a tap's slot supersedes the previous tap already published; this covers the

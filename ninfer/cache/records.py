@@ -207,7 +207,7 @@ class ReleaseResult(NamedTuple):
 
 
 @dataclass(slots=True)
-class Lane:
+class LaneRecord:
     """The index's view of one active sequence."""
 
     id: int

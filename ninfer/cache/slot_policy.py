@@ -13,14 +13,14 @@ Otherwise the tap is skipped. Pinned owners are never displaced.
 from __future__ import annotations
 
 from ninfer.cache.common import BLOCK_TOKENS, LaneError, Residency, SnapshotKind
-from ninfer.cache.records import Lane, SlotGrant
+from ninfer.cache.records import LaneRecord, SlotGrant
 
 _ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
 
 
 class SlotPolicyMixin:
     def _displace_slot(
-        self, rec: Lane, frontier: int, has_tail: bool
+        self, rec: LaneRecord, frontier: int, has_tail: bool
     ) -> tuple[int, int, bool] | None:
         """Steps 2-4 of §9.2. Returns (slot, displaced id, deleted) or None."""
         owned = self.snapshots.slot_owners()
@@ -94,7 +94,7 @@ class SlotPolicyMixin:
         self.snapshots.release_slot(slot)
         self._unsupersede(rec, rec.superseded_for.pop(slot, ()))
 
-    def _unsupersede(self, rec: Lane, ids) -> None:
+    def _unsupersede(self, rec: LaneRecord, ids) -> None:
         """A skipped or dropped tap is no deeper snapshot: what its allocation superseded stays
         the lineage's resume point (§9.3), unless the allocation displaced it already."""
         for sid in ids:

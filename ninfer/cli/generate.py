@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ninfer.cli.args import positive_int, temperature, top_p
 from ninfer.cli.jsonl import (
-    Job,
+    LineJob,
     done_ids,
     error_record,
     id_key,
@@ -118,13 +118,13 @@ def _rewrite(path: Path, kept: list[str]) -> None:
         raise
 
 
-def _run_streams(llm, jobs: list[Job], writer: _Writer, max_in_flight: int) -> None:
+def _run_streams(llm, jobs: list[LineJob], writer: _Writer, max_in_flight: int) -> None:
     """One worker thread per line in flight; finished records reach the writer in this thread."""
     results: queue.Queue = queue.Queue()
     stop = threading.Event()
     slots = threading.Semaphore(max(1, max_in_flight))
 
-    def worker(job: Job) -> None:
+    def worker(job: LineJob) -> None:
         try:
             stream = llm.stream(job.request, job.params, **job.chat_kwargs)
             final = None

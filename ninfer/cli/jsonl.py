@@ -75,7 +75,7 @@ FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 @dataclass(slots=True)
-class Job:
+class LineJob:
     id: Any
     lineno: int = 0
     request: Any = None  # a prompt dict for LLM.stream, or a list of messages
@@ -119,24 +119,24 @@ def check_types(obj: dict) -> str | None:
     return None
 
 
-def parse_line(lineno: int, text: str, defaults: dict[str, Any]) -> Job:
+def parse_line(lineno: int, text: str, defaults: dict[str, Any]) -> LineJob:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        return Job(lineno, lineno, error=f"line {lineno}: invalid JSON: {exc.msg}")
+        return LineJob(lineno, lineno, error=f"line {lineno}: invalid JSON: {exc.msg}")
     if not isinstance(obj, dict):
-        return Job(lineno, lineno, error=f"line {lineno}: expected a JSON object")
+        return LineJob(lineno, lineno, error=f"line {lineno}: expected a JSON object")
     job_id = obj.get("id", lineno)
     if not FIELD_TYPES["id"][0](job_id):
         job_id = lineno  # the record of a bad id is keyed by its line
-    job = Job(job_id, lineno)
+    job = LineJob(job_id, lineno)
     job.error = check_types(obj) or _fill(job, obj, defaults)
     if job.error:
         job.error = f"line {lineno}: {job.error}"
     return job
 
 
-def _fill(job: Job, obj: dict, defaults: dict[str, Any]) -> str | None:
+def _fill(job: LineJob, obj: dict, defaults: dict[str, Any]) -> str | None:
     """Sets job.request / params / chat_kwargs; returns an error message or None."""
     kinds = [k for k in INPUT_KINDS if k in obj]
     if len(kinds) != 1:
@@ -191,7 +191,7 @@ def output_record(job_id: Any, out: RequestOutput) -> dict:
     return rec
 
 
-def error_record(job: Job, message: str) -> dict:
+def error_record(job: LineJob, message: str) -> dict:
     """The record of a line that failed. A repeated id's record has `"id": null` and the line
     number, so the output never holds two records under one id."""
     return {"id": None if job.duplicate else job.id, "line": job.lineno,
@@ -235,8 +235,8 @@ def done_ids(lines: list[str]) -> set[str]:
     return {id_key(json.loads(line)["id"]) for line in lines}
 
 
-def read_jobs(path: Path, defaults: dict[str, Any]) -> list[Job]:
-    """Every non-blank input line as a Job; a repeated id becomes an error on the repeat."""
+def read_jobs(path: Path, defaults: dict[str, Any]) -> list[LineJob]:
+    """Every non-blank input line as a LineJob; a repeated id becomes an error on the repeat."""
     jobs, first_line = [], {}
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
@@ -245,7 +245,7 @@ def read_jobs(path: Path, defaults: dict[str, Any]) -> list[Job]:
             try:
                 job = parse_line(lineno, raw.decode("utf-8"), defaults)
             except UnicodeDecodeError as exc:
-                job = Job(lineno, lineno, error=f"line {lineno}: not UTF-8 text ({exc.reason})")
+                job = LineJob(lineno, lineno, error=f"line {lineno}: not UTF-8 text ({exc.reason})")
             key = id_key(job.id)
             if key in first_line:
                 job.duplicate = True

@@ -15,11 +15,11 @@ from fastapi.responses import StreamingResponse
 
 from ninfer.request import SamplingParams, StreamDelta
 from ninfer.server import anthropic_api as anth
-from ninfer.server.common import new_id, sampling_params
 from ninfer.server.context import Serving, failure, or_disconnect, serving, sse
 from ninfer.server.driver import Rendered
 from ninfer.server.errors import anthropic_body, from_value_error
 from ninfer.server.tool_calls import OutputParser, Text, parse_text, tool_schemas
+from ninfer.server.wire import new_id, sampling_params
 
 router = APIRouter()
 Srv = Annotated[Serving, Depends(serving)]

@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ninfer.request import RequestOutput
-from ninfer.server.common import MAX_TOP_LOGPROBS, token_text
 from ninfer.server.errors import ApiError
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolStart
+from ninfer.server.wire import MAX_TOP_LOGPROBS, token_text
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

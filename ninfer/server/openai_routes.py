@@ -16,11 +16,11 @@ from fastapi.responses import StreamingResponse
 
 from ninfer.request import RequestOutput, SamplingParams, StreamDelta
 from ninfer.server import openai_api as oai
-from ninfer.server.common import check_n, new_id, now, sampling_params, siblings
 from ninfer.server.context import Serving, failure, or_disconnect, serving, sse
 from ninfer.server.driver import Rendered
 from ninfer.server.errors import ApiError, from_value_error, openai_body
 from ninfer.server.tool_calls import OutputParser, parse_text, tool_schemas
+from ninfer.server.wire import check_n, new_id, now, sampling_params, siblings
 
 router = APIRouter()
 Srv = Annotated[Serving, Depends(serving)]

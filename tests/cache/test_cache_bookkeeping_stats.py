@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cache_helpers import Driver, make_index, tokens
 
-from ninfer.cache.bench import run_cache_bench
+from ninfer.cache.bookkeeping import run_cache_bench
 
 
 def test_run_cache_bench_small():
