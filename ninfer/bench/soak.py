@@ -108,49 +108,113 @@ def run_soak(
     `report.failures` lists what went wrong (empty: passed). `tolerate`: invariant messages
     (substrings) of known, open bugs: counted in `report.tolerated` instead of failing the run;
     a stale GDSF value is then recomputed so that the other invariants stay checked."""
-    engine = llm._engine
     vocab = llm.model_config.vocab_size
     rng = random.Random(seed)
     roots = [[rng.randrange(4, vocab - 4) for _ in range(prefix_tokens)] for _ in range(6)]
-    report = SoakReport()
-    lock = threading.Lock()
-    greedy_seen: dict[tuple, list[int]] = {}
-    done = threading.Event()
+    soak = _Soak(llm, roots, batch, cancel_rate, max_tokens, seed, check_every, tolerate, out)
+    soak.run(requests, clients, report_every)
+    _final_checks(llm, soak.report, requests, max_growth_mib)
+    return soak.report
 
-    def check(eng) -> None:  # on the engine thread, at the start of a step
-        if eng.steps % check_every == 0:
-            try:
-                eng.kv_state.check_invariants(eng.lanes)
-            except AssertionError as e:
-                known = [t for t in tolerate if t in str(e)]
-                if not known:
-                    raise
-                report.tolerated[known[0]] += 1
-                index = eng.kv_state.index
-                for sid in index.snapshots.by_id:
-                    index.host_tier.mark(sid)
-                index.host_tier.flush()
-                eng.kv_state.check_invariants(eng.lanes)
-            report.invariant_checks += 1
 
-    engine.on_step = check
-    per_client = [requests // clients + (i < requests % clients) for i in range(clients)]
+class _Soak:
+    """The threads of one soak (clients, canceller, memory sampler, the engine's step hook) and
+    the state they share; the report's counters change only under `lock`, except the ones a
+    single thread owns (`cancels_sent`: the canceller; `invariant_checks`, `tolerated`: the
+    engine thread; `samples`: the sampler while the clients run)."""
 
-    def client(i: int, n: int) -> None:
-        crng = random.Random(seed * 1000 + i)
+    def __init__(
+        self,
+        llm,
+        roots: list[list[int]],
+        batch: int,
+        cancel_rate: float,
+        max_tokens: int,
+        seed: int,
+        check_every: int,
+        tolerate: tuple[str, ...],
+        out,
+    ) -> None:
+        self.llm = llm
+        self.vocab = llm.model_config.vocab_size
+        self.roots = roots  # the shared prefixes every prompt starts from
+        self.batch = batch
+        self.cancel_rate = cancel_rate
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.out = out
+        self.check_every = check_every
+        self.tolerate = tolerate
+        self.report = SoakReport()
+        self.lock = threading.Lock()
+        self.greedy_seen: dict[tuple, list[int]] = {}  # (prompt, max_tokens) -> first tokens
+        self.done = threading.Event()  # the clients finished: the helper threads stop
+        self.t0 = 0.0
+
+    def run(self, requests: int, clients: int, report_every: float) -> None:
+        """Split `requests` over `clients` threads, run them with the canceller and the
+        sampler, and record the closing memory sample, the time and the step count."""
+        engine = self.llm._engine
+        engine.on_step = self.check
+        per_client = [requests // clients + (i < requests % clients) for i in range(clients)]
+        self.t0 = time.perf_counter()
+        self.report.samples.append(memory_sample(self.llm))
+        threads = [threading.Thread(target=self.client, args=a) for a in enumerate(per_client)]
+        helpers = [
+            threading.Thread(target=self.canceller),
+            threading.Thread(target=self.sampler, args=(report_every, requests)),
+        ]
+        for t in threads + helpers:
+            t.daemon = True
+            t.start()
+        for t in threads:
+            t.join()
+        self.done.set()
+        for t in helpers:
+            t.join()
+        engine.on_step = None
+        self.report.samples.append(memory_sample(self.llm))
+        self.report.seconds = time.perf_counter() - self.t0
+        self.report.steps = engine.steps
+
+    def check(self, eng) -> None:
+        """The step hook, on the engine thread at the start of a step: every `check_every`
+        steps the cache's invariants and the memory partition; a tolerated message is counted
+        and its stale GDSF values recomputed, then everything is checked again."""
+        if eng.steps % self.check_every != 0:
+            return
+        try:
+            eng.kv_state.check_invariants(eng.lanes)
+        except AssertionError as e:
+            known = [t for t in self.tolerate if t in str(e)]
+            if not known:
+                raise
+            self.report.tolerated[known[0]] += 1
+            index = eng.kv_state.index
+            for sid in index.snapshots.by_id:
+                index.host_tier.mark(sid)
+            index.host_tier.flush()
+            eng.kv_state.check_invariants(eng.lanes)
+        self.report.invariant_checks += 1
+
+    def client(self, i: int, n: int) -> None:
+        """Submit `n` requests in batches of 1..`batch` (one `generate` each) and record their
+        outputs; the first repeat of a greedy request that ran to `length` must match."""
+        report = self.report
+        crng = random.Random(self.seed * 1000 + i)
         while n > 0 and not report.failures:
-            k = min(n, crng.randrange(1, batch + 1))
+            k = min(n, crng.randrange(1, self.batch + 1))
             n -= k
-            work = [_workload(crng, vocab, roots, max_tokens) for _ in range(k)]
-            with lock:
+            work = [_workload(crng, self.vocab, self.roots, self.max_tokens) for _ in range(k)]
+            with self.lock:
                 report.requests += k
             try:
-                outs = llm.generate([w[0] for w in work], [w[1] for w in work])
+                outs = self.llm.generate([w[0] for w in work], [w[1] for w in work])
             except Exception as e:  # noqa: BLE001 - recorded as a failure
-                with lock:
+                with self.lock:
                     report.failures.append(f"generate raised {e!r}")
                 return
-            with lock:
+            with self.lock:
                 report.outputs += len(outs)
                 for (prompt, params), out in zip(work, outs, strict=True):
                     report.reasons[out.finish_reason] += 1
@@ -158,50 +222,33 @@ def run_soak(
                         report.errors.append(out.error or "")
                     if params.temperature == 0.0 and out.finish_reason == "length":
                         key = (tuple(prompt), params.max_tokens)
-                        seen = greedy_seen.setdefault(key, out.token_ids)
+                        seen = self.greedy_seen.setdefault(key, out.token_ids)
                         if seen != out.token_ids:
                             report.mismatches += 1
 
-    def canceller() -> None:
-        crng = random.Random(seed + 77)
-        while not done.is_set():
+    def canceller(self) -> None:
+        llm = self.llm
+        crng = random.Random(self.seed + 77)
+        while not self.done.is_set():
             time.sleep(crng.uniform(0.0, 0.02))
             with llm._live_lock:
                 live = list(llm._live)
-            if live and crng.random() < cancel_rate and llm.cancel(crng.choice(live)):
-                report.cancels_sent += 1
+            if live and crng.random() < self.cancel_rate and llm.cancel(crng.choice(live)):
+                self.report.cancels_sent += 1
 
-    def sampler() -> None:
-        while not done.wait(report_every):
-            s = memory_sample(llm)
-            report.samples.append(s)
-            with lock:
-                n, r = report.outputs, dict(report.reasons)
+    def sampler(self, report_every: float, requests: int) -> None:
+        while not self.done.wait(report_every):
+            s = memory_sample(self.llm)
+            self.report.samples.append(s)
+            with self.lock:
+                n, r = self.report.outputs, dict(self.report.reasons)
             print(
-                f"[soak] {s['t'] - t0:7.1f} s  outputs {n:6d}/{requests}  {r}  RSS {_mib(s['rss'])}"
-                f" MiB  Device {_mib(s['device'])} MiB  pinned {_mib(s['pinned'])} MiB",
-                file=out,
+                f"[soak] {s['t'] - self.t0:7.1f} s  outputs {n:6d}/{requests}  {r}  RSS"
+                f" {_mib(s['rss'])} MiB  Device {_mib(s['device'])} MiB  pinned"
+                f" {_mib(s['pinned'])} MiB",
+                file=self.out,
                 flush=True,
             )
-
-    t0 = time.perf_counter()
-    report.samples.append(memory_sample(llm))
-    threads = [threading.Thread(target=client, args=(i, n)) for i, n in enumerate(per_client)]
-    helpers = [threading.Thread(target=canceller), threading.Thread(target=sampler)]
-    for t in threads + helpers:
-        t.daemon = True
-        t.start()
-    for t in threads:
-        t.join()
-    done.set()
-    for t in helpers:
-        t.join()
-    engine.on_step = None
-    report.samples.append(memory_sample(llm))
-    report.seconds = time.perf_counter() - t0
-    report.steps = engine.steps
-    _final_checks(llm, report, requests, max_growth_mib)
-    return report
 
 
 def _final_checks(llm, report: SoakReport, requests: int, max_growth_mib: float) -> None:
