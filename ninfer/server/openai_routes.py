@@ -62,19 +62,7 @@ async def chat_completions(request: Request, srv: Srv):
     k = oai.chat_logprobs_k(req)
     max_tokens = req.max_completion_tokens or req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-    params = sampling_params(
-        max_tokens=max_tokens,
-        max_tokens_field=field,
-        remaining=srv.driver.max_model_len - len(rendered.prompt.token_ids),
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p,
-        seed=req.seed,
-        stop=req.stop,
-        logprobs=k,
-        ignore_eos=req.ignore_eos,
-    )
+    params = _params(srv, req, rendered, max_tokens, field, k)
     plist = siblings(srv.validate(rendered, params, "messages"), n)
     schemas = tool_schemas(tools) if tools else None
     rid, created = new_id("chatcmpl-"), now()
@@ -184,19 +172,8 @@ async def completions(request: Request, srv: Srv):
     k = req.logprobs
     if k is not None and not 0 <= k <= 20:
         raise ApiError("logprobs must be in [0, 20]", "logprobs")
-    params = sampling_params(
-        max_tokens=req.max_tokens if req.max_tokens is not None else 16,
-        max_tokens_field="max_tokens",
-        remaining=srv.driver.max_model_len - len(rendered.prompt.token_ids),
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p,
-        seed=req.seed,
-        stop=req.stop,
-        logprobs=k,
-        ignore_eos=req.ignore_eos,
-    )
+    max_tokens = req.max_tokens if req.max_tokens is not None else 16
+    params = _params(srv, req, rendered, max_tokens, "max_tokens", k)
     plist = siblings(srv.validate(rendered, params, "prompt"), n)
     rid, created = new_id("cmpl-"), now()
     echo = rendered.text if req.echo else ""
@@ -264,3 +241,21 @@ async def _completion_events(
                 yield "".join(parts)
     finally:
         srv.metrics.in_flight.dec(len(plist))
+
+
+def _params(srv, req, rendered, max_tokens, field: str, k):
+    """The sampling parameters both OpenAI endpoints read from their request, checked by the
+    wire rules (`sampling_params`) against the room left after the rendered prompt."""
+    return sampling_params(
+        max_tokens=max_tokens,
+        max_tokens_field=field,
+        remaining=srv.driver.max_model_len - len(rendered.prompt.token_ids),
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        seed=req.seed,
+        stop=req.stop,
+        logprobs=k,
+        ignore_eos=req.ignore_eos,
+    )
