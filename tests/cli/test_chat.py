@@ -170,7 +170,14 @@ def test_ctrl_c_stops_the_reply_and_keeps_it_in_the_history(terminal):
 
     n, first = stopped_turn("tell me a very long story")
     assert 30 <= n < 20000
-    _, follow = stopped_turn("go on")
+    # The follow-up only has to show its prompt: its greedy reply may end on its own (EOS)
+    # before the Ctrl+C, which then lands at the prompt; either way the turn's line names the
+    # prompt's tokens ("stopped after ... · prompt N tok · cached" or "prompt N tok · cached").
+    term.line("go on")
+    time.sleep(4)
+    term.send("\x03")
+    follow = int(term.expect(r"prompt (\d+) tok · cached")[1])
+    term.expect(PROMPT)
     # The follow-up's prompt holds the first message and the partial reply (re-tokenized from
     # its text: about n tokens, not exactly), then "go on" (a turn of a few tokens): without the
     # partial reply it would be the first prompt and those few tokens.
