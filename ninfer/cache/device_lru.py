@@ -5,7 +5,7 @@ ordered lists, head = least recently used: `backed` (a Host copy exists: evictio
 Device copy) and `unbacked` (eviction loses the last copy, §9.4). Backed entries are always
 consumed first. Release appends a lane's nodes in reverse block order, so the deepest block is
 evicted first; nodes that enter later (a write-through or a restore landing) re-order their
-whole path deepest first behind them (`LivenessMixin._order_path`), so on any path deeper
+whole path deepest first behind them (`BlockStore.order_path`), so on any path deeper
 blocks go before shallower ones (spec §7.7 step 2):
 
     turn 1 releases 1-4, turn 2 resumes at 4 and writes 5-8 through:
