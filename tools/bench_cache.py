@@ -1,4 +1,4 @@
-"""Benchmark the prefix-cache index on this CPU (thin wrapper over ninfer.cache.bookkeeping).
+"""Benchmark the prefix-cache index on this CPU (thin wrapper over ninfer.bench.cache_index).
 
 python tools/bench_cache.py [--tokens 240000] [--tree-blocks 1000000] [--snapshots 1300]
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ninfer.cache.bookkeeping import run_cache_bench
+from ninfer.bench.cache_index import run_cache_bench
 
 
 def main() -> None:

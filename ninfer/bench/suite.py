@@ -42,7 +42,7 @@ class BenchSpec:
     profile_dir: Path | None = None
     compare_hf: bool = False
     hf_max_prompt: int = 8192  # transformers runs only the prompt lengths up to this
-    cache_prompt_tokens: int | None = None  # None: ninfer.cache.bookkeeping's own defaults
+    cache_prompt_tokens: int | None = None  # None: ninfer.bench.cache_index's own defaults
     cache_tree_blocks: int | None = None
     resume_new_tokens: int = 64
     resume_histories: list[int] | None = None  # None: prompt_tokens
@@ -212,12 +212,12 @@ def _speedups(out: dict) -> None:
 
 
 def cache_bookkeeping(spec: BenchSpec) -> dict:
-    """ninfer.cache.bookkeeping (pure Python index hot paths) at the asked sizes; the snapshot count
+    """ninfer.bench.cache_index (pure Python index hot paths) at the asked sizes; the snapshot count
     keeps its default ratio to the tree size."""
     try:
-        from ninfer.cache.bookkeeping import run_cache_bench
+        from ninfer.bench.cache_index import run_cache_bench
     except ImportError as exc:
-        return {"skipped": f"ninfer.cache.bookkeeping is not available ({exc})"}
+        return {"skipped": f"ninfer.bench.cache_index is not available ({exc})"}
     kwargs: dict = {"seed": spec.seed}
     if spec.cache_prompt_tokens is not None:
         kwargs["n_tokens"] = spec.cache_prompt_tokens

@@ -202,7 +202,7 @@ def flatten(d: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
 
 def cache(c: dict) -> Table:
     rows = [[k, v if isinstance(v, str) else json.dumps(v)] for k, v in flatten(c)]
-    return table("cache bookkeeping (ninfer.cache.bookkeeping)", ["", "value"], rows)
+    return table("cache bookkeeping (ninfer.bench.cache_index)", ["", "value"], rows)
 
 
 def reuse(r: dict) -> Table:
