@@ -174,3 +174,48 @@ def test_cuda_raising_copy_mid_batch_degrades(model, copy):
     assert llm.cache_stats().host_faults == 1
     _serves_again(llm)
     llm.close()
+
+
+def test_cuda_sampling_fault_rewinds_seeded_neighbours(model):
+    """A batch sampling fault is retried row by row from each seeded CUDA generator's state
+    before the step (runner._sample: get_state / set_state): the injected fault strikes after
+    the real sampler has drawn for the whole batch, every row is then sampled alone, and each
+    draws what it draws in the same run without the fault. No row fails, so both runs keep the
+    same batches and the tokens are equal, not merely close. Without the rewind every generator
+    has already advanced by the batch draw and the retry draws from a later state."""
+    n, fault_at = 4, 3  # the third sampling call that holds all four rows
+    prompts = _prompts(5, n)
+    params = [
+        SamplingParams(max_tokens=10, temperature=1.0, seed=100 + i, ignore_eos=True)
+        for i in range(n)
+    ]
+
+    def run(inject):
+        llm = _llm(model, max_concurrency=n, prefix_reuse=False, host_cache_mib=0)
+        runner = llm._engine.runner
+        real = runner.sampler
+        state = {"full": 0, "fired": False}
+
+        def sampler(logits, ps, gens):
+            out = real(logits, ps, gens)  # every row's generator has drawn
+            if inject and not state["fired"] and len(ps) == n:
+                state["full"] += 1
+                if state["full"] == fault_at:
+                    state["fired"] = True
+                    raise RuntimeError(INJECTED)
+            return out
+
+        runner.sampler = sampler
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        runner.sampler = real
+        llm.settle()
+        assert_idle(llm)
+        llm.close()
+        return outs, state["fired"]
+
+    want, _ = run(inject=False)
+    outs, fired = run(inject=True)
+    assert fired, "the fault never struck a full batch: the test does not test"
+    for i, (out, ref) in enumerate(zip(outs, want, strict=True)):
+        assert out.finish_reason == "length", (i, out.finish_reason, out.error)
+        assert out.token_ids == ref.token_ids, f"row {i} parted from the run without the fault"
