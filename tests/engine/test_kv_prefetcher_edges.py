@@ -29,6 +29,7 @@ class _Index:
         self.readiness = readiness
         self.evicted = [7, 8]
         self.plans: list[int] = []
+        self.quotes = 0
         self.begun: list[tuple[list[int], list[int]]] = []
         self._ids = itertools.count(1)
 
@@ -36,6 +37,7 @@ class _Index:
         return self.room
 
     def quote(self, blocks, params):
+        self.quotes += 1
         return SimpleNamespace(readiness=self.readiness, blocks=blocks)
 
     def plan_prefetch(self, quote, free_pages: int, max_blocks: int = 256):
@@ -79,8 +81,8 @@ class _Pool:
         return [next(self._next) for _ in range(n)]
 
 
-def _prefetcher(index: _Index):
-    budget = SimpleNamespace(headroom=lambda: 10_000, quote=lambda job: "params")
+def _prefetcher(index: _Index, headroom: int = 10_000):
+    budget = SimpleNamespace(headroom=lambda: headroom, quote=lambda job: "params")
     pool, transfer = _Pool(), _Transfer()
     return Prefetcher(index, pool, budget, transfer), pool, transfer
 
@@ -99,6 +101,30 @@ def test_a_batch_copies_at_most_256_blocks_and_at_most_the_spare_room(room, copi
     assert pool.freed == [7, 8]  # the plan's evictions go back to the free list
     assert pf.batch_id == 1 and pf.batches == 1
     assert [b for b, _ in transfer.restores] == [1]
+
+
+@pytest.mark.parametrize(
+    ("headroom", "free", "backed", "room"),
+    [(0, 5, 5, 0), (-3, 5, 5, 0), (9, 0, 0, 0), (9, 2, 3, 5), (4, 2, 3, 4), (1, 0, 7, 1)],
+)
+def test_spare_room_is_headroom_capped_by_free_and_host_backed_pages(headroom, free, backed, room):
+    index = _Index(candidates=300, room=backed)
+    pf, pool, _ = _prefetcher(index, headroom)
+    pool.num_free = free
+    assert pf.spare_room() == room
+    # no room: not even a quote; any room: a batch of exactly that many blocks
+    assert pf.maybe_prefetch(_head("a")) == room
+    assert index.quotes == (1 if room else 0) and index.plans == ([room] if room else [])
+
+
+def test_no_prefetch_without_a_host_tier_or_for_an_unkeyed_head():
+    index = _Index(candidates=3, room=50)
+    pf, _, transfer = _prefetcher(index)
+    assert pf.maybe_prefetch(SimpleNamespace(request_id="a", blocks=None)) == 0
+    index.host = None
+    assert not pf.enabled()
+    assert pf.maybe_prefetch(_head("b")) == 0
+    assert index.quotes == 0 and transfer.restores == [] and pf.batches == 0
 
 
 def test_one_batch_in_flight_until_it_lands_and_batches_are_counted():
