@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the cache and of the engine's cache decisions (docs/mutation.md).
 #
-#   tools/mutation.sh [-g GROUP] [-j CHILDREN] [-t SECONDS] [-k] [-r] [-m] [MODULE ...]
+#   tools/mutation.sh [-g GROUP] [-j CHILDREN] [-t SECONDS] [-k] [-s] [-a TESTS] [-r] [-m] [MODULE ...]
 #
 #   -g GROUP     a group of [tool.ninfer-mutation.groups] in pyproject.toml: cache (default) or
 #                engine; the group names the modules to mutate and the tests that may kill them
@@ -9,6 +9,9 @@
 #   -t SECONDS   stop the run after this long (default: no limit); what ran is still reported
 #   -k           keep the previous run's mutants and results: go on with the mutants not run yet
 #   -s           keep them and run the previous run's survivors again (after adding tests)
+#   -a TESTS     keep the previous run and run each of its survivors against these test files
+#                (space-separated; files added since the run, which mutmut's own -s cannot select
+#                once the run's configuration is fixed): a mutant they fail is recorded killed
 #   -r           report only: print the table of the last run, run nothing
 #   -m           print the table as Markdown (for docs/mutation.md)
 #   MODULE       files to mutate, e.g. ninfer/cache/host_tier.py (default: every module of the group)
@@ -30,16 +33,18 @@ KEEP=0
 REPORT_ONLY=0
 MARKDOWN=0
 SURVIVORS=0
-while getopts "g:j:t:krsm" opt; do
+ADDED=""
+while getopts "g:j:t:krsma:" opt; do
     case $opt in
         g) GROUP=$OPTARG ;;
         j) CHILDREN=$OPTARG ;;
         t) TIMEBOX=$OPTARG ;;
         k) KEEP=1 ;;
         s) KEEP=1; SURVIVORS=1 ;;
+        a) ADDED=$OPTARG ;;
         r) REPORT_ONLY=1 ;;
         m) MARKDOWN=1 ;;
-        *) sed -n '2,20p' "$0"; exit 2 ;;
+        *) sed -n '2,23p' "$0"; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -66,6 +71,49 @@ else:
     print("\n".join(sorted(found)))
 PY
 )
+
+if [[ -n $ADDED ]]; then
+    # Survivors of the kept run against the added test files, one mutant at a time in the run's
+    # mutants directory (mutmut's trampolines pick the mutant from MUTANT_UNDER_TEST); a failing
+    # test (pytest exit 1) records the mutant killed in its .meta, anything else leaves it.
+    read -ra TESTS <<<"$ADDED"
+    for t in "${TESTS[@]}"; do
+        mkdir -p "$WORK/mutants/$(dirname "$t")" && cp "$ROOT/$t" "$WORK/mutants/$t"
+    done
+    (cd "$WORK/mutants" && OMP_NUM_THREADS=1 NINFER_HYPOTHESIS_PROFILE=mutation \
+        nice -n 19 "$PYTHON" - "${#MODULES[@]}" "${MODULES[@]}" "${TESTS[@]}" <<'PY'
+import json, os, subprocess, sys
+from pathlib import Path
+from mutmut.stats import status_by_exit_code
+n = int(sys.argv[1])
+modules, tests = sys.argv[2:2 + n], sys.argv[2 + n:]
+cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+clean = subprocess.run(cmd, env=dict(os.environ, MUTANT_UNDER_TEST="none"), capture_output=True)
+if clean.returncode != 0:  # a failure there would "kill" every mutant
+    sys.exit("the added tests fail on the unmutated code:\n" + clean.stdout.decode()[-2000:])
+for module in modules:
+    meta = Path(module + ".meta")
+    if not meta.exists():
+        continue
+    data = json.loads(meta.read_text())
+    codes = data["exit_code_by_key"]
+    again = [k for k, c in codes.items() if status_by_exit_code[c] in ("survived", "no tests")]
+    killed = 0
+    for name in again:
+        env = dict(os.environ, MUTANT_UNDER_TEST=name)
+        try:
+            rc = subprocess.run(cmd, env=env, capture_output=True, timeout=600).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc == 1:
+            codes[name] = 1
+            killed += 1
+    meta.write_text(json.dumps(data, indent=4))
+    print(f"{module}: {killed} of {len(again)} survivors killed by the added tests")
+PY
+    )
+    REPORT_ONLY=1
+fi
 
 if [[ $REPORT_ONLY == 0 ]]; then
     if [[ $KEEP == 0 ]]; then
