@@ -1,15 +1,18 @@
-"""A flexible tap realized inside the prompt's final pass (ninfer/engine/kv/publisher.py,
-`Publisher.before_chunk` with `tap_at`): only a page boundary strictly inside the chunk's
+"""The Publisher (ninfer/engine/kv/publisher.py). A flexible tap realized inside the prompt's
+final pass (`before_chunk` with `tap_at`): only a page boundary strictly inside the chunk's
 (start, n) range is accepted; the Publisher reserves a Tap snapshot slot for it, records the
-pending tap and the lane's new deepest snapshot, and returns the slot's physical index. The
-index, pools and budget are stand-ins recording what the Publisher asks of them."""
+pending tap and the lane's new deepest snapshot, and returns the slot's physical index (the
+index, pools and budget are stand-ins recording what the Publisher asks of them). Block commit
+through the engine: usage.cache_creation_tokens counts exactly the prompt blocks a request
+inserted."""
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
 import pytest
-from engine_helpers import greedy
+from engine_helpers import greedy, rand_tokens
 
 from ninfer.cache.common import SnapshotKind
 from ninfer.cache.records import SlotGrant
@@ -105,3 +108,15 @@ def test_in_pass_tap_outside_the_chunk_or_off_a_page_boundary_is_an_error(n, sta
         pub.before_chunk(lane, start, n, tap_at=tap_at)
     assert str(err.value) == f"in-pass tap at {tap_at}: not a page boundary inside ({start}, n)"
     assert index.asked == [] and lane.pending == [] and lane.last_snapshot == 0
+
+
+@pytest.mark.parametrize(("n", "created"), [(128, 128), (127, 64), (191, 128), (192, 192)])
+def test_cache_creation_counts_the_prompt_blocks_a_request_inserts(make_llm, n, created):
+    """usage.cache_creation_tokens: the full prompt blocks the request inserted; blocks filled
+    by its reply (here 70 tokens, so the block after the prompt fills) are not counted, nor are
+    blocks another request inserted before."""
+    llm = make_llm()
+    prompt = rand_tokens(random.Random(n), n)
+    first = llm.generate([prompt], greedy(70))[0].usage
+    assert (first.cached_tokens, first.cache_creation_tokens) == (0, created)
+    assert llm.generate([prompt], greedy(70))[0].usage.cache_creation_tokens == 0
