@@ -1,10 +1,13 @@
 """The Publisher (ninfer/engine/kv/publisher.py). A flexible tap realized inside the prompt's
 final pass (`before_chunk` with `tap_at`): only a page boundary strictly inside the chunk's
 (start, n) range is accepted; the Publisher reserves a Tap snapshot slot for it, records the
-pending tap and the lane's new deepest snapshot, and returns the slot's physical index (the
-index, pools and budget are stand-ins recording what the Publisher asks of them). Block commit
-through the engine: usage.cache_creation_tokens counts exactly the prompt blocks a request
-inserted."""
+pending tap and the lane's new deepest snapshot, and returns the slot's physical index. Taps
+realized after a pass (`after_advance`): captured at the chunk's end with a tail copy of the
+partial block, skipped and counted without a page for it, Boundary kind for boundary taps,
+published once their blocks commit; a flexible tap is not captured at the prompt's end; a failed
+lane's pending taps are dropped and counted. These use stand-in index, pools and budget that
+record what the Publisher asks of them. Block commit through the engine:
+usage.cache_creation_tokens counts exactly the prompt blocks a request inserted."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import pytest
 from engine_helpers import greedy, rand_tokens
 
 from ninfer.cache.common import SnapshotKind
-from ninfer.cache.records import SlotGrant
+from ninfer.cache.records import CommitKind, SlotGrant
+from ninfer.engine.kv.counters import EngineCounters
 from ninfer.engine.kv.publisher import Publisher
 from ninfer.engine.lane import Job, Lane, PendingTap, PromptHints
 
@@ -120,3 +124,121 @@ def test_cache_creation_counts_the_prompt_blocks_a_request_inserts(make_llm, n, 
     first = llm.generate([prompt], greedy(70))[0].usage
     assert (first.cached_tokens, first.cache_creation_tokens) == (0, created)
     assert llm.generate([prompt], greedy(70))[0].usage.cache_creation_tokens == 0
+
+
+# ---- taps realized after a pass, publication and dropping (stand-in parts) ----------------
+
+
+class _Cache:
+    """Stand-in index: every block is newly inserted, every publication new; records calls."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self._slots = iter(range(4))
+
+    def commit_block(self, lane, b, data, page):
+        self.calls.append(("commit", b, page))
+        return SimpleNamespace(kind=CommitKind.INSERTED)
+
+    def allocate_snapshot_slot(self, lane, f, kind):
+        slot = next(self._slots)
+        self.calls.append(("allocate", f, kind, slot))
+        return SlotGrant(slot, None, False, [])
+
+    def free_snapshot_slot(self, lane, slot):
+        self.calls.append(("free_slot", slot))
+
+    def publish_snapshot(self, lane, f, slot, kind, tail_tokens, tail_page, finishing):
+        self.calls.append(("publish", f, slot, kind, tuple(tail_tokens), tail_page, finishing))
+        return SimpleNamespace(freed_pages=[], write=None, duplicate=False)
+
+
+class _Parts:
+    def __init__(self, headroom: int):
+        self.cache = _Cache()
+        self.freed: list[int] = []
+        self.copies: list[tuple[int, int, int]] = []
+        self.taps: list[tuple[int, int]] = []
+        kv = SimpleNamespace(
+            free=self.freed.extend, copy_prefix=lambda s, d, n: self.copies.append((s, d, n))
+        )
+        states = SimpleNamespace(snap_phys=SNAP_PHYS, tap=lambda a, b: self.taps.append((a, b)))
+        budget = SimpleNamespace(
+            headroom=lambda: headroom, take=lambda n: [90 + i for i in range(n)]
+        )
+        self.counters = EngineCounters()
+        self.pub = Publisher(self.cache, kv, states, budget, None, self.counters)
+
+
+def _prefilling(n: int, taps, pages: int = 6) -> Lane:
+    lane = _lane(n, taps, 0)
+    lane.pages = [50 + i for i in range(pages)]
+    lane.private = [True] * pages
+    lane.slot = 3
+    return lane
+
+
+def test_a_tap_inside_a_chunk_is_captured_at_its_end_with_a_tail_and_published_later():
+    parts = _Parts(headroom=1)
+    lane = _prefilling(300, [(100, False), (250, False)])
+    lane.boundary_taps = {250}
+    lane.computed = 150
+    parts.pub.after_advance(lane)
+    assert parts.cache.calls == [
+        ("commit", 0, 50),
+        ("commit", 1, 51),
+        ("allocate", 150, SnapshotKind.TAP, 0),
+    ]
+    assert parts.copies == [(52, 90, 22)]  # the partial block 2 into a tail page
+    assert parts.taps == [(3, 0)]  # the lane's state into snapshot slot 0
+    assert lane.pending == [PendingTap(150, 0, SnapshotKind.TAP, 90)]
+    assert lane.last_snapshot == 150 and lane.taps == [(250, False)]
+    lane.computed = 256  # block 2 commits: the tap publishes; the Boundary tap is due
+    parts.cache.calls.clear()
+    parts.pub.after_advance(lane)
+    assert parts.cache.calls == [
+        ("commit", 2, 52),
+        ("commit", 3, 53),
+        ("allocate", 256, SnapshotKind.BOUNDARY, 1),
+        ("publish", 150, 0, SnapshotKind.TAP, tuple(range(128, 150)), 90, False),
+        ("publish", 256, 1, SnapshotKind.BOUNDARY, (), None, False),
+    ]
+    assert lane.pending == [] and lane.committed_blocks == 4 and lane.taps == []
+
+
+@pytest.mark.parametrize("headroom", [0, -1])
+def test_a_tail_tap_without_a_free_page_is_skipped_and_counted(headroom):
+    parts = _Parts(headroom=headroom)
+    lane = _prefilling(300, [(100, False)])
+    lane.computed = 150
+    parts.pub.after_advance(lane)
+    assert parts.cache.calls[-2:] == [("allocate", 150, SnapshotKind.TAP, 0), ("free_slot", 0)]
+    assert parts.counters.taps_skipped_no_page == 1
+    assert lane.pending == [] and lane.last_snapshot == 0 and parts.copies == []
+
+
+def test_a_flexible_tap_due_at_the_prompt_end_is_not_captured_an_exact_one_is():
+    parts = _Parts(headroom=1)
+    lane = _prefilling(300, [(280, False)])
+    lane.computed = 300
+    parts.pub.after_advance(lane)
+    assert [c[0] for c in parts.cache.calls] == ["commit"] * 4
+    assert lane.taps == [] and lane.pending == []
+    parts = _Parts(headroom=1)
+    lane = _prefilling(300, [(300, True)])
+    lane.computed = 300
+    parts.pub.after_advance(lane)
+    assert parts.cache.calls[-1] == ("allocate", 300, SnapshotKind.TAP, 0)
+    assert lane.pending == [PendingTap(300, 0, SnapshotKind.TAP, 90)]
+
+
+def test_a_failed_lane_drops_its_pending_taps_counting_them():
+    parts = _Parts(headroom=5)
+    lane = _prefilling(300, [(100, False), (140, True)])
+    lane.computed = 140
+    parts.pub.after_advance(lane)
+    assert lane.pending == [PendingTap(140, 0, SnapshotKind.TAP, 90)]
+    parts.pub._drop_pending(lane)
+    assert parts.cache.calls[-1] == ("free_slot", 0)
+    assert parts.freed == [90] and lane.pending == []
+    assert parts.counters.taps_dropped == 1
