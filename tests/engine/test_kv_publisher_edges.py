@@ -242,3 +242,15 @@ def test_a_failed_lane_drops_its_pending_taps_counting_them():
     assert parts.cache.calls[-1] == ("free_slot", 0)
     assert parts.freed == [90] and lane.pending == []
     assert parts.counters.taps_dropped == 1
+
+
+@pytest.mark.parametrize(("last", "captured"), [(149, True), (150, False), (200, False)])
+def test_a_tap_at_or_behind_the_deepest_snapshot_is_not_captured_again(last, captured):
+    parts = _Parts(headroom=1)
+    lane = _prefilling(300, [(100, False)])
+    lane.last_snapshot = last
+    lane.computed = 150
+    parts.pub.after_advance(lane)
+    allocated = [c for c in parts.cache.calls if c[0] == "allocate"]
+    assert allocated == ([("allocate", 150, SnapshotKind.TAP, 0)] if captured else [])
+    assert lane.last_snapshot == (150 if captured else last) and lane.taps == []
