@@ -182,7 +182,7 @@ def _parse_body(meta: dict, body: bytes, n_slabs: int, flags: bool = True) -> Ta
         off += 4 * k
         tail = body[off : off + tail_len * TOKEN_BYTES]
         off += tail_len * TOKEN_BYTES
-        d = -1 if anchor < 0 else depth[anchor]
+        d = depth[anchor] if 0 <= anchor < n_blocks else -1  # out of range: refused below
         if not -1 <= anchor < n_blocks or frontier != BLOCK_TOKENS * (d + 1) + tail_len:
             raise ValueError(f"snapshot {i}: anchor {anchor} / frontier {frontier} disagree")
         if tail_len >= BLOCK_TOKENS or (tail_slab >= 0) != (tail_len > 0) or kind > 2:
