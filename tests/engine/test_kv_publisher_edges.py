@@ -130,11 +130,23 @@ def test_cache_creation_counts_the_prompt_blocks_a_request_inserts(make_llm, n, 
 
 
 class _Cache:
-    """Stand-in index: every block is newly inserted, every publication new; records calls."""
+    """Stand-in index of one lane (id 7): every block is newly inserted, every publication
+    new; records calls."""
 
     def __init__(self):
         self.calls: list[tuple] = []
         self._slots = iter(range(4))
+
+    def __getattribute__(self, name):
+        attr = object.__getattribute__(self, name)
+        if name in ("calls", "_slots"):
+            return attr
+
+        def checked(lane, *args, **kwargs):
+            assert lane == 7, f"{name}: unknown lane {lane!r}"
+            return attr(lane, *args, **kwargs)
+
+        return checked
 
     def commit_block(self, lane, b, data, page):
         self.calls.append(("commit", b, page))
@@ -217,9 +229,12 @@ def test_a_tail_tap_without_a_free_page_is_skipped_and_counted(headroom):
     assert lane.pending == [] and lane.last_snapshot == 0 and parts.copies == []
 
 
-def test_a_flexible_tap_due_at_the_prompt_end_is_not_captured_an_exact_one_is():
+@pytest.mark.parametrize("taps", [[(280, False)], [(300, False)], [(290, True)]])
+def test_a_flexible_tap_due_at_the_prompt_end_is_not_captured_an_exact_one_is(taps):
+    """At the prompt's end only an exact tap there is captured (a flexible one in the final
+    chunk is taken before or inside it: `before_chunk`)."""
     parts = _Parts(headroom=1)
-    lane = _prefilling(300, [(280, False)])
+    lane = _prefilling(300, taps)
     lane.computed = 300
     parts.pub.after_advance(lane)
     assert [c[0] for c in parts.cache.calls] == ["commit"] * 4
