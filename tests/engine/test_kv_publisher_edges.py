@@ -175,9 +175,13 @@ class _Parts:
             free=self.freed.extend, copy_prefix=lambda s, d, n: self.copies.append((s, d, n))
         )
         states = SimpleNamespace(snap_phys=SNAP_PHYS, tap=lambda a, b: self.taps.append((a, b)))
-        budget = SimpleNamespace(
-            headroom=lambda: headroom, take=lambda n: [90 + i for i in range(n)]
-        )
+        self.taken: list[int] = []  # pages asked of the budget, per call
+
+        def take(n):
+            self.taken.append(n)
+            return [90 + i for i in range(n)]
+
+        budget = SimpleNamespace(headroom=lambda: headroom, take=take)
         self.counters = EngineCounters()
         self.pub = Publisher(self.cache, kv, states, budget, None, self.counters)
 
@@ -201,7 +205,7 @@ def test_a_tap_inside_a_chunk_is_captured_at_its_end_with_a_tail_and_published_l
         ("commit", 1, 51),
         ("allocate", 150, SnapshotKind.TAP, 0),
     ]
-    assert parts.copies == [(52, 90, 22)]  # the partial block 2 into a tail page
+    assert parts.taken == [1] and parts.copies == [(52, 90, 22)]  # block 2's 22 tokens
     assert parts.taps == [(3, 0)]  # the lane's state into snapshot slot 0
     assert lane.pending == [PendingTap(150, 0, SnapshotKind.TAP, 90)]
     assert lane.last_snapshot == 150 and lane.taps == [(250, False)]
