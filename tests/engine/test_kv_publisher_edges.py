@@ -225,12 +225,16 @@ def test_a_tap_inside_a_chunk_is_captured_at_its_end_with_a_tail_and_published_l
 @pytest.mark.parametrize("headroom", [0, -1])
 def test_a_tail_tap_without_a_free_page_is_skipped_and_counted(headroom):
     parts = _Parts(headroom=headroom)
-    lane = _prefilling(300, [(100, False)])
+    lane = _prefilling(300, [(100, False), (180, False)])
     lane.computed = 150
     parts.pub.after_advance(lane)
     assert parts.cache.calls[-2:] == [("allocate", 150, SnapshotKind.TAP, 0), ("free_slot", 0)]
     assert parts.counters.taps_skipped_no_page == 1
     assert lane.pending == [] and lane.last_snapshot == 0 and parts.copies == []
+    lane.computed = 200  # the next tap finds no page either: counted again
+    parts.pub.after_advance(lane)
+    assert parts.cache.calls[-2:] == [("allocate", 200, SnapshotKind.TAP, 1), ("free_slot", 1)]
+    assert parts.counters.taps_skipped_no_page == 2
 
 
 @pytest.mark.parametrize("taps", [[(280, False)], [(300, False)], [(290, True)]])
@@ -261,6 +265,12 @@ def test_a_failed_lane_drops_its_pending_taps_counting_them():
     assert parts.cache.calls[-1] == ("free_slot", 0)
     assert parts.freed == [90] and lane.pending == []
     assert parts.counters.taps_dropped == 1
+    lane = _prefilling(300, [(70, True)])  # the next failed lane adds to the count
+    lane.computed = 70
+    parts.pub.after_advance(lane)
+    parts.pub._drop_pending(lane)
+    assert parts.cache.calls[-1] == ("free_slot", 1)
+    assert parts.freed == [90, 90] and parts.counters.taps_dropped == 2
 
 
 @pytest.mark.parametrize(("last", "captured"), [(149, True), (150, False), (200, False)])
