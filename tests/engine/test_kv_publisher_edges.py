@@ -209,14 +209,23 @@ def test_a_tap_inside_a_chunk_is_captured_at_its_end_with_a_tail_and_published_l
     assert parts.taps == [(3, 0)]  # the lane's state into snapshot slot 0
     assert lane.pending == [PendingTap(150, 0, SnapshotKind.TAP, 90)]
     assert lane.last_snapshot == 150 and lane.taps == [(250, False)]
-    lane.computed = 256  # block 2 commits: the tap publishes; the Boundary tap is due
+    lane.computed = 191  # block 2 (holding the tail) is not full yet: nothing to publish
     parts.cache.calls.clear()
+    parts.pub.after_advance(lane)
+    assert parts.cache.calls == [] and len(lane.pending) == 1
+    lane.computed = 192  # block 2 commits: the tap publishes with its 22 tail tokens
     parts.pub.after_advance(lane)
     assert parts.cache.calls == [
         ("commit", 2, 52),
+        ("publish", 150, 0, SnapshotKind.TAP, tuple(range(128, 150)), 90, False),
+    ]
+    assert lane.pending == []
+    lane.computed = 256  # the Boundary tap is due at a block boundary: no tail
+    parts.cache.calls.clear()
+    parts.pub.after_advance(lane)
+    assert parts.cache.calls == [
         ("commit", 3, 53),
         ("allocate", 256, SnapshotKind.BOUNDARY, 1),
-        ("publish", 150, 0, SnapshotKind.TAP, tuple(range(128, 150)), 90, False),
         ("publish", 256, 1, SnapshotKind.BOUNDARY, (), None, False),
     ]
     assert lane.pending == [] and lane.committed_blocks == 4 and lane.taps == []
