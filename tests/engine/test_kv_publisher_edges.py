@@ -4,7 +4,8 @@ final pass (`before_chunk` with `tap_at`): only a page boundary strictly inside 
 pending tap and the lane's new deepest snapshot, and returns the slot's physical index. Taps
 realized after a pass (`after_advance`): captured at the chunk's end with a tail copy of the
 partial block, skipped and counted without a page for it, Boundary kind for boundary taps,
-published once their blocks commit; a flexible tap is not captured at the prompt's end; a failed
+published in order once their blocks commit (a duplicate's tail page freed by the engine); a
+flexible tap is not captured at the prompt's end; a failed
 lane's pending taps are dropped and counted. These use stand-in index, pools and budget that
 record what the Publisher asks of them. Block commit through the engine:
 usage.cache_creation_tokens counts exactly the prompt blocks a request inserted."""
@@ -136,10 +137,11 @@ class _Cache:
     def __init__(self):
         self.calls: list[tuple] = []
         self._slots = iter(range(4))
+        self.duplicates: set[int] = set()  # frontiers the cache holds already
 
     def __getattribute__(self, name):
         attr = object.__getattribute__(self, name)
-        if name in ("calls", "_slots"):
+        if name in ("calls", "_slots", "duplicates"):
             return attr
 
         def checked(lane, *args, **kwargs):
@@ -162,7 +164,7 @@ class _Cache:
 
     def publish_snapshot(self, lane, f, slot, kind, tail_tokens, tail_page, finishing):
         self.calls.append(("publish", f, slot, kind, tuple(tail_tokens), tail_page, finishing))
-        return SimpleNamespace(freed_pages=[], write=None, duplicate=False)
+        return SimpleNamespace(freed_pages=[], write=None, duplicate=f in self.duplicates)
 
 
 class _Parts:
@@ -292,3 +294,25 @@ def test_a_tap_at_or_behind_the_deepest_snapshot_is_not_captured_again(last, cap
     allocated = [c for c in parts.cache.calls if c[0] == "allocate"]
     assert allocated == ([("allocate", 150, SnapshotKind.TAP, 0)] if captured else [])
     assert lane.last_snapshot == (150 if captured else last) and lane.taps == []
+
+
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_pending_taps_publish_in_order_and_a_duplicates_tail_page_is_freed(duplicate):
+    """Two tail taps wait for the same block; once it commits both publish. A duplicate
+    publication leaves its tail page with the engine, which frees it; a new one keeps it."""
+    parts = _Parts(headroom=5)
+    if duplicate:
+        parts.cache.duplicates = {150, 170, 192}
+    lane = _prefilling(300, [(150, True), (170, True), (192, True)])
+    for computed in (150, 170):
+        lane.computed = computed
+        parts.pub.after_advance(lane)
+    assert lane.pending == [
+        PendingTap(150, 0, SnapshotKind.TAP, 90),
+        PendingTap(170, 1, SnapshotKind.TAP, 90),
+    ]
+    lane.computed = 192
+    parts.pub.after_advance(lane)
+    published = [c[1] for c in parts.cache.calls if c[0] == "publish"]
+    assert published == [150, 170, 192] and lane.pending == []
+    assert parts.freed == ([90, 90] if duplicate else [])
