@@ -5,10 +5,10 @@ pending tap and the lane's new deepest snapshot, and returns the slot's physical
 realized after a pass (`after_advance`): captured at the chunk's end with a tail copy of the
 partial block, skipped and counted without a page for it, Boundary kind for boundary taps,
 published in order once their blocks commit (a duplicate's tail page freed by the engine); a
-flexible tap is not captured at the prompt's end; a failed
-lane's pending taps are dropped and counted. These use stand-in index, pools and budget that
-record what the Publisher asks of them. Block commit through the engine:
-usage.cache_creation_tokens counts exactly the prompt blocks a request inserted."""
+flexible tap is not captured at the prompt's end; a failed lane's pending taps are dropped and
+counted. These use stand-in index, pools and budget that record what the Publisher asks of
+them. Block commit through the engine: usage.cache_creation_tokens counts exactly the prompt
+blocks a request inserted."""
 
 from __future__ import annotations
 
