@@ -22,6 +22,7 @@ from ninfer.cache import (
 )
 from ninfer.cache.keys import (
     MediaItem,
+    PromptBlocks,
     block_hash,
     block_hashes,
     hash_blocks,
@@ -356,3 +357,13 @@ def test_a_snapshot_anchored_at_the_root_is_resumed_from():
     assert (q.source, q.frontier) == (res.snapshot, 40)
     assert q.match.path == [] and not q.restore_tail  # its tail page is on the Device
     ix.check_invariants()
+
+
+def test_prompt_blocks_split_their_data_unless_given_the_blocks():
+    """PromptBlocks built from packed tokens alone cuts its own 64-token blocks; blocks already
+    cut are kept as given (the same list, not a re-split)."""
+    data = pack_tokens(list(range(130)))
+    made = PromptBlocks(data, 130, hash_blocks(split_blocks(data)))
+    assert made.blocks == [data[: 64 * 4], data[64 * 4 : 128 * 4]]
+    given = split_blocks(data)
+    assert PromptBlocks(data, 130, [], blocks=given).blocks is given
