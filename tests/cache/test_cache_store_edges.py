@@ -6,10 +6,12 @@ sibling branch), and the GDSF values that change when a node's exclusive owner c
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from cache_helpers import IMAGE, SLAB, Driver, exact_cost, make_index, tokens
 
-from ninfer.cache import CacheCostModel, SnapshotKind
+from ninfer.cache import SnapshotKind
 from ninfer.cache.common import ROOT
 from ninfer.cache.device_slots import DeviceSlots
 from ninfer.cache.tree import BlockTree
@@ -73,14 +75,7 @@ def test_host_tier_too_small_for_one_snapshot_and_one_block_names_the_option(sla
 def test_host_values_use_the_cost_model_set_last():
     ix = make_index()
     path = _chain(ix, 1, 2)
-    doubled = CacheCostModel(
-        token_s=2.0,
-        pair_s=0.0,
-        chunk_s=0.0,
-        chunk_tokens=64,
-        h2d_bytes_per_s=float(IMAGE),
-        batch_latency_s=0.0,
-    )
+    doubled = replace(exact_cost(), token_s=2.0)
     ix.cost = doubled
     assert ix.cost is doubled
     sid = ix.load_snapshot(path[-1], [])

@@ -8,45 +8,24 @@ decoding lanes, ties, and siblings that cannot serve ahead of one that can."""
 from __future__ import annotations
 
 import pytest
-from engine_helpers import greedy
+from coalesce_helpers import CHUNKS_ONLY, COST, keyed_job, sibling
 
 from ninfer.cache.cost import CacheCostModel
 from ninfer.engine.kv.coalesce import _target, wait_for_sibling
-from ninfer.engine.lane import Job, Lane, PendingTap, PromptHints
-
-# 1 ms per token and 10 ms per chunk of 512 tokens
-COST = CacheCostModel(1e-3, 0.0, 0.01, 512, 1e9, 0.0)
-# only chunks cost: any 1..512 tokens cost exactly one chunk (10 ms), 513..1024 two
-CHUNKS_ONLY = CacheCostModel(0.0, 0.0, 0.01, 512, 1e9, 0.0)
-
-
-class _Blocks:
-    def __init__(self, hashes):
-        self.hashes = hashes
-
-
-def _job(rid: str, hashes: list[int], n: int) -> Job:
-    job = Job(rid, [0] * n, greedy(1), PromptHints(), sink=None)
-    job.blocks = _Blocks(hashes)
-    return job
-
-
-def _sibling(hashes: list[int], computed: int, prompt_len: int) -> Lane:
-    job = _job("sib", hashes, prompt_len)
-    return Lane(job, 1, 0, list(job.prompt), prompt_len, computed)
+from ninfer.engine.lane import Lane, PendingTap
 
 
 def test_a_captured_snapshot_at_the_cache_frontier_is_nothing_to_wait_for():
     """The sibling's pending snapshot at exactly the frontier the cache serves the head saves
     nothing: the head waits for a Boundary tap planted at the divergence instead."""
-    head = _job("head", [1, 2, 3, 4, 5, -1], 400)
-    sib = _sibling([1, 2, 3, 4, 5, -2], 130, 400)  # shares 5 blocks: d = 320
+    head = keyed_job("head", [1, 2, 3, 4, 5, -1], 400)
+    sib = sibling([1, 2, 3, 4, 5, -2], 130, 400)  # shares 5 blocks: d = 320
     sib.pending = [PendingTap(128, 0, "tap")]
     assert _target(sib, 128, 320, COST) == (320, True, 0.01)
     assert wait_for_sibling(head, 128, [sib], COST, timeout_s=60.0)
     assert sib.taps == [(320, True)] and sib.boundary_taps == {320}
     # one token below it, the same snapshot is deeper than the cache: resume there, no plant
-    sib = _sibling([1, 2, 3, 4, 5, -2], 130, 400)
+    sib = sibling([1, 2, 3, 4, 5, -2], 130, 400)
     sib.pending = [PendingTap(128, 0, "tap")]
     assert _target(sib, 127, 320, COST) == (128, False, 0.0)
 
@@ -54,7 +33,7 @@ def test_a_captured_snapshot_at_the_cache_frontier_is_nothing_to_wait_for():
 def test_an_exact_tap_at_the_siblings_current_position_is_passed():
     """A planned exact tap at `computed` is behind the sibling (it is realized when the sibling
     reaches it): the target is the divergence block, not that tap."""
-    lane = _sibling([1] * 8, 200, 512)
+    lane = sibling([1] * 8, 200, 512)
     lane.taps = [(200, True)]
     assert _target(lane, 0, 300, CHUNKS_ONLY) == (256, True, 0.01)
     lane.computed = 199  # one token before it, the tap is still ahead and serves
@@ -64,24 +43,24 @@ def test_an_exact_tap_at_the_siblings_current_position_is_passed():
 def test_an_exact_tap_serves_when_prefill_from_it_to_the_block_fits_one_chunk():
     """From the tap at 448 to t = 512 is 64 tokens: one chunk, no dearer than a split. Measured
     as 448 + 512 tokens it would be two chunks."""
-    lane = _sibling([1] * 9, 0, 600)
+    lane = sibling([1] * 9, 0, 600)
     lane.taps = [(448, True)]
     assert _target(lane, 0, 520, CHUNKS_ONLY) == (448, False, 0.0)
     # from a tap at 64 to t = 640 is 576 tokens: two chunks, dearer than a split
-    lane = _sibling([1] * 12, 10, 800)
+    lane = sibling([1] * 12, 10, 800)
     lane.taps = [(64, True)]
     assert _target(lane, 0, 700, CHUNKS_ONLY) == (640, True, 0.01)
 
 
 def test_a_zero_timeout_disables_coalescing():
-    head = _job("head", [1, 2, 3, 4, 5, -1], 400)
-    sib = _sibling([1, 2, 3, 4, 5, -2], 0, 400)
+    head = keyed_job("head", [1, 2, 3, 4, 5, -1], 400)
+    sib = sibling([1, 2, 3, 4, 5, -2], 0, 400)
     assert not wait_for_sibling(head, 0, [sib], COST, timeout_s=0.0)
     assert sib.taps == [] and sib.boundary_taps == set()
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=60.0)
     assert sib.taps == [(320, True)]
     # not even for a captured snapshot the sibling already passed (no prefill left to wait for)
-    sib = _sibling([1, 2, 3, 4, 5, -2], 330, 400)
+    sib = sibling([1, 2, 3, 4, 5, -2], 330, 400)
     sib.pending = [PendingTap(320, 0, "tap")]
     assert not wait_for_sibling(head, 0, [sib], COST, timeout_s=0.0)
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=1e-9)
@@ -90,8 +69,8 @@ def test_a_zero_timeout_disables_coalescing():
 def test_a_decoding_lane_is_no_sibling_even_with_a_snapshot_pending():
     """Only a lane still prefilling can be waited for: a decoding lane's pending tap in range
     does not make the head wait."""
-    head = _job("head", [1, 2, 3, 4, 5, -1], 400)
-    sib = _sibling([1, 2, 3, 4, 5, -2], 400, 400)
+    head = keyed_job("head", [1, 2, 3, 4, 5, -1], 400)
+    sib = sibling([1, 2, 3, 4, 5, -2], 400, 400)
     sib.tokens += [7] * 20
     sib.computed = 420
     sib.pending = [PendingTap(320, 0, "tap")]
@@ -108,17 +87,17 @@ def _unkeyed(lane: Lane) -> Lane:
 @pytest.mark.parametrize(
     ("first", "frontier", "timeout_s"),
     [
-        (lambda: _sibling([1, 2, 3, 4, 5, -2], 400, 400), 0, 60.0),  # done prefilling
-        (lambda: _unkeyed(_sibling([1, 2, 3, 4, 5, -2], 0, 400)), 0, 60.0),
-        (lambda: _sibling([-9] * 7, 0, 400), 0, 60.0),  # shares nothing
-        (lambda: _sibling([1, -2], 0, 400), 60, 60.0),  # saves 4 tokens: less than a split
-        (lambda: _sibling([1, 2, 3, 4, 5, -2], 0, 400), 0, 1.0),  # too slow to reach 320
+        (lambda: sibling([1, 2, 3, 4, 5, -2], 400, 400), 0, 60.0),  # done prefilling
+        (lambda: _unkeyed(sibling([1, 2, 3, 4, 5, -2], 0, 400)), 0, 60.0),
+        (lambda: sibling([-9] * 7, 0, 400), 0, 60.0),  # shares nothing
+        (lambda: sibling([1, -2], 0, 400), 60, 60.0),  # saves 4 tokens: less than a split
+        (lambda: sibling([1, 2, 3, 4, 5, -2], 0, 400), 0, 1.0),  # too slow to reach 320
     ],
 )
 def test_a_sibling_that_cannot_serve_does_not_hide_a_later_one(first, frontier, timeout_s):
-    head = _job("head", [1, 2, 3, 4, 5, -1], 400)
+    head = keyed_job("head", [1, 2, 3, 4, 5, -1], 400)
     skipped = first()
-    later = _sibling([1, 2, 3, -3], 100, 400)  # shares 3 blocks: plants 192, 92 tokens away
+    later = sibling([1, 2, 3, -3], 100, 400)  # shares 3 blocks: plants 192, 92 tokens away
     assert wait_for_sibling(head, frontier, [skipped, later], COST, timeout_s=timeout_s)
     assert later.taps == [(192, True)] and skipped.taps == []
 
@@ -129,8 +108,8 @@ def test_a_sibling_that_cannot_serve_does_not_hide_a_later_one(first, frontier, 
 )
 def test_the_target_leaves_each_prompt_at_least_its_last_token(n, prompt_len, planted):
     """floor64(min(d, n - 1, sibling's n - 1)): neither prompt is snapshotted at its end."""
-    head = _job("head", [1] * 8, n)
-    sib = _sibling([1] * 8, 0, prompt_len)
+    head = keyed_job("head", [1] * 8, n)
+    sib = sibling([1] * 8, 0, prompt_len)
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=60.0)
     assert sib.taps == [(planted, True)]
 
@@ -139,8 +118,8 @@ def test_the_saving_is_measured_from_the_cache_frontier():
     """Chunks of 256 only: from 0 the head's 300 tokens are two chunks and the sibling's
     snapshot at 192 saves one; from a frontier of 64 they are one chunk, and it saves none."""
     chunks = CacheCostModel(0.0, 0.0, 0.01, 256, 1e9, 0.0)
-    head = _job("head", [1, 2, 3, -1], 300)
-    sib = _sibling([1, 2, 3, -2], 150, 300)
+    head = keyed_job("head", [1, 2, 3, -1], 300)
+    sib = sibling([1, 2, 3, -2], 150, 300)
     sib.pending = [PendingTap(192, 0, "tap")]
     assert wait_for_sibling(head, 0, [sib], chunks, timeout_s=60.0)
     assert not wait_for_sibling(head, 64, [sib], chunks, timeout_s=60.0)
@@ -148,8 +127,8 @@ def test_the_saving_is_measured_from_the_cache_frontier():
 
 def test_the_wait_bound_counts_the_siblings_prefill_from_where_it_is():
     """The sibling at 100 needs 92 tokens to reach 192: 2 * (0.092 + 0.01) = 0.204 s."""
-    head = _job("head", [1, 2, 3, -1], 300)
-    sib = _sibling([1, 2, 3, -2], 100, 300)
+    head = keyed_job("head", [1, 2, 3, -1], 300)
+    sib = sibling([1, 2, 3, -2], 100, 300)
     assert not wait_for_sibling(head, 0, [sib], COST, timeout_s=0.40)
     assert sib.taps == []
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=0.41)
@@ -157,15 +136,15 @@ def test_the_wait_bound_counts_the_siblings_prefill_from_where_it_is():
 
 
 def test_a_captured_snapshot_the_sibling_passed_needs_no_more_prefill():
-    head = _job("head", [1, 2, 3, -1], 300)
-    sib = _sibling([1, 2, 3, -2], 250, 300)
+    head = keyed_job("head", [1, 2, 3, -1], 300)
+    sib = sibling([1, 2, 3, -2], 250, 300)
     sib.pending = [PendingTap(192, 0, "tap")]  # captured, published with the next block
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=1e-6)
 
 
 def test_of_equally_deep_targets_the_first_sibling_is_chosen():
-    head = _job("head", [1, 2, 3, 4, 5, -1], 400)
-    a = _sibling([1, 2, 3, 4, 5, -2], 0, 400)
-    b = _sibling([1, 2, 3, 4, 5, -3], 0, 400)
+    head = keyed_job("head", [1, 2, 3, 4, 5, -1], 400)
+    a = sibling([1, 2, 3, 4, 5, -2], 0, 400)
+    b = sibling([1, 2, 3, 4, 5, -3], 0, 400)
     assert wait_for_sibling(head, 0, [a, b], COST, timeout_s=60.0)
     assert a.taps == [(320, True)] and b.taps == []

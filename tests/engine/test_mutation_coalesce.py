@@ -4,32 +4,11 @@ plants (ninfer/engine/kv/coalesce.py; the engine-level behaviour is in test_coal
 
 from __future__ import annotations
 
-from engine_helpers import greedy
+from coalesce_helpers import CHUNKS_ONLY, COST, keyed_job, sibling
 
 from ninfer.cache.cost import CacheCostModel
 from ninfer.engine.kv.coalesce import _shared_blocks, _target, wait_for_sibling
-from ninfer.engine.lane import Job, Lane, PendingTap, PromptHints
-
-# 1 ms per token and 10 ms per chunk of 512: prefill_seconds(b, k) = 0.001 k + 0.01 ceil(k/512)
-COST = CacheCostModel(1e-3, 0.0, 0.01, 512, 1e9, 0.0)
-# only chunks cost: any k <= 512 tokens cost exactly one chunk's fixed cost
-CHUNKS_ONLY = CacheCostModel(0.0, 0.0, 0.01, 512, 1e9, 0.0)
-
-
-class _Blocks:
-    def __init__(self, hashes):
-        self.hashes = hashes
-
-
-def _job(rid: str, hashes: list[int], n: int) -> Job:
-    job = Job(rid, [0] * n, greedy(1), PromptHints(), sink=None)
-    job.blocks = _Blocks(hashes)
-    return job
-
-
-def _sibling(hashes: list[int], computed: int, prompt_len: int, rid: str = "sib") -> Lane:
-    job = _job(rid, hashes, prompt_len)
-    return Lane(job, 1, 0, list(job.prompt), prompt_len, computed)
+from ninfer.engine.lane import Lane, PendingTap
 
 
 def test_shared_blocks_counts_the_equal_leading_hashes():
@@ -40,7 +19,7 @@ def test_shared_blocks_counts_the_equal_leading_hashes():
 
 
 def test_target_prefers_the_deepest_captured_snapshot_in_range():
-    lane = _sibling([1] * 8, 400, 512)
+    lane = sibling([1] * 8, 400, 512)
     lane.pending = [PendingTap(f, 0, "tap") for f in (128, 192, 320)]
     # (F, d] = (128, 256]: 128 is the cache's frontier already, 320 lies past the divergence
     assert _target(lane, 128, 256, COST) == (192, False, 0.0)
@@ -48,7 +27,7 @@ def test_target_prefers_the_deepest_captured_snapshot_in_range():
 
 
 def test_target_none_once_the_sibling_passed_or_snapshotted_it():
-    lane = _sibling([1] * 8, 256, 512)
+    lane = sibling([1] * 8, 256, 512)
     assert _target(lane, 0, 300, COST) is None  # t = 256 = computed
     lane.computed = 255
     assert _target(lane, 0, 300, COST) == (256, True, 0.01)
@@ -59,7 +38,7 @@ def test_target_none_once_the_sibling_passed_or_snapshotted_it():
 
 
 def test_target_uses_the_deepest_planned_exact_tap_when_it_saves_a_split():
-    lane = _sibling([1] * 8, 100, 512)
+    lane = sibling([1] * 8, 100, 512)
     # an exact tap at t itself or past it (<= d): no split
     lane.taps = [(150, True), (256, True), (400, True)]
     assert _target(lane, 0, 300, COST) == (256, False, 0.0)
@@ -76,9 +55,9 @@ def test_target_uses_the_deepest_planned_exact_tap_when_it_saves_a_split():
 
 
 def test_head_waits_for_the_deepest_worthwhile_sibling_and_plants_its_tap():
-    head = _job("head", [1, 2, 3, 4, 5, 6, -1], 420)
-    a = _sibling([1, 2, 3, -2], 0, 420, "a")  # shares 3 blocks: d = 192
-    b = _sibling([1, 2, 3, 4, 5, -3], 0, 420, "b")  # shares 5: d = 320
+    head = keyed_job("head", [1, 2, 3, 4, 5, 6, -1], 420)
+    a = sibling([1, 2, 3, -2], 0, 420, "a")  # shares 3 blocks: d = 192
+    b = sibling([1, 2, 3, 4, 5, -3], 0, 420, "b")  # shares 5: d = 320
     assert wait_for_sibling(head, 0, [a, b], COST, timeout_s=60.0)
     assert a.taps == [] and b.taps == [(320, True)] and b.boundary_taps == {320}
     # asked again: the tap is planted once
@@ -87,42 +66,42 @@ def test_head_waits_for_the_deepest_worthwhile_sibling_and_plants_its_tap():
 
 
 def test_a_planted_tap_replaces_a_flexible_one_at_the_same_position():
-    head = _job("head", [1, 2, 3, 4, 5, -1], 400)
-    sib = _sibling([1, 2, 3, 4, 5, -2], 0, 400)
+    head = keyed_job("head", [1, 2, 3, 4, 5, -1], 400)
+    sib = sibling([1, 2, 3, 4, 5, -2], 0, 400)
     sib.taps = [(128, False), (320, False), (384, False)]
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=60.0)
     assert sib.taps == [(128, False), (320, True), (384, False)]
 
 
 def test_siblings_that_cannot_serve_are_skipped():
-    head = _job("head", [1, 2, 3, 4, 5, -1], 400)
-    done = _sibling([1, 2, 3, 4, 5, -2], 400, 400, "done")  # not prefilling
-    unkeyed = _sibling([1, 2, 3, 4, 5, -2], 0, 400, "unkeyed")
+    head = keyed_job("head", [1, 2, 3, 4, 5, -1], 400)
+    done = sibling([1, 2, 3, 4, 5, -2], 400, 400, "done")  # not prefilling
+    unkeyed = sibling([1, 2, 3, 4, 5, -2], 0, 400, "unkeyed")
     unkeyed.job.blocks = None
     itself = Lane(head, 1, 0, list(head.prompt), 400, 0)
     assert not wait_for_sibling(head, 0, [done, unkeyed, itself], COST, timeout_s=60.0)
-    assert not wait_for_sibling(_job("x", [], 400), 0, [], COST, 60.0)
-    plain = _job("plain", [1], 400)
+    assert not wait_for_sibling(keyed_job("x", [], 400), 0, [], COST, 60.0)
+    plain = keyed_job("plain", [1], 400)
     plain.blocks = None
-    assert not wait_for_sibling(plain, 0, [_sibling([1] * 7, 0, 400)], COST, 60.0)
+    assert not wait_for_sibling(plain, 0, [sibling([1] * 7, 0, 400)], COST, 60.0)
 
 
 def test_divergence_is_capped_by_both_prompts():
     # all 7 hashes shared, but the head has 400 tokens: d = min(448, 399, 449) -> t = 384
-    head = _job("head", [1] * 7, 400)
-    sib = _sibling([1] * 7, 0, 450)
+    head = keyed_job("head", [1] * 7, 400)
+    sib = sibling([1] * 7, 0, 450)
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=60.0)
     assert sib.taps == [(384, True)]
     # the sibling's prompt is the shorter: d = min(448, 499, 299) -> t = 256
-    head = _job("head", [1] * 7, 500)
-    sib = _sibling([1] * 7, 0, 300)
+    head = keyed_job("head", [1] * 7, 500)
+    sib = sibling([1] * 7, 0, 300)
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=60.0)
     assert sib.taps == [(256, True)]
 
 
 def test_no_wait_when_the_cache_already_serves_the_divergence():
-    head = _job("head", [1, 2, 3, -1], 300)
-    sib = _sibling([1, 2, 3, -2], 0, 300)
+    head = keyed_job("head", [1, 2, 3, -1], 300)
+    sib = sibling([1, 2, 3, -2], 0, 300)
     assert not wait_for_sibling(head, 192, [sib], COST, timeout_s=60.0)  # d = F
     assert not wait_for_sibling(head, 200, [sib], COST, timeout_s=60.0)
     assert sib.taps == []
@@ -135,8 +114,8 @@ def test_wait_needs_savings_strictly_above_the_split():
     # only chunks of 256 cost: resuming at 192 instead of 0 saves one chunk of a 300-token
     # prompt (2 chunks -> 1), exactly the split's cost: not worth it
     chunks = CacheCostModel(0.0, 0.0, 0.01, 256, 1e9, 0.0)
-    head = _job("head", [1, 2, 3, -1], 300)
-    sib = _sibling([1, 2, 3, -2], 0, 300)
+    head = keyed_job("head", [1, 2, 3, -1], 300)
+    sib = sibling([1, 2, 3, -2], 0, 300)
     assert not wait_for_sibling(head, 0, [sib], chunks, timeout_s=60.0)
     # a captured snapshot needs no split: the same saving is worth it
     sib.pending = [PendingTap(192, 0, "tap")]
@@ -146,8 +125,8 @@ def test_wait_needs_savings_strictly_above_the_split():
 
 def test_wait_bound_is_inclusive():
     # the sibling needs 192 tokens more: 2 * (0.192 + 0.01) = 0.404 s <= timeout / 2
-    head = _job("head", [1, 2, 3, -1], 300)
-    sib = _sibling([1, 2, 3, -2], 0, 300)
+    head = keyed_job("head", [1, 2, 3, -1], 300)
+    sib = sibling([1, 2, 3, -2], 0, 300)
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=0.808)
-    sib = _sibling([1, 2, 3, -2], 0, 300)
+    sib = sibling([1, 2, 3, -2], 0, 300)
     assert not wait_for_sibling(head, 0, [sib], COST, timeout_s=0.807)
