@@ -100,7 +100,8 @@ class _TermRedelivery:
     input loop checks only when its select() is interrupted, so a SIGTERM that lands just before
     that select() is noticed at the next key press: the chat would hang at its prompt. Here the
     C-level handler also writes the signal number to a wakeup pipe; a watcher thread reads it
-    and re-sends SIGTERM to the main thread every 0.2 s until the handler has run (`done`).
+    and re-sends SIGTERM to the main thread every 0.2 s until the body that `serving` runs has
+    left (`done`): a delivery whose exit Python dropped is followed by another.
     """
 
     def __init__(self) -> None:
@@ -138,17 +139,18 @@ class _TermRedelivery:
 def serving(llm) -> Iterator:
     """Runs a sub-command on `llm`, then stops it in order.
 
-    SIGTERM leaves the body like an exception (once: a re-sent one during the stop is ignored),
-    so the stop below runs and, with --prefix-cache-file, saves the Host tier. A Ctrl+C while
-    that stop is saving abandons the save (the previous file stays), waits up to 2 s for the
-    engine, and exits at once.
+    SIGTERM leaves the body like an exception, so the stop below runs and, with
+    --prefix-cache-file, saves the Host tier. The handler raises each time the SIGTERM is
+    delivered until the body has left: an exit raised where Python drops exceptions (a finalizer
+    the garbage collector runs, say an asyncio event loop's) is raised again at the next
+    re-delivery. A SIGTERM during the stop is ignored. A Ctrl+C while that stop is saving abandons
+    the save (the previous file stays), waits up to 2 s for the engine, and exits at once.
     """
     redelivery = _TermRedelivery()
 
     def on_term(signum: int, _frame: object) -> None:
         if redelivery.done.is_set():
-            return  # already leaving
-        redelivery.done.set()
+            return  # the body has left: the stop runs to its end
         raise SystemExit(128 + signum)
 
     def on_second_interrupt(_signum: int, _frame: object) -> None:
@@ -159,6 +161,7 @@ def serving(llm) -> Iterator:
     try:
         yield llm
     finally:
+        redelivery.done.set()  # no more re-deliveries, and no exit raised inside the stop
         previous_int = signal.signal(signal.SIGINT, on_second_interrupt)
         try:
             llm.close()
