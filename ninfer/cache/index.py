@@ -10,11 +10,24 @@ mutation is detectably stale. Its parts:
     snapshots  SnapshotStore (snapshot_store.py): snapshots by id and key, ancestor links,
                supersession order, the Device snapshot slot table
     host_tier  HostTier (host_tier.py): the Host slab pool and the GDSF priorities
-    lanes, batches   the lanes' pins and the transfers in flight (the index's own)
+    registry   Registry (registry.py): the open lanes, the transfer batches in flight, the
+               counters, the epoch and clock (the index's own records)
 
-The index runs the lane protocol and every rule that spans parts (deleting a block deletes the
-snapshots anchored under it and frees their slabs; §9.3's Host eviction order); the stores do
-not call each other.
+The index is the facade over the parts that run the lane protocol, each built with the stores
+and the registry it uses and no reference back:
+
+    liveness      Liveness (liveness.py): the rules that span stores (what eviction can free,
+                  supersession, dropping copies, deletion cascades, §9.3's Host eviction order)
+    lifecycle     LaneLifecycle (lanes.py): stage, begin_restore, activate, cancel_stage, release
+    publication   Publication (publish.py): block commits and snapshot publication
+    slot_policy   SlotPolicy (slot_policy.py): Device snapshot slots (§9.2)
+    prefetch      Prefetch (prefetch.py): the blocked head's prefetch (§6.6)
+    transfers     Transfers (transfers.py): batches landing, or undone after a Host fault
+    loader        Loader (load.py): Host-only entries rebuilt from a cache file (§5.5)
+
+Matching and quoting are the Admission's (admission.py), tap planning is taps.py's; both only
+read. The stores do not call each other or the parts; the parts call the stores, the registry and
+the liveness rules, never the index.
 
 Invariants (spec §10; `check_invariants` checks every one that is checkable without tensors):
   - §10.1 every cached page and every Host slab has exactly one owner (node, image, tail);
@@ -34,55 +47,48 @@ from collections.abc import Sequence
 
 from ninfer.cache.admission import Admission
 from ninfer.cache.blocks import BlockStore
-from ninfer.cache.common import (
-    ROOT,
-    LaneError,
-    Residency,
-    SnapshotKind,
-    Span,
-)
+from ninfer.cache.common import ROOT, Residency, SnapshotKind, Span
 from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.host_pool import HostSlabPool
 from ninfer.cache.host_tier import HostTier
 from ninfer.cache.invariants import check_index
 from ninfer.cache.keys import PromptBlocks
-from ninfer.cache.lanes import LaneMixin
-from ninfer.cache.liveness import LivenessMixin
-from ninfer.cache.load import LoadMixin
-from ninfer.cache.prefetch import PrefetchMixin
-from ninfer.cache.publish import PublishMixin
+from ninfer.cache.lanes import LaneLifecycle
+from ninfer.cache.liveness import Liveness
+from ninfer.cache.load import Loader
+from ninfer.cache.prefetch import Prefetch, PrefetchPlan
+from ninfer.cache.publish import Publication
 from ninfer.cache.records import (
     CacheConfig,
+    CommitResult,
     LaneRecord,
     MatchResult,
+    PublishResult,
     Quote,
     QuoteParams,
+    ReleaseResult,
+    RestoreBatch,
+    SlotGrant,
+    Staged,
     TransferRecord,
 )
-from ninfer.cache.slot_policy import SlotPolicyMixin
+from ninfer.cache.registry import Registry
+from ninfer.cache.slot_policy import SlotPolicy
 from ninfer.cache.snapshot_store import SnapshotStore
 from ninfer.cache.snapshots import Snapshot
 from ninfer.cache.stats import CacheStats
 from ninfer.cache.taps import Tap, TapHint
 from ninfer.cache.taps import plan_taps as plan_taps_fn
-from ninfer.cache.transfers import TransferMixin
+from ninfer.cache.transfers import Transfers
 from ninfer.cache.tree import BlockNode
 
-_ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
+_ABSENT = Residency.ABSENT
 
 __all__ = ["PrefixIndex"]
 
 
-class PrefixIndex(
-    LaneMixin,
-    PublishMixin,
-    SlotPolicyMixin,
-    PrefetchMixin,
-    LoadMixin,
-    TransferMixin,
-    LivenessMixin,
-):
-    """The hybrid prefix cache index. See the module docstring for its invariants."""
+class PrefixIndex:
+    """The hybrid prefix cache index. See the module docstring for its parts and invariants."""
 
     def __init__(self, config: CacheConfig, cost: CacheCostModel) -> None:
         if config.slab_bytes <= 0 or config.image_bytes <= 0 or config.host_cache_bytes < 0:
@@ -92,19 +98,39 @@ class PrefixIndex(
         tree = self.blocks.tree
         self.snapshots = SnapshotStore(config.device_snapshot_slots, tree, self._revalue)
         self.host_tier = HostTier(config, cost, tree, self.snapshots.by_id)
+        self.registry = Registry()
+        stores = (self.blocks, self.snapshots, self.host_tier)
+        self.liveness = Liveness(*stores, self.registry)
+        parts = (*stores, self.liveness, self.registry)
+        self.lifecycle = LaneLifecycle(config, *parts)
+        self.publication = Publication(config, *parts)
+        self.slot_policy = SlotPolicy(*parts)
+        self.prefetch = Prefetch(config, self.blocks, self.snapshots, self.liveness, self.registry)
+        self.transfers = Transfers(*parts, cancel_stage=self.lifecycle.cancel_stage)
+        self.loader = Loader(config, *parts)
         self._admission = Admission(config, cost, self.blocks, self.snapshots)
-        self.lanes: dict[int, LaneRecord] = {}
-        self.batches: dict[int, TransferRecord] = {}
-        self.counters = CacheStats()
-        self.epoch = 0
-        self._clock = 0
-        self._next_batch = 1
 
-    # ---- small helpers ---------------------------------------------------------------------
+    # ---- the registry's records, read by the engine, the persistence and the tests ---------
+
+    @property
+    def lanes(self) -> dict[int, LaneRecord]:
+        return self.registry.lanes
+
+    @property
+    def batches(self) -> dict[int, TransferRecord]:
+        return self.registry.batches
+
+    @property
+    def counters(self) -> CacheStats:
+        return self.registry.counters
+
+    @property
+    def epoch(self) -> int:
+        return self.registry.epoch
 
     @property
     def cache_epoch(self) -> int:
-        return self.epoch
+        return self.registry.epoch
 
     @property
     def cost(self) -> CacheCostModel:
@@ -123,30 +149,8 @@ class PrefixIndex(
         layer reads its geometry, chunks and copy runs. Its slabs are the index's to hand out."""
         return self.host_tier.pool
 
-    def _tick(self) -> int:
-        self._clock += 1
-        return self._clock
-
-    def _mutated(self) -> int:
-        self.epoch += 1
-        return self._tick()
-
     def _revalue(self, sid: int) -> None:
         self.host_tier.mark(sid)
-
-    def _lane(self, lane: int, activated: bool | None = True) -> LaneRecord:
-        rec = self.lanes.get(lane)
-        if rec is None:
-            raise LaneError(f"lane {lane} is not open")
-        if activated is not None and rec.activated != activated:
-            raise LaneError(f"lane {lane} is {'' if rec.activated else 'not '}activated")
-        return rec
-
-    def _new_batch(self, batch: TransferRecord) -> int:
-        bid = self._next_batch
-        self._next_batch += 1
-        self.batches[bid] = batch
-        return bid
 
     # ---- read-only views -------------------------------------------------------------------
 
@@ -159,7 +163,7 @@ class PrefixIndex(
         return self.snapshots.by_id[sid]
 
     def lane_path(self, lane: int) -> list[int]:
-        return list(self._lane(lane, None).path)
+        return list(self.registry.lane(lane, None).path)
 
     def match(self, prompt: PromptBlocks) -> MatchResult:
         """§6.1 lookup. Mutates nothing."""
@@ -168,7 +172,11 @@ class PrefixIndex(
     def quote(self, prompt: PromptBlocks, params: QuoteParams) -> Quote:
         """§6.2-§6.3: choose the source and classify readiness. Mutates nothing, pins nothing
         (admission.py)."""
-        return self._admission.quote(prompt, params, self._blocked_nodes(), self.epoch)
+        return self._admission.quote(prompt, params, self.liveness.blocked_nodes(), self.epoch)
+
+    def evictable_pages(self) -> int:
+        """Device pages eviction can free now (§9.5; Liveness.evictable_pages)."""
+        return self.liveness.evictable_pages()
 
     def stats(self) -> CacheStats:
         """Counters plus freshly computed gauges (the live object: copy it to keep it).
@@ -203,16 +211,27 @@ class PrefixIndex(
         """Raise AssertionError naming the first broken invariant (O(everything))."""
         check_index(self)
 
-    # ---- Device eviction (§9.5) --------------------------------------------------------------
+    # ---- the lane protocol (docs/cache-api.md): each call answered by the part that owns it -
 
-    def evict_device_pages(self, n: int) -> list[int]:
-        """§9.5: free >= n cached Device pages for active growth (fewer if not enough are
-        evictable). Backed entries first; an unbacked victim takes its subtree and snapshots
-        with it. Returns the freed page ids; the memory layer returns them to its free list."""
-        self._mutated()
-        if n > 0:
-            self._evict(n)
-        return self.blocks.take_freed()
+    def stage(self, quote: Quote, lane: int, free_pages: int) -> Staged:
+        """Open `lane` on the quoted source (§6.4; LaneLifecycle.stage)."""
+        return self.lifecycle.stage(quote, lane, free_pages)
+
+    def begin_restore(self, lane: int, pages: Sequence[int]) -> RestoreBatch | None:
+        """Copy the staged lane's Host-only parts into `pages` (LaneLifecycle.begin_restore)."""
+        return self.lifecycle.begin_restore(lane, pages)
+
+    def activate(self, lane: int) -> None:
+        """The staged lane starts (LaneLifecycle.activate)."""
+        self.lifecycle.activate(lane)
+
+    def cancel_stage(self, lane: int) -> list[int]:
+        """Undo stage before activate (LaneLifecycle.cancel_stage)."""
+        return self.lifecycle.cancel_stage(lane)
+
+    def release(self, lane: int) -> ReleaseResult:
+        """Unpin the lane's path and write it through (§7.6, §7.7; LaneLifecycle.release)."""
+        return self.lifecycle.release(lane)
 
     def plan_taps(
         self,
@@ -223,7 +242,7 @@ class PrefixIndex(
         resumed_from_endpoint: bool | None = None,
     ) -> list[Tap]:
         """§7.1 taps for the lane's prompt (pure; only counts them). See taps.plan_taps."""
-        rec = self._lane(lane, None)
+        rec = self.registry.lane(lane, None)
         rfe = (
             rec.source_kind == SnapshotKind.ENDPOINT
             if resumed_from_endpoint is None
@@ -234,3 +253,108 @@ class PrefixIndex(
         )
         self.counters.taps_planned += len(taps)
         return taps
+
+    def commit_block(
+        self,
+        lane: int,
+        block_index: int,
+        tokens: Sequence[int] | bytes,
+        page: int,
+        extra: int = 0,
+        lookup_hash: int | None = None,
+    ) -> CommitResult:
+        """Publish the lane's next committed block (§7.6; Publication.commit_block)."""
+        return self.publication.commit_block(lane, block_index, tokens, page, extra, lookup_hash)
+
+    def endpoint_worthwhile(self, lane: int, frontier: int) -> bool:
+        """§7.7's 64-token rule (Publication.endpoint_worthwhile)."""
+        return self.publication.endpoint_worthwhile(lane, frontier)
+
+    def allocate_snapshot_slot(
+        self, lane: int, frontier: int, kind: SnapshotKind
+    ) -> SlotGrant | None:
+        """A staging Device slot for a tap or endpoint (§9.2; SlotPolicy)."""
+        return self.slot_policy.allocate_snapshot_slot(lane, frontier, kind)
+
+    def free_snapshot_slot(self, lane: int, slot: int) -> None:
+        """Return a staging slot the lane will not publish (SlotPolicy)."""
+        self.slot_policy.free_snapshot_slot(lane, slot)
+
+    def publish_snapshot(
+        self,
+        lane: int,
+        frontier: int,
+        slot: int,
+        kind: SnapshotKind,
+        tail_tokens: Sequence[int] | bytes = (),
+        tail_page: int | None = None,
+        finishing: bool = False,
+    ) -> PublishResult:
+        """Publish the image in staging `slot` (§7.4; Publication.publish_snapshot)."""
+        return self.publication.publish_snapshot(
+            lane, frontier, slot, kind, tail_tokens, tail_page, finishing
+        )
+
+    # ---- Device eviction (§9.5) and prefetch (§6.6) ----------------------------------------
+
+    def evict_device_pages(self, n: int) -> list[int]:
+        """§9.5: free >= n cached Device pages for active growth (fewer if not enough are
+        evictable). Backed entries first; an unbacked victim takes its subtree and snapshots
+        with it. Returns the freed page ids; the memory layer returns them to its free list."""
+        self.registry.mutated()
+        if n > 0:
+            self.liveness.evict(n)
+        return self.blocks.take_freed()
+
+    def prefetch_room(self) -> int:
+        """Pages a prefetch could use besides the free ones (Prefetch.prefetch_room)."""
+        return self.prefetch.prefetch_room()
+
+    def plan_prefetch(self, quote: Quote, free_pages: int, max_blocks: int = 256) -> PrefetchPlan:
+        """The blocked head's Host-only path blocks, and room for them (Prefetch)."""
+        return self.prefetch.plan_prefetch(quote, free_pages, max_blocks)
+
+    def begin_prefetch(self, nodes: Sequence[int], pages: Sequence[int]) -> RestoreBatch | None:
+        """Copy planned prefetch blocks into `pages` (Prefetch.begin_prefetch)."""
+        return self.prefetch.begin_prefetch(nodes, pages)
+
+    # ---- transfers landing or undone -------------------------------------------------------
+
+    def on_restore_landed(self, batch_id: int) -> None:
+        """A restore or prefetch batch landed (Transfers.on_restore_landed)."""
+        self.transfers.on_restore_landed(batch_id)
+
+    def on_write_through_landed(self, batch_id: int) -> None:
+        """A write-through batch landed (Transfers.on_write_through_landed)."""
+        self.transfers.on_write_through_landed(batch_id)
+
+    def abort_write_through(self, batch_id: int) -> list[int]:
+        """A write batch that never ran is undone (Transfers.abort_write_through)."""
+        return self.transfers.abort_write_through(batch_id)
+
+    def abort_restore(self, batch_id: int) -> list[int]:
+        """A restore or prefetch batch that never (fully) ran is undone (Transfers)."""
+        return self.transfers.abort_restore(batch_id)
+
+    # ---- persistence load (§5.5) -----------------------------------------------------------
+
+    def load_block(
+        self,
+        parent: int,
+        tokens: Sequence[int] | bytes,
+        extra: int = 0,
+        lookup_hash: int | None = None,
+    ) -> int:
+        """A Host-resident child of `parent` (Loader.load_block)."""
+        return self.loader.load_block(parent, tokens, extra, lookup_hash)
+
+    def load_snapshot(
+        self,
+        anchor: int,
+        tail: Sequence[int] | bytes,
+        kind: SnapshotKind = SnapshotKind.TAP,
+        hits: int = 0,
+        superseded: bool = False,
+    ) -> int:
+        """A Host-only snapshot at `anchor` + `tail` (Loader.load_snapshot)."""
+        return self.loader.load_snapshot(anchor, tail, kind, hits, superseded)

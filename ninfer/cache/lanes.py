@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import (
     BLOCK_TOKENS,
     LaneError,
@@ -16,9 +17,12 @@ from ninfer.cache.common import (
     StaleQuoteError,
 )
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
+from ninfer.cache.host_tier import HostTier
+from ninfer.cache.liveness import Liveness
 from ninfer.cache.records import (
     BlockCopy,
     BlockWriteBatch,
+    CacheConfig,
     ImageCopy,
     LaneRecord,
     Quote,
@@ -29,11 +33,27 @@ from ninfer.cache.records import (
     TailCopy,
     TransferRecord,
 )
+from ninfer.cache.registry import Registry
+from ninfer.cache.snapshot_store import SnapshotStore
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
 
-class LaneMixin:
+class LaneLifecycle:
+    """stage, begin_restore, activate, cancel_stage and release of the PrefixIndex."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        blocks: BlockStore,
+        snapshots: SnapshotStore,
+        host_tier: HostTier,
+        liveness: Liveness,
+        registry: Registry,
+    ) -> None:
+        self.config, self.blocks, self.snapshots = config, blocks, snapshots
+        self.host_tier, self.liveness, self.registry = host_tier, liveness, registry
+
     # ---- admission transaction (§6.4) ------------------------------------------------------
 
     def stage(self, quote: Quote, lane: int, free_pages: int) -> Staged:
@@ -43,13 +63,13 @@ class LaneMixin:
         ValueError (quote not READY). The memory layer frees `evicted_pages`, then allocates
         `restore_pages_needed` pages for begin_restore.
         """
-        if quote.epoch != self.epoch:
-            raise StaleQuoteError(f"quote epoch {quote.epoch}, cache epoch {self.epoch}")
-        if lane in self.lanes:
+        if quote.epoch != self.registry.epoch:
+            raise StaleQuoteError(f"quote epoch {quote.epoch}, cache epoch {self.registry.epoch}")
+        if lane in self.registry.lanes:
             raise LaneError(f"lane {lane} is already open")
         if quote.readiness != Readiness.READY:
             raise ValueError(f"cannot stage a {quote.readiness.name} quote")
-        t = self._mutated()
+        t = self.registry.mutated()
         f = quote.frontier
         #   matched path  N_0 ... N_{a-1} | N_a ... N_{k-1}
         #                 pinned (shared)  | recomputed: touched only (MRU), committed later
@@ -74,7 +94,7 @@ class LaneMixin:
         for nid in reversed(path[a:]):  # a hit moves the whole path to MRU, deepest first
             nodes[nid].last_access = t
             self.blocks.touch(nid)
-        st = self.counters
+        st = self.registry.counters
         st.lookups += 1
         st.reuse_tokens += f
         if s is None:
@@ -89,13 +109,13 @@ class LaneMixin:
             s.hits += 1
             s.l_at = self.host_tier.L
             s.last_hit = t
-            self._retain(s)  # a hit on a superseded snapshot retains it again (§9.3)
+            self.liveness.retain(s)  # a hit on a superseded snapshot retains it again (§9.3)
             self.host_tier.mark(s.id)
             self.blocks.tail_changed(s)
-        self.lanes[lane] = rec
+        self.registry.lanes[lane] = rec
         deficit = quote.need_pages - free_pages
         if deficit > 0:
-            self._evict(deficit)
+            self.liveness.evict(deficit)
         restore = sum(nodes[nid].device_state == _ABSENT for nid in rec.path)
         restore += bool(s is not None and s.tail and s.tail_device == _ABSENT)
         image = s is not None and s.device_state == _ABSENT
@@ -120,7 +140,7 @@ class LaneMixin:
         it writes and the snapshot it reads until on_restore_landed. None if nothing is
         Host-only.
         """
-        rec = self._lane(lane, activated=False)
+        rec = self.registry.lane(lane, activated=False)
         nodes = self.blocks.tree.nodes
         todo = [nodes[nid] for nid in rec.path if nodes[nid].device_state == _ABSENT]
         s = None if rec.source is None else self.snapshots.by_id[rec.source]
@@ -131,7 +151,7 @@ class LaneMixin:
         rec.restore_required = False
         if not todo and not tail and not image:
             return None
-        self._mutated()
+        self.registry.mutated()
         slab = self.config.slab_bytes
         batch = TransferRecord("restore", lane=lane)
         blocks = []
@@ -151,19 +171,19 @@ class LaneMixin:
         if image:
             image_copy = ImageCopy(s.id, list(s.host_slabs))
         nbytes = (len(blocks) + tail) * slab + image * self.config.image_bytes
-        bid = self._new_batch(batch)
+        bid = self.registry.new_batch(batch)
         rec.restore_batch = bid
-        self.counters.restores += 1
-        self.counters.restored_host_bytes += nbytes
+        self.registry.counters.restores += 1
+        self.registry.counters.restored_host_bytes += nbytes
         return RestoreBatch(bid, blocks, tail_copy, image_copy, nbytes)
 
     def activate(self, lane: int) -> None:
         """The lane starts (its state was copied or is being restored): drop the stage's
         snapshot pin. Raises LaneError if Host-only parts were never given to begin_restore."""
-        rec = self._lane(lane, activated=False)
+        rec = self.registry.lane(lane, activated=False)
         if rec.restore_required:
             raise LaneError(f"lane {lane} has Host-only parts: call begin_restore first")
-        self._mutated()
+        self.registry.mutated()
         rec.activated = True
         self._unpin_source(rec)
 
@@ -177,10 +197,10 @@ class LaneMixin:
     def cancel_stage(self, lane: int) -> list[int]:
         """Undo stage before activate. A begun restore must have landed (LaneError
         otherwise): restored pages stay cached. Returns pages freed (normally none)."""
-        rec = self._lane(lane, activated=False)
+        rec = self.registry.lane(lane, activated=False)
         if rec.restore_batch is not None:
             raise LaneError(f"lane {lane}: restore batch {rec.restore_batch} has not landed")
-        self._mutated()
+        self.registry.mutated()
         self._unpin_source(rec)
         for slot in rec.staging:
             self.snapshots.release_slot(slot)
@@ -188,7 +208,7 @@ class LaneMixin:
             node = self.blocks.tree.nodes[nid]
             node.active_refs -= 1
             self.blocks.node_changed(node)
-        del self.lanes[lane]
+        del self.registry.lanes[lane]
         return self.blocks.take_freed()
 
     # ---- release (§7.6 write-through, §7.7 step 2) -----------------------------------------
@@ -197,20 +217,20 @@ class LaneMixin:
         """Unpin the lane's path; Device-only nodes get Host slabs (evicting as §9.3 orders)
         and stay pinned until on_write_through_landed; the others enter the Device LRU in
         reverse block order. Frees staging slots the lane still holds."""
-        rec = self._lane(lane)
-        t = self._mutated()
+        rec = self.registry.lane(lane)
+        t = self.registry.mutated()
         for slot in rec.staging:
             self.snapshots.release_slot(slot)
         rec.staging.clear()
         nodes = self.blocks.tree.nodes
         blocks: list[BlockCopy] = []
-        if self.host is not None:
+        if self.host_tier.pool is not None:
             # Allocate while the path is still pinned, so eviction cannot touch it.
             for nid in rec.path:
                 node = nodes[nid]
                 if node.device_state != _RESIDENT or node.host_state != _ABSENT:
                     continue
-                slabs = self._host_alloc(1)
+                slabs = self.liveness.host_alloc(1)
                 if slabs is None:
                     break  # Host full of pinned or more valuable data: stays unbacked
                 node.host_slab, node.host_state = slabs[0], _FILLING
@@ -226,11 +246,11 @@ class LaneMixin:
             self.blocks.node_changed(node)
             if DeviceEntry(EntryKind.NODE, nid) in self.blocks.lru:
                 added.append(nid)
-        del self.lanes[lane]
+        del self.registry.lanes[lane]
         write = None
         if blocks:
-            bid = self._new_batch(TransferRecord("blocks", nodes=[b.node for b in blocks]))
+            bid = self.registry.new_batch(TransferRecord("blocks", nodes=[b.node for b in blocks]))
             nbytes = len(blocks) * self.config.slab_bytes
-            self.counters.write_through_bytes += nbytes
+            self.registry.counters.write_through_bytes += nbytes
             write = BlockWriteBatch(bid, blocks, nbytes)
         return ReleaseResult(write, added, self.blocks.take_freed())

@@ -3,25 +3,35 @@ can free, supersession with the tree's retained counters, dropping copies, and d
 last copy goes (a block takes its subtree and the snapshots anchored there, with their slots,
 tail pages and slabs).
 
-A mixin: `PrefixIndex` provides the stores (`blocks`, `snapshots`, `host_tier`) and `lanes`,
-`batches`, `counters`. Every helper keeps the §10 invariants that `check_invariants` verifies;
-the policy that calls them lives elsewhere.
+Built by the PrefixIndex over its three stores and its registry (the lanes' and batches' pins,
+the counters); the index's other parts call it. Every helper keeps the §10 invariants that
+`check_invariants` verifies; the policy that calls them lives in those parts.
 """
 
 from __future__ import annotations
 
+from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import ROOT, Residency
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
+from ninfer.cache.host_tier import HostTier
+from ninfer.cache.registry import Registry
+from ninfer.cache.snapshot_store import SnapshotStore
 from ninfer.cache.snapshots import Snapshot
 from ninfer.cache.tree import BlockNode
 
 _ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
 
 
-class LivenessMixin:
+class Liveness:
+    def __init__(
+        self, blocks: BlockStore, snapshots: SnapshotStore, host_tier: HostTier, registry: Registry
+    ) -> None:
+        self.blocks, self.snapshots = blocks, snapshots
+        self.host_tier, self.registry = host_tier, registry
+
     # ---- what eviction can free (§6.3, §9.1) -----------------------------------------------
 
-    def _blocked_nodes(self) -> set[int]:
+    def blocked_nodes(self) -> set[int]:
         """Unbacked Device LRU nodes that eviction skips because their subtree holds a pinned
         node or snapshot (losing their last copy would delete it, §9.4).
 
@@ -33,11 +43,11 @@ class LivenessMixin:
             return set()
         nodes, snaps = self.blocks.tree.nodes, self.snapshots.by_id
         starts: list[int] = []
-        for b in self.batches.values():
+        for b in self.registry.batches.values():
             starts.extend(b.nodes)
             if b.snapshot is not None:
                 starts.append(snaps[b.snapshot].anchor)
-        for rec in self.lanes.values():
+        for rec in self.registry.lanes.values():
             if rec.source_pinned:
                 starts.append(snaps[rec.source].anchor)
         seen: set[int] = set()
@@ -54,24 +64,24 @@ class LivenessMixin:
         """Device pages eviction can free now (§9.5 `evictable`): every Device LRU entry but
         the unbacked nodes whose subtree is pinned. Evicting them all frees exactly this many
         pages (a subtree deleted with its root is made of LRU entries counted here)."""
-        return len(self.blocks.lru) - len(self._blocked_nodes())
+        return len(self.blocks.lru) - len(self.blocked_nodes())
 
     # ---- supersession (§9.3): the store's flags, the tree's retained counters -------------
 
-    def _supersede(self, s: Snapshot) -> bool:
+    def supersede(self, s: Snapshot) -> bool:
         if not self.snapshots.can_supersede(s):
             return False
-        self.snapshots.supersede(s, self._tick())
+        self.snapshots.supersede(s, self.registry.tick())
         self.blocks.walk(s.anchor, 0, -1, s.id)
         return True
 
-    def _retain(self, s: Snapshot) -> None:
+    def retain(self, s: Snapshot) -> None:
         if self.snapshots.retain(s):
             self.blocks.walk(s.anchor, 0, +1, s.id)
 
     # ---- dropping copies; deletion on the last copy (§9.4) ---------------------------------
 
-    def _delete_snapshot(self, s: Snapshot) -> None:
+    def delete_snapshot(self, s: Snapshot) -> None:
         assert not s.restore_pins, f"deleting pinned snapshot {s.id}"
         if s.tail_page >= 0:
             self.blocks.free_page(s.tail_page)
@@ -80,7 +90,7 @@ class LivenessMixin:
         self.blocks.walk(s.anchor, -1, 0 if s.superseded else -1, s.id)
         self.snapshots.remove(s)
         self.host_tier.forget(s.id)
-        self.counters.snapshots_deleted += 1
+        self.registry.counters.snapshots_deleted += 1
 
     def _free_snapshot_slabs(self, s: Snapshot) -> None:
         if s.host_slabs:
@@ -89,27 +99,27 @@ class LivenessMixin:
             self.host_tier.free([s.tail_slab])
         s.host_slabs, s.tail_slab, s.host_state = [], -1, _ABSENT
 
-    def _drop_snapshot_host(self, s: Snapshot) -> None:
+    def drop_snapshot_host(self, s: Snapshot) -> None:
         self._free_snapshot_slabs(s)
         self.host_tier.mark(s.id)
         if not (s.image_has_copy() and s.tail_has_copy()):
-            self._delete_snapshot(s)
+            self.delete_snapshot(s)
         else:
             self.blocks.tail_changed(s)
 
-    def _drop_snapshot_image_device(self, s: Snapshot) -> None:
+    def drop_snapshot_image_device(self, s: Snapshot) -> None:
         self.snapshots.drop_image_device(s)
         if not s.image_has_copy():
-            self._delete_snapshot(s)
+            self.delete_snapshot(s)
 
-    def _drop_tail_device(self, s: Snapshot) -> None:
+    def drop_tail_device(self, s: Snapshot) -> None:
         self.blocks.free_page(s.tail_page)
         s.tail_page, s.tail_device = -1, _ABSENT
         self.blocks.forget_tail(s.id)
         if not s.tail_has_copy():
-            self._delete_snapshot(s)
+            self.delete_snapshot(s)
 
-    def _drop_node_device(self, node: BlockNode) -> None:
+    def drop_node_device(self, node: BlockNode) -> None:
         self.blocks.free_page(node.device_page)
         node.device_page, node.device_state = -1, _ABSENT
         if node.has_copy:
@@ -117,7 +127,7 @@ class LivenessMixin:
         else:
             self._delete_subtree(node)
 
-    def _drop_node_host(self, node: BlockNode) -> None:
+    def drop_node_host(self, node: BlockNode) -> None:
         self.host_tier.free([node.host_slab])
         node.host_slab, node.host_state = -1, _ABSENT
         if node.retained_below == 1:
@@ -127,7 +137,7 @@ class LivenessMixin:
         else:
             self._delete_subtree(node)
 
-    def _subtree_pinned(self, node: BlockNode) -> bool:
+    def subtree_pinned(self, node: BlockNode) -> bool:
         for n in self.blocks.tree.subtree_postorder(node):
             if n.active_refs or n.restore_pins:
                 return True
@@ -140,7 +150,7 @@ class LivenessMixin:
         sub = self.blocks.tree.subtree_postorder(node)
         for n in sub:
             for sid in list(n.snapshots):
-                self._delete_snapshot(self.snapshots.by_id[sid])
+                self.delete_snapshot(self.snapshots.by_id[sid])
         for n in sub:
             assert not n.active_refs and not n.restore_pins, f"deleting pinned node {n.id}"
             if n.device_page >= 0:
@@ -148,8 +158,8 @@ class LivenessMixin:
             if n.host_slab >= 0:
                 self.host_tier.free([n.host_slab])
             self.blocks.remove(n)
-        self.counters.subtree_deletions += 1
-        self.counters.nodes_deleted += len(sub)
+        self.registry.counters.subtree_deletions += 1
+        self.registry.counters.nodes_deleted += len(sub)
         parent = self.blocks.tree.nodes[node.parent]
         self.blocks.refresh_dead(parent)  # may have become a leaf
 
@@ -161,14 +171,14 @@ class LivenessMixin:
         for entry in self.blocks.lru.unbacked:
             if entry.kind == EntryKind.TAIL:
                 return entry
-            if not self._subtree_pinned(self.blocks.tree.nodes[entry.id]):
+            if not self.subtree_pinned(self.blocks.tree.nodes[entry.id]):
                 return entry  # its subtree goes with it (§9.4): nothing there may be pinned
         return None
 
-    def _evict(self, n: int) -> None:
+    def evict(self, n: int) -> None:
         """Free at least n Device pages into self.blocks.freed (fewer if the LRU runs dry)."""
         target = len(self.blocks.freed) + n
-        st = self.counters
+        st = self.registry.counters
         while len(self.blocks.freed) < target:
             entry = self._next_lru_victim()
             if entry is None:
@@ -179,29 +189,29 @@ class LivenessMixin:
             else:
                 st.device_evicted_unbacked += 1
             if entry.kind == EntryKind.NODE:
-                self._drop_node_device(self.blocks.tree.nodes[entry.id])
+                self.drop_node_device(self.blocks.tree.nodes[entry.id])
             else:
-                self._drop_tail_device(self.snapshots.by_id[entry.id])
+                self.drop_tail_device(self.snapshots.by_id[entry.id])
 
     # ---- Host eviction (§9.3): dead KV, then superseded snapshots, then GDSF ---------------
 
-    def _sweep_dead_one(self) -> bool:
+    def sweep_dead_one(self) -> bool:
         """§9.3 step 1: reclaim one dead-KV slab (leaves first). False when none is dead."""
         nid = next(iter(self.blocks.dead), None)
         if nid is None:
             return False
-        self.counters.host_dead_kv_reclaimed += 1
-        self._drop_node_host(self.blocks.tree.nodes[nid])
+        self.registry.counters.host_dead_kv_reclaimed += 1
+        self.drop_node_host(self.blocks.tree.nodes[nid])
         return True
 
-    def _oldest_superseded_host(self) -> Snapshot | None:
+    def oldest_superseded_host(self) -> Snapshot | None:
         for sid in self.snapshots.superseded:
             s = self.snapshots.by_id[sid]
             if s.host_state == _RESIDENT and not s.restore_pins:
                 return s
         return None
 
-    def _host_alloc(self, k: int, bound: float | None = None) -> list[int] | None:
+    def host_alloc(self, k: int, bound: float | None = None) -> list[int] | None:
         """k Host slabs, evicting as §9.3 orders, or None (and a partial eviction) if impossible.
 
         `bound`: an image write's own H; GDSF stops at a victim worth more (never inserts what
@@ -211,24 +221,24 @@ class LivenessMixin:
         if tier.pool is None or k > tier.n_slabs:
             return None
         while tier.free_slabs < k:
-            if self._sweep_dead_one():
+            if self.sweep_dead_one():
                 continue
-            s = self._oldest_superseded_host()
+            s = self.oldest_superseded_host()
             if s is not None:
-                self.counters.host_superseded_evicted += 1
-                self._delete_snapshot(s)  # both copies; L unchanged
+                self.registry.counters.host_superseded_evicted += 1
+                self.delete_snapshot(s)  # both copies; L unchanged
                 continue
             tier.flush()
             v = tier.victim()
             if v is None or (bound is not None and v.h > bound):
                 if v is not None:
-                    self.counters.host_image_writes_refused += 1
-                self.counters.host_alloc_failures += 1
+                    self.registry.counters.host_image_writes_refused += 1
+                self.registry.counters.host_alloc_failures += 1
                 return None
             tier.charge(v.h)
-            self.counters.host_gdsf_evicted += 1
+            self.registry.counters.host_gdsf_evicted += 1
             if v.device_complete:
-                self._drop_snapshot_host(v)  # still restorable from the Device
+                self.drop_snapshot_host(v)  # still restorable from the Device
             else:
-                self._delete_snapshot(v)
+                self.delete_snapshot(v)
         return tier.allocate(k)

@@ -5,20 +5,40 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, TOKEN_BYTES, Residency, SnapshotKind
+from ninfer.cache.host_tier import HostTier
 from ninfer.cache.keys import block_hash, pack_tokens
+from ninfer.cache.liveness import Liveness
+from ninfer.cache.records import CacheConfig
+from ninfer.cache.registry import Registry
+from ninfer.cache.snapshot_store import SnapshotStore
 from ninfer.cache.snapshots import Snapshot
 
 _RESIDENT = Residency.RESIDENT
 
 
-class LoadMixin:
+class Loader:
+    """load_block and load_snapshot of the PrefixIndex."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        blocks: BlockStore,
+        snapshots: SnapshotStore,
+        host_tier: HostTier,
+        liveness: Liveness,
+        registry: Registry,
+    ) -> None:
+        self.config, self.blocks, self.snapshots = config, blocks, snapshots
+        self.host_tier, self.liveness, self.registry = host_tier, liveness, registry
+
     def load_block(
         self,
         parent: int,
         tokens: Sequence[int] | bytes,
-        extra: int = 0,
-        lookup_hash: int | None = None,
+        extra: int,
+        lookup_hash: int | None,
     ) -> int:
         """A Host-resident child of `parent` (returns an existing equal node unchanged).
 
@@ -35,7 +55,7 @@ class LoadMixin:
         slabs = self.host_tier.allocate(1)
         if slabs is None:
             raise ValueError("no free Host slab to load a block into")
-        self.epoch += 1
+        self.registry.epoch += 1
         node = self.blocks.insert(parent, h, data, extra)
         node.host_slab, node.host_state = slabs[0], _RESIDENT
         self.blocks.node_changed(node)
@@ -46,10 +66,12 @@ class LoadMixin:
         self,
         anchor: int,
         tail: Sequence[int] | bytes,
-        kind: SnapshotKind = SnapshotKind.TAP,
-        hits: int = 0,
+        kind: SnapshotKind,
+        hits: int,
+        superseded: bool,
     ) -> int:
-        """A Host-only snapshot at `anchor` + `tail` (image and tail slabs from the free pool).
+        """A Host-only snapshot at `anchor` + `tail` (image and tail slabs from the free pool),
+        superseded (§9.3) when `superseded` (a saved snapshot that was).
 
         Raises ValueError without enough free slabs or when (anchor, tail) already exists.
         """
@@ -61,7 +83,7 @@ class LoadMixin:
         slabs = self.host_tier.allocate(k)
         if slabs is None:
             raise ValueError("not enough free Host slabs to load a snapshot")
-        self.epoch += 1
+        self.registry.epoch += 1
         frontier = BLOCK_TOKENS * (node.depth + 1) + len(tail_b) // TOKEN_BYTES
         sid = self.snapshots.new_id()
         s = Snapshot(
@@ -74,4 +96,6 @@ class LoadMixin:
         self.blocks.walk(anchor, +1, +1, sid)
         self.snapshots.link(s)
         self.host_tier.mark(sid)
+        if superseded:
+            self.liveness.supersede(s)
         return sid

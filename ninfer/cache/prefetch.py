@@ -13,9 +13,13 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import NamedTuple
 
+from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import BLOCK_TOKENS, Residency, StaleQuoteError
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
-from ninfer.cache.records import BlockCopy, Quote, RestoreBatch, TransferRecord
+from ninfer.cache.liveness import Liveness
+from ninfer.cache.records import BlockCopy, CacheConfig, Quote, RestoreBatch, TransferRecord
+from ninfer.cache.registry import Registry
+from ninfer.cache.snapshot_store import SnapshotStore
 
 _ABSENT, _FILLING = Residency.ABSENT, Residency.FILLING
 
@@ -25,21 +29,34 @@ class PrefetchPlan(NamedTuple):
     nodes: list[int]  # Host-only path blocks to copy, block order; allocate len(nodes) pages
 
 
-class PrefetchMixin:
+class Prefetch:
+    """prefetch_room, plan_prefetch and begin_prefetch of the PrefixIndex."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        blocks: BlockStore,
+        snapshots: SnapshotStore,
+        liveness: Liveness,
+        registry: Registry,
+    ) -> None:
+        self.config, self.blocks, self.snapshots = config, blocks, snapshots
+        self.liveness, self.registry = liveness, registry
+
     def prefetch_room(self) -> int:
         """Pages a prefetch could use besides the free ones: Host-backed evictable entries."""
         return len(self.blocks.lru.backed)
 
-    def plan_prefetch(self, quote: Quote, free_pages: int, max_blocks: int = 256) -> PrefetchPlan:
+    def plan_prefetch(self, quote: Quote, free_pages: int, max_blocks: int) -> PrefetchPlan:
         """Choose the head's Host-only path blocks (up to the frontier of the cheapest source
         the quote considered) and make room for them by evicting only Host-backed entries
         outside the head's path.
 
         Raises StaleQuoteError when the cache changed since `quote`. Mutates: evictions only.
         """
-        if quote.epoch != self.epoch:
-            raise StaleQuoteError(f"quote epoch {quote.epoch}, cache epoch {self.epoch}")
-        self._mutated()
+        if quote.epoch != self.registry.epoch:
+            raise StaleQuoteError(f"quote epoch {quote.epoch}, cache epoch {self.registry.epoch}")
+        self.registry.mutated()
         nodes = self.blocks.tree.nodes
         # the source admission would choose if room allowed (a blocked quote picks the root)
         best = min(quote.considered, key=lambda o: (o.cost_s, o.restore_bytes))
@@ -56,9 +73,9 @@ class PrefetchMixin:
             if entry in keep:
                 continue
             if entry.kind == EntryKind.NODE:
-                self._drop_node_device(nodes[entry.id])
+                self.liveness.drop_node_device(nodes[entry.id])
             else:
-                self._drop_tail_device(self.snapshots.by_id[entry.id])
+                self.liveness.drop_tail_device(self.snapshots.by_id[entry.id])
             room += 1
         return PrefetchPlan(self.blocks.take_freed(), todo[: max(0, room)])
 
@@ -69,7 +86,7 @@ class PrefetchMixin:
             raise ValueError(f"{len(nodes)} nodes but {len(pages)} pages")
         if not nodes:
             return None
-        self._mutated()
+        self.registry.mutated()
         batch = TransferRecord("restore")
         blocks = []
         for nid, page in zip(nodes, pages, strict=True):
@@ -82,6 +99,6 @@ class PrefetchMixin:
             batch.nodes.append(nid)
             blocks.append(BlockCopy(nid, page, node.host_slab))
         nbytes = len(blocks) * self.config.slab_bytes
-        self.counters.prefetched_blocks += len(blocks)
-        self.counters.restored_host_bytes += nbytes
-        return RestoreBatch(self._new_batch(batch), blocks, None, None, nbytes)
+        self.registry.counters.prefetched_blocks += len(blocks)
+        self.registry.counters.restored_host_bytes += nbytes
+        return RestoreBatch(self.registry.new_batch(batch), blocks, None, None, nbytes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import (
     BLOCK_BYTES,
     BLOCK_TOKENS,
@@ -19,8 +20,11 @@ from ninfer.cache.common import (
     Residency,
     SnapshotKind,
 )
+from ninfer.cache.host_tier import HostTier
 from ninfer.cache.keys import block_hash, pack_tokens
+from ninfer.cache.liveness import Liveness
 from ninfer.cache.records import (
+    CacheConfig,
     CommitKind,
     CommitResult,
     LaneRecord,
@@ -28,12 +32,28 @@ from ninfer.cache.records import (
     SnapshotWrite,
     TransferRecord,
 )
+from ninfer.cache.registry import Registry
+from ninfer.cache.snapshot_store import SnapshotStore
 from ninfer.cache.snapshots import Snapshot
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
 
-class PublishMixin:
+class Publication:
+    """commit_block, endpoint_worthwhile and publish_snapshot of the PrefixIndex."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        blocks: BlockStore,
+        snapshots: SnapshotStore,
+        host_tier: HostTier,
+        liveness: Liveness,
+        registry: Registry,
+    ) -> None:
+        self.config, self.blocks, self.snapshots = config, blocks, snapshots
+        self.host_tier, self.liveness, self.registry = host_tier, liveness, registry
+
     # ---- block commit (§7.6) ---------------------------------------------------------------
 
     def commit_block(
@@ -42,8 +62,8 @@ class PublishMixin:
         block_index: int,
         tokens: Sequence[int] | bytes,
         page: int,
-        extra: int = 0,
-        lookup_hash: int | None = None,
+        extra: int,
+        lookup_hash: int | None,
     ) -> CommitResult:
         """Publish the lane's committed block `block_index` (must equal its path length).
 
@@ -51,18 +71,18 @@ class PublishMixin:
         stays lane-private. ADOPTED: a Host-only node takes `page` as its Device copy. The node
         is pinned for the lane (active_refs += 1) in every case. Raises LaneError / ValueError.
         """
-        rec = self._lane(lane)
+        rec = self.registry.lane(lane)
         if block_index != len(rec.path):
             raise LaneError(f"lane {lane} commits block {block_index}, expected {len(rec.path)}")
         data = pack_tokens(tokens)
         if len(data) != BLOCK_BYTES:
             raise ValueError(f"a block holds {BLOCK_TOKENS} tokens, got {len(data) // 4}")
-        t = self._mutated()
+        t = self.registry.mutated()
         nodes = self.blocks.tree.nodes
         parent = nodes[rec.path[-1]] if rec.path else self.blocks.tree.root
         h = block_hash(parent.lookup_hash, data, extra) if lookup_hash is None else lookup_hash
         node = self.blocks.tree.find_child(parent.id, h, data, extra)
-        st = self.counters
+        st = self.registry.counters
         if node is None:
             node = self.blocks.insert(parent.id, h, data, extra)
             node.device_page, node.device_state = page, _RESIDENT
@@ -87,7 +107,7 @@ class PublishMixin:
     def endpoint_worthwhile(self, lane: int, frontier: int) -> bool:
         """§7.7: an endpoint at `frontier` is worth publishing only 64+ tokens past the deepest
         snapshot on the lane's path (its base, its own taps, snapshots met at stage)."""
-        rec = self._lane(lane)
+        rec = self.registry.lane(lane)
         deepest = max([rec.latest_frontier, *(f for f in rec.existing if f <= frontier)])
         return frontier - deepest >= BLOCK_TOKENS
 
@@ -97,9 +117,9 @@ class PublishMixin:
         frontier: int,
         slot: int,
         kind: SnapshotKind,
-        tail_tokens: Sequence[int] | bytes = (),
-        tail_page: int | None = None,
-        finishing: bool = False,
+        tail_tokens: Sequence[int] | bytes,
+        tail_page: int | None,
+        finishing: bool,
     ) -> PublishResult:
         """Publish the image in staging `slot` as a snapshot at `frontier` of `lane`.
 
@@ -109,7 +129,7 @@ class PublishMixin:
         On a duplicate (same anchor and tail) the index frees the slot and the engine keeps
         `tail_page`; otherwise the snapshot owns both and Host slabs are sought (GDSF-bounded).
         """
-        rec = self._lane(lane)
+        rec = self.registry.lane(lane)
         if slot not in rec.staging:
             raise LaneError(f"slot {slot} is not staged by lane {lane}")
         a, tail_len = divmod(frontier, BLOCK_TOKENS)
@@ -125,11 +145,11 @@ class PublishMixin:
         nodes = self.blocks.tree.nodes
         if tail_len and committed > a and not nodes[rec.path[a]].tokens.startswith(tail):
             raise ValueError("tail tokens differ from the committed block")
-        t = self._mutated()
+        t = self.registry.mutated()
         rec.staging.discard(slot)
         rec.superseded_for.pop(slot, None)
         anchor = rec.path[a - 1] if a else ROOT
-        st = self.counters
+        st = self.registry.counters
         rec.latest_frontier = max(rec.latest_frontier, frontier)
         dup = self.snapshots.find(anchor, tail)
         if dup is not None:  # §5.3: a duplicate is a no-op that refreshes recency
@@ -155,17 +175,17 @@ class PublishMixin:
         st.snapshots_published += 1
         st.taps_published += kind != SnapshotKind.ENDPOINT
         write = None
-        if self.host is not None:
+        if self.host_tier.pool is not None:
             self.host_tier.flush()  # s.h is the bound: never insert what GDSF would evict next
             k = self.config.image_slabs + bool(tail_len)
-            slabs = self._host_alloc(k, bound=s.h)
+            slabs = self.liveness.host_alloc(k, bound=s.h)
             if slabs is not None:
                 s.host_slabs = slabs[: self.config.image_slabs]
                 s.tail_slab = slabs[-1] if tail_len else -1
                 s.host_state = _FILLING
                 s.restore_pins += 1
                 nbytes = self.config.image_bytes + bool(tail_len) * self.config.slab_bytes
-                bid = self._new_batch(TransferRecord("snapshot", snapshot=sid))
+                bid = self.registry.new_batch(TransferRecord("snapshot", snapshot=sid))
                 write = SnapshotWrite(
                     bid, sid, slot, list(s.host_slabs), s.tail_page, s.tail_slab, nbytes
                 )
@@ -181,8 +201,8 @@ class PublishMixin:
         a deeper tap's slot can be allocated before the shallower tap is published."""
         prev = None if rec.last_tap is None else self.snapshots.by_id.get(rec.last_tap)
         if prev is not None and prev.frontier > s.frontier:
-            self._supersede(s)
+            self.liveness.supersede(s)
             return
         if prev is not None and prev.frontier < s.frontier:
-            self._supersede(prev)
+            self.liveness.supersede(prev)
         rec.last_tap = s.id

@@ -12,13 +12,31 @@ Otherwise the tap is skipped. Pinned owners are never displaced.
 
 from __future__ import annotations
 
+from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import BLOCK_TOKENS, LaneError, Residency, SnapshotKind
+from ninfer.cache.host_tier import HostTier
+from ninfer.cache.liveness import Liveness
 from ninfer.cache.records import LaneRecord, SlotGrant
+from ninfer.cache.registry import Registry
+from ninfer.cache.snapshot_store import SnapshotStore
 
 _ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
 
 
-class SlotPolicyMixin:
+class SlotPolicy:
+    """allocate_snapshot_slot and free_snapshot_slot of the PrefixIndex."""
+
+    def __init__(
+        self,
+        blocks: BlockStore,
+        snapshots: SnapshotStore,
+        host_tier: HostTier,
+        liveness: Liveness,
+        registry: Registry,
+    ) -> None:
+        self.blocks, self.snapshots = blocks, snapshots
+        self.host_tier, self.liveness, self.registry = host_tier, liveness, registry
+
     def _displace_slot(
         self, rec: LaneRecord, frontier: int, has_tail: bool
     ) -> tuple[int, int, bool] | None:
@@ -29,9 +47,9 @@ class SlotPolicyMixin:
             _, s = min(sup, key=lambda x: (x[1].superseded_tick, x[1].id))
             deleted = s.host_state != _RESIDENT
             if deleted:
-                self._delete_snapshot(s)  # no Host copy: the slot was its last image copy
+                self.liveness.delete_snapshot(s)  # no Host copy: the slot was its last image copy
             else:
-                self._drop_snapshot_image_device(s)
+                self.liveness.drop_snapshot_image_device(s)
             return self.snapshots.take_free_slot(), s.id, deleted
         device_only = [x for x in owned if x[1].host_state == _ABSENT]
         if device_only:
@@ -39,12 +57,12 @@ class SlotPolicyMixin:
             _, v = min(device_only, key=lambda x: (x[1].h, x[1].last_hit, x[1].id))
             if self.host_tier.estimate_new(rec.latest_frontier, frontier, has_tail) >= v.h:
                 self.host_tier.charge(v.h)
-                self._delete_snapshot(v)
+                self.liveness.delete_snapshot(v)
                 return self.snapshots.take_free_slot(), v.id, True
         backed = [x for x in owned if x[1].host_state == _RESIDENT]
         if backed:
             _, v = min(backed, key=lambda x: (x[1].last_hit, x[1].id))
-            self._drop_snapshot_image_device(v)
+            self.liveness.drop_snapshot_image_device(v)
             return self.snapshots.take_free_slot(), v.id, False
         return None
 
@@ -56,28 +74,28 @@ class SlotPolicyMixin:
         First supersedes the lane's lineage (§9.3: the snapshot it resumed from; its previous
         tap when the new one is a tap). Returns SlotGrant or None (skip, counted).
         """
-        rec = self._lane(lane)
-        self._mutated()
+        rec = self.registry.lane(lane)
+        self.registry.mutated()
         superseded: list[int] = []
         if rec.source is not None and not rec.source_superseded and frontier > rec.base:
             s = self.snapshots.by_id.get(rec.source)
-            if s is not None and self._supersede(s):
+            if s is not None and self.liveness.supersede(s):
                 superseded.append(s.id)
             rec.source_superseded = True
         if kind != SnapshotKind.ENDPOINT and rec.last_tap is not None:
             s = self.snapshots.by_id.get(rec.last_tap)
-            if s is not None and s.frontier < frontier and self._supersede(s):
+            if s is not None and s.frontier < frontier and self.liveness.supersede(s):
                 superseded.append(s.id)
         slot = self.snapshots.take_free_slot()
         displaced, deleted = None, False
         if slot is None:
             got = self._displace_slot(rec, frontier, frontier % BLOCK_TOKENS != 0)
             if got is None:
-                self.counters.taps_skipped_no_slot += 1
+                self.registry.counters.taps_skipped_no_slot += 1
                 self._unsupersede(rec, superseded)
                 return None
             slot, displaced, deleted = got
-            self.counters.slot_displaced += 1
+            self.registry.counters.slot_displaced += 1
         self.snapshots.stage_slot(slot, lane)
         rec.staging.add(slot)
         if superseded:
@@ -86,10 +104,10 @@ class SlotPolicyMixin:
 
     def free_snapshot_slot(self, lane: int, slot: int) -> None:
         """Return a staging slot the lane will not publish (a dropped tap)."""
-        rec = self._lane(lane, None)
+        rec = self.registry.lane(lane, None)
         if slot not in rec.staging:
             raise LaneError(f"slot {slot} is not staged by lane {lane}")
-        self._mutated()
+        self.registry.mutated()
         rec.staging.discard(slot)
         self.snapshots.release_slot(slot)
         self._unsupersede(rec, rec.superseded_for.pop(slot, ()))
@@ -100,6 +118,6 @@ class SlotPolicyMixin:
         for sid in ids:
             s = self.snapshots.by_id.get(sid)
             if s is not None:
-                self._retain(s)
+                self.liveness.retain(s)
             if sid == rec.source:
                 rec.source_superseded = False

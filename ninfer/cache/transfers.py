@@ -1,25 +1,45 @@
 """Transfer batches of the PrefixIndex ending (spec §7.6, §6.4, §6.6): a restore, prefetch or
 write-through batch lands, or never (fully) ran and is undone (the engine's Host-fault
 containment). Each drops the pins its batch held.
-
-A mixin: `PrefixIndex` provides `batches`, `lanes` and the stores.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import Residency
+from ninfer.cache.host_tier import HostTier
+from ninfer.cache.liveness import Liveness
+from ninfer.cache.registry import Registry
+from ninfer.cache.snapshot_store import SnapshotStore
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
 
-class TransferMixin:
+class Transfers:
+    """on_restore_landed, on_write_through_landed, abort_write_through and abort_restore of the
+    PrefixIndex. `cancel_stage` is the lanes' (an aborted restore cancels the lane it began)."""
+
+    def __init__(
+        self,
+        blocks: BlockStore,
+        snapshots: SnapshotStore,
+        host_tier: HostTier,
+        liveness: Liveness,
+        registry: Registry,
+        cancel_stage: Callable[[int], list[int]],
+    ) -> None:
+        self.blocks, self.snapshots, self.host_tier = blocks, snapshots, host_tier
+        self.liveness, self.registry, self._cancel_stage = liveness, registry, cancel_stage
+
     # ---- transfers landing -----------------------------------------------------------------
 
     def on_restore_landed(self, batch_id: int) -> None:
         """Filling -> Resident for a restore batch's nodes and tail; drops the batch's pins."""
-        b = self.batches.pop(batch_id)
+        b = self.registry.batches.pop(batch_id)
         assert b.kind == "restore", f"batch {batch_id} is a {b.kind} batch"
-        self._mutated()
+        self.registry.mutated()
         for nid in b.nodes:
             node = self.blocks.tree.nodes[nid]
             node.device_state = _RESIDENT
@@ -33,15 +53,15 @@ class TransferMixin:
                 s.tail_device = _RESIDENT
             s.restore_pins -= 1
             self.blocks.tail_changed(s)
-        if b.lane is not None and b.lane in self.lanes:
-            self.lanes[b.lane].restore_batch = None
+        if b.lane is not None and b.lane in self.registry.lanes:
+            self.registry.lanes[b.lane].restore_batch = None
 
     def on_write_through_landed(self, batch_id: int) -> None:
         """Host Filling -> Resident for a write batch; written nodes/tails become evictable
         (backed), nodes in reverse block order."""
-        b = self.batches.pop(batch_id)
+        b = self.registry.batches.pop(batch_id)
         assert b.kind in ("blocks", "snapshot"), f"batch {batch_id} is a {b.kind} batch"
-        self._mutated()
+        self.registry.mutated()
         for nid in reversed(b.nodes):
             node = self.blocks.tree.nodes[nid]
             node.host_state = _RESIDENT
@@ -63,22 +83,22 @@ class TransferMixin:
         Host copy they were getting (Filling -> Absent, slabs freed, pins dropped); an entry
         left without a copy is deleted (§9.4). Unknown ids are ignored (already undone).
         Returns the Device pages freed."""
-        b = self.batches.pop(batch_id, None)
+        b = self.registry.batches.pop(batch_id, None)
         if b is None:
             return []
-        self._mutated()
+        self.registry.mutated()
         nodes = self.blocks.tree.nodes
         for nid in reversed(b.nodes):
             node = nodes.get(nid)
             if node is None or node.host_state != _FILLING:
                 continue
             node.restore_pins -= 1
-            self._drop_node_host(node)
+            self.liveness.drop_node_host(node)
         if b.snapshot is not None:
             s = self.snapshots.by_id.get(b.snapshot)
             if s is not None and s.host_state == _FILLING:
                 s.restore_pins -= 1
-                self._drop_snapshot_host(s)
+                self.liveness.drop_snapshot_host(s)
         return self.blocks.take_freed()
 
     def abort_restore(self, batch_id: int) -> list[int]:
@@ -87,10 +107,10 @@ class TransferMixin:
         Host copies it read are dropped (a fault may have left them unreadable; an entry left
         without a copy is deleted, deepest first, never under a pin). Unknown ids are ignored.
         Returns the Device pages freed (the lane's state slot stays the caller's)."""
-        b = self.batches.pop(batch_id, None)
+        b = self.registry.batches.pop(batch_id, None)
         if b is None:
             return []
-        self._mutated()
+        self.registry.mutated()
         nodes = self.blocks.tree.nodes
         for nid in b.nodes:
             node = nodes[nid]
@@ -107,17 +127,17 @@ class TransferMixin:
                 snap.tail_page, snap.tail_device = -1, _ABSENT
             snap.restore_pins -= 1
             self.blocks.tail_changed(snap)
-        if b.lane is not None and b.lane in self.lanes:
-            self.lanes[b.lane].restore_batch = None
-            taken = self.cancel_stage(b.lane)  # it takes the pages freed so far: put them back
+        if b.lane is not None and b.lane in self.registry.lanes:
+            self.registry.lanes[b.lane].restore_batch = None
+            taken = self._cancel_stage(b.lane)  # it takes the pages freed so far: put them back
             for page in taken:
                 self.blocks.free_page(page)
         for nid in reversed(b.nodes):
             node = nodes.get(nid)
-            if node is None or node.host_state == _ABSENT or self._subtree_pinned(node):
+            if node is None or node.host_state == _ABSENT or self.liveness.subtree_pinned(node):
                 continue
-            self._drop_node_host(node)
+            self.liveness.drop_node_host(node)
         live = snap is not None and b.snapshot in self.snapshots.by_id and not snap.restore_pins
         if live and snap.host_state != _ABSENT:
-            self._drop_snapshot_host(snap)
+            self.liveness.drop_snapshot_host(snap)
         return self.blocks.take_freed()

@@ -183,10 +183,9 @@ def rebuild(index, tables: Tables, plan: RestorePlan) -> list[tuple[int, int]]:
         pairs.append((rec.slab, index.node(nid[b]).host_slab))
     for i in plan.snapshots:
         rec = tables.snapshots[i]
-        sid = index.load_snapshot(nid[rec.anchor], rec.tail, SnapshotKind(rec.kind), rec.hits)
+        kind = SnapshotKind(rec.kind)
+        sid = index.load_snapshot(nid[rec.anchor], rec.tail, kind, rec.hits, rec.superseded)
         snap = index.snapshot(sid)
-        if rec.superseded:
-            index._supersede(snap)
         pairs += list(zip(rec.image_slabs, snap.host_slabs, strict=True))
         if rec.tail_slab >= 0:
             pairs.append((rec.tail_slab, snap.tail_slab))

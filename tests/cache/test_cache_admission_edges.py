@@ -302,7 +302,7 @@ def test_blocked_unbacked_nodes_on_the_path_are_not_subtracted_twice():
     d.commit(1, 192)
     d.snapshot(1, 200, SnapshotKind.ENDPOINT)
     d.release(1)
-    assert ix._blocked_nodes() == {2, 3} and ix.evictable_pages() == 0
+    assert ix.liveness.blocked_nodes() == {2, 3} and ix.evictable_pages() == 0
     q = quote(ix, A[:220], ent=4, free=1)
     assert considered(q) == [(None, 0, 4, 0), (1, 200, 1, 0)]
     assert summary(q) == (Readiness.READY, 1, 200, 1)

@@ -57,7 +57,7 @@ def test_superseded_snapshots_go_before_gdsf_oldest_first():
 
 def host_only(ix, sid: int) -> None:
     """Take the snapshot's Device image away, as §9.2 step 4 does: restores now read Host."""
-    ix._drop_snapshot_image_device(ix.snapshot(sid))
+    ix.liveness.drop_snapshot_image_device(ix.snapshot(sid))
 
 
 def test_superseded_snapshot_under_a_restore_is_not_evicted():
@@ -145,7 +145,7 @@ def test_the_cost_floor_leaves_h_at_l():
     assert ix.snapshot(1).h == 0.0
     # the §9.2 estimate of a new snapshot is floored the same way
     d.admit(2, tokens(2, 300))
-    assert ix.host_tier.estimate_new(ix._lane(2).latest_frontier, 256, False) == 0.0
+    assert ix.host_tier.estimate_new(ix.registry.lane(2).latest_frontier, 256, False) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,6 @@ def test_new_snapshot_estimate_counts_from_the_lanes_previous_tap(frontier, tail
     toks = tokens(1, 400)
     d.admit(1, toks)
     d.snapshot(1, 100)
-    assert ix._lane(1).latest_frontier == 100
-    assert ix.host_tier.estimate_new(ix._lane(1).latest_frontier, frontier, tail) == pytest.approx(
-        expected, rel=1e-12
-    )
+    assert ix.registry.lane(1).latest_frontier == 100
+    latest = ix.registry.lane(1).latest_frontier
+    assert ix.host_tier.estimate_new(latest, frontier, tail) == pytest.approx(expected, rel=1e-12)

@@ -273,7 +273,7 @@ def test_a_restore_landing_after_its_lane_was_released():
     d = Driver(ix)
     a = tokens(1, 200)
     d.run(1, a, taps=[128])
-    ix._drop_snapshot_image_device(ix.snapshot(1))  # restores now read the Host copy
+    ix.liveness.drop_snapshot_image_device(ix.snapshot(1))  # restores now read the Host copy
     d.land = False
     d.admit(2, a[:128] + [5, 6])
     assert ix.snapshot(1).restore_pins == 1

@@ -68,7 +68,7 @@ def test_a_device_hit_pins_the_resumed_path_and_moves_the_recomputed_blocks_to_m
     q = ix.quote(prepare_prompt(P), QuoteParams(6, BIG, BIG))
     assert (q.source, q.frontier, q.match.path) == (1, 136, [1, 2, 3, 4])
     st = ix.stage(q, 2, BIG)
-    t = ix._clock
+    t = ix.registry.clock
     assert (st.source, st.frontier, st.path, st.evicted_pages) == (1, 136, [1, 2], [])
     assert (st.restore_pages_needed, st.restore_image, st.hit_tier) == (0, False, "device")
     assert (st.source_slot, st.source_tail_page) == (0, 1003)
@@ -233,7 +233,7 @@ def test_release_revalues_the_snapshot_whose_exclusive_blocks_get_host_copies():
     ix.on_write_through_landed(d.pending.pop())
     ix.check_invariants()  # flushes the dirty set: the tap owns no Host block yet
     h_before = ix.snapshot(1).h
-    t = ix._clock
+    t = ix.registry.clock
     res = ix.release(1)
     assert [b.node for b in res.write.blocks] == [1, 2, 3, 4] and res.lru_added == []
     assert [ix.node(n).last_access for n in (1, 2, 3, 4)] == [t + 1] * 4

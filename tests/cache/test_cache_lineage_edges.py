@@ -51,7 +51,7 @@ def test_a_skipped_or_dropped_tap_leaves_its_lineage_retained():
     d = Driver(ix)
     a = tokens(1, 300)
     d.run(1, a, taps=[128])  # s1, then Host-only: it holds no slot
-    ix._drop_snapshot_image_device(ix.snapshot(1))
+    ix.liveness.drop_snapshot_image_device(ix.snapshot(1))
     d.admit(2, a[:128] + tokens(2, 172))  # resumes from s1's Host copy
     d.land = False
     d.snapshot(2, 192)  # s2 in slot 0 supersedes s1; its Host write in flight pins it

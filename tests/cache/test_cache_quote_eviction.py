@@ -23,7 +23,7 @@ def brute_evictable(ix) -> int:
     out = 0
     for e in ix.blocks.lru.order():
         if e.kind == EntryKind.NODE and not ix.blocks.lru.is_backed(e):
-            out += not ix._subtree_pinned(ix.node(e.id))
+            out += not ix.liveness.subtree_pinned(ix.node(e.id))
         else:
             out += 1
     return out

@@ -30,8 +30,8 @@ def _trace_host_evictions(index) -> list[tuple]:
     ("gdsf", snapshot). Wraps the instance's three victim pickers."""
     log: list[tuple] = []
     sweep, oldest, victim = (
-        index._sweep_dead_one,
-        index._oldest_superseded_host,
+        index.liveness.sweep_dead_one,
+        index.liveness.oldest_superseded_host,
         index.host_tier.victim,
     )
 
@@ -54,8 +54,8 @@ def _trace_host_evictions(index) -> list[tuple]:
             log.append(("gdsf", v.id))
         return v
 
-    index._sweep_dead_one = traced_sweep
-    index._oldest_superseded_host = traced_oldest
+    index.liveness.sweep_dead_one = traced_sweep
+    index.liveness.oldest_superseded_host = traced_oldest
     index.host_tier.victim = traced_victim
     return log
 

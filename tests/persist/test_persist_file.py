@@ -68,7 +68,7 @@ def test_superseded_snapshots_are_saved_flagged_and_dead_blocks_are_not(tmp_path
     add_chain(src, 9, 3)  # dead KV: no snapshot below
     index = src.index
     victim = next(s for s in index.snapshots.by_id.values() if s.frontier == 64)
-    assert index._supersede(victim)
+    assert index.liveness.supersede(victim)
     chosen = plan.collect(index, {})
     assert len(chosen.tables.snapshots) == 4 and len(chosen.tables.blocks) == 7
     assert [s.frontier for s in chosen.tables.snapshots if s.superseded] == [64]
@@ -86,7 +86,7 @@ def test_superseded_snapshots_are_saved_flagged_and_dead_blocks_are_not(tmp_path
 def test_a_smaller_tier_restores_superseded_snapshots_last(tmp_path):
     src = four_snapshots()
     densest = next(s for s in src.index.snapshots.by_id.values() if s.frontier == 256)
-    assert src.index._supersede(densest)  # B: by density alone it would go first
+    assert src.index.liveness.supersede(densest)  # B: by density alone it would go first
     f = saved(tmp_path, src)
     dst = make_tier(10)
     f.load(dst)

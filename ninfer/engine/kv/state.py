@@ -305,7 +305,7 @@ class KVState:
         lru, brute = index.blocks.lru, 0
         for e in lru.order():
             skip = e.kind == EntryKind.NODE and not lru.is_backed(e)
-            brute += not (skip and index._subtree_pinned(index.node(e.id)))
+            brute += not (skip and index.liveness.subtree_pinned(index.node(e.id)))
         if brute != index.evictable_pages():
             raise AssertionError(f"evictable pages {index.evictable_pages()} != {brute}")
 
