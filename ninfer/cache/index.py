@@ -13,8 +13,8 @@ mutation is detectably stale. Its parts:
     registry   Registry (registry.py): the open lanes, the transfer batches in flight, the
                counters, the epoch and clock (the index's own records)
 
-The index is the facade over the parts that run the lane protocol, each built with the stores
-and the registry it uses and no reference back:
+The index is the facade over the parts that run the lane protocol (part.IndexPart), each built
+with the stores, the liveness rules and the registry, and no reference back:
 
     liveness      Liveness (liveness.py): the rules that span stores (what eviction can free,
                   supersession, dropping copies, deletion cascades, §9.3's Host eviction order)
@@ -101,13 +101,13 @@ class PrefixIndex:
         self.registry = Registry()
         stores = (self.blocks, self.snapshots, self.host_tier)
         self.liveness = Liveness(*stores, self.registry)
-        parts = (*stores, self.liveness, self.registry)
-        self.lifecycle = LaneLifecycle(config, *parts)
-        self.publication = Publication(config, *parts)
+        parts = (config, *stores, self.liveness, self.registry)
+        self.lifecycle = LaneLifecycle(*parts)
+        self.publication = Publication(*parts)
         self.slot_policy = SlotPolicy(*parts)
-        self.prefetch = Prefetch(config, self.blocks, self.snapshots, self.liveness, self.registry)
+        self.prefetch = Prefetch(*parts)
         self.transfers = Transfers(*parts, cancel_stage=self.lifecycle.cancel_stage)
-        self.loader = Loader(config, *parts)
+        self.loader = Loader(*parts)
         self._admission = Admission(config, cost, self.blocks, self.snapshots)
 
     # ---- the registry's records, read by the engine, the persistence and the tests ---------
@@ -123,10 +123,6 @@ class PrefixIndex:
     @property
     def counters(self) -> CacheStats:
         return self.registry.counters
-
-    @property
-    def epoch(self) -> int:
-        return self.registry.epoch
 
     @property
     def cache_epoch(self) -> int:
@@ -172,7 +168,9 @@ class PrefixIndex:
     def quote(self, prompt: PromptBlocks, params: QuoteParams) -> Quote:
         """§6.2-§6.3: choose the source and classify readiness. Mutates nothing, pins nothing
         (admission.py)."""
-        return self._admission.quote(prompt, params, self.liveness.blocked_nodes(), self.epoch)
+        return self._admission.quote(
+            prompt, params, self.liveness.blocked_nodes(), self.registry.epoch
+        )
 
     def evictable_pages(self) -> int:
         """Device pages eviction can free now (§9.5; Liveness.evictable_pages)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import (
     BLOCK_TOKENS,
     LaneError,
@@ -17,12 +16,10 @@ from ninfer.cache.common import (
     StaleQuoteError,
 )
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
-from ninfer.cache.host_tier import HostTier
-from ninfer.cache.liveness import Liveness
+from ninfer.cache.part import IndexPart
 from ninfer.cache.records import (
     BlockCopy,
     BlockWriteBatch,
-    CacheConfig,
     ImageCopy,
     LaneRecord,
     Quote,
@@ -33,26 +30,12 @@ from ninfer.cache.records import (
     TailCopy,
     TransferRecord,
 )
-from ninfer.cache.registry import Registry
-from ninfer.cache.snapshot_store import SnapshotStore
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
 
-class LaneLifecycle:
+class LaneLifecycle(IndexPart):
     """stage, begin_restore, activate, cancel_stage and release of the PrefixIndex."""
-
-    def __init__(
-        self,
-        config: CacheConfig,
-        blocks: BlockStore,
-        snapshots: SnapshotStore,
-        host_tier: HostTier,
-        liveness: Liveness,
-        registry: Registry,
-    ) -> None:
-        self.config, self.blocks, self.snapshots = config, blocks, snapshots
-        self.host_tier, self.liveness, self.registry = host_tier, liveness, registry
 
     # ---- admission transaction (§6.4) ------------------------------------------------------
 

@@ -5,33 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, TOKEN_BYTES, Residency, SnapshotKind
-from ninfer.cache.host_tier import HostTier
 from ninfer.cache.keys import block_hash, pack_tokens
-from ninfer.cache.liveness import Liveness
-from ninfer.cache.records import CacheConfig
-from ninfer.cache.registry import Registry
-from ninfer.cache.snapshot_store import SnapshotStore
+from ninfer.cache.part import IndexPart
 from ninfer.cache.snapshots import Snapshot
 
 _RESIDENT = Residency.RESIDENT
 
 
-class Loader:
+class Loader(IndexPart):
     """load_block and load_snapshot of the PrefixIndex."""
-
-    def __init__(
-        self,
-        config: CacheConfig,
-        blocks: BlockStore,
-        snapshots: SnapshotStore,
-        host_tier: HostTier,
-        liveness: Liveness,
-        registry: Registry,
-    ) -> None:
-        self.config, self.blocks, self.snapshots = config, blocks, snapshots
-        self.host_tier, self.liveness, self.registry = host_tier, liveness, registry
 
     def load_block(
         self,

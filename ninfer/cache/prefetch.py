@@ -13,13 +13,10 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import NamedTuple
 
-from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import BLOCK_TOKENS, Residency, StaleQuoteError
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
-from ninfer.cache.liveness import Liveness
-from ninfer.cache.records import BlockCopy, CacheConfig, Quote, RestoreBatch, TransferRecord
-from ninfer.cache.registry import Registry
-from ninfer.cache.snapshot_store import SnapshotStore
+from ninfer.cache.part import IndexPart
+from ninfer.cache.records import BlockCopy, Quote, RestoreBatch, TransferRecord
 
 _ABSENT, _FILLING = Residency.ABSENT, Residency.FILLING
 
@@ -29,19 +26,8 @@ class PrefetchPlan(NamedTuple):
     nodes: list[int]  # Host-only path blocks to copy, block order; allocate len(nodes) pages
 
 
-class Prefetch:
+class Prefetch(IndexPart):
     """prefetch_room, plan_prefetch and begin_prefetch of the PrefixIndex."""
-
-    def __init__(
-        self,
-        config: CacheConfig,
-        blocks: BlockStore,
-        snapshots: SnapshotStore,
-        liveness: Liveness,
-        registry: Registry,
-    ) -> None:
-        self.config, self.blocks, self.snapshots = config, blocks, snapshots
-        self.liveness, self.registry = liveness, registry
 
     def prefetch_room(self) -> int:
         """Pages a prefetch could use besides the free ones: Host-backed evictable entries."""

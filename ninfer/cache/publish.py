@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import (
     BLOCK_BYTES,
     BLOCK_TOKENS,
@@ -20,11 +19,9 @@ from ninfer.cache.common import (
     Residency,
     SnapshotKind,
 )
-from ninfer.cache.host_tier import HostTier
 from ninfer.cache.keys import block_hash, pack_tokens
-from ninfer.cache.liveness import Liveness
+from ninfer.cache.part import IndexPart
 from ninfer.cache.records import (
-    CacheConfig,
     CommitKind,
     CommitResult,
     LaneRecord,
@@ -32,27 +29,13 @@ from ninfer.cache.records import (
     SnapshotWrite,
     TransferRecord,
 )
-from ninfer.cache.registry import Registry
-from ninfer.cache.snapshot_store import SnapshotStore
 from ninfer.cache.snapshots import Snapshot
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
 
-class Publication:
+class Publication(IndexPart):
     """commit_block, endpoint_worthwhile and publish_snapshot of the PrefixIndex."""
-
-    def __init__(
-        self,
-        config: CacheConfig,
-        blocks: BlockStore,
-        snapshots: SnapshotStore,
-        host_tier: HostTier,
-        liveness: Liveness,
-        registry: Registry,
-    ) -> None:
-        self.config, self.blocks, self.snapshots = config, blocks, snapshots
-        self.host_tier, self.liveness, self.registry = host_tier, liveness, registry
 
     # ---- block commit (§7.6) ---------------------------------------------------------------
 

@@ -12,30 +12,15 @@ Otherwise the tap is skipped. Pinned owners are never displaced.
 
 from __future__ import annotations
 
-from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import BLOCK_TOKENS, LaneError, Residency, SnapshotKind
-from ninfer.cache.host_tier import HostTier
-from ninfer.cache.liveness import Liveness
+from ninfer.cache.part import IndexPart
 from ninfer.cache.records import LaneRecord, SlotGrant
-from ninfer.cache.registry import Registry
-from ninfer.cache.snapshot_store import SnapshotStore
 
 _ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
 
 
-class SlotPolicy:
+class SlotPolicy(IndexPart):
     """allocate_snapshot_slot and free_snapshot_slot of the PrefixIndex."""
-
-    def __init__(
-        self,
-        blocks: BlockStore,
-        snapshots: SnapshotStore,
-        host_tier: HostTier,
-        liveness: Liveness,
-        registry: Registry,
-    ) -> None:
-        self.blocks, self.snapshots = blocks, snapshots
-        self.host_tier, self.liveness, self.registry = host_tier, liveness, registry
 
     def _displace_slot(
         self, rec: LaneRecord, frontier: int, has_tail: bool

@@ -7,31 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import Residency
-from ninfer.cache.host_tier import HostTier
-from ninfer.cache.liveness import Liveness
-from ninfer.cache.registry import Registry
-from ninfer.cache.snapshot_store import SnapshotStore
+from ninfer.cache.part import IndexPart
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
 
-class Transfers:
+class Transfers(IndexPart):
     """on_restore_landed, on_write_through_landed, abort_write_through and abort_restore of the
-    PrefixIndex. `cancel_stage` is the lanes' (an aborted restore cancels the lane it began)."""
+    PrefixIndex. `parts` are IndexPart's; `cancel_stage` is the lane lifecycle's (an aborted
+    restore cancels the lane it began)."""
 
-    def __init__(
-        self,
-        blocks: BlockStore,
-        snapshots: SnapshotStore,
-        host_tier: HostTier,
-        liveness: Liveness,
-        registry: Registry,
-        cancel_stage: Callable[[int], list[int]],
-    ) -> None:
-        self.blocks, self.snapshots, self.host_tier = blocks, snapshots, host_tier
-        self.liveness, self.registry, self._cancel_stage = liveness, registry, cancel_stage
+    def __init__(self, *parts, cancel_stage: Callable[[int], list[int]]) -> None:
+        super().__init__(*parts)
+        self._cancel_stage = cancel_stage
 
     # ---- transfers landing -----------------------------------------------------------------
 
