@@ -3,7 +3,15 @@ verdict (a request whose page entitlement exceeds the whole pool fails at once w
 naming its need and the pool's size in pages and tokens, with and without the prefix cache;
 through `LLM` the options never allow such a pool), and the tap plan of an admitted lane (every
 prompt hint handed to the planner with its kind, the fork tap a cached block prefix past the
-resume frontier proves, the planner's taps mapped to exact / flexible and Boundary)."""
+resume frontier proves, the planner's taps mapped to exact / flexible and Boundary).
+
+Also: an entitlement exactly equal to the pool's total or free pages is admitted; a new lane
+records its admission time, and a resumed request's lane prefills all it knew while its
+generation still starts at the request's own prompt end; a cached admission records the path
+pages, a private copy of the source's partial tail, whether it resumed from an endpoint (also
+told to the tap planner), a Host restore's ticket (for the first pass and for timing) and
+reserves the entitlement its pages leave (never negative); a head that waits for a prefilling
+sibling is counted once per request, and a resumed request never waits."""
 
 from __future__ import annotations
 
@@ -11,11 +19,14 @@ import itertools
 from types import SimpleNamespace
 
 import pytest
+from coalesce_helpers import COST, keyed_job, sibling
 from engine_helpers import greedy
 
+from ninfer.cache.common import SnapshotKind
 from ninfer.cache.records import QuoteParams, Readiness
 from ninfer.cache.taps import HintKind, Placement, Tap, TapHint
 from ninfer.engine.kv.admitter import Admitter
+from ninfer.engine.kv.counters import EngineCounters
 from ninfer.engine.lane import Job, Lane, PromptHints
 
 
@@ -128,3 +139,247 @@ def test_a_fork_from_cached_history_plans_an_explicit_tap_there(n, cached, cache
     if fork is not None:
         want.append(TapHint(fork, HintKind.EXPLICIT))
     assert planner.asked == [(5, n, want, False)]
+
+
+# ---- admission boundaries and what a lane records (index None) -------------------------------
+
+
+class _Budget:
+    """Quotes `params`; records every reservation as (lane id, pages)."""
+
+    def __init__(self, params: QuoteParams):
+        self.params = params
+        self.reserved: list[tuple[int, int]] = []
+
+    def quote(self, job):
+        return self.params
+
+    def reserve(self, lane, pages):
+        self.reserved.append((lane.lane_id, pages))
+
+
+def _plain_admitter(params: QuoteParams) -> Admitter:
+    states = SimpleNamespace(acquire=lambda: 4)
+    return Admitter(
+        None,
+        SimpleNamespace(num_pages=params.total_pages),
+        states,
+        _Budget(params),
+        None,
+        None,
+        itertools.count(1),
+        pending_timeout_s=1.0,
+    )
+
+
+@pytest.mark.parametrize(("free", "total"), [(13, 13), (13, 16), (20, 13)])
+def test_an_entitlement_equal_to_the_pool_or_the_free_pages_is_admitted(free, total):
+    """Admission needs entitlement <= total pages (else infeasible) and <= free pages (else it
+    waits): equality admits, reserving the whole entitlement, and the lane records when."""
+    job = Job("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
+    admitter = _plain_admitter(QuoteParams(13, free, total))
+    verdict = admitter.try_admit(job, 12.5, [])
+    lane = verdict.lane
+    assert verdict.error is None and lane is not None
+    assert admitter.budget.reserved == [(1, 13)]
+    assert (lane.lane_id, lane.slot, lane.computed, lane.prompt_len) == (1, 4, 0, 300)
+    assert lane.t_admit == 12.5 and lane.gen_start == 300 and lane.tokens == job.prompt
+
+
+def test_a_resumed_request_prefills_what_it_knew_and_generates_from_its_own_prompt_end():
+    """A suspended request comes back with its lane's 300 prompt + 40 generated tokens: the new
+    lane's prompt is all 340, its generated tokens still start at 300 (§9.5): outputs, usage
+    and max_tokens count from there."""
+    prompt = list(range(10, 310))
+    job = Job("r", prompt, greedy(100), PromptHints(), sink=None)
+    old = Lane(job, 9, 2, prompt + list(range(500, 540)), 300, 339)
+    job.resume = old
+    lane = _plain_admitter(QuoteParams(8, 16, 16)).try_admit(job, 3.0, []).lane
+    assert lane.tokens == old.tokens and lane.tokens is not old.tokens
+    assert (lane.prompt_len, lane.gen_start, lane.computed) == (340, 300, 0)
+    # the reply so far counts from the request's own prompt: the 40 tokens generated before
+    assert lane.generated == list(range(500, 540)) and lane.t_admit == 3.0
+
+
+# ---- cached admission (stand-in index) -------------------------------------------------------
+
+
+class _Ticket:
+    def __init__(self):
+        self.preludes = 0
+
+    def wait_prelude(self):
+        self.preludes += 1
+
+
+class _CachedIndex:
+    """A READY quote at `frontier` whose staged path has node i on page 40 + i; `source` the
+    snapshot resumed from (None: the root) of kind `kind`, its image in `source_slot`, its tail
+    on page 77; `host`: a Host hit whose restore brings the tail to page 88."""
+
+    def __init__(self, frontier, source=9, kind=SnapshotKind.TAP, source_slot=6, host=False):
+        self.cost = COST
+        self.frontier, self.source, self.kind = frontier, source, kind
+        self.source_slot, self.host = source_slot, host
+        self.calls: list[tuple] = []
+        self.planned: list[tuple] = []
+
+    def quote(self, blocks, params):
+        return SimpleNamespace(
+            readiness=Readiness.READY,
+            frontier=self.frontier,
+            need_pages=0,
+            cached_prefix_tokens=self.frontier,
+        )
+
+    def stage(self, quote, lane_id, free_pages):
+        self.calls.append(("stage", lane_id))
+        return SimpleNamespace(
+            evicted_pages=[30, 31],
+            source_tail_page=77,
+            hit_tier="host" if self.host else "device",
+            restore_pages_needed=2,
+            frontier=self.frontier,
+            path=list(range(self.frontier // 64)),
+            source=self.source,
+            source_slot=self.source_slot,
+        )
+
+    def begin_restore(self, lane_id, pages):
+        self.calls.append(("begin_restore", lane_id, list(pages)))
+        return SimpleNamespace(bytes=4096, tail=SimpleNamespace(page=88))
+
+    def node(self, node):
+        return SimpleNamespace(device_page=40 + node)
+
+    def snapshot(self, sid):
+        assert sid == self.source
+        return SimpleNamespace(kind=self.kind)
+
+    def activate(self, lane_id):
+        self.calls.append(("activate", lane_id))
+
+    def plan_taps(self, lane_id, n, hints, resumed_from_endpoint):
+        self.planned.append((lane_id, n, resumed_from_endpoint))
+        return []
+
+
+class _Restores:
+    def __init__(self):
+        self.tickets: list[tuple[int, _Ticket]] = []
+
+    def restore(self, batch, slot):
+        ticket = _Ticket()
+        self.tickets.append((slot, ticket))
+        return ticket
+
+
+class _CachedParts:
+    def __init__(self, index: _CachedIndex, entitlement: int, timeout_s: float = 60.0):
+        self.freed: list[int] = []
+        self.copies: list[tuple] = []
+        self.resumes: list[tuple[int, int]] = []
+        self.acquired = 0
+        pages = itertools.count(60)
+
+        def acquire():
+            self.acquired += 1
+            return 4
+
+        kv = SimpleNamespace(
+            num_pages=64,
+            free=self.freed.extend,
+            alloc=lambda n: [next(pages) for _ in range(n)],
+            copy_prefix=lambda s, d, n: self.copies.append((s, d, n)),
+        )
+        states = SimpleNamespace(acquire=acquire, resume=lambda a, b: self.resumes.append((a, b)))
+        self.budget = _Budget(QuoteParams(entitlement, 64, 64))
+        self.transfer = _Restores()
+        self.counters = EngineCounters()
+        self.index = index
+        self.admitter = Admitter(
+            index,
+            kv,
+            states,
+            self.budget,
+            self.transfer,
+            self.counters,
+            itertools.count(1),
+            timeout_s,
+        )
+
+
+def _job(n: int = 400) -> Job:
+    return Job("r", list(range(n)), greedy(100), PromptHints(), sink=None)
+
+
+@pytest.mark.parametrize("kind", [SnapshotKind.ENDPOINT, SnapshotKind.TAP, SnapshotKind.BOUNDARY])
+def test_a_cached_admission_resumes_the_source_with_a_private_copy_of_its_tail(kind):
+    """F_s = 150: blocks 0, 1 are the path's pages, the 22 tail tokens are copied from the
+    source's tail page into a private page; the state comes from the source's image; the tap
+    planner is told whether the lane resumed from an endpoint."""
+    parts = _CachedParts(_CachedIndex(150, kind=kind), entitlement=8)
+    lane = parts.admitter.try_admit(_job(), 2.0, []).lane
+    assert parts.freed == [30, 31]  # pages the staging evicted
+    assert lane.pages == [40, 41, 60] and lane.private == [False, False, True]
+    assert parts.copies == [(77, 60, 22)]
+    assert parts.resumes == [(6, 4)]  # source image into the lane's slot
+    assert (lane.computed, lane.cached_tokens, lane.last_snapshot) == (150, 150, 150)
+    assert lane.committed_blocks == 2 and lane.t_admit == 2.0
+    endpoint = kind == SnapshotKind.ENDPOINT
+    assert lane.resumed_endpoint is endpoint
+    assert parts.index.planned == [(1, 400, endpoint)]
+    assert parts.budget.reserved == [(1, 5)]  # entitlement 8 less the 3 pages it holds
+    assert parts.index.calls == [("stage", 1), ("activate", 1)]
+    assert lane.restore_ticket is None and lane.restore_timing is None
+
+
+def test_a_host_hit_restores_without_waiting_and_keeps_the_ticket_for_timing():
+    """Host-only parts are restored into 2 fresh pages; the lane's first pass waits on the
+    ticket, which the lane also keeps for metrics; only the tail's prelude is waited for, as
+    the tail copy reads the restored page 88."""
+    parts = _CachedParts(_CachedIndex(150, host=True), entitlement=8)
+    lane = parts.admitter.try_admit(_job(), 2.0, []).lane
+    assert parts.index.calls[1] == ("begin_restore", 1, [60, 61])
+    [(slot, ticket)] = parts.transfer.tickets
+    assert slot == 4 and ticket.preludes == 1
+    assert lane.restore_ticket is ticket and lane.restore_timing is ticket
+    assert lane.restored_host_bytes == 4096
+    assert parts.copies == [(88, 62, 22)] and lane.pages == [40, 41, 62]
+
+
+@pytest.mark.parametrize(("entitlement", "reserved"), [(3, 0), (2, 0), (4, 1)])
+def test_a_cached_admission_reserves_what_its_entitlement_leaves_beyond_its_pages(
+    entitlement, reserved
+):
+    """The lane holds 3 pages at F_s = 150 (two path pages and the tail copy): it reserves the
+    rest of its entitlement, never less than nothing."""
+    parts = _CachedParts(_CachedIndex(150), entitlement=entitlement)
+    lane = parts.admitter.try_admit(_job(), 0.0, []).lane
+    assert len(lane.pages) == 3 and parts.budget.reserved == [(1, reserved)]
+
+
+def test_a_head_waiting_for_a_prefilling_sibling_is_counted_once_per_request():
+    """Two heads share five blocks with a sibling that is prefilling them (§12.2): each waits
+    without taking a slot, and each request is counted once however often it waits."""
+    sib = sibling([1, 2, 3, 4, 5, -2], 130, 400)
+    parts = _CachedParts(_CachedIndex(128), entitlement=8)
+    first = keyed_job("a", [1, 2, 3, 4, 5, -1], 400)
+    for _ in range(2):
+        verdict = parts.admitter.try_admit(first, 0.0, [sib])
+        assert verdict.lane is None and verdict.error is None
+    assert first.coalesced and parts.counters.coalesced_waits == 1
+    second = keyed_job("b", [1, 2, 3, 4, 5, -3], 400)
+    assert parts.admitter.try_admit(second, 0.0, [sib]).lane is None
+    assert parts.counters.coalesced_waits == 2
+    assert parts.acquired == 0 and parts.index.calls == []
+
+
+def test_a_resumed_request_never_waits_for_a_sibling():
+    sib = sibling([1, 2, 3, 4, 5, -2], 130, 400)
+    parts = _CachedParts(_CachedIndex(128), entitlement=8)
+    job = keyed_job("a", [1, 2, 3, 4, 5, -1], 400)
+    job.resume = Lane(job, 9, 2, list(job.prompt) + [7] * 20, 400, 419)
+    lane = parts.admitter.try_admit(job, 0.0, [sib]).lane
+    assert lane is not None and lane.prompt_len == 420 and lane.computed == 128
+    assert not job.coalesced and parts.counters.coalesced_waits == 0

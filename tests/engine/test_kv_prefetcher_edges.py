@@ -2,7 +2,8 @@
 batch copies (the index's plan, at most 256 and at most the spare room), one batch in flight
 until it lands, the batches counted, no batch for an infeasible head or an empty plan, and,
 through the engine, a prefetch whose Host copy raises rolled back without touching any state
-slot. The unit tests use stand-in parts that record what the Prefetcher asks of them."""
+slot; no batch and no restore ticket before the first one is issued. The unit tests use
+stand-in parts that record what the Prefetcher asks of them."""
 
 from __future__ import annotations
 
@@ -202,3 +203,17 @@ def test_a_prefetch_whose_host_copy_raises_is_rolled_back(make_llm):
     assert stats.host_faults == 1 and stats.prefetches == 0
     assert outs[1].usage.cached_tokens == 0 and outs[1].usage.restored_host_bytes == 0
     assert_idle(llm)
+
+
+def test_a_new_prefetcher_has_no_batch_and_no_ticket_in_flight():
+    """The in-flight pair (batch id, restore ticket) is (None, None) whenever no batch is in
+    flight: at construction as after a batch lands; nothing is waited for until a batch is
+    issued."""
+    index = _Index(candidates=2, room=50)
+    pf, _, transfer = _prefetcher(index)
+    assert (pf.batch_id, pf.ticket, pf.batches) == (None, None, 0)
+    assert not pf.settle()
+    assert pf.maybe_prefetch(_head("a")) == 2
+    assert (pf.batch_id, pf.ticket) == (1, transfer.restores[0][1])
+    pf.landed(1)
+    assert (pf.batch_id, pf.ticket, pf.batches) == (None, None, 1)
