@@ -402,11 +402,10 @@ class Engine:
                     pages=lane.pages,
                     sample=lane.job.params if s.samples else None,
                     generator=lane.generator,
-                    before_layer=lane.restore_ticket.hook() if lane.restore_ticket else None,
+                    before_layer=self.kv_state.first_pass_hook(lane),
                     tap=None if dst is None else (s.tap_at - s.start, dst),
                 )
             )
-            lane.restore_ticket = None  # later passes are stream-ordered behind this one
             runnable.append(s)
             if s.start < lane.prompt_len:
                 self.kv_state.counters.prefill_tokens += s.end - s.start

@@ -18,7 +18,10 @@ prompt ended (outputs, usage and max_tokens count from there):
                `private[b]` says the lane owns pages[b] (a growth page, the partial tail, or a
                recomputed duplicate, spec §7.5), otherwise the index owns it
 
-Mutated only by the engine thread (admission, publication, the step loop).
+Mutated only by the engine thread, each field by one owner: the KV state (engine/kv/: admission
+builds the lane; then pages, private, committed_blocks, entitled_pages, slot, the cached and
+restore fields, taps, pending, last_snapshot) and the loop (engine.py, outputs.py: tokens,
+computed after admission, sampler and detokenizer state, text, finish_reason, timings).
 """
 
 from __future__ import annotations
@@ -96,8 +99,10 @@ class Lane:
     private: list[bool] = field(default_factory=list)  # parallel to pages
     committed_blocks: int = 0  # blocks [0, committed_blocks) are index nodes the lane pins
     entitled_pages: int = 0  # reservation: pages this lane may still take without a check
-    cached_tokens: int = 0  # frontier resumed from (usage.cached_tokens)
-    cached_prefix_tokens: int = 0
+    cached_tokens: int = 0  # this admission's resume frontier (the KV decisions read it)
+    cached_prefix_tokens: int = 0  # this admission's longest cached block prefix
+    usage_cached: tuple[int, int] | None = None  # a resumed request's usage: its first admission's
+    # (cached_tokens, cached_prefix_tokens), which the client's usage reports
     created_prompt_tokens: int = 0  # prompt tokens in blocks this lane inserted (usage)
     restored_host_bytes: int = 0
     restore_ticket: Any = None  # Host restore the lane's first pass waits on, layer by layer
@@ -127,14 +132,15 @@ class Lane:
     def carry(self, old: Lane) -> None:
         """A resumed admission takes over the suspended lane's request state: sampler and
         detokenizer state, stream position, logprobs, timings and usage, so the client sees
-        one uninterrupted request."""
+        one uninterrupted request. Its own resume frontier (`cached_tokens`) stays: the KV
+        decisions of this admission read it; usage reports the first admission's."""
         self.gen_start = old.gen_start
         self.suspensions = old.suspensions
         self.detok, self.generator, self.logprobs = old.detok, old.generator, old.logprobs
         self.text, self.streamed_tokens = old.text, old.streamed_tokens
         self.t_admit, self.t_first = old.t_admit, old.t_first
         self.prefill_done_t = old.prefill_done_t
-        self.cached_tokens, self.cached_prefix_tokens = old.cached_tokens, old.cached_prefix_tokens
+        self.usage_cached = old.usage_cached or (old.cached_tokens, old.cached_prefix_tokens)
         self.restored_host_bytes += old.restored_host_bytes
         self.created_prompt_tokens += old.created_prompt_tokens
         self.restore_timing = self.restore_timing or old.restore_timing

@@ -66,6 +66,7 @@ def final_output(lane: Lane, now: float) -> RequestOutput:
     prefill_s = max(lane.prefill_done_t or first, lane.t_admit) - lane.t_admit
     decode_s = max(now - first, 0.0)
     n_dec = max(len(gen) - 1, 0)
+    cached, cached_prefix = lane.usage_cached or (lane.cached_tokens, lane.cached_prefix_tokens)
     return RequestOutput(
         request_id=job.request_id,
         prompt_token_ids=list(job.prompt),
@@ -77,8 +78,8 @@ def final_output(lane: Lane, now: float) -> RequestOutput:
         usage=Usage(
             prompt_tokens=lane.gen_start,
             completion_tokens=len(gen),
-            cached_tokens=lane.cached_tokens,
-            cached_prefix_tokens=lane.cached_prefix_tokens,
+            cached_tokens=cached,
+            cached_prefix_tokens=cached_prefix,
             restored_host_bytes=lane.restored_host_bytes,
             cache_creation_tokens=lane.created_prompt_tokens,
         ),

@@ -15,79 +15,11 @@ Pinned here, over stand-in index, pools and budget that record what the Publishe
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
-from engine_helpers import greedy
+from publisher_helpers import PublisherParts, prefilled_lane
 
 from ninfer.cache.common import SnapshotKind
-from ninfer.cache.records import CommitKind, SlotGrant
-from ninfer.engine.kv.counters import EngineCounters
-from ninfer.engine.kv.publisher import Publisher
-from ninfer.engine.lane import Job, Lane, PendingTap, PromptHints
-
-LANE = 7
-SNAP_PHYS = [10, 11, 12, 13]  # physical state slot of each logical snapshot slot
-
-
-class _Cache:
-    """Stand-in index of lane 7: every block newly inserted, a publication new unless its
-    frontier is in `duplicates`; records every call."""
-
-    def __init__(self):
-        self.calls: list[tuple] = []
-        self._slots = iter(range(4))
-        self.duplicates: set[int] = set()
-
-    def commit_block(self, lane, b, data, page):
-        assert lane == LANE
-        self.calls.append(("commit", b, page))
-        return SimpleNamespace(kind=CommitKind.INSERTED)
-
-    def allocate_snapshot_slot(self, lane, f, kind):
-        assert lane == LANE
-        slot = next(self._slots)
-        self.calls.append(("allocate", f, kind, slot))
-        return SlotGrant(slot, None, False, [])
-
-    def free_snapshot_slot(self, lane, slot):
-        assert lane == LANE
-        self.calls.append(("free_slot", slot))
-
-    def publish_snapshot(self, lane, f, slot, kind, tail_tokens, tail_page, finishing):
-        assert lane == LANE
-        self.calls.append(("publish", f, slot, kind, tuple(tail_tokens), tail_page, finishing))
-        return SimpleNamespace(freed_pages=[], write=None, duplicate=f in self.duplicates)
-
-
-class _Parts:
-    def __init__(self):
-        self.cache = _Cache()
-        self.freed: list = []
-        self.copies: list[tuple[int, int, int]] = []
-        self.state_taps: list[tuple[int, int]] = []
-        kv = SimpleNamespace(
-            free=self.freed.extend, copy_prefix=lambda s, d, n: self.copies.append((s, d, n))
-        )
-        states = SimpleNamespace(
-            snap_phys=SNAP_PHYS, tap=lambda a, b: self.state_taps.append((a, b))
-        )
-        budget = SimpleNamespace(headroom=lambda: 4, take=lambda n: [90 + i for i in range(n)])
-        self.counters = EngineCounters()
-        self.pub = Publisher(self.cache, kv, states, budget, None, self.counters)
-
-
-def _lane(n: int, taps, computed: int) -> Lane:
-    """A lane of an n-token prompt, prefilled to `computed` (its full blocks committed), state
-    slot 3, pages 50, 51, ... (private until committed)."""
-    job = Job("r", list(range(1000, 1000 + n)), greedy(4), PromptHints(), sink=None)
-    lane = Lane(job, LANE, 3, list(job.prompt), n, computed)
-    lane.pages = [50 + i for i in range(6)]
-    lane.private = [True] * 6
-    lane.committed_blocks = computed // 64
-    lane.taps = list(taps)
-    return lane
-
+from ninfer.engine.lane import PendingTap
 
 # ---- before_chunk: flexible taps of the final chunk are taken at its start -------------------
 
@@ -96,8 +28,8 @@ def _lane(n: int, taps, computed: int) -> Lane:
 def test_a_flexible_tap_in_the_final_chunk_is_captured_at_the_chunks_start(taps):
     """Flexible taps in (s, n], the prompt's end n included, are realized once, at s = 256,
     before the chunk runs: a Tap snapshot of the lane's state there (a page boundary, no tail)."""
-    parts = _Parts()
-    lane = _lane(300, taps, 256)
+    parts = PublisherParts()
+    lane = prefilled_lane(300, taps, 256)
     assert parts.pub.before_chunk(lane, 256, 300) is None  # no in-pass slot to write
     assert parts.cache.calls == [("allocate", 256, SnapshotKind.TAP, 0)]
     assert parts.state_taps == [(3, 0)]  # the lane's slot into snapshot slot 0
@@ -115,8 +47,8 @@ def test_a_flexible_tap_in_the_final_chunk_is_captured_at_the_chunks_start(taps)
     ],
 )
 def test_taps_not_strictly_inside_the_final_chunk_or_exact_are_left_for_after_advance(taps):
-    parts = _Parts()
-    lane = _lane(300, taps, 256)
+    parts = PublisherParts()
+    lane = prefilled_lane(300, taps, 256)
     assert parts.pub.before_chunk(lane, 256, 300) is None
     assert parts.cache.calls == [] and lane.pending == [] and parts.state_taps == []
     assert lane.taps == taps and lane.last_snapshot == 0
@@ -125,8 +57,8 @@ def test_taps_not_strictly_inside_the_final_chunk_or_exact_are_left_for_after_ad
 def test_an_exact_tap_at_the_prompt_end_beside_a_flexible_one_is_captured_at_the_end():
     """The flexible tap is taken at the chunk's start; the exact one stays planned and is
     captured at n = 300 after the pass, with its 44-token tail copied into a page of its own."""
-    parts = _Parts()
-    lane = _lane(300, [(280, False), (300, True)], 256)
+    parts = PublisherParts()
+    lane = prefilled_lane(300, [(280, False), (300, True)], 256)
     parts.pub.before_chunk(lane, 256, 300)
     assert lane.taps == [(300, True)]
     assert lane.pending == [PendingTap(256, 0, SnapshotKind.TAP, None)]
@@ -148,10 +80,10 @@ def test_a_finishing_lane_publishes_the_tap_at_its_final_frontier(duplicate):
     stays 300), so block 4 never fills: the finishing lane publishes the tap from its own last
     page with its 44 tail tokens. A duplicate leaves the tail page to the engine, which frees
     it; a new snapshot owns it."""
-    parts = _Parts()
+    parts = PublisherParts()
     if duplicate:
         parts.cache.duplicates = {300}
-    lane = _lane(300, [(300, True)], 0)
+    lane = prefilled_lane(300, [(300, True)], 0)
     lane.computed = 300
     parts.pub.after_advance(lane)
     assert lane.pending == [PendingTap(300, 0, SnapshotKind.TAP, 90)]
@@ -175,8 +107,8 @@ def test_a_finishing_lane_publishes_the_tap_at_its_final_frontier(duplicate):
 def test_a_finishing_tap_publishes_only_with_its_anchor_blocks_and_frontier(
     committed, computed, published
 ):
-    parts = _Parts()
-    lane = _lane(300, [], 0)
+    parts = PublisherParts()
+    lane = prefilled_lane(300, [], 0)
     lane.committed_blocks, lane.computed = committed, computed
     tap = PendingTap(150, 2, SnapshotKind.BOUNDARY, 91)
     lane.pending = [tap]
@@ -193,8 +125,8 @@ def test_a_finishing_tap_publishes_only_with_its_anchor_blocks_and_frontier(
 def test_every_tap_a_finishing_lane_cannot_publish_stays_pending_to_be_dropped():
     """Neither tap's frontier was reached: both stay pending, in order, and dropping them
     frees both snapshot slots and both tail pages."""
-    parts = _Parts()
-    lane = _lane(300, [], 0)
+    parts = PublisherParts()
+    lane = prefilled_lane(300, [], 0)
     lane.committed_blocks, lane.computed = 2, 140
     taps = [PendingTap(150, 0, SnapshotKind.TAP, 90), PendingTap(170, 1, SnapshotKind.TAP, 91)]
     lane.pending = list(taps)
@@ -207,8 +139,8 @@ def test_every_tap_a_finishing_lane_cannot_publish_stays_pending_to_be_dropped()
 
 def test_an_in_pass_tap_whose_pass_never_ran_stays_pending():
     """A tap reserved for the final pass at 640: the lane ends before that pass, at 512."""
-    parts = _Parts()
-    lane = _lane(700, [(650, False)], 512)
+    parts = PublisherParts()
+    lane = prefilled_lane(700, [(650, False)], 512)
     assert parts.pub.before_chunk(lane, 512, 700, tap_at=640) == 10
     parts.pub._publish_finishing(lane)
     assert lane.pending == [PendingTap(640, 0, SnapshotKind.TAP, None)]
@@ -219,9 +151,9 @@ def test_an_in_pass_tap_whose_pass_never_ran_stays_pending():
 def test_duplicate_finishing_publications_free_only_real_tail_pages():
     """Two duplicates: the aligned tap at 256 has no tail page (nothing to free), the one at
     300 hands its tail page 93 back to the pool."""
-    parts = _Parts()
+    parts = PublisherParts()
     parts.cache.duplicates = {256, 300}
-    lane = _lane(300, [], 0)
+    lane = prefilled_lane(300, [], 0)
     lane.committed_blocks, lane.computed = 4, 300
     lane.pending = [
         PendingTap(256, 0, SnapshotKind.TAP, None),

@@ -234,6 +234,13 @@ class KVState:
         """Taps due before the chunk runs; the physical slot of an in-pass tap at `tap_at`."""
         return self.publisher.before_chunk(lane, start, end, tap_at)
 
+    def first_pass_hook(self, lane: Lane):
+        """The layer-by-layer wait of the lane's Host restore for the pass about to launch (None
+        without a restore in flight). The restore is then the pass's: later passes are
+        stream-ordered behind it, so the lane's ticket is dropped here."""
+        ticket, lane.restore_ticket = lane.restore_ticket, None
+        return ticket.hook() if ticket else None
+
     def after_advance(self, lane: Lane) -> None:
         """After a pass moved `lane.computed`: commit blocks, realize taps, publish."""
         self.publisher.after_advance(lane)
