@@ -61,7 +61,6 @@ from ninfer.cache.publish import Publication
 from ninfer.cache.records import (
     CacheConfig,
     CommitResult,
-    LaneRecord,
     MatchResult,
     PublishResult,
     Quote,
@@ -70,7 +69,6 @@ from ninfer.cache.records import (
     RestoreBatch,
     SlotGrant,
     Staged,
-    TransferRecord,
 )
 from ninfer.cache.registry import Registry
 from ninfer.cache.slot_policy import SlotPolicy
@@ -110,19 +108,10 @@ class PrefixIndex:
         self.loader = Loader(*parts)
         self._admission = Admission(config, cost, self.blocks, self.snapshots)
 
-    # ---- the registry's records, read by the engine, the persistence and the tests ---------
-
-    @property
-    def lanes(self) -> dict[int, LaneRecord]:
-        return self.registry.lanes
-
-    @property
-    def batches(self) -> dict[int, TransferRecord]:
-        return self.registry.batches
-
-    @property
-    def counters(self) -> CacheStats:
-        return self.registry.counters
+        # the registry's records, read by the engine, the persistence and the tests (the
+        # registry edits them in place and never rebinds them)
+        self.lanes, self.batches = self.registry.lanes, self.registry.batches
+        self.counters = self.registry.counters
 
     @property
     def cache_epoch(self) -> int:

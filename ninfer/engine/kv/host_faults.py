@@ -8,6 +8,7 @@ Filling -> Absent instead of Filling -> Resident); it runs on the engine thread 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 from ninfer.cache.host_pool import HostSlabPool
 from ninfer.engine.faults import is_fatal
@@ -48,24 +49,21 @@ class GuardedTransfer:
             raise HostRestoreFault(batch.batch_id, lane_slot, e) from e
 
     def write_blocks(self, batch) -> None:
-        try:
-            return self.inner.write_blocks(batch)
-        except Exception as e:
-            if is_fatal(e):
-                raise
-            self._quiesce()
-            self._on_write_failed(batch.batch_id, e)
-            return None
+        self._write(lambda: self.inner.write_blocks(batch), batch.batch_id)
 
     def write_snapshot(self, write, phys_slot: int) -> None:
+        self._write(lambda: self.inner.write_snapshot(write, phys_slot), write.batch_id)
+
+    def _write(self, start: Callable[[], object], batch_id: int) -> None:
+        """Start a write-through; if it raises (not fatally), the streams are quiesced and the
+        batch is reported failed, for the index to undo."""
         try:
-            return self.inner.write_snapshot(write, phys_slot)
+            start()
         except Exception as e:
             if is_fatal(e):
                 raise
             self._quiesce()
-            self._on_write_failed(write.batch_id, e)
-            return None
+            self._on_write_failed(batch_id, e)
 
     def poll(self):
         return self.inner.poll()
