@@ -19,9 +19,12 @@ prompt ended (outputs, usage and max_tokens count from there):
                recomputed duplicate, spec §7.5), otherwise the index owns it
 
 Mutated only by the engine thread, each field by one owner: the KV state (engine/kv/: admission
-builds the lane; then pages, private, committed_blocks, entitled_pages, slot, the cached and
-restore fields, taps, pending, last_snapshot) and the loop (engine.py, outputs.py: tokens,
-computed after admission, sampler and detokenizer state, text, finish_reason, timings).
+builds the lane; then pages, private, committed_blocks, entitled_pages, slot, cached_tokens,
+cached_prefix_tokens, the restore ticket, taps, pending, last_snapshot) and the loop (engine.py,
+outputs.py: tokens, computed after admission, sampler and detokenizer state, text,
+finish_reason, timings). The one shared step is `carry`, which the loop calls on a resumed lane:
+it also adds the suspended lane's usage tallies (restored_host_bytes, created_prompt_tokens,
+restore_timing, usage_cached) to those the KV state keeps.
 """
 
 from __future__ import annotations
