@@ -397,8 +397,8 @@ def _host_geometry(
     """The geometry of a `host_mib` Host tier (None for 0), by the cache's rule
     (`plan_slab_geometry`): a nonzero budget smaller than one snapshot (image slabs + tail)
     plus one block raises ValueError naming host_cache_mib. Allocates nothing."""
-    n_fa = len(model.full_layer_ids)
-    if not host_mib or not n_fa:
+    n_fa = len(model.full_layer_ids)  # at least one (check_fit)
+    if not host_mib:
         return None
     return plan_slab_geometry(host_mib, n_fa, page_bytes // n_fa, state_bytes)
 
@@ -408,6 +408,11 @@ def check_fit(opts: EngineOptions, model: Qwen35Config, on_cuda: bool) -> None:
     ValueError naming the field. `resolve` applies them; `LLM` applies them before it loads the
     weights too, so that a value the checkpoint rules out fails before a long load."""
     resolve_dtypes(opts, on_cuda)
+    if not model.full_layer_ids:  # KV pages, blocks and Host slabs are cut per attention layer
+        raise ValueError(
+            "layer_types: the model has no full_attention layer; ninfer runs Qwen3.5 hybrids of "
+            "Gated DeltaNet and full-attention layers"
+        )
     if opts.max_model_len is not None:
         _check_int("max_model_len", opts.max_model_len, 2, model.max_position_embeddings)
         if opts.kv_capacity != "auto" and opts.kv_capacity < opts.max_model_len:

@@ -151,6 +151,23 @@ def test_a_value_the_model_rules_out_fails_before_the_weights_load(
         LLM(device="cpu", **options)
 
 
+def test_a_model_without_full_attention_layers_is_refused_naming_layer_types():
+    """Pages, blocks and Host slabs are cut per full-attention layer: a model of Gated DeltaNet
+    layers alone is refused with the field named, with or without a Host tier (it used to fail
+    with a ZeroDivisionError while sizing the KV pool)."""
+    import torch
+
+    from ninfer import LLM
+    from ninfer.models.presets import build_random_model
+    from tests.engine.engine_helpers import TINY
+
+    gdn_only = dataclasses.replace(TINY, layer_types=("linear_attention",) * 4)
+    model = build_random_model(gdn_only, torch.float32, "cpu", seed=1)
+    for host_mib in (16, 0):
+        with pytest.raises(ValueError, match="layer_types: the model has no full_attention layer"):
+            LLM.from_model(model, host_cache_mib=host_mib)
+
+
 def test_resolve_runs_once_per_engine(monkeypatch):
     """One resolution, after the weights are in place, is the configuration the engine runs."""
     from ninfer import LLM, llm
