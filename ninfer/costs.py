@@ -11,8 +11,9 @@ write-through. Every time estimate of the package is made here.
               + head_flops                           the LM head, for the logits row
         seconds = flops / (prefill_fraction x matmul peak) + pass_overhead_s per pass
 
-The counts are the bench's (`ninfer.bench.model_math.prefill_flops`, from the parameters of a
-meta-device model) written from the configuration alone, so that this module needs no torch.
+This is the package's one prefill count: the bench's bounds use it too
+(`ninfer.bench.model_math.prefill_flops`). It is written from the configuration alone, so that
+this module needs no torch; tests hold it to the count from a meta-device model's parameters.
 The rates come from `DeviceRates`: on CUDA a short probe of the device at start-up (matmul peak
 in the model dtype, pinned Host<->Device copies; cached per process), on the CPU fixed figures,
 and the nominal CUDA figures (`CUDA_NOMINAL`) where no probe ran (`resolve()` without facts).

@@ -161,9 +161,7 @@ def _throughput(spec: BenchSpec, loaded: Loaded, counts, machine: dict, log) -> 
         if "prefill" in spec.parts:
             log("prefill...")
             part = out["prefill"] = {}
-            part["rows"] = bench_prefill(
-                llm, cfg, counts, spec.prompt_tokens, machine, seed=spec.seed
-            )
+            part["rows"] = bench_prefill(llm, cfg, spec.prompt_tokens, machine, seed=spec.seed)
             with profiled("prefill", part, spec.profile_dir):  # after: figures stay unprofiled
                 if spec.profile_dir is not None:
                     _one_request(llm, cfg, 1, min(spec.prompt_tokens), 1, spec.seed)

@@ -45,8 +45,8 @@ def random_prompts(rng: random.Random, vocab: int, n: int, tokens: int) -> list[
 
 
 def bench_prefill(
-    llm, cfg: Qwen35Config, counts: ParamCounts, prompt_tokens: list[int], bounds: dict,
-    repeats: int = 2, seed: int = 0,
+    llm, cfg: Qwen35Config, prompt_tokens: list[int], bounds: dict, repeats: int = 2,
+    seed: int = 0,
 ) -> list[dict]:  # fmt: skip
     rng = random.Random(seed)
     params = greedy(1)
@@ -57,7 +57,7 @@ def bench_prefill(
         outs = [llm.generate(random_prompts(rng, cfg.vocab_size, 1, tokens), params)[0]
                 for _ in range(repeats)]  # fmt: skip
         seconds = min(o.metrics.prefill_s or o.metrics.ttft_s for o in outs)
-        flops = prefill_flops(cfg, counts, tokens)
+        flops = prefill_flops(cfg, tokens)
         bound_s = flops / bounds["matmul_flops_per_s"]
         rows.append({
             "prompt_tokens": tokens,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer.bench.model_math import param_counts, prefill_flops
+from ninfer.bench.model_math import prefill_flops
 from ninfer.models.presets import PRESETS
 
 
@@ -30,7 +30,6 @@ def hand_matmul_params_per_token(cfg) -> int:
 @pytest.mark.parametrize("name", ["0.8B", "9B", "27B", "35B-A3B"])
 def test_prefill_flops_count_the_lm_head_once_per_logits_row(name):
     cfg = PRESETS[name]
-    counts = param_counts(cfg)
     lm_head = cfg.vocab_size * cfg.hidden_size
     tokens = 8192
     attn = 4 * cfg.num_attention_heads * cfg.head_dim * tokens * (tokens + 1) / 2
@@ -38,8 +37,8 @@ def test_prefill_flops_count_the_lm_head_once_per_logits_row(name):
     gdn = 6 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
     gdn *= tokens * len(cfg.gdn_layer_ids)
     expect = 2 * hand_matmul_params_per_token(cfg) * tokens + 2 * lm_head + attn + gdn
-    got = prefill_flops(cfg, counts, tokens)
+    got = prefill_flops(cfg, tokens)
     # conv taps and norm weights are parameters too, but no matmul: < 0.1 % of the count
     assert got == pytest.approx(expect, rel=1e-3)
     # each further logits row adds one LM-head product
-    assert prefill_flops(cfg, counts, tokens, logits_rows=3) - got == pytest.approx(4 * lm_head)
+    assert prefill_flops(cfg, tokens, logits_rows=3) - got == pytest.approx(4 * lm_head)

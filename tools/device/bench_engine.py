@@ -39,7 +39,7 @@ from dataclasses import replace
 
 import torch
 
-from ninfer.bench.model_math import param_counts, prefill_flops
+from ninfer.bench.model_math import prefill_flops
 from ninfer.engine.executor.runner import Row, Runner
 from ninfer.engine.executor.warmup import warm_up
 from ninfer.forward import PAGE_SIZE, ModelCache
@@ -232,7 +232,6 @@ def _decode_steps(runner, rows, steps: int, overlap: bool) -> float:
 
 def bench_prefill(name, model, runner, lengths, peak) -> None:
     cfg = model.config
-    counts = param_counts(cfg)
     for length in lengths:
         rows = [Row(list(range(5, 5 + length)), 0, 0, list(range(-(-length // PAGE_SIZE))),
                     GREEDY)]  # fmt: skip
@@ -244,7 +243,7 @@ def bench_prefill(name, model, runner, lengths, peak) -> None:
             runner.step(rows)
             times.append(time.perf_counter() - t0)
         dt = min(times)
-        flops = prefill_flops(cfg, counts, length)  # the LM head for the last token only
+        flops = prefill_flops(cfg, length)  # the LM head for the last token only
         emit(kind="prefill", model=name, tokens=length, gdn_intra=runner.ops.gdn_intra,
              s=round(dt, 4),
              tok_s=round(length / dt, 1), TFLOPs=round(flops / dt / 1e12, 1),
@@ -269,7 +268,7 @@ def bench_chunked(name, model, runner, length: int, chunks: list[int], peak, gat
     `gather`: "on" (later chunks' attention on the gathered path when it pays) or "off"."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    flops = prefill_flops(model.config, param_counts(model.config), length)
+    flops = prefill_flops(model.config, length)
     for chunk in chunks:
         steps = chunk_rows(length, chunk)
 
