@@ -70,8 +70,8 @@ def test_one_prefill_model_for_the_scheduler_and_the_cache():
 def _flops_from_parameters(model, tokens: int, cached: int) -> float:
     """A prefill's FLOPs from the meta model's own parameters: 2 per matmul weight a token meets
     (a token meets top_k of the E experts; the LM head only for the one logits row), attention
-    over every attended pair, the GDN recurrence. Conv taps and norm weights count as matmul
-    weights here, which no layer multiplies: the count runs a little high."""
+    over every attended pair, the GDN recurrence. Conv taps and norm weights, which no matmul
+    multiplies, count here as matmul weights: this count runs a little high."""
     counts = param_counts(model)
     matmul = counts.matmul - counts.lm_head
     if model.is_moe:
