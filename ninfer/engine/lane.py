@@ -132,6 +132,11 @@ class Lane:
         if self.gen_start < 0:
             self.gen_start = self.prompt_len
 
+    def reported_cached(self) -> tuple[int, int]:
+        """(cached_tokens, cached_prefix_tokens) as the request's usage reports them: its first
+        admission's, however often it was suspended and resumed since."""
+        return self.usage_cached or (self.cached_tokens, self.cached_prefix_tokens)
+
     def carry(self, old: Lane) -> None:
         """A resumed admission takes over the suspended lane's request state: sampler and
         detokenizer state, stream position, logprobs, timings and usage, so the client sees
@@ -143,7 +148,7 @@ class Lane:
         self.text, self.streamed_tokens = old.text, old.streamed_tokens
         self.t_admit, self.t_first = old.t_admit, old.t_first
         self.prefill_done_t = old.prefill_done_t
-        self.usage_cached = old.usage_cached or (old.cached_tokens, old.cached_prefix_tokens)
+        self.usage_cached = old.reported_cached()
         self.restored_host_bytes += old.restored_host_bytes
         self.created_prompt_tokens += old.created_prompt_tokens
         self.restore_timing = self.restore_timing or old.restore_timing

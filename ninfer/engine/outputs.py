@@ -66,7 +66,7 @@ def final_output(lane: Lane, now: float) -> RequestOutput:
     prefill_s = max(lane.prefill_done_t or first, lane.t_admit) - lane.t_admit
     decode_s = max(now - first, 0.0)
     n_dec = max(len(gen) - 1, 0)
-    cached, cached_prefix = lane.usage_cached or (lane.cached_tokens, lane.cached_prefix_tokens)
+    cached, cached_prefix = lane.reported_cached()
     return RequestOutput(
         request_id=job.request_id,
         prompt_token_ids=list(job.prompt),
