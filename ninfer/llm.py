@@ -357,21 +357,27 @@ class LLM:
         """Start one rendered prompt (`render_chat`, `render_prompt`) and return its request
         id (for `cancel`). `on_event` is called on the engine thread with each StreamDelta
         (when `stream`), then exactly once with the final RequestOutput (finish_reason
-        "abort" after `cancel`); it must neither block nor raise: it hands the event on (to
-        a queue, an event loop). ValueError naming the field when the request cannot be
-        served (`check`); nothing is submitted then."""
+        "abort" after `cancel`); it must not block: it hands the event on (to a queue, an
+        event loop). A callback that raises fails its own request, never the engine: the
+        request is cancelled (what it computed stays cached), later deltas are dropped, and
+        its final output is offered once more with finish_reason "error" naming the
+        callback's exception. ValueError naming the field when the request cannot be served
+        (`check`); nothing is submitted then."""
         frozen = self.check(prompt, sampling_params)
-        job = self._job(prompt, frozen, None, stream, sink=_CallbackSink(on_event))
-        job.sink.on_final = lambda: self._forget(job)
+        sink = _CallbackSink(on_event)
+        job = self._job(prompt, frozen, None, stream, sink=sink)
+        sink.on_final = lambda: self._forget(job)
+        sink.on_raise = lambda: self._engine.cancel(job)
         self._submit(job)
         return job.request_id
 
     @property
     def running(self) -> bool:
-        """True while the engine serves: False once closed or stopped by a fault (a request
-        then still gets its final output: "abort", or "error" naming the fault)."""
+        """True while the engine serves: False from the moment it is closing or has failed
+        (a request then still gets its final output: "abort", or "error" naming the fault),
+        and whenever its thread is gone."""
         engine = getattr(self, "_engine", None)
-        return engine is not None and engine._thread.is_alive()
+        return engine is not None and engine.serving
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -455,18 +461,47 @@ class ChatPrompt(NamedTuple):
 
 class _CallbackSink:
     """A job's sink that hands each event to a callback on the engine thread (`LLM.submit`);
-    `on_final` runs before the final output is handed on."""
+    `on_final` runs before the final output is handed on.
 
-    __slots__ = ("_on_event", "on_final")
+    The callback is the caller's code running on the engine thread, so whatever it raises
+    stops here: the first raise is logged and `on_raise` cancels the request (the engine frees
+    its lane and publishes what it computed); later deltas are dropped, and the final output
+    is offered once more, as finish_reason "error" naming the exception. A raise on that
+    offer, or on a final output, is dropped: the callback is never retried."""
+
+    __slots__ = ("_on_event", "on_final", "on_raise", "_raised")
 
     def __init__(self, on_event: Callable[[StreamDelta | RequestOutput], None]) -> None:
         self._on_event = on_event
         self.on_final: Callable[[], None] | None = None
+        self.on_raise: Callable[[], None] | None = None
+        self._raised: str | None = None  # what the callback raised first
 
     def put(self, event: StreamDelta | RequestOutput) -> None:
-        if isinstance(event, RequestOutput) and self.on_final is not None:
+        final = isinstance(event, RequestOutput)
+        if final and self.on_final is not None:
             self.on_final()
-        self._on_event(event)
+        if self._raised is not None:
+            if not final:
+                return
+            event = replace(event, finish_reason="error", error=self._raised)
+        try:
+            self._on_event(event)
+        except BaseException as e:  # noqa: BLE001 - nothing a caller raises ends the engine
+            if self._raised is not None:
+                return
+            detail = f": {e}" if str(e) else ""
+            self._raised = f"on_event raised {type(e).__name__}{detail}"
+            logger.warning(
+                "ninfer: %s's on_event raised %s%s; the request %s",
+                event.request_id,
+                type(e).__name__,
+                detail,
+                "ended without its final output" if final else "is cancelled",
+                exc_info=e,
+            )
+            if not final and self.on_raise is not None:
+                self.on_raise()
 
 
 # Field names a request's input error may name (else it is prefixed with the form's field).

@@ -107,6 +107,7 @@ class Engine:
         # spec §5.5: the Host tier is restored before any request and saved at the orderly stop
         self.persistence = persistence  # persist/cache_file.PrefixCacheFile or None
         self._save_on_stop = True
+        self._stopping = False  # close() was called: the loop is ending
         if persistence is not None:
             persistence.load(self.kv_state)
         self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
@@ -120,6 +121,12 @@ class Engine:
             raise RuntimeError("the engine is closed")
         job.t_submit = time.perf_counter()
         self._inbox.put(("job", job))
+
+    @property
+    def serving(self) -> bool:
+        """The loop runs and takes work: False once asked to stop, once failed (from before
+        the first caller is told), and when its thread is gone."""
+        return self._failure is None and not self._stopping and self._thread.is_alive()
 
     def cancel(self, job: Job) -> None:
         job.cancelled.set()
@@ -153,6 +160,7 @@ class Engine:
     def close(self, save: bool = True) -> None:
         """Orderly stop: running and queued requests end as "abort", every Host write lands,
         then (with a prefix_cache_file and `save`) the Host tier is saved. Blocks until done."""
+        self._stopping = True
         if self._thread.is_alive():
             self._inbox.put(("stop", save))
             self._thread.join()
