@@ -44,6 +44,7 @@ class Detokenizer:
         self.text = ""  # the output text so far (held-back characters included)
         self._emitted = 0  # characters of `text` already returned
         self.stopped = False
+        self.stop_string: str | None = None  # the stop string that ended the text
 
     def feed(self, token_ids: list[int]) -> tuple[str, bool]:
         """Add generated tokens; return (new text to show, stop string hit).
@@ -93,8 +94,13 @@ class Detokenizer:
         return new_text[len(prefix_text) :]
 
     def _find_stop(self) -> int | None:
-        """Index in `text` of the earliest stop string that a new character completed."""
+        """Index in `text` of the earliest stop string that a new character completed; the
+        string is kept in `stop_string` (the shortest of those starting there, which
+        completed first)."""
         longest = max(len(s) for s in self._stop)
         start = max(0, self._emitted - longest + 1)
-        hits = [i for i in (self.text.find(s, start) for s in self._stop) if i != -1]
-        return min(hits) if hits else None
+        hits = [(i, len(s), s) for s in self._stop if (i := self.text.find(s, start)) != -1]
+        if not hits:
+            return None
+        i, _, self.stop_string = min(hits)
+        return i

@@ -146,6 +146,7 @@ class RequestOutput:
     logprobs: list[dict[int, float]] | None = None
     usage: Usage = field(default_factory=Usage)
     metrics: Metrics = field(default_factory=Metrics)
+    stop_string: str | None = None  # the stop string that ended the text (finish_reason "stop")
 
     @property
     def finished(self) -> bool:
@@ -157,11 +158,18 @@ class RequestOutput:
 
 @dataclass(slots=True)
 class StreamDelta:
-    """One streamed event: new tokens and their text since the previous event."""
+    """One streamed event: new tokens and their text since the previous event.
+
+    `usage` is set on a request's first delta only: its prompt split as its first token fixes
+    it (prompt and cached tokens from admission, cache-created tokens once the prompt's blocks
+    are committed: the figures its final output reports, unless it is suspended later and
+    re-prefills evicted prompt blocks); `completion_tokens` counts the tokens generated so far.
+    A server can announce the split before any text (Anthropic's `message_start`)."""
 
     request_id: str
     token_ids: list[int]
     text: str
+    usage: Usage | None = None
 
 
 def _show(value: object) -> str:

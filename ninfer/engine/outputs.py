@@ -54,6 +54,9 @@ def stream_delta(lane: Lane) -> StreamDelta | None:
         return None
     new = lane.tokens[lane.gen_start + lane.streamed_tokens :]
     delta = StreamDelta(request_id=lane.job.request_id, token_ids=new, text=lane.text)
+    if lane.streamed_tokens == 0:
+        # the first token: the prompt's blocks are committed, so the split is the final one
+        delta.usage = _usage(lane, n)
     lane.streamed_tokens = n
     lane.text = ""
     return delta
@@ -66,7 +69,6 @@ def final_output(lane: Lane, now: float) -> RequestOutput:
     prefill_s = max(lane.prefill_done_t or first, lane.t_admit) - lane.t_admit
     decode_s = max(now - first, 0.0)
     n_dec = max(len(gen) - 1, 0)
-    cached, cached_prefix = lane.reported_cached()
     return RequestOutput(
         request_id=job.request_id,
         prompt_token_ids=list(job.prompt),
@@ -75,14 +77,7 @@ def final_output(lane: Lane, now: float) -> RequestOutput:
         finish_reason=lane.finish_reason,  # type: ignore[arg-type]
         error=None,
         logprobs=lane.logprobs,
-        usage=Usage(
-            prompt_tokens=lane.gen_start,
-            completion_tokens=len(gen),
-            cached_tokens=cached,
-            cached_prefix_tokens=cached_prefix,
-            restored_host_bytes=lane.restored_host_bytes,
-            cache_creation_tokens=lane.created_prompt_tokens,
-        ),
+        usage=_usage(lane, len(gen)),
         metrics=Metrics(
             queued_s=max(lane.t_admit - job.t_submit, 0.0),
             ttft_s=max(first - job.t_submit, 0.0) if gen else 0.0,
@@ -92,6 +87,19 @@ def final_output(lane: Lane, now: float) -> RequestOutput:
             restore_s=_restore_seconds(lane.restore_timing),
             suspensions=lane.suspensions,
         ),
+        stop_string=lane.detok.stop_string if lane.detok is not None else None,
+    )
+
+
+def _usage(lane: Lane, completion_tokens: int) -> Usage:
+    cached, cached_prefix = lane.reported_cached()
+    return Usage(
+        prompt_tokens=lane.gen_start,
+        completion_tokens=completion_tokens,
+        cached_tokens=cached,
+        cached_prefix_tokens=cached_prefix,
+        restored_host_bytes=lane.restored_host_bytes,
+        cache_creation_tokens=lane.created_prompt_tokens,
     )
 
 

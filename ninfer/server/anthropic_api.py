@@ -1,10 +1,12 @@
 """Anthropic Messages wire format: request model, block conversion, responses and stream events.
 
-`cache_control` on a system block, a message's content block or the message marks the end of
-that turn as a client breakpoint; on a tool it marks the end of the tools/system turn. Usage
-splits the prompt as Anthropic does: `input_tokens + cache_read_input_tokens +
-cache_creation_input_tokens` is the whole prompt. A stream's `message_start` carries the prompt
-size; its final `message_delta` carries the cache figures, known once the request ran.
+`cache_control` on a system block, a message's content block (a tool_result's blocks too) or
+the message marks the end of that turn as a client breakpoint; on a tool it marks the end of
+the tools/system turn; at the request's top level it marks the last message. It is checked as
+Anthropic checks it (`check_cache_control`). Usage splits the prompt as Anthropic does:
+`input_tokens + cache_read_input_tokens + cache_creation_input_tokens` is the whole prompt.
+A stream's `message_start` carries that split as the request's first token fixes it (the same
+figures as its final `message_delta`); `stop_sequence` names the stop string that ended a reply.
 `thinking: {"type": "disabled"}` turns Qwen's thinking off, `{"type": "enabled"}` on; left out,
 the template's default holds (`chat_template_kwargs` may set it too).
 """
@@ -15,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ninfer.request import RequestOutput
+from ninfer.request import RequestOutput, Usage
 from ninfer.server.errors import ApiError
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolEnd, ToolStart
 
@@ -37,6 +39,7 @@ class MessagesRequest(BaseModel):
     thinking: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    cache_control: Any = None  # automatic caching: a breakpoint on the last message
 
 
 def enable_thinking(req: MessagesRequest) -> bool | None:
@@ -64,6 +67,12 @@ def _text_of(content, where: str) -> str:
             )
         texts.append(str(block.get("text", "")))
     return "\n".join(texts)
+
+
+def _marked_inside(content) -> bool:
+    """A tool_result's own blocks carry cache_control."""
+    blocks = content if isinstance(content, list) else []
+    return any(isinstance(b, dict) and b.get("cache_control") for b in blocks)
 
 
 def _system(system) -> list[dict]:
@@ -111,8 +120,8 @@ def _user(blocks: list, where: str) -> list[dict]:
                 "content": text,
                 "tool_call_id": block.get("tool_use_id"),
             }
-            if block.get("cache_control"):
-                msg["cache_control"] = block["cache_control"]
+            if block.get("cache_control") or _marked_inside(block.get("content")):
+                msg["cache_control"] = {"type": "ephemeral"}
             out.append(msg)
         else:
             raise ApiError(f"{at}: unsupported block type {kind!r} in a user message", at)
@@ -166,19 +175,19 @@ def convert_messages(req: MessagesRequest) -> list[dict]:
             raise ApiError(f"{where}.role must be user or assistant", f"{where}.role")
         content = m.get("content")
         if isinstance(content, str):
-            msg = {"role": m["role"], "content": content}
-            if m.get("cache_control"):
-                msg["cache_control"] = m["cache_control"]
-            out.append(msg)
-            continue
-        if not isinstance(content, list):
+            out.append({"role": m["role"], "content": content})
+        elif not isinstance(content, list):
             raise ApiError(
                 f"{where}.content must be a string or a list of blocks", f"{where}.content"
             )
-        if m["role"] == "user":
+        elif m["role"] == "user":
             out.extend(_user(content, where))
         else:
             out.append(_assistant(content, where))
+        if m.get("cache_control") and out:
+            out[-1]["cache_control"] = {"type": "ephemeral"}
+    if req.cache_control and out:
+        out[-1]["cache_control"] = {"type": "ephemeral"}
     return out
 
 
@@ -201,27 +210,27 @@ def convert_tools(req: MessagesRequest) -> tuple[list[dict] | None, bool]:
 
 
 # ---- responses -------------------------------------------------------------------------------
-def usage(out: RequestOutput) -> dict:
-    u = out.usage
+def usage(u: Usage, output_tokens: int | None = None) -> dict:
+    """Anthropic's split of the prompt (`output_tokens` overrides the completion count)."""
     read = min(u.cached_tokens, u.prompt_tokens)
     created = max(min(u.cache_creation_tokens, u.prompt_tokens - read), 0)
     return {
         "input_tokens": u.prompt_tokens - read - created,
-        "output_tokens": u.completion_tokens,
+        "output_tokens": u.completion_tokens if output_tokens is None else output_tokens,
         "cache_read_input_tokens": read,
         "cache_creation_input_tokens": created,
     }
 
 
-def stop_reason(out: RequestOutput, calls: list[ToolCall], eos: set[int]) -> str:
-    """A "stop" that did not end on an end-of-sequence token ended on a stop sequence."""
+def stop_reason(out: RequestOutput, calls: list[ToolCall]) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence): the stop string is named when it ended the reply."""
     if out.finish_reason == "length":
-        return "max_tokens"
+        return "max_tokens", None
     if calls:
-        return "tool_use"
-    if out.finish_reason == "stop" and out.token_ids and out.token_ids[-1] not in eos:
-        return "stop_sequence"
-    return "end_turn"
+        return "tool_use", None
+    if out.finish_reason == "stop" and out.stop_string is not None:
+        return "stop_sequence", out.stop_string
+    return "end_turn", None
 
 
 def content_blocks(reasoning: str, text: str, calls: list[ToolCall]) -> list[dict]:
@@ -236,15 +245,23 @@ def content_blocks(reasoning: str, text: str, calls: list[ToolCall]) -> list[dic
     return blocks
 
 
-def message(mid: str, model: str, content: list[dict], stop: str | None, usage_: dict) -> dict:
+def message(
+    mid: str,
+    model: str,
+    content: list[dict],
+    stop: tuple[str, str | None] | None,
+    usage_: dict,
+) -> dict:
+    """A Message; `stop` is `stop_reason`'s pair (None while a stream has not ended)."""
+    reason, sequence = stop or (None, None)
     return {
         "id": mid,
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop,
-        "stop_sequence": None,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
         "usage": usage_,
     }
 

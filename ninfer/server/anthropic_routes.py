@@ -2,7 +2,11 @@
 
 A stream writes once per batch of engine events (`EngineDriver.run`): the content-block events
 of every token that arrived since the previous write, and with the final output the closing
-`message_delta` (stop reason, usage with the cache figures) and `message_stop`.
+`message_delta` (stop reason and sequence, usage with the cache figures) and `message_stop`.
+Its `message_start` goes out with the first batch: the first token's delta carries the
+request's usage, fixed by then (the cached tokens at admission, the cache-created ones once the
+prompt's blocks are committed), so `message_start` reports the same split as the end. A request
+that ends before a token (an error) still opens with `message_start`, from its final output.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from ninfer.request import SamplingParams, StreamDelta
+from ninfer.request import RequestOutput, SamplingParams, StreamDelta, Usage
 from ninfer.server import anthropic_api as anth
+from ninfer.server.cache_control import check_cache_control
 from ninfer.server.context import Serving, failure, or_disconnect, serving, sse
 from ninfer.server.driver import Rendered
-from ninfer.server.errors import anthropic_body, from_value_error
+from ninfer.server.errors import ApiError, anthropic_body, from_value_error
 from ninfer.server.tool_calls import OutputParser, Text, parse_text, tool_schemas
 from ninfer.server.wire import new_id, sampling_params
 
@@ -27,6 +32,7 @@ Srv = Annotated[Serving, Depends(serving)]
 
 def _render(srv: Serving, req: anth.MessagesRequest) -> tuple[Rendered, list[dict] | None]:
     srv.check_model(req.model)
+    check_cache_control(req.tools, req.system, req.messages, req.cache_control)
     msgs = anth.convert_messages(req)
     tools, tool_marked = anth.convert_tools(req)
     kwargs = dict(req.chat_template_kwargs or {})
@@ -63,7 +69,6 @@ async def messages(request: Request, srv: Srv):
     params = srv.validate(rendered, params, "messages")
     schemas = tool_schemas(tools) if tools else None
     mid = new_id("msg_")
-    eos = set(srv.driver.eos_token_ids)
 
     def new_tool_id() -> str:
         return new_id("toolu_")
@@ -72,10 +77,10 @@ async def messages(request: Request, srv: Srv):
         (out,) = await or_disconnect(request, srv.run_all(rendered, [params]))
         reasoning, text, calls = parse_text(out.text, rendered.thinking, schemas, new_tool_id)
         blocks = anth.content_blocks(reasoning, text, calls)
-        stop = anth.stop_reason(out, calls, eos)
-        return anth.message(mid, srv.model_name, blocks, stop, anth.usage(out))
+        stop = anth.stop_reason(out, calls)
+        return anth.message(mid, srv.model_name, blocks, stop, anth.usage(out.usage))
     parser = OutputParser(rendered.thinking, schemas, new_tool_id)
-    events = _events(srv, rendered, params, mid, parser, eos)
+    events = _events(srv, rendered, params, mid, parser)
     return StreamingResponse(events, media_type="text/event-stream")
 
 
@@ -85,21 +90,23 @@ async def _events(
     params: SamplingParams,
     mid: str,
     p: OutputParser,
-    eos: set[int],
 ) -> AsyncIterator[str]:
     blocks = anth.BlockStream()
-    start_usage = {
-        "input_tokens": len(rendered.prompt.token_ids),
-        "output_tokens": 0,
-        "cache_read_input_tokens": 0,
-        "cache_creation_input_tokens": 0,
-    }
-    start = anth.message(mid, srv.model_name, [], None, start_usage)
+    started = False
+
+    def message_start(first: StreamDelta | RequestOutput | None) -> str:
+        u = first.usage if first is not None else None
+        u = u or Usage(prompt_tokens=len(rendered.prompt.token_ids))
+        start = anth.message(mid, srv.model_name, [], None, anth.usage(u, output_tokens=0))
+        return sse({"type": "message_start", "message": start}, "message_start")
+
     srv.metrics.in_flight.inc()
     try:
-        yield sse({"type": "message_start", "message": start}, "message_start")
         async for _, batch in srv.stream(rendered, [params]):
             parts: list[str] = []
+            if not started:
+                started = True
+                parts.append(message_start(batch[0]))
             for event in batch:
                 if isinstance(event, StreamDelta):
                     for ev in p.feed(event.text):
@@ -114,12 +121,15 @@ async def _events(
                     out_events += blocks.feed(Text("content", ""))
                 out_events += blocks.close()
                 parts += (sse({"type": n, **d}, n) for n, d in out_events)
-                stop = anth.stop_reason(event, p.tool_calls, eos)
-                delta = {"stop_reason": stop, "stop_sequence": None}
-                final = {"type": "message_delta", "delta": delta, "usage": anth.usage(event)}
+                reason, sequence = anth.stop_reason(event, p.tool_calls)
+                delta = {"stop_reason": reason, "stop_sequence": sequence}
+                final = {"type": "message_delta", "delta": delta, "usage": anth.usage(event.usage)}
                 parts.append(sse(final, "message_delta"))
                 parts.append(sse({"type": "message_stop"}, "message_stop"))
             if parts:
                 yield "".join(parts)
+    except Exception as e:  # noqa: BLE001 - the stream is open: end it with an error event
+        err = ApiError(f"{type(e).__name__}: {e}", None, status=500, kind="api_error")
+        yield (message_start(None) if not started else "") + sse(anthropic_body(err), "error")
     finally:
         srv.metrics.in_flight.dec()

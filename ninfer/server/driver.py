@@ -113,13 +113,15 @@ class _Bridge:
 
 
 def _merged(events: list[StreamDelta | RequestOutput]) -> list[StreamDelta | RequestOutput]:
-    """A batch as at most one StreamDelta (its tokens and text joined), then the final output."""
+    """A batch as at most one StreamDelta (its tokens and text joined, the first one's usage
+    kept), then the final output."""
     deltas = [e for e in events if isinstance(e, StreamDelta)]
     rest = [e for e in events if not isinstance(e, StreamDelta)]
     if len(deltas) > 1:
         ids = [t for d in deltas for t in d.token_ids]
         text = "".join(d.text for d in deltas)
-        deltas = [StreamDelta(request_id=deltas[0].request_id, token_ids=ids, text=text)]
+        first = deltas[0]
+        deltas = [StreamDelta(first.request_id, token_ids=ids, text=text, usage=first.usage)]
     return deltas + rest
 
 

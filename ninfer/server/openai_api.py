@@ -40,6 +40,9 @@ class _Request(BaseModel):
     frequency_penalty: float | None = None
     ignore_eos: bool = False
     user: str | None = None
+    # OpenAI's routing hint for its cache; one engine finds reuse by content, so it is only
+    # checked (a string) and does not change the output
+    prompt_cache_key: str | None = None
 
 
 class ChatRequest(_Request):
@@ -51,7 +54,6 @@ class ChatRequest(_Request):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    prompt_cache_key: str | None = None
     reasoning_effort: str | None = None
     return_token_ids: bool | None = None  # (vLLM's extension) each choice/chunk's token ids
 
