@@ -1,7 +1,9 @@
 """The Host tier across restarts (spec §5.5, `prefix_cache_file`): the engine's glue.
 
     LLM(...)        resolve_path(): absolute path; anything but a regular file (or nothing), or a
-                    missing parent -> ValueError (only stat()ed: a FIFO is never opened)
+                    missing parent -> ValueError (only stat()ed: a FIFO is never opened); a
+                    file that is neither empty nor a ninfer cache file (identify.py: its magic)
+                    -> ValueError saying what it looks like, since the save would replace it
                     PrefixCacheFile(path, fingerprint(...)).acquire(): the path's lock (an
                     exclusive flock on `.NAME.lock` beside it, deleted at release) for the
                     engine's lifetime -> ValueError when another engine holds it; then the
@@ -10,7 +12,8 @@
                       decode header + tables (tables.py) -> fingerprint / geometry / size
                       checks -> plan (all, or densest snapshots first; plan.py) -> rebuild
                       entries Host-only in the index -> read only their slabs (payload.py)
-                      a damaged or foreign file: one warning, nothing restored, index empty
+                      a damaged file or another engine's: one warning, nothing restored,
+                      index empty (the save replaces it)
     Engine stop     every lane released ("abort"), every Host write drained, requests answered,
                     then save(kv_state): collect -> temp file -> fsync -> os.replace
     abandon()       thread-safe; the save stops before its next slab batch or before the rename
@@ -32,6 +35,7 @@ import time
 from pathlib import Path
 
 from ninfer.persist.fingerprint import checkpoint_identity, demo_identity, fingerprint
+from ninfer.persist.identify import foreign
 from ninfer.persist.lock import drop_lock, take_lock
 from ninfer.persist.payload import (
     BATCH_BYTES,
@@ -49,11 +53,18 @@ logger = logging.getLogger("ninfer.cache")
 
 def resolve_path(path: str | os.PathLike) -> Path:
     """The absolute path of `prefix_cache_file`; ValueError for a directory or a missing parent
-    directory (an unusable location fails before any caching)."""
+    directory (an unusable location fails before any caching), and for a file the save would
+    replace that is not a ninfer prefix cache file (nor empty): its content would be lost."""
     p = Path(path).expanduser().resolve()
     check_regular(p)  # a directory, device, FIFO or socket is refused without opening it
     if not p.parent.is_dir():
         raise ValueError(f"prefix_cache_file: directory {str(p.parent)!r} does not exist")
+    what = foreign(p)
+    if what is not None:
+        raise ValueError(
+            f"prefix_cache_file: {str(p)!r} is not a ninfer prefix cache file ({what}) and the "
+            f"save at shutdown would replace it: give another path, or delete the file"
+        )
     return p
 
 
@@ -171,6 +182,15 @@ class PrefixCacheFile:
             logger.warning("%s; it is neither read nor saved", e)
             self.abandon()
             return False
+        what = foreign(self.path)  # refused at construction; something may have replaced it
+        if what is not None:
+            logger.warning(
+                "prefix cache file %s is not a ninfer prefix cache file (%s); it is neither "
+                "read nor replaced",
+                self.path,
+                what,
+            )
+            return False
         return True
 
     def _report(self, plan, tables, geometry, n_slabs: int) -> None:
@@ -212,6 +232,15 @@ class PrefixCacheFile:
             return None
         if self.abandoned:
             logger.warning("prefix cache save abandoned before it began; %s unchanged", self.path)
+            return None
+        what = foreign(self.path)  # refused at construction; something may have replaced it
+        if what is not None:
+            logger.error(
+                "prefix cache not saved: %s is no longer a ninfer prefix cache file (%s); it is "
+                "left as it is",
+                self.path,
+                what,
+            )
             return None
         meta = {"fingerprint": self.fingerprint, "geometry": slabs.geometry.file_dict()}
         chosen = collect(index, meta)

@@ -14,6 +14,7 @@ from ninfer.demo import DEMO_DIR
 from ninfer.llm import LLM
 from ninfer.models.presets import build_random_model
 from ninfer.persist.fingerprint import checkpoint_identity
+from ninfer.persist.tables import MAGIC
 from ninfer.request import RequestOutput, SamplingParams
 from ninfer.tokenizer import Tokenizer
 from tests.engine.engine_helpers import TINY
@@ -114,10 +115,10 @@ def test_another_dtype_loads_nothing(make, models, tmp_path, caplog):
     _check_foreign_then_replaced(make, path, caplog, {"model": bf16, "dtype": "bfloat16"}, "dtype")
 
 
-def test_a_garbage_file_loads_nothing_and_is_replaced(make, tmp_path, caplog):
+def test_a_damaged_cache_file_loads_nothing_and_is_replaced(make, tmp_path, caplog):
     path = tmp_path / "c.hpc"
-    path.write_bytes(b"not a cache file at all" * 100)
-    _check_foreign_then_replaced(make, path, caplog, {}, "bad magic")
+    path.write_bytes(MAGIC + b"not a cache file at all" * 100)
+    _check_foreign_then_replaced(make, path, caplog, {}, "format version")
 
 
 def test_abandon_before_close_keeps_the_previous_file(make, tmp_path):

@@ -181,7 +181,7 @@ def _flip_last_slab(p):
     [
         (_truncate, "does not match its tables"),
         (_extend, "does not match its tables"),
-        (_flip(0), "bad magic"),
+        (_flip(len(tables.MAGIC) + 1), "format version"),
         (_flip(60), "checksum"),  # inside the tables
         (_flip_last_slab, "checksum mismatch"),  # a payload slab, found while reading
         (lambda p: p.write_bytes(b"NINF"), "truncated"),
