@@ -9,6 +9,11 @@ It re-derives a node's or a tail's LRU and dead-KV membership from the record's 
 (`node_changed`, `tail_changed`), reading a snapshot's tail fields for its tail page. It marks
 the snapshots whose exclusive bytes change through the `mark` it is given (the Host tier's).
 It never deletes a snapshot, frees a slab or chooses a victim: PrefixIndex coordinates those.
+
+A node's Device or Host copy appears only through `set_device_copy` / `set_host_copy` and goes
+only through `clear_device_copy` / `clear_host_copy` or `remove`, which keep the counts of
+nodes holding each copy (`device_copies`, `host_copies`: the stats gauges, read in O(1)); a
+copy landing (Filling -> Resident) is written in place and changes no count.
 """
 
 from __future__ import annotations
@@ -28,13 +33,17 @@ class BlockStore:
     """Invariants (check_invariants): the tree is linked, unique per (parent, tokens, extra),
     and every node has a copy (§9.4) whose page or slab id matches its state; Filling copies
     are pinned (§10.6); the Device LRU holds exactly the unpinned Device-resident nodes and tails
-    (backed iff Host-resident) and the dead-KV set exactly the reclaimable Host blocks."""
+    (backed iff Host-resident) and the dead-KV set exactly the reclaimable Host blocks;
+    `device_copies` / `host_copies` count the nodes with a Device / Host copy (checked against
+    a recount by `invariants.recount_gauges`)."""
 
     def __init__(self, mark: Callable[[int], None]) -> None:
         self.tree = BlockTree()
         self.lru = DeviceLru()
         self.dead: OrderedDict[int, None] = OrderedDict()  # dead-KV sweep order
         self.freed: list[int] = []  # Device pages freed since the last result
+        self.device_copies = 0  # nodes with a Device copy (Filling or Resident)
+        self.host_copies = 0  # nodes with a Host copy (Filling or Resident)
         self._mark = mark
 
     def free_page(self, page: int) -> None:
@@ -55,10 +64,39 @@ class BlockStore:
 
     def remove(self, node: BlockNode) -> None:
         """Unlink a childless node whose page and slab the caller has freed: it leaves the
-        Device LRU and the dead-KV set with it."""
+        Device LRU, the dead-KV set and the copy counts with it."""
         self.lru.discard(DeviceEntry(EntryKind.NODE, node.id))
         self.dead.pop(node.id, None)
+        self.device_copies -= node.device_page >= 0
+        self.host_copies -= node.host_slab >= 0
         self.tree.remove(node)
+
+    # ---- copies (the caller re-derives membership with node_changed afterwards) -------------
+
+    def set_device_copy(self, node: BlockNode, page: int, state: Residency) -> None:
+        """The node, without a Device copy, gets one on `page` in `state` (Filling/Resident)."""
+        assert node.device_page < 0 and state != _ABSENT, f"node {node.id} Device copy"
+        node.device_page, node.device_state = page, state
+        self.device_copies += 1
+
+    def clear_device_copy(self, node: BlockNode) -> None:
+        """The node's Device copy goes: its page is freed (handed out by take_freed)."""
+        assert node.device_page >= 0, f"node {node.id} has no Device copy"
+        self.free_page(node.device_page)
+        node.device_page, node.device_state = -1, _ABSENT
+        self.device_copies -= 1
+
+    def set_host_copy(self, node: BlockNode, slab: int, state: Residency) -> None:
+        """The node, without a Host copy, gets one in `slab` (allocated by the caller)."""
+        assert node.host_slab < 0 and state != _ABSENT, f"node {node.id} Host copy"
+        node.host_slab, node.host_state = slab, state
+        self.host_copies += 1
+
+    def clear_host_copy(self, node: BlockNode) -> None:
+        """The node's Host copy goes (the caller frees its slab)."""
+        assert node.host_slab >= 0, f"node {node.id} has no Host copy"
+        node.host_slab, node.host_state = -1, _ABSENT
+        self.host_copies -= 1
 
     # ---- Device LRU / dead-KV membership ---------------------------------------------------
 

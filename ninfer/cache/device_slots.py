@@ -26,16 +26,18 @@ _FREE = SlotOwner(SlotState.FREE, -1)
 
 
 class DeviceSlots:
-    """Invariant: a slot is on the free stack iff its state is FREE. Free slots come out lowest
-    index first and are reused LIFO."""
+    """Invariants: a slot is on the free stack iff its state is FREE; `snapshot_count` is the
+    number of slots in state SNAPSHOT. Free slots come out lowest index first and are reused
+    LIFO."""
 
-    __slots__ = ("owners", "_free")
+    __slots__ = ("owners", "_free", "snapshot_count")
 
     def __init__(self, n_slots: int) -> None:
         if n_slots < 0:
             raise ValueError(f"device_snapshot_slots must be >= 0, got {n_slots}")
         self.owners: list[SlotOwner] = [_FREE] * n_slots
         self._free: list[int] = list(range(n_slots - 1, -1, -1))
+        self.snapshot_count = 0  # slots owned by a published snapshot (kept as they change)
 
     def __len__(self) -> int:
         return len(self.owners)
@@ -49,10 +51,15 @@ class DeviceSlots:
 
     def assign(self, slot: int, state: SlotState, owner: int) -> None:
         assert state != SlotState.FREE
+        self.snapshot_count += (state == SlotState.SNAPSHOT) - (
+            self.owners[slot].state == SlotState.SNAPSHOT
+        )
         self.owners[slot] = SlotOwner(state, owner)
 
     def release(self, slot: int) -> None:
-        assert self.owners[slot].state != SlotState.FREE, f"slot {slot} already free"
+        state = self.owners[slot].state
+        assert state != SlotState.FREE, f"slot {slot} already free"
+        self.snapshot_count -= state == SlotState.SNAPSHOT
         self.owners[slot] = _FREE
         self._free.append(slot)
 
@@ -65,3 +72,5 @@ class DeviceSlots:
         assert len(free) == len(self._free), "slot on the free stack twice"
         for i, o in enumerate(self.owners):
             assert (o.state == SlotState.FREE) == (i in free), f"slot {i} free-stack mismatch"
+        owned = sum(o.state == SlotState.SNAPSHOT for o in self.owners)
+        assert self.snapshot_count == owned, f"snapshot slot count {self.snapshot_count} != {owned}"

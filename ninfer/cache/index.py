@@ -38,7 +38,8 @@ Invariants (spec §10; `check_invariants` checks every one that is checkable wit
   - §10.5 identity is exact: hashes only select (tested: match never false-hits);
   - §10.6 a Filling copy is pinned, so nothing frees it;
   - counters (live/retained below, active_refs, restore_pins), the Device LRU lists, the dead-KV
-    set, the slot table, ancestor links and cached GDSF priorities all match the data.
+    set, the slot table, ancestor links and cached GDSF priorities all match the data;
+  - the stats gauges, kept by the stores as they change, equal a recount over the records.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from collections.abc import Sequence
 
 from ninfer.cache.admission import Admission
 from ninfer.cache.blocks import BlockStore
-from ninfer.cache.common import ROOT, Residency, SnapshotKind, Span
+from ninfer.cache.common import SnapshotKind, Span
 from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.host_pool import HostSlabPool
 from ninfer.cache.host_tier import HostTier
@@ -79,8 +80,6 @@ from ninfer.cache.taps import Tap, TapHint
 from ninfer.cache.taps import plan_taps as plan_taps_fn
 from ninfer.cache.transfers import Transfers
 from ninfer.cache.tree import BlockNode
-
-_ABSENT = Residency.ABSENT
 
 __all__ = ["PrefixIndex"]
 
@@ -166,36 +165,31 @@ class PrefixIndex:
         return self.liveness.evictable_pages()
 
     def stats(self) -> CacheStats:
-        """Counters plus freshly computed gauges (the live object: copy it to keep it).
-
-        The gauges are counted over every node and snapshot (O(tree)): call it on demand, not
-        once per engine step."""
+        """Counters plus the gauges (the live object: copy it to keep it). O(1): the gauges
+        are the stores' running counts, which `check_invariants` compares with a recount
+        (`invariants.recount_gauges`)."""
         st = self.counters
-        nodes = [n for n in self.blocks.tree.nodes.values() if n.id != ROOT]
-        st.nodes = len(nodes)
-        st.nodes_device = sum(n.device_state != _ABSENT for n in nodes)
-        st.nodes_host = sum(n.host_state != _ABSENT for n in nodes)
-        st.snapshots = len(self.snapshots.by_id)
-        st.snapshots_device = sum(s.device_state != _ABSENT for s in self.snapshots.by_id.values())
-        st.snapshots_host = sum(s.host_state != _ABSENT for s in self.snapshots.by_id.values())
-        st.snapshots_superseded = len(self.snapshots.superseded)
-        st.snapshot_tails_device = sum(s.tail_page >= 0 for s in self.snapshots.by_id.values())
-        st.device_cached_pages = st.nodes_device + st.snapshot_tails_device
-        slab = self.config.slab_bytes
-        st.host_block_bytes = st.nodes_host * slab
-        st.host_snapshot_bytes = slab * sum(
-            len(s.host_slabs) + (s.tail_slab >= 0)
-            for s in self.snapshots.by_id.values()
-            if s.host_state != _ABSENT
-        )
-        st.device_evictable_pages = len(self.blocks.lru)
+        blocks, snaps, slab = self.blocks, self.snapshots, self.config.slab_bytes
+        st.nodes = len(blocks.tree)
+        st.nodes_device = blocks.device_copies
+        st.nodes_host = blocks.host_copies
+        st.snapshots = len(snaps)
+        st.snapshots_device = snaps.slots.snapshot_count
+        st.snapshots_host = snaps.host_copies
+        st.snapshots_superseded = len(snaps.superseded)
+        st.snapshot_tails_device = snaps.tail_pages
+        st.device_cached_pages = blocks.device_copies + snaps.tail_pages
+        st.device_evictable_pages = len(blocks.lru)
         st.host_slabs_free = self.host_tier.free_slabs
         st.host_slabs_total = self.host_tier.n_slabs
+        st.host_block_bytes = blocks.host_copies * slab
+        st.host_snapshot_bytes = snaps.host_slabs * slab
         st.gdsf_l = self.host_tier.L
         return st
 
     def check_invariants(self) -> None:
-        """Raise AssertionError naming the first broken invariant (O(everything))."""
+        """Raise AssertionError naming the first broken invariant (O(everything)); last, the
+        gauges `stats()` reports against a recount."""
         check_index(self)
 
     # ---- the lane protocol (docs/cache-api.md): each call answered by the part that owns it -

@@ -2,15 +2,18 @@
 
 It reads a PrefixIndex's records (duck-typed: this module sits below index.py).
 
-O(nodes x depth + snapshots x depth): for tests and the engine's debug mode only.
+O(nodes x depth + snapshots x depth): for tests and the engine's debug mode only. It also
+holds the recount of the stats gauges (`recount_gauges`) that `PrefixIndex.stats()` reads from
+the stores' running counts.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from ninfer.cache.common import Residency
+from ninfer.cache.common import ROOT, Residency
 from ninfer.cache.device_slots import SlotState
+from ninfer.cache.stats import GAUGES, CacheStats
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
@@ -26,6 +29,7 @@ def check_index(ix) -> None:
     _check_snapshots(ix)
     ix.snapshots.check_invariants()
     ix.host_tier.check_invariants()
+    _check_gauges(ix)  # last: a wrong field above also miscounts, but is named there first
 
 
 def _check_ownership(ix) -> None:
@@ -111,3 +115,40 @@ def _check_snapshots(ix) -> None:
             assert (s.tail_slab >= 0) == bool(s.tail)
         if s.host_state == _FILLING or s.tail_device == _FILLING:
             assert s.restore_pins > 0, f"§10.6 Filling snapshot {s.id} is not pinned"
+
+
+def recount_gauges(ix) -> CacheStats:
+    """The index's gauges (stats.GAUGES; every other field 0) counted over every node and
+    snapshot (O(tree)): what `ix.stats()` must report."""
+    st = CacheStats()
+    nodes = [n for n in ix.blocks.tree.nodes.values() if n.id != ROOT]
+    snaps = list(ix.snapshots.by_id.values())
+    st.nodes, st.snapshots = len(nodes), len(snaps)
+    st.nodes_device = sum(n.device_state != _ABSENT for n in nodes)
+    st.nodes_host = sum(n.host_state != _ABSENT for n in nodes)
+    st.snapshots_device = sum(s.device_state != _ABSENT for s in snaps)
+    st.snapshots_host = sum(s.host_state != _ABSENT for s in snaps)
+    st.snapshots_superseded = sum(s.superseded for s in snaps)
+    st.snapshot_tails_device = sum(s.tail_page >= 0 for s in snaps)
+    st.device_cached_pages = st.nodes_device + st.snapshot_tails_device
+    st.device_evictable_pages = sum(
+        n.device_state == _RESIDENT and not n.active_refs and not n.restore_pins for n in nodes
+    ) + sum(s.tail_device == _RESIDENT and not s.restore_pins for s in snaps if s.tail)
+    host = ix.host
+    if host is not None:
+        st.host_slabs_total = host.n_slabs
+        st.host_slabs_free = sum(not host.is_allocated(i) for i in range(host.n_slabs))
+    slab = ix.config.slab_bytes
+    st.host_block_bytes = st.nodes_host * slab
+    st.host_snapshot_bytes = slab * sum(
+        len(s.host_slabs) + (s.tail_slab >= 0) for s in snaps if s.host_state != _ABSENT
+    )
+    return st
+
+
+def _check_gauges(ix) -> None:
+    """Every gauge `stats()` reports (kept as the stores change) equals its recount."""
+    have, want = ix.stats(), recount_gauges(ix)
+    for name in GAUGES:
+        a, b = getattr(have, name), getattr(want, name)
+        assert a == b, f"stats gauge {name}: kept {a}, recount {b}"

@@ -139,7 +139,7 @@ class LaneLifecycle(IndexPart):
         batch = TransferRecord("restore", lane=lane)
         blocks = []
         for node, page in zip(todo, pages, strict=False):
-            node.device_page, node.device_state = page, _FILLING
+            self.blocks.set_device_copy(node, page, _FILLING)
             node.restore_pins += 1
             self.blocks.node_changed(node)
             batch.nodes.append(node.id)
@@ -149,7 +149,7 @@ class LaneLifecycle(IndexPart):
             batch.snapshot, batch.tail = s.id, tail
             s.restore_pins += 1
         if tail:
-            s.tail_page, s.tail_device = pages[-1], _FILLING
+            self.snapshots.set_tail_device(s, pages[-1], _FILLING)
             tail_copy = TailCopy(s.id, s.tail_page, s.tail_slab)
         if image:
             image_copy = ImageCopy(s.id, list(s.host_slabs))
@@ -216,7 +216,7 @@ class LaneLifecycle(IndexPart):
                 slabs = self.liveness.host_alloc(1)
                 if slabs is None:
                     break  # Host full of pinned or more valuable data: stays unbacked
-                node.host_slab, node.host_state = slabs[0], _FILLING
+                self.blocks.set_host_copy(node, slabs[0], _FILLING)
                 node.restore_pins += 1
                 if node.retained_below == 1:
                     self.host_tier.mark(node.retained_xor)

@@ -97,7 +97,7 @@ class Liveness:
             self.host_tier.free(s.host_slabs)
         if s.tail_slab >= 0:
             self.host_tier.free([s.tail_slab])
-        s.host_slabs, s.tail_slab, s.host_state = [], -1, _ABSENT
+        self.snapshots.clear_host_copy(s)
 
     def drop_snapshot_host(self, s: Snapshot) -> None:
         self._free_snapshot_slabs(s)
@@ -114,14 +114,13 @@ class Liveness:
 
     def drop_tail_device(self, s: Snapshot) -> None:
         self.blocks.free_page(s.tail_page)
-        s.tail_page, s.tail_device = -1, _ABSENT
+        self.snapshots.clear_tail_device(s)
         self.blocks.forget_tail(s.id)
         if not s.tail_has_copy():
             self.delete_snapshot(s)
 
     def drop_node_device(self, node: BlockNode) -> None:
-        self.blocks.free_page(node.device_page)
-        node.device_page, node.device_state = -1, _ABSENT
+        self.blocks.clear_device_copy(node)
         if node.has_copy:
             self.blocks.node_changed(node)
         else:
@@ -129,7 +128,7 @@ class Liveness:
 
     def drop_node_host(self, node: BlockNode) -> None:
         self.host_tier.free([node.host_slab])
-        node.host_slab, node.host_state = -1, _ABSENT
+        self.blocks.clear_host_copy(node)
         if node.retained_below == 1:
             self.host_tier.mark(node.retained_xor)
         if node.has_copy:

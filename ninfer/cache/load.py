@@ -40,7 +40,7 @@ class Loader(IndexPart):
             raise ValueError("no free Host slab to load a block into")
         self.registry.epoch += 1
         node = self.blocks.insert(parent, h, data, extra)
-        node.host_slab, node.host_state = slabs[0], _RESIDENT
+        self.blocks.set_host_copy(node, slabs[0], _RESIDENT)
         self.blocks.node_changed(node)
         self.blocks.refresh_dead(p)
         return node.id

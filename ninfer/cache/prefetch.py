@@ -79,7 +79,7 @@ class Prefetch(IndexPart):
             node = self.blocks.tree.nodes[nid]
             if node.device_state != _ABSENT:
                 raise ValueError(f"node {nid} is not Host-only")
-            node.device_page, node.device_state = page, _FILLING
+            self.blocks.set_device_copy(node, page, _FILLING)
             node.restore_pins += 1
             self.blocks.node_changed(node)
             batch.nodes.append(nid)

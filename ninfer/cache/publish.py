@@ -68,12 +68,12 @@ class Publication(IndexPart):
         st = self.registry.counters
         if node is None:
             node = self.blocks.insert(parent.id, h, data, extra)
-            node.device_page, node.device_state = page, _RESIDENT
+            self.blocks.set_device_copy(node, page, _RESIDENT)
             kind = CommitKind.INSERTED
             st.blocks_inserted += 1
             self.blocks.refresh_dead(parent)
         elif node.device_state == _ABSENT:
-            node.device_page, node.device_state = page, _RESIDENT
+            self.blocks.set_device_copy(node, page, _RESIDENT)
             kind = CommitKind.ADOPTED
             st.blocks_adopted += 1
         else:
@@ -163,9 +163,8 @@ class Publication(IndexPart):
             k = self.config.image_slabs + bool(tail_len)
             slabs = self.liveness.host_alloc(k, bound=s.h)
             if slabs is not None:
-                s.host_slabs = slabs[: self.config.image_slabs]
-                s.tail_slab = slabs[-1] if tail_len else -1
-                s.host_state = _FILLING
+                tail_slab = slabs[-1] if tail_len else -1
+                store.set_host_copy(s, slabs[: self.config.image_slabs], tail_slab, _FILLING)
                 s.restore_pins += 1
                 nbytes = self.config.image_bytes + bool(tail_len) * self.config.slab_bytes
                 bid = self.registry.new_batch(TransferRecord("snapshot", snapshot=sid))

@@ -7,6 +7,13 @@ supersession order (`superseded`, oldest first), the ancestor links (`ancestor`,
 Device slot table (`slots`: free, staging for a lane, or owned by a snapshot), plus each
 anchor node's list of the snapshots anchored there.
 
+A registered snapshot's tail page and Host copy appear only through `set_tail_device` /
+`set_host_copy` and go only through `clear_tail_device` / `clear_host_copy` or `remove`
+(`add` counts what the record holds), which keep the counts the stats gauges read in O(1):
+`tail_pages` (tails on the Device), `host_copies` (snapshots with a Host copy) and
+`host_slabs` (the slabs of those copies); the images in Device slots are the slot table's
+`snapshot_count`. A copy landing (Filling -> Resident) is written in place.
+
 Reads, never writes, the rest of the block tree (ancestor search, the Boundary rule's
 single-chain test). Marks snapshots whose GDSF value changes through the `mark` it is given
 (the Host tier's). It does not free pages or slabs, walk the tree's counters or delete blocks:
@@ -29,7 +36,8 @@ class SnapshotStore:
     `superseded` holds exactly the superseded ones; `ancestor` is the nearest other snapshot
     whose tokens are a prefix (None = the root) and `dependents` / `root_deps` are its inverse;
     a slot owned by a snapshot is that snapshot's `device_slot` and back; the slot table's own
-    (a slot is on the free stack iff free)."""
+    (a slot is on the free stack iff free); the copy counts equal a recount
+    (`invariants.recount_gauges`)."""
 
     def __init__(self, n_slots: int, tree: BlockTree, mark: Callable[[int], None]) -> None:
         self.by_id: dict[int, Snapshot] = {}
@@ -39,6 +47,9 @@ class SnapshotStore:
         self.slots = DeviceSlots(n_slots)
         self._tree, self._mark = tree, mark
         self._next_id = 1
+        self.tail_pages = 0  # snapshots holding their tail page on the Device
+        self.host_copies = 0  # snapshots with a Host copy (image + tail, Filling or Resident)
+        self.host_slabs = 0  # slabs of those Host copies
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -57,6 +68,7 @@ class SnapshotStore:
         self.by_id[s.id] = s
         self.by_key[(s.anchor, s.tail)] = s.id
         self._tree.nodes[s.anchor].snapshots.append(s.id)
+        self._count(s, +1)
 
     def new_id(self) -> int:
         sid = self._next_id
@@ -64,15 +76,55 @@ class SnapshotStore:
         return sid
 
     def remove(self, s: Snapshot) -> None:
-        """Forget `s`: its slot goes back to the table, its dependents to its ancestor."""
+        """Forget `s`: its slot goes back to the table, its dependents to its ancestor, its
+        copies leave the counts (the caller frees its tail page and slabs)."""
         if s.device_slot >= 0:
             self.slots.release(s.device_slot)
+        self._count(s, -1)
         self._mark_dependents(s)
         self._unlink(s)
         self._tree.nodes[s.anchor].snapshots.remove(s.id)
         del self.by_key[(s.anchor, s.tail)]
         self.superseded.pop(s.id, None)
         del self.by_id[s.id]
+
+    # ---- copies ----------------------------------------------------------------------------
+
+    def _count(self, s: Snapshot, sign: int) -> None:
+        self.tail_pages += sign * (s.tail_page >= 0)
+        if s.host_state != Residency.ABSENT:
+            self._count_host(s, sign)
+
+    def set_tail_device(self, s: Snapshot, page: int, state: Residency) -> None:
+        """Registered `s`, its tail not on the Device, gets it on `page` in `state`."""
+        assert s.tail and s.tail_page < 0 and state != Residency.ABSENT, f"snapshot {s.id} tail"
+        s.tail_page, s.tail_device = page, state
+        self.tail_pages += 1
+
+    def clear_tail_device(self, s: Snapshot) -> None:
+        """Registered `s` loses its Device tail page (the caller frees the page)."""
+        assert s.tail_page >= 0, f"snapshot {s.id} has no Device tail"
+        s.tail_page, s.tail_device = -1, Residency.ABSENT
+        self.tail_pages -= 1
+
+    def set_host_copy(
+        self, s: Snapshot, slabs: list[int], tail_slab: int, state: Residency
+    ) -> None:
+        """Registered `s`, without a Host copy, gets one: image `slabs` and `tail_slab` (-1
+        without a tail), allocated by the caller, in `state`."""
+        assert s.host_state == Residency.ABSENT and state != Residency.ABSENT
+        s.host_slabs, s.tail_slab, s.host_state = slabs, tail_slab, state
+        self._count_host(s, +1)
+
+    def clear_host_copy(self, s: Snapshot) -> None:
+        """Registered `s` loses its Host copy (the caller frees the slabs)."""
+        if s.host_state != Residency.ABSENT:
+            self._count_host(s, -1)
+        s.host_slabs, s.tail_slab, s.host_state = [], -1, Residency.ABSENT
+
+    def _count_host(self, s: Snapshot, sign: int) -> None:
+        self.host_copies += sign
+        self.host_slabs += sign * (len(s.host_slabs) + (s.tail_slab >= 0))
 
     # ---- ancestor links (§9.3: nearest snapshot above, and its dependents) -----------------
 

@@ -1,7 +1,9 @@
 """CacheStats: what `LLM.cache_stats()` reports (README "Cache statistics" documents every field).
 
 Three kinds of field:
-  - gauges recounted over the whole tree by `PrefixIndex.stats()` (O(tree): on demand only);
+  - gauges `PrefixIndex.stats()` reads in O(1) from the counts its stores keep as they change
+    (`check_invariants` compares them with `invariants.recount_gauges`, a recount over the
+    records), so a scrape costs the engine thread nothing in proportion to the cache;
   - counters the index bumps as it decides (monotonic since construction);
   - engine fields (marked "engine"), which the index leaves at 0 and `KVState.stats()`
     fills from the memory layer and the engine's own counters: Device bytes and page states
@@ -15,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 @dataclass(slots=True)
 class CacheStats:
-    # gauges (recomputed by PrefixIndex.stats())
+    # gauges (PrefixIndex.stats(): the stores' running counts; GAUGES names them)
     nodes: int = 0
     nodes_device: int = 0
     nodes_host: int = 0
@@ -78,3 +80,23 @@ class CacheStats:
 
     def as_dict(self) -> dict[str, int | float]:
         return asdict(self)
+
+
+# The index's gauges a recount can check (`invariants.recount_gauges`). gdsf_l is the GDSF clock
+# itself, a running maximum with nothing to recount it from.
+GAUGES = (
+    "nodes",
+    "nodes_device",
+    "nodes_host",
+    "snapshots",
+    "snapshots_device",
+    "snapshots_host",
+    "snapshots_superseded",
+    "snapshot_tails_device",
+    "device_cached_pages",
+    "device_evictable_pages",
+    "host_slabs_free",
+    "host_slabs_total",
+    "host_block_bytes",
+    "host_snapshot_bytes",
+)

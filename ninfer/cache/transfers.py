@@ -104,8 +104,7 @@ class Transfers(IndexPart):
         for nid in b.nodes:
             node = nodes[nid]
             if node.device_state == _FILLING:
-                self.blocks.free_page(node.device_page)
-                node.device_page, node.device_state = -1, _ABSENT
+                self.blocks.clear_device_copy(node)
             node.restore_pins -= 1
             self.blocks.node_changed(node)
         snap = None
@@ -113,7 +112,7 @@ class Transfers(IndexPart):
             snap = self.snapshots.by_id[b.snapshot]
             if b.tail and snap.tail_device == _FILLING:
                 self.blocks.free_page(snap.tail_page)
-                snap.tail_page, snap.tail_device = -1, _ABSENT
+                self.snapshots.clear_tail_device(snap)
             snap.restore_pins -= 1
             self.blocks.tail_changed(snap)
         if b.lane is not None and b.lane in self.registry.lanes:

@@ -268,7 +268,8 @@ class KVState:
 
     # ---- introspection ---------------------------------------------------------------------
     def cached_pages(self) -> list[int]:
-        """Device pages the index owns: node copies and snapshot tails (O(cache): debug)."""
+        """Device pages the index owns: node copies and snapshot tails (O(cache): debug and
+        invariant checks; `stats().pages_cached` counts them in O(1))."""
         if self.index is None:
             return []
         from ninfer.cache.common import ROOT, Residency
@@ -288,7 +289,14 @@ class KVState:
         active += [t.tail_page for lane in lanes for t in lane.pending if t.tail_page is not None]
         if self.index is not None:
             self.index.check_invariants()
-        self.kv.check_partition(active=active, cached=self.cached_pages())
+        cached = self.cached_pages()
+        self.kv.check_partition(active=active, cached=cached)
+        st = self.stats()
+        if (st.pages_cached, st.pages_active) != (len(cached), len(active)):
+            raise AssertionError(
+                f"stats pages cached / active {st.pages_cached} / {st.pages_active}, "
+                f"recount {len(cached)} / {len(active)}"
+            )
         self.states.check_invariants(lane.slot for lane in lanes)
         outstanding = sum(lane.entitled_pages for lane in lanes)
         if outstanding != self.budget.reserved:
@@ -326,9 +334,11 @@ class KVState:
             return 0
 
     def stats(self):
-        """A CacheStats copy: the index's gauges and counters (O(tree): on demand only; zero
-        when the cache is disabled) plus the engine's fields (Device bytes, page states,
-        EngineCounters, prefetch batches)."""
+        """A CacheStats copy: the index's gauges and counters (zero when the cache is
+        disabled) plus the engine's fields (Device bytes, page states, EngineCounters, prefetch
+        batches). O(1): every field is a running count (the pool's free count, the index's
+        stores' counts; `check_invariants` compares the page states with a recount), so a
+        `/metrics` scrape, which runs it on the engine thread, costs nothing per cached entry."""
         from ninfer.cache.stats import CacheStats
 
         st = CacheStats() if self.index is None else copy.copy(self.index.stats())
@@ -355,7 +365,7 @@ class KVState:
             "kv_page_bytes": self.cfg.kv_page_bytes,
             "kv_bytes": self.kv.bytes,
             "kv_pages_free": self.kv.num_free,
-            "kv_pages_cached": len(self.cached_pages()),
+            "kv_pages_cached": self.stats().pages_cached,
             "state_slots_active": self.states.active_slots,
             "state_slots_snapshot": self.states.snapshot_slots,
             "state_image_bytes": self.states.image_bytes,
