@@ -85,6 +85,7 @@ def serve():
         s.stop()
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_during_the_save_is_ignored_and_the_cache_saved(tmp_path, serve):
     cache_file = tmp_path / "prefix.cache"
     server = serve(cache_file)
@@ -106,6 +107,7 @@ def test_a_second_sigterm_during_the_save_is_ignored_and_the_cache_saved(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prefix.cache"]  # no temporary
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_during_the_save_abandons_it_and_keeps_the_file(tmp_path, serve):
     cache_file = tmp_path / "prefix.cache"
     previous = MAGIC + b"\x07" * 100  # a damaged cache file: loaded as nothing, kept
