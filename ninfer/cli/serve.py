@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+DEFAULT_MAX_BODY_BYTES = 8 << 20  # ninfer.server.context's (the server extra may be absent)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -22,6 +24,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preset",
         choices=("0.8B", "2B", "4B", "9B", "27B", "35B-A3B"),
         help="a released shape with random weights and the demo tokenizer (benchmarks)",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        default="",
+        metavar="NAMES",
+        help="comma-separated host names accepted in the Host header besides IP addresses, "
+        "localhost and --host ('*': any; with --api-key any is accepted)",
+    )
+    parser.add_argument(
+        "--allowed-origins",
+        default="",
+        metavar="ORIGINS",
+        help="comma-separated browser origins (e.g. http://localhost:3000) answered with CORS "
+        "('*': any); a request from any other origin is refused",
+    )
+    parser.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=DEFAULT_MAX_BODY_BYTES / (1 << 20),
+        metavar="MIB",
+        help="largest request body accepted (default %(default)g MiB)",
     )
     parser.add_argument(
         "--drain-s",
@@ -54,9 +77,19 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{hint} ({e})") from None
     from ninfer.cli.main import open_llm
 
+    if not args.max_body_mib > 0:
+        raise ValueError(f"--max-body-mib must be > 0, got {args.max_body_mib}")
     name = model_name(args)
     llm = _preset_llm(args) if args.preset else open_llm(args)
-    app = create_app(llm, name, api_key=args.api_key)
+    app = create_app(
+        llm,
+        name,
+        api_key=args.api_key,
+        max_body_bytes=int(args.max_body_mib * (1 << 20)),
+        host=args.host,
+        allowed_hosts=_names(args.allowed_hosts),
+        allowed_origins=_names(args.allowed_origins),
+    )
     host = f"[{args.host}]" if ":" in args.host else args.host
 
     def announce() -> None:
@@ -68,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
         )
 
     return serve(llm, app, args.host, args.port, args.drain_s, announce)
+
+
+def _names(flag: str) -> list[str]:
+    return [n.strip() for n in flag.split(",") if n.strip()]
 
 
 def _preset_llm(args: argparse.Namespace):

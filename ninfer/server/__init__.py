@@ -1,7 +1,8 @@
 """`ninfer serve`: an OpenAI- and Anthropic-compatible HTTP server over one `LLM` (the `serve`
 extra: FastAPI, uvicorn, prometheus-client).
 
-    app.py              the app: routers, auth and drain middleware, health, metrics
+    app.py              the app: routers, error shapes, health, metrics
+    guard.py            the gate: Host, Origin (CORS), API key, drain, content type; 500s
     context.py          what the routes share: driver, metrics, body parsing, SSE, disconnects
     openai_routes.py    /v1/chat/completions, /v1/completions, /v1/models
     anthropic_routes.py /v1/messages, /v1/messages/count_tokens

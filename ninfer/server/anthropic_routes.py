@@ -49,14 +49,14 @@ def _render(srv: Serving, req: anth.MessagesRequest) -> tuple[Rendered, list[dic
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request, srv: Srv):
     req = await srv.parse(request, anth.MessagesRequest, defaults={"max_tokens": 1})
-    rendered, _ = _render(srv, req)
+    rendered, _ = await srv.offload(_render, srv, req)
     return {"input_tokens": len(rendered.prompt.token_ids)}
 
 
 @router.post("/v1/messages")
 async def messages(request: Request, srv: Srv):
     req = await srv.parse(request, anth.MessagesRequest)
-    rendered, tools = _render(srv, req)
+    rendered, tools = await srv.offload(_render, srv, req)
     params = sampling_params(
         max_tokens=req.max_tokens,
         max_tokens_field="max_tokens",

@@ -1,19 +1,32 @@
-"""What every route shares: the served model, the driver and the metrics (one `Serving` per
-app, the routes' FastAPI dependency), and the request plumbing: size-limited JSON bodies,
-pydantic errors as API errors naming the field, disconnect watching, sibling runs, SSE framing.
+"""What every route shares: the served model, the driver, the metrics, the limits and the
+worker threads (one `Serving` per app, the routes' FastAPI dependency), and the request
+plumbing: size-limited JSON bodies, pydantic errors as API errors naming the field, disconnect
+watching, sibling runs, SSE framing.
 
-Every request is parsed by hand (size-limited body, pydantic models) so every client mistake
-becomes its API's error JSON naming the field, never a 500. A streamed request is cancelled on
-the engine when its client disconnects (Starlette cancels the response's iterator); a
-non-streamed one is watched for the disconnect while it waits.
+Every request is parsed by hand (size-limited body, strict JSON of bounded depth, pydantic
+models) so every client mistake becomes its API's error JSON naming the field, never a 500.
+
+The event loop serves every stream and /health, so work whose cost grows with what a client
+sends runs on `Serving.offload`'s worker threads: parsing the body, rendering and tokenizing
+the prompt, building a non-streamed response. A worker holds the GIL only in short slices: a
+body larger than `_C_PARSE_BYTES` is parsed by the json module's pure-Python scanner (one C
+call over a large body would hold the GIL, and stall the loop, for all of its length).
+
+A streamed request is cancelled on the engine when its client disconnects (Starlette cancels
+the response's iterator); a non-streamed one is watched for the disconnect while it waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import json.scanner
+import math
+import re
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
 
 from fastapi import Request
 from pydantic import ValidationError
@@ -26,18 +39,36 @@ from ninfer.server.metrics import ServerMetrics
 
 Batch = list[StreamDelta | RequestOutput]  # one `EngineDriver.run` batch
 
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+MAX_JSON_DEPTH = 64  # arrays and objects inside each other; tool schemas need a dozen or so
+WORKER_THREADS = 4
+_C_PARSE_BYTES = 1 << 20  # bodies up to this size are parsed by one call of the C scanner
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = MAX_JSON_DEPTH
+
 
 @dataclass(slots=True)
 class Serving:
     driver: EngineDriver
     metrics: ServerMetrics
     model_name: str
-    max_body_bytes: int
+    limits: Limits = field(default_factory=Limits)
+    workers: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ninfer-http")
+    )
+
+    async def offload(self, fn: Callable, *args):
+        """`fn(*args)` on a worker thread (its exceptions, ApiError included, raise here)."""
+        return await asyncio.get_running_loop().run_in_executor(self.workers, partial(fn, *args))
 
     async def parse(self, request: Request, cls, defaults: dict | None = None):
         """The request body as the pydantic model `cls` (`defaults` fill absent fields)."""
-        data = await read_json(request, self.max_body_bytes)
-        return parse_model(cls, {**defaults, **data} if defaults else data)
+        raw = await read_body(request, self.limits.max_body_bytes)
+        return await self.offload(parse_body, raw, cls, self.limits.max_json_depth, defaults)
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:
@@ -82,12 +113,23 @@ def serving(request: Request) -> Serving:
     return request.app.state.serving
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
+def json_bytes(body: dict) -> bytes:
+    """A response body as JSON, encoded piece by piece by the pure-Python encoder (a reply of
+    many choices with top logprobs runs to tens of megabytes: one C call would hold the GIL
+    for all of it)."""
+    return "".join(_ENCODER.iterencode(body)).encode()
+
+
 def sse(data: dict | str, event: str | None = None) -> str:
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return (f"event: {event}\n" if event else "") + f"data: {text}\n\n"
 
 
-async def read_json(request: Request, limit: int) -> dict:
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is known to pass `limit` bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(f"the request body is over {limit} bytes", "body", status=413)
@@ -96,13 +138,73 @@ async def read_json(request: Request, limit: int) -> dict:
         body += piece
         if len(body) > limit:
             raise ApiError(f"the request body is over {limit} bytes", "body", status=413)
+    return bytes(body)
+
+
+def parse_body(raw: bytes, cls, max_depth: int, defaults: dict | None = None):
+    """A JSON object body as the pydantic model `cls` (a worker's job: see the docstring)."""
+    data = decode_json(raw, max_depth)
+    return parse_model(cls, {**defaults, **data} if defaults else data)
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:20]} is out of range")
+    return value
+
+
+# A lone surrogate can only come from an escape (the body is decoded strictly): a body without
+# one needs no look at its strings.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_C_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
+_PY_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
+_PY_DECODER.scan_once = json.scanner.py_make_scanner(_PY_DECODER)  # type: ignore[attr-defined]
+
+
+def decode_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict:
+    """Strict JSON (no NaN or Infinity, no number beyond a float) of one object, nested at
+    most `max_depth` deep; ApiError naming the body otherwise."""
     try:
-        data = json.loads(body)
-    except ValueError as e:
+        text = raw.decode(json.detect_encoding(raw))
+        decoder = _C_DECODER if len(raw) <= _C_PARSE_BYTES else _PY_DECODER
+        data = decoder.decode(text)
+    except RecursionError:
+        raise _too_deep(max_depth) from None
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError included
         raise ApiError(f"the request body is not valid JSON ({e})", "body") from None
     if not isinstance(data, dict):
         raise ApiError("the request body must be a JSON object", "body")
+    if not _within_depth(data, max_depth):
+        raise _too_deep(max_depth)
+    if _SURROGATE_ESCAPE.search(text) and not _all_unicode(data):
+        raise ApiError("the request body has a lone surrogate escape: not Unicode text", "body")
     return data
+
+
+def _all_unicode(data) -> bool:
+    """Every string and key encodes as UTF-8 (no half of a surrogate pair)."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        for item in items:
+            if isinstance(item, str):
+                try:
+                    item.encode()
+                except UnicodeEncodeError:
+                    return False
+            elif isinstance(item, (dict, list)):
+                stack.append(item)
+    return True
+
+
+def _too_deep(max_depth: int) -> ApiError:
+    return ApiError(f"the request body nests arrays and objects over {max_depth} deep", "body")
 
 
 def parse_model(cls, data: dict):
@@ -112,6 +214,20 @@ def parse_model(cls, data: dict):
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise ApiError(f"{where}: {first['msg']}", where) from None
+
+
+def _within_depth(data, limit: int) -> bool:
+    level = [data]
+    for _ in range(limit):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (dict, list))
+        ]
+        if not level:
+            return True
+    return False
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -131,8 +247,8 @@ async def or_disconnect(request: Request, work):
     finally:
         watch.cancel()
         if not task.done():
-            task.cancel()
-    if task.cancelled():
+            task.cancel()  # it ends at its next step; the client is gone, nobody reads it
+    if not task.done() or task.cancelled():
         raise asyncio.CancelledError
     return task.result()
 

@@ -22,6 +22,13 @@ from typing import Any
 from ninfer.request import RequestOutput, SamplingParams, StreamDelta
 
 ENGINE_CHECK_S = 0.5  # how often a waiting request checks that the engine thread still runs
+# How many characters of text one token can stand for, per character of its vocabulary entry:
+# Unicode composition (NFC, NFKC) turns at most 4 characters into 1.
+_COMPOSITION = 4
+# Names the renderer passes itself: a template option of the same name would clash with them.
+_RENDERER_NAMES = frozenset(
+    {"self", "messages", "tools", "tools_breakpoint", "documents", "add_generation_prompt"}
+)
 
 
 @dataclass(slots=True)
@@ -132,6 +139,7 @@ class EngineDriver:
         self.on_final = on_final  # called with every final RequestOutput, cancelled ones too
         self._settling: set[asyncio.Task] = set()
         self._bridge: _Bridge | None = None
+        self._token_chars: int | None = None
         self.in_flight = 0
 
     # ---- prompts ------------------------------------------------------------------------------
@@ -140,8 +148,26 @@ class EngineDriver:
         return self.llm.engine_config.max_model_len
 
     @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the engine's KV pages hold: every reply of a request together must fit."""
+        return self.llm.engine_config.kv_capacity_tokens
+
+    @property
     def tokenizer(self):
         return self.llm.tokenizer
+
+    def _max_text_chars(self) -> int | None:
+        """The longest text that could fit in `max_model_len` tokens: no token stands for more
+        characters than its longest vocabulary entry has, times the composition factor (a
+        lower bound on the tokens of any text, for a tokenizer that keeps the text's
+        characters). None without a tokenizer."""
+        tok = self.tokenizer
+        if tok is None:
+            return None
+        if self._token_chars is None:
+            entries = (tok.id_to_token(i) or "" for i in range(tok.vocab_size))
+            self._token_chars = max(map(len, entries), default=1) * _COMPOSITION
+        return self.max_model_len * self._token_chars
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -162,12 +188,24 @@ class EngineDriver:
         """Render with the checkpoint's template; ValueError on a template error. With
         `tool_breakpoint` (cache_control on a tool), the end of the tools/system turn becomes a
         client breakpoint too."""
+        taken = sorted(_RENDERER_NAMES.intersection(template_kwargs))
+        if taken:
+            raise ValueError(f"chat_template_kwargs: {taken} cannot be set here")
         chat = self.llm.render_chat(
             messages, tools, tools_breakpoint=tool_breakpoint, **template_kwargs
         )
         return Rendered(chat.prompt, chat.text)
 
-    def render_prompt(self, prompt: str | list[int]) -> Rendered:
+    def render_prompt(self, prompt: str | list[int] | dict) -> Rendered:
+        """A completion prompt as token ids; ValueError naming the field. A text too long for
+        any tokenization to fit `max_model_len` is refused before it is tokenized."""
+        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+        limit = self._max_text_chars() if isinstance(text, str) else None
+        if limit is not None and len(text) > limit:
+            raise ValueError(
+                f"prompt: {len(text)} characters is more than max_model_len="
+                f"{self.max_model_len} tokens can hold"
+            )
         p = self.llm.render_prompt(prompt)
         return Rendered(p, prompt if isinstance(prompt, str) else "")
 

@@ -16,6 +16,7 @@ class ApiError(Exception):
     def __init__(
         self, message: str, param: str | None = None, status: int = 400, kind: str | None = None
     ) -> None:
+        message, param = _printable(message), None if param is None else _printable(param)
         super().__init__(message)
         self.message = message
         self.param = param
@@ -23,11 +24,19 @@ class ApiError(Exception):
         self.kind = kind or _default_kind(status)
 
 
+def _printable(text: str) -> str:
+    """`text` as valid UTF-8: a lone surrogate (JSON's `"\\udc80"` parses to one) is written as
+    its escape, so the error body always encodes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _default_kind(status: int) -> str:
     return {
         401: "authentication_error",
+        403: "permission_error",
         404: "not_found_error",
         413: "request_too_large",
+        500: "api_error",
         503: "overloaded_error",
     }.get(status, "invalid_request_error")
 

@@ -185,7 +185,8 @@ def render_tools(tools, tool_choice) -> list[dict] | None:
                 f"tools[{j}] must be {{type: function, function: {{name, ...}}}}", f"tools[{j}]"
             )
     if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name")
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
         if name not in {t["function"]["name"] for t in tools}:
             raise ApiError(f"tool_choice names an unknown tool {name!r}", "tool_choice")
     elif tool_choice not in (None, "auto", "required"):
@@ -224,6 +225,13 @@ def tool_call_json(call: ToolCall) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": args}}
 
 
+LOGPROB_FLOOR = -9999.0  # what a log-probability of zero (-inf) is sent as: JSON has no -inf
+
+
+def _lp(value: float) -> float:
+    return value if value >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
 def chat_logprobs(out: RequestOutput, tokenizer, k: int) -> dict | None:
     if out.logprobs is None:
         return None
@@ -234,11 +242,11 @@ def chat_logprobs(out: RequestOutput, tokenizer, k: int) -> dict | None:
         tops = []
         for i, lp in ranked:
             t = token_text(tokenizer, i)
-            tops.append({"token": t, "logprob": lp, "bytes": list(t.encode())})
+            tops.append({"token": t, "logprob": _lp(lp), "bytes": list(t.encode())})
         content.append(
             {
                 "token": text,
-                "logprob": top.get(tok, 0.0),
+                "logprob": _lp(top.get(tok, 0.0)),
                 "bytes": list(text.encode()),
                 "top_logprobs": tops,
             }
@@ -253,9 +261,10 @@ def completion_logprobs(out: RequestOutput, tokenizer, k: int) -> dict | None:
     for tok, top in zip(out.token_ids, out.logprobs, strict=False):
         text = token_text(tokenizer, tok)
         tokens.append(text)
-        lps.append(top.get(tok))
+        lp = top.get(tok)
+        lps.append(None if lp is None else _lp(lp))
         ranked = sorted(top.items(), key=lambda kv: -kv[1])[:k]
-        tops.append({token_text(tokenizer, i): lp for i, lp in ranked})
+        tops.append({token_text(tokenizer, i): _lp(lp) for i, lp in ranked})
         offsets.append(pos)
         pos += len(text)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}

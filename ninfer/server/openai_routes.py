@@ -1,29 +1,45 @@
 """The OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models.
 
-A stream writes once per batch of engine events (`EngineDriver.run`): one chunk per choice
-carrying every token that arrived since the previous write (clients accept multi-token
-deltas), the finish chunk, and after the last choice's finish the usage chunk and
-`data: [DONE]`, all in that one write.
+A request is prepared (rendered, tokenized, checked) and a non-streamed reply built on
+`Serving.offload`'s worker threads, never on the event loop. A stream writes once per batch
+of engine events (`EngineDriver.run`): one chunk per choice carrying every token that arrived
+since the previous write (clients accept multi-token deltas), the finish chunk, and after the
+last choice's finish the usage chunk and `data: [DONE]`, all in that one write.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from ninfer.request import RequestOutput, SamplingParams, StreamDelta
 from ninfer.server import openai_api as oai
-from ninfer.server.context import Serving, failure, or_disconnect, serving, sse
+from ninfer.server.context import Serving, failure, json_bytes, or_disconnect, serving, sse
 from ninfer.server.driver import Rendered
 from ninfer.server.errors import ApiError, from_value_error, openai_body
 from ninfer.server.tool_calls import OutputParser, parse_text, tool_schemas
-from ninfer.server.wire import check_n, new_id, now, sampling_params, siblings
+from ninfer.server.wire import check_n, check_room, new_id, now, sampling_params, siblings
 
 router = APIRouter()
 Srv = Annotated[Serving, Depends(serving)]
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """A checked request: its prompt, each choice's sampling parameters, the top-k logprobs."""
+
+    rendered: Rendered
+    plist: list[SamplingParams]
+    k: int | None
+    tools: list[dict] | None = None
+
+
+def _json(body: bytes) -> Response:
+    return Response(body, media_type="application/json")
 
 
 @router.get("/v1/models")
@@ -55,43 +71,53 @@ def _chat_render(srv: Serving, req: oai.ChatRequest) -> tuple[Rendered, list[dic
         raise from_value_error(e, "messages") from None
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request, srv: Srv):
-    req = await srv.parse(request, oai.ChatRequest)
+def _chat_prepare(srv: Serving, req: oai.ChatRequest) -> _Prepared:
     rendered, tools, n = _chat_render(srv, req)
     k = oai.chat_logprobs_k(req)
     max_tokens = req.max_completion_tokens or req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-    params = _params(srv, req, rendered, max_tokens, field, k)
-    plist = siblings(srv.validate(rendered, params, "messages"), n)
-    schemas = tool_schemas(tools) if tools else None
-    rid, created = new_id("chatcmpl-"), now()
+    params = _params(srv, req, rendered, max_tokens, field, k, n)
+    return _Prepared(rendered, _siblings(srv, rendered, params, n, field, "messages"), k, tools)
+
+
+def _chat_body(srv: Serving, req: oai.ChatRequest, prep: _Prepared, outs: list) -> bytes:
+    schemas = tool_schemas(prep.tools) if prep.tools else None
+    choices = []
+    for i, out in enumerate(outs):
+        reasoning, content, calls = parse_text(
+            out.text, prep.rendered.thinking, schemas, lambda: new_id("call_")
+        )
+        choices.append(
+            {
+                "index": i,
+                "message": oai.chat_message(reasoning, content, calls),
+                "logprobs": oai.chat_logprobs(out, srv.driver.tokenizer, prep.k or 0),
+                "finish_reason": oai.finish_reason(out, calls),
+            }
+        )
+        if req.return_token_ids is True:
+            choices[-1]["token_ids"] = list(out.token_ids)
+    body = {
+        "id": new_id("chatcmpl-"),
+        "object": "chat.completion",
+        "created": now(),
+        "model": srv.model_name,
+        "choices": choices,
+        "usage": oai.usage_of(outs),
+    }
+    return json_bytes(body)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, srv: Srv):
+    req = await srv.parse(request, oai.ChatRequest)
+    prep = await srv.offload(_chat_prepare, srv, req)
+    rendered, plist = prep.rendered, prep.plist
     if not req.stream:
         outs = await or_disconnect(request, srv.run_all(rendered, plist))
-        choices = []
-        for i, out in enumerate(outs):
-            reasoning, content, calls = parse_text(
-                out.text, rendered.thinking, schemas, lambda: new_id("call_")
-            )
-            choices.append(
-                {
-                    "index": i,
-                    "message": oai.chat_message(reasoning, content, calls),
-                    "logprobs": oai.chat_logprobs(out, srv.driver.tokenizer, k or 0),
-                    "finish_reason": oai.finish_reason(out, calls),
-                }
-            )
-            if req.return_token_ids is True:
-                choices[-1]["token_ids"] = list(out.token_ids)
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": srv.model_name,
-            "choices": choices,
-            "usage": oai.usage_of(outs),
-        }
-    fmt = oai.ChunkFormat(rid, created, srv.model_name, "chat.completion.chunk")
+        return _json(await srv.offload(_chat_body, srv, req, prep, outs))
+    schemas = tool_schemas(prep.tools) if prep.tools else None
+    fmt = oai.ChunkFormat(new_id("chatcmpl-"), now(), srv.model_name, "chat.completion.chunk")
     events = _chat_events(
         srv,
         rendered,
@@ -154,9 +180,7 @@ async def _chat_events(
 
 
 # ---- completions ------------------------------------------------------------------------------
-@router.post("/v1/completions")
-async def completions(request: Request, srv: Srv):
-    req = await srv.parse(request, oai.CompletionRequest)
+def _completion_prepare(srv: Serving, req: oai.CompletionRequest) -> _Prepared:
     srv.check_model(req.model)
     oai.check_penalties(req)
     n = check_n(req.n)
@@ -173,32 +197,43 @@ async def completions(request: Request, srv: Srv):
     if k is not None and not 0 <= k <= 20:
         raise ApiError("logprobs must be in [0, 20]", "logprobs")
     max_tokens = req.max_tokens if req.max_tokens is not None else 16
-    params = _params(srv, req, rendered, max_tokens, "max_tokens", k)
-    plist = siblings(srv.validate(rendered, params, "prompt"), n)
-    rid, created = new_id("cmpl-"), now()
-    echo = rendered.text if req.echo else ""
-    if not req.stream:
-        outs = await or_disconnect(request, srv.run_all(rendered, plist))
-        choices = [
-            {
-                "index": i,
-                "text": echo + out.text,
-                "logprobs": oai.completion_logprobs(out, srv.driver.tokenizer, k or 0),
-                "finish_reason": "length" if out.finish_reason == "length" else "stop",
-            }
-            for i, out in enumerate(outs)
-        ]
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": srv.model_name,
-            "choices": choices,
-            "usage": oai.usage_of(outs),
+    params = _params(srv, req, rendered, max_tokens, "max_tokens", k, n)
+    return _Prepared(rendered, _siblings(srv, rendered, params, n, "max_tokens", "prompt"), k)
+
+
+def _completion_body(srv: Serving, req: oai.CompletionRequest, prep: _Prepared, outs) -> bytes:
+    echo = prep.rendered.text if req.echo else ""
+    choices = [
+        {
+            "index": i,
+            "text": echo + out.text,
+            "logprobs": oai.completion_logprobs(out, srv.driver.tokenizer, prep.k or 0),
+            "finish_reason": "length" if out.finish_reason == "length" else "stop",
         }
-    fmt = oai.ChunkFormat(rid, created, srv.model_name, "text_completion")
+        for i, out in enumerate(outs)
+    ]
+    body = {
+        "id": new_id("cmpl-"),
+        "object": "text_completion",
+        "created": now(),
+        "model": srv.model_name,
+        "choices": choices,
+        "usage": oai.usage_of(outs),
+    }
+    return json_bytes(body)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, srv: Srv):
+    req = await srv.parse(request, oai.CompletionRequest)
+    prep = await srv.offload(_completion_prepare, srv, req)
+    if not req.stream:
+        outs = await or_disconnect(request, srv.run_all(prep.rendered, prep.plist))
+        return _json(await srv.offload(_completion_body, srv, req, prep, outs))
+    fmt = oai.ChunkFormat(new_id("cmpl-"), now(), srv.model_name, "text_completion")
     include_usage = bool((req.stream_options or {}).get("include_usage"))
-    events = _completion_events(srv, rendered, plist, fmt, echo, include_usage)
+    echo = prep.rendered.text if req.echo else ""
+    events = _completion_events(srv, prep.rendered, prep.plist, fmt, echo, include_usage)
     return StreamingResponse(events, media_type="text/event-stream")
 
 
@@ -243,13 +278,30 @@ async def _completion_events(
         srv.metrics.in_flight.dec(len(plist))
 
 
-def _params(srv, req, rendered, max_tokens, field: str, k):
+def _siblings(
+    srv: Serving, rendered: Rendered, params: SamplingParams, n: int, field: str, prompt_field: str
+) -> list[SamplingParams]:
+    """The n choices' parameters, once the engine has checked the prompt and `params` and the
+    choices' replies fit in the KV pages beside the prompt."""
+    checked = srv.validate(rendered, params, prompt_field)
+    check_room(n, checked.max_tokens, field, _room(srv, rendered))
+    return siblings(checked, n)
+
+
+def _room(srv: Serving, rendered: Rendered) -> int:
+    """KV tokens left beside the prompt for every choice's reply together."""
+    return srv.driver.kv_capacity_tokens - len(rendered.prompt.token_ids)
+
+
+def _params(srv, req, rendered, max_tokens, field: str, k, n: int):
     """The sampling parameters both OpenAI endpoints read from their request, checked by the
-    wire rules (`sampling_params`) against the room left after the rendered prompt."""
+    wire rules (`sampling_params`) against the room left after the rendered prompt (with n
+    choices, a reply's default length is its share of the KV pages)."""
+    context_left = srv.driver.max_model_len - len(rendered.prompt.token_ids)
     return sampling_params(
         max_tokens=max_tokens,
         max_tokens_field=field,
-        remaining=srv.driver.max_model_len - len(rendered.prompt.token_ids),
+        remaining=min(context_left, _room(srv, rendered) // n),
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=req.top_k,

@@ -96,6 +96,17 @@ def siblings(params: SamplingParams, n: int) -> list[SamplingParams]:
     return [replace(params, seed=s) for s in seeds]
 
 
+def check_room(n: int, max_tokens: int, field: str, room: int) -> None:
+    """n replies of up to `max_tokens` each must fit in `room` KV tokens (the engine's capacity
+    less the prompt): a request that asks for more could never run to its end."""
+    if n * max_tokens > room:
+        raise ApiError(
+            f"n x {field} = {n} x {max_tokens} is more than the {room} tokens the engine holds "
+            f"beside the prompt; ask for fewer",
+            field,
+        )
+
+
 def check_n(n) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
         raise ApiError(f"n must be an integer in [1, {MAX_N}], got {n!r}", "n")

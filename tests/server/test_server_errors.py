@@ -94,7 +94,8 @@ def test_completion_client_mistakes(served, name, body, param):
 
 
 def test_body_not_json_and_over_the_limit(served):
-    r = httpx.post(served.base + "/chat/completions", content=b"{nope", timeout=30)
+    json_type = {"content-type": "application/json"}
+    r = httpx.post(served.base + "/chat/completions", content=b"{nope", headers=json_type)
     assert r.status_code == 400 and r.json()["error"]["param"] == "body"
     big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (BODY_LIMIT + 10)}]}
     r = httpx.post(served.base + "/chat/completions", json=big, timeout=30)

@@ -1,0 +1,153 @@
+"""Bystander latency under hostile requests: a live `ninfer serve` on the demo model (127.0.0.1
+only) streams one ordinary reply and answers /health while clients send a ~30 MB prompt and
+n=16 requests with top_logprobs=20 and long replies. Prints the bystander stream's longest gap
+between chunks and /health's p50 and max latency (the server's event loop must stay free).
+
+    python -m ninfer.bench.bystander [--max-body-mib 40] [--reply-tokens 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+MODEL = "demo"
+HEALTH_EVERY_S = 0.02
+START_TIMEOUT_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(port: int, max_body_mib: float) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "ninfer", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--max-body-mib", str(max_body_mib), "--device", "cpu", "--max-model-len", "4096"]
+    return subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+
+
+async def _wait_up(client, url: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if (await client.get(url + "/health")).status_code == 200:
+                return
+        except Exception:  # not listening yet
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError("the server did not start")
+
+
+async def _bystander(client, url: str, tokens: int) -> tuple[float, list[float]]:
+    """(seconds to the first token, the gaps between later chunks); the role chunk, sent
+    before the engine admits the request, is not counted."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    gaps, last, start = [], None, time.perf_counter()
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or '"role"' in line:
+                continue
+            now = time.perf_counter()
+            if last is not None:
+                gaps.append(now - last)
+            last = now
+    return (last or start) - start - sum(gaps), gaps
+
+
+async def _health(client, url: str, stop: asyncio.Event) -> list[float]:
+    lat = []
+    while not stop.is_set():
+        t = time.perf_counter()
+        await client.get(url + "/health")
+        lat.append(time.perf_counter() - t)
+        await asyncio.sleep(HEALTH_EVERY_S)
+    return lat
+
+
+def _hostile(url: str, kind: str, tokens: int) -> int:
+    """One hostile request, sent from its own process (so the client's own work, encoding a
+    30 MB body or reading a large reply, never delays the measuring loop)."""
+    import httpx
+
+    if kind == "huge":
+        big = "word " * (30_000_000 // 5)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": big}], "max_tokens": 4}
+    else:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "List numbers."}],
+            "n": 16,
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "logprobs": True,
+            "top_logprobs": 20,
+        }
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=600).status_code
+
+
+async def run(port: int, tokens: int) -> dict:
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(timeout=600) as client:
+        await _wait_up(client, url)
+        await _bystander(client, url, 8)  # warm
+        stop = asyncio.Event()
+        health = asyncio.ensure_future(_health(client, url, stop))
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(4) as pool:
+            sent = [
+                loop.run_in_executor(pool, _hostile, url, kind, tokens)
+                for kind in ("huge", "wide", "huge", "wide")
+            ]
+            await asyncio.sleep(2.0)  # the hostile requests arrive first
+            ttft, gaps = await _bystander(client, url, tokens)
+            statuses = await asyncio.gather(*sent)
+        stop.set()
+        lat = await health
+    return {
+        "bystander_chunks": len(gaps) + 1,
+        "bystander_ttft_s": round(ttft, 2),
+        "bystander_max_gap_ms": round(max(gaps) * 1e3, 1),
+        "bystander_p50_gap_ms": round(statistics.median(gaps) * 1e3, 1),
+        "health_requests": len(lat),
+        "health_p50_ms": round(statistics.median(lat) * 1e3, 1),
+        "health_max_ms": round(max(lat) * 1e3, 1),
+        "hostile_statuses": statuses,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-body-mib", type=float, default=40.0)
+    parser.add_argument("--reply-tokens", type=int, default=300)
+    args = parser.parse_args(argv)
+    port = _free_port()
+    server = _start(port, args.max_body_mib)
+    try:
+        figures = asyncio.run(run(port, args.reply_tokens))
+    finally:
+        server.terminate()
+        server.wait(60)
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
