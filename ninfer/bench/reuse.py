@@ -19,6 +19,15 @@ snapshot lies. Traces:
                 reasoning is dropped), short and long replies
     edit        a chat, then a message deep in its history is changed and the chat goes on
     retry       chats whose latest turn is regenerated twice (the same prompt again)
+    noreply     clients that resend the previous prompt plus new text without the reply as
+                generated (they rewrote or dropped it), 34 requests on one engine: a raw-token
+                agent (2048 tokens, +500 a turn, 10 turns), a chat through the template that
+                drops its replies (a 1000-token system prompt, +75 tokens a turn, 12 turns), and
+                4 sub-agents x 3 turns forked from one cold 1500-token raw preamble (no boundary
+                marks the fork)
+
+The long parts scale with `scale` (`ninfer bench reuse` sizes them by the largest
+--prompt-tokens / 2048: at 8192 the noreply trace starts at 8192 tokens and grows by 2000).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from collections.abc import Callable
 
 from ninfer.request import SamplingParams
 
-TRACE_NAMES = ("agent", "subagents", "chat", "edit", "retry")
+TRACE_NAMES = ("agent", "subagents", "chat", "edit", "retry", "noreply")
 
 _WORDS = (
     "river",
@@ -143,12 +152,31 @@ def _retry(r: _Replay, rng: random.Random, scale: float) -> None:
             r.chat(conv, rng.choice([8, 24, 64]))
 
 
+def _noreply(r: _Replay, rng: random.Random, scale: float) -> None:
+    prompt = r.raw(rng, int(2048 * scale))
+    for _ in range(10):
+        r.generate(prompt, rng.randrange(8, 48))
+        prompt = prompt + r.raw(rng, int(500 * scale))
+    system = "You are a careful assistant. " + _words(rng, int(1000 * scale))
+    conv = [{"role": "system", "content": system}]
+    for _ in range(12):
+        conv = [*conv, {"role": "user", "content": _words(rng, int(75 * scale))}]
+        r.chat(conv, rng.choice([8, 24, 64]))
+    preamble = r.raw(rng, int(1500 * scale))
+    forks = [preamble + r.raw(rng, rng.randrange(60, 120)) for _ in range(4)]
+    for _turn in range(3):
+        for i, prompt in enumerate(forks):
+            r.generate(prompt, rng.randrange(16, 48))
+            forks[i] = prompt + r.raw(rng, rng.randrange(100, 300))
+
+
 _TRACES: dict[str, Callable[[_Replay, random.Random, float], None]] = {
     "agent": _agent,
     "subagents": _subagents,
     "chat": _chat,
     "edit": _edit,
     "retry": _retry,
+    "noreply": _noreply,
 }
 
 

@@ -24,9 +24,22 @@ class Residency(enum.IntEnum):
 
 
 class SnapshotKind(enum.IntEnum):
+    """What a snapshot is (§5.3). Taps (TAP, BOUNDARY) follow their prompt's lineage: a deeper
+    tap of the same prompt supersedes the shallower (§9.3). ENDPOINT and PROMPT_END do not:
+    they are where a request stopped, or where its prompt ended before it generated, and they
+    stay retained beside the prompt's taps, valued by GDSF like every other snapshot."""
+
     TAP = 0
     ENDPOINT = 1
     BOUNDARY = 2  # a tap at a client breakpoint or structural boundary (§7.1, §9.3)
+    # the state right after the whole prompt, taken when the prompt's last pass ends (no split):
+    # a later prompt that extends this one without the reply (a client that drops or rewrites
+    # the generated text) resumes here
+    PROMPT_END = 3
+
+    @property
+    def is_tap(self) -> bool:
+        return self in (SnapshotKind.TAP, SnapshotKind.BOUNDARY)
 
 
 class Span(NamedTuple):

@@ -251,6 +251,10 @@ class PrefixIndex:
         """§7.7's 64-token rule (Publication.endpoint_worthwhile)."""
         return self.publication.endpoint_worthwhile(lane, frontier)
 
+    def has_snapshot(self, lane: int, frontier: int, tail_tokens: Sequence[int] | bytes) -> bool:
+        """A snapshot at `frontier` on the lane's committed path exists (Publication)."""
+        return self.publication.has_snapshot(lane, frontier, tail_tokens)
+
     def allocate_snapshot_slot(
         self, lane: int, frontier: int, kind: SnapshotKind
     ) -> SlotGrant | None:

@@ -89,10 +89,23 @@ class Publication(IndexPart):
 
     def endpoint_worthwhile(self, lane: int, frontier: int) -> bool:
         """§7.7: an endpoint at `frontier` is worth publishing only 64+ tokens past the deepest
-        snapshot on the lane's path (its base, its own taps, snapshots met at stage)."""
+        snapshot on the lane's path (its base, its own taps, snapshots met at stage). The lane's
+        own PROMPT_END does not count: it serves clients that drop the reply, the endpoint those
+        that echo it, so a short reply still leaves its endpoint."""
         rec = self.registry.lane(lane)
         deepest = max([rec.latest_frontier, *(f for f in rec.existing if f <= frontier)])
         return frontier - deepest >= BLOCK_TOKENS
+
+    def has_snapshot(self, lane: int, frontier: int, tail_tokens: Sequence[int] | bytes) -> bool:
+        """Whether a snapshot at `frontier` of the lane's committed path exists already (its
+        anchor block committed; `tail_tokens` the frontier's partial block), so the engine need
+        not stage a copy that publication would find a duplicate."""
+        rec = self.registry.lane(lane)
+        a = frontier // BLOCK_TOKENS
+        if len(rec.path) < a:
+            return False
+        anchor = rec.path[a - 1] if a else ROOT
+        return self.snapshots.find(anchor, pack_tokens(tail_tokens)) is not None
 
     def publish_snapshot(
         self,
@@ -122,7 +135,8 @@ class Publication(IndexPart):
         if (tail_page is None) != (tail_len == 0):
             raise ValueError("tail_page is required exactly when frontier % 64 != 0")
         committed = len(rec.path)
-        early = kind != SnapshotKind.ENDPOINT and not finishing
+        kind = SnapshotKind(kind)
+        early = kind.is_tap and not finishing
         if committed < a or (early and tail_len and committed <= a):
             raise LaneError(f"lane {lane} publishes F={frontier} with {committed} blocks committed")
         nodes = self.blocks.tree.nodes
@@ -133,13 +147,14 @@ class Publication(IndexPart):
         rec.superseded_for.pop(slot, None)
         anchor = rec.path[a - 1] if a else ROOT
         st = self.registry.counters
-        rec.latest_frontier = max(rec.latest_frontier, frontier)
+        if kind != SnapshotKind.PROMPT_END:  # the endpoint's 64-token rule looks past it
+            rec.latest_frontier = max(rec.latest_frontier, frontier)
         dup = self.snapshots.find(anchor, tail)
         if dup is not None:  # §5.3: a duplicate is a no-op that refreshes recency
             self.snapshots.release_slot(slot)
             s = self.snapshots.by_id[dup]
             s.last_hit = t
-            if kind != SnapshotKind.ENDPOINT:
+            if kind.is_tap:
                 self._follow_previous_tap(rec, s)
             st.snapshots_duplicate += 1
             return PublishResult(dup, True, None, self.blocks.take_freed())
@@ -153,10 +168,10 @@ class Publication(IndexPart):
         self.blocks.walk(anchor, +1, +1, sid)
         self.snapshots.link(s)
         self.host_tier.mark(sid)
-        if kind != SnapshotKind.ENDPOINT:
+        if kind.is_tap:
             self._follow_previous_tap(rec, s)  # before it takes Host slabs (§9.3)
         st.snapshots_published += 1
-        st.taps_published += kind != SnapshotKind.ENDPOINT
+        st.taps_published += kind.is_tap
         write = None
         if self.host_tier.pool is not None:
             self.host_tier.flush()  # s.h is the bound: never insert what GDSF would evict next

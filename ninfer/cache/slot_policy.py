@@ -67,7 +67,7 @@ class SlotPolicy(IndexPart):
             if s is not None and self.liveness.supersede(s):
                 superseded.append(s.id)
             rec.source_superseded = True
-        if kind != SnapshotKind.ENDPOINT and rec.last_tap is not None:
+        if SnapshotKind(kind).is_tap and rec.last_tap is not None:
             s = self.snapshots.by_id.get(rec.last_tap)
             if s is not None and s.frontier < frontier and self.liveness.supersede(s):
                 superseded.append(s.id)

@@ -86,7 +86,7 @@ class PendingTap:
 
     frontier: int
     snap_slot: int  # logical snapshot slot holding the image
-    kind: str  # "tap" | "boundary"
+    kind: int  # SnapshotKind: TAP, BOUNDARY or PROMPT_END
     tail_page: int | None = None  # cache-owned copy of the partial block (frontier % 64 != 0)
 
 

@@ -185,7 +185,11 @@ def _parse_body(meta: dict, body: bytes, n_slabs: int, flags: bool = True) -> Ta
         d = depth[anchor] if 0 <= anchor < n_blocks else -1  # out of range: refused below
         if not -1 <= anchor < n_blocks or frontier != BLOCK_TOKENS * (d + 1) + tail_len:
             raise ValueError(f"snapshot {i}: anchor {anchor} / frontier {frontier} disagree")
-        if tail_len >= BLOCK_TOKENS or (tail_slab >= 0) != (tail_len > 0) or kind > 2:
+        if (
+            tail_len >= BLOCK_TOKENS
+            or (tail_slab >= 0) != (tail_len > 0)
+            or kind > max(SnapshotKind)
+        ):
             raise ValueError(f"snapshot {i}: bad tail or kind")
         if (anchor, tail) in keys:
             raise ValueError(f"snapshot {i}: duplicate (anchor, tail)")

@@ -46,8 +46,10 @@ def test_reuse_floors(make_llm):
     ratios = {x["trace"]: x["ratio"] for x in r["rows"]}
     assert list(ratios) == list(TRACE_NAMES)
     assert all(x["theoretical"] > 0 and x["reused"] <= x["theoretical"] for x in r["rows"])
-    assert all(v >= 0.9 for v in ratios.values()), ratios
+    assert all(v >= 0.95 for v in ratios.values()), ratios
     assert ratios["agent"] >= 0.98, ratios
+    # clients that drop the reply resume at the previous prompt's end
+    assert ratios["noreply"] >= 0.99, ratios
     assert r["overall"]["ratio"] >= 0.95, r["overall"]
     out = io.StringIO()
     Console(file=out, width=120).print(reuse_table(r))

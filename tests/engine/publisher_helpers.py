@@ -36,6 +36,11 @@ class RecordingCache:
         self.calls.append(("allocate", f, kind, slot))
         return SlotGrant(slot, None, False, [])
 
+    def has_snapshot(self, lane, f, tail_tokens):
+        assert lane == LANE
+        self.calls.append(("has", f, tuple(tail_tokens)))
+        return f in self.duplicates
+
     def free_snapshot_slot(self, lane, slot):
         assert lane == LANE
         self.calls.append(("free_slot", slot))

@@ -105,7 +105,8 @@ def test_breakpoint_near_the_end_survives_a_ten_token_reply(make_llm):
     retry = run(llm, prompt[:195] + rand_tokens(rng, 30), 4)
     assert retry.usage.cached_tokens == 195
     echo = run(llm, prompt + out.token_ids + rand_tokens(rng, 5), 4)
-    assert echo.usage.cached_tokens == 195  # the endpoint (204) is under 64 past the tap
+    # the endpoint (209) is under 64 past the tap: the echo resumes at the prompt end
+    assert echo.usage.cached_tokens == 200
     assert_idle(llm)
 
 
@@ -115,8 +116,12 @@ def test_a_dropped_tap_does_not_supersede_the_source(make_llm):
     rng = random.Random(4)
     llm = make_llm()
     prompt = rand_tokens(rng, 130)
-    run(llm, prompt, 2)  # tail tap at 128, endpoint below 64 past it
-    assert snapshots(llm) == [(128, int(SnapshotKind.TAP), False)]
+    run(llm, prompt, 2)  # tail tap at 128, the prompt end at 130, no endpoint (under 64 past)
+    tap, prompt_end = (
+        (128, int(SnapshotKind.TAP), False),
+        (130, int(SnapshotKind.PROMPT_END), False),
+    )
+    assert snapshots(llm) == [tap, prompt_end]
 
     def no_tail_pages():  # every later tail copy finds no page
         kv_state = llm._engine.kv_state
@@ -127,8 +132,8 @@ def test_a_dropped_tap_does_not_supersede_the_source(make_llm):
         [{"prompt_token_ids": prompt + rand_tokens(rng, 20), "cache_breakpoints": [140]}],
         greedy(2),
     )[0]
-    assert out.usage.cached_tokens == 128
-    assert (128, int(SnapshotKind.TAP), False) in snapshots(llm)
+    assert out.usage.cached_tokens == 130
+    assert prompt_end in snapshots(llm)
 
 
 def test_host_tier_resume_after_the_conversation_left_the_device(make_llm, demo_text):

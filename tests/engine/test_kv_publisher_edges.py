@@ -159,6 +159,10 @@ class _Cache:
         self.calls.append(("allocate", f, kind, slot))
         return SlotGrant(slot, None, False, [])
 
+    def has_snapshot(self, lane, f, tail_tokens):
+        self.calls.append(("has", f, tuple(tail_tokens)))
+        return f in self.duplicates
+
     def free_snapshot_slot(self, lane, slot):
         self.calls.append(("free_slot", slot))
 
@@ -249,21 +253,52 @@ def test_a_tail_tap_without_a_free_page_is_skipped_and_counted(headroom):
 
 
 @pytest.mark.parametrize("taps", [[(280, False)], [(300, False)], [(290, True)]])
-def test_a_flexible_tap_due_at_the_prompt_end_is_not_captured_an_exact_one_is(taps):
-    """At the prompt's end only an exact tap there is captured (a flexible one in the final
-    chunk is taken before or inside it: `before_chunk`)."""
+def test_at_the_prompt_end_a_prompt_end_is_captured_a_flexible_tap_is_not(taps):
+    """At the prompt's end a flexible tap due there is not captured (a flexible one in the final
+    chunk is taken before or inside it: `before_chunk`); the PROMPT_END snapshot is, with its
+    tail copied, and published at once: its anchor blocks are committed and its tail tokens are
+    the prompt's, so it waits for no block."""
     parts = _Parts(headroom=1)
     lane = _prefilling(300, taps)
     lane.computed = 300
     parts.pub.after_advance(lane)
-    assert [c[0] for c in parts.cache.calls] == ["commit"] * 4
-    assert lane.taps == [] and lane.pending == []
+    tail = tuple(range(256, 300))
+    assert parts.cache.calls[4:] == [
+        ("has", 300, tail),
+        ("allocate", 300, SnapshotKind.PROMPT_END, 0),
+        ("publish", 300, 0, SnapshotKind.PROMPT_END, tail, 90, False),
+    ]
+    assert [c[0] for c in parts.cache.calls[:4]] == ["commit"] * 4
+    assert parts.copies == [(54, 90, 44)] and parts.taps == [(3, 0)]
+    assert lane.taps == [] and lane.pending == [] and lane.last_snapshot == 300
+
+
+def test_an_exact_tap_at_the_prompt_end_takes_the_place_of_the_prompt_end():
     parts = _Parts(headroom=1)
     lane = _prefilling(300, [(300, True)])
     lane.computed = 300
     parts.pub.after_advance(lane)
     assert parts.cache.calls[-1] == ("allocate", 300, SnapshotKind.TAP, 0)
     assert lane.pending == [PendingTap(300, 0, SnapshotKind.TAP, 90)]
+
+
+def test_no_prompt_end_where_the_cache_holds_one_or_past_a_chat_opener():
+    """A retry finds its prompt end in the cache: nothing is staged. A chat's prompt end within
+    a block past its generation opener is not taken: a client that drops the reply diverges at
+    the opener, which is tapped."""
+    parts = _Parts(headroom=1)
+    parts.cache.duplicates.add(300)
+    lane = _prefilling(300, [])
+    lane.computed = 300
+    parts.pub.after_advance(lane)
+    assert parts.cache.calls[-1][0] == "has" and parts.copies == []
+    for opener, taken in ((290, False), (237, False), (236, True)):
+        parts = _Parts(headroom=1)
+        lane = _prefilling(300, [])
+        lane.job.hints.opener = opener
+        lane.computed = 300
+        parts.pub.after_advance(lane)
+        assert (lane.last_snapshot == 300) == taken, opener
 
 
 def test_a_failed_lane_drops_its_pending_taps_counting_them():

@@ -7,10 +7,12 @@ Tap realization against chunk boundaries (s = chunk start, e = chunk end, n = pr
                        s < p <= e == n (final chunk): capture at s, before the chunk runs,
                        or at the scheduler's `tap_at` inside it (the pass's GDN layers copy
                        the state there: `forward.GdnSplit`; the slot is reserved here)
+    prompt end n       after the pass that reaches n: capture at n (PROMPT_END; no split)
     capture            D2D copy lane slot -> a staging snapshot slot; a non-aligned frontier also
                        copies its partial block into a cache-owned tail page
-    publication        deferred until blocks 0 .. f//64 - 1 (and f//64 for a tail) are committed;
-                       a finishing lane publishes what is left from its own last page (§7.4)
+    publication        deferred until blocks 0 .. f//64 - 1 (and f//64 for a tap's tail) are
+                       committed; a finishing lane publishes what is left from its own last
+                       page (§7.4)
 
 Endpoint (finish, or cancel after prefilling something): F_end = computed; the lane's slot
 itself becomes the snapshot image (slot ownership swap, no copy) and its partial last page
@@ -108,7 +110,22 @@ class Publisher:
                 if f < lane.prompt_len or any(exact and p == f for p, exact in due):
                     boundary = any(p in lane.boundary_taps for p, _ in due)
                     self._capture(lane, f, SnapshotKind.BOUNDARY if boundary else SnapshotKind.TAP)
+        if f == lane.prompt_len and self._prompt_end_pays(lane):
+            self._capture(lane, f, SnapshotKind.PROMPT_END)
         self._publish_ready(lane)
+
+    def _prompt_end_pays(self, lane: Lane) -> bool:
+        """The prompt's end, reached by this pass: a later prompt that extends it without the
+        reply resumes there. Not for a resumed suspension (its endpoint is that frontier), not
+        where a snapshot exists (a retry), and not within a block past a chat's generation
+        opener: a chat that drops the reply diverges at the opener, which is tapped."""
+        if lane.job.resume is not None or lane.prompt_len <= lane.last_snapshot:
+            return False
+        opener = lane.job.hints.opener
+        if opener is not None and lane.prompt_len - opener < PAGE_SIZE:
+            return False
+        f = lane.prompt_len
+        return not self.index.has_snapshot(lane.lane_id, f, lane.tokens[f - f % PAGE_SIZE : f])
 
     def _commit_blocks(self, lane: Lane) -> None:
         index = self.index
@@ -145,7 +162,11 @@ class Publisher:
 
     @staticmethod
     def _publishable(lane: Lane, tap: PendingTap) -> bool:
-        blocks = tap.frontier // PAGE_SIZE + (1 if tap.frontier % PAGE_SIZE else 0)
+        """A tap waits for its anchor blocks and the block holding its tail (§7.4); a prompt
+        end, whose tail tokens are the prompt's, only for its anchor blocks."""
+        blocks = tap.frontier // PAGE_SIZE
+        if tap.frontier % PAGE_SIZE and tap.kind != SnapshotKind.PROMPT_END:
+            blocks += 1
         return lane.committed_blocks >= blocks
 
     def _publish(
