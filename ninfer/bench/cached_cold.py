@@ -1,0 +1,410 @@
+"""Cached = cold: a seeded random mix of requests through one LLM with its prefix cache, every
+request then run again cold and compared (`run_cached_cold`; the command line is
+`tools/fuzz_cached_cold.py`, a CI-sized run `tests/engine/test_cached_cold_fuzz.py`).
+
+Each round submits a batch of requests at once (`LLM.submit`, `LLM.stream`): prompts cut from a
+few shared roots plus a random tail, exact repeats and continuations (an earlier prompt, its
+reply and a new tail) of earlier rounds' requests, some with cache breakpoints; random sampling
+settings (greedy or seeded sampling with temperature, top-p, top-k, min-p; stop ids; EOS on or
+off); some cancelled after a random number of stream deltas, or at once, or after a random
+delay (queued, mid-prefill, mid-decode), some streams closed early. The cache persists across
+rounds, so later rounds resume from what earlier ones cached.
+
+The cold run is every request again, on a second LLM built with `prefix_reuse=False` (nothing is
+cached, every prompt is computed in full). A request that completed must give the cold run's
+tokens; one that was cancelled or closed early, a prefix of them. Every request asks for
+logprobs (which changes no token), so a difference is measured where it starts (`Mismatch`):
+
+    drift     the largest |cached - cold| logprob over the tokens both runs list, at every
+              position up to and including the first differing one: fp32 noise when the cached
+              run computed what the cold one did (other chunk bounds, other batch neighbours);
+              a cache bug (a wrong restored state, a stale page) shows as a large drift
+    cold_gap  the cold run's top-2 logprob margin there (greedy: a near-tie when it is small)
+    race_gap  for a seeded sampled request, the margin of the draw between the two tokens:
+              the draw is argmax(log p - log E) with E ~ Exp(1) from the request's generator
+              (`ninfer.sampling`), so the margin is (lp_a - lp_b) / T - (log E_a - log E_b),
+              E reproduced from the seed; a near-tie when it is small
+
+Two checks follow (`Tolerance`, fp32 figures by default; a bf16 run needs wider ones):
+
+  * every compared position's drift is within `noise`, mismatch or not (a drift beyond it is
+    an error of the report: the cached run computed something else, whatever it sampled);
+  * `classify` names each mismatch "near-tie" when the drift up to it is within `noise` and
+    the decision that flipped had a margin within `tie` (greedy: the cold run's top-2 gap;
+    seeded sampling: the race gap; a top-p / top-k / min-p request also when the race was not
+    close: with equal logits to within the noise, the two runs then disagree only on the cut,
+    whose threshold moved with that noise, a margin the listed logprobs cannot show), else
+    "suspect" (a cache bug until shown otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ninfer.request import RequestOutput, SamplingParams, StreamDelta
+
+LOGPROBS = 20  # top-k logprobs every request asks for (the most there are)
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerance:
+    """fp32: other chunk bounds and batch neighbours move a logprob by a few 1e-6."""
+
+    noise: float = 1e-4  # |cached - cold| logprob drift that rounding explains
+    tie: float = 1e-4  # a decision margin (logprob units) that such a drift can flip
+
+
+FP32 = Tolerance()
+
+
+@dataclass(slots=True)
+class FuzzRequest:
+    round: int
+    index: int
+    prompt: list[int]
+    breakpoints: list[int]
+    params: SamplingParams
+    mode: str  # "complete", "cancel" (LLM.cancel) or "close" (a stream closed early)
+    stop_after: int  # deltas received before the cancel or the close
+    cancel_delay_s: float = 0.0  # a cancel with stop_after 0: this long after the submission
+
+
+@dataclass(slots=True)
+class Outcome:
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None  # None: a closed stream (deltas carry none)
+    finish_reason: str | None
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Mismatch:
+    request: FuzzRequest
+    finish_reason: str | None
+    cached_tokens: int
+    position: int  # first differing token position in the reply
+    cached_token: int | None  # None: the run ended there
+    cold_token: int | None
+    drift: float | None  # None: no cached logprobs (a closed stream)
+    cold_gap: float | None
+    race_gap: float | None  # sampled requests only
+    kind: str = ""
+
+    def describe(self) -> str:
+        r, p = self.request, self.request.params
+        sampling = "greedy" if p.greedy else (
+            f"T={p.temperature} top_p={p.top_p} top_k={p.top_k} min_p={p.min_p} seed={p.seed}"
+        )  # fmt: skip
+        return (
+            f"{self.kind}: round {r.round} request {r.index} ({r.mode}, {self.finish_reason}, "
+            f"prompt {len(r.prompt)} tokens, cached {self.cached_tokens}, {sampling}, "
+            f"max_tokens {p.max_tokens}) differs at reply position {self.position}: cached "
+            f"{self.cached_token} cold {self.cold_token}; drift {_fmt(self.drift)}, cold top-2 "
+            f"gap {_fmt(self.cold_gap)}, race gap {_fmt(self.race_gap)}"
+        )
+
+
+@dataclass(slots=True)
+class FuzzReport:
+    requests: int = 0
+    compared: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
+    positions: int = 0  # reply positions compared with logprobs on both sides
+    max_drift: float = 0.0  # over every compared position (the noise floor actually seen)
+    mismatches: list[Mismatch] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def suspects(self) -> list[Mismatch]:
+        return [m for m in self.mismatches if m.kind != "near-tie"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.suspects
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+class _Workload:
+    """Seeded requests over shared roots; remembers earlier prompts and replies for repeats
+    and continuations."""
+
+    def __init__(self, rng: random.Random, vocab: int, roots: int, root_tokens: int, max_tokens):
+        self.rng = rng
+        self.vocab = vocab
+        self.max_tokens = max_tokens
+        self.roots = [self.tokens(root_tokens) for _ in range(roots)]
+        self.seen: list[list[int]] = []  # earlier prompts, and prompts + replies
+
+    def tokens(self, n: int) -> list[int]:
+        return [self.rng.randrange(4, self.vocab - 60) for _ in range(n)]
+
+    def prompt(self) -> list[int]:
+        rng = self.rng
+        x = rng.random()
+        if self.seen and x < 0.2:
+            return list(rng.choice(self.seen))
+        if self.seen and x < 0.4:
+            return rng.choice(self.seen) + self.tokens(rng.randrange(1, 40))
+        root = rng.choice(self.roots)
+        return root[: rng.randrange(1, len(root) + 1)] + self.tokens(rng.randrange(0, 80))
+
+    def params(self) -> SamplingParams:
+        rng = self.rng
+        kw: dict = dict(
+            max_tokens=rng.randrange(1, self.max_tokens + 1),
+            ignore_eos=rng.random() < 0.7,
+            logprobs=LOGPROBS,
+        )
+        if rng.random() < 0.2:
+            kw["stop_token_ids"] = self.tokens(3)
+        if rng.random() < 0.5:
+            return SamplingParams(temperature=0.0, **kw)
+        return SamplingParams(
+            temperature=rng.choice([0.5, 0.8, 1.0, 1.3]),
+            top_p=rng.choice([1.0, 1.0, 0.9, 0.6]),
+            top_k=rng.choice([-1, -1, 5, 50]),
+            min_p=rng.choice([0.0, 0.0, 0.05]),
+            seed=rng.randrange(2**32),
+            **kw,
+        )
+
+    def request(self, rnd: int, index: int) -> FuzzRequest:
+        rng = self.rng
+        prompt = self.prompt()
+        if not prompt:
+            prompt = self.tokens(1)
+        breakpoints: list[int] = []
+        if rng.random() < 0.2:
+            k = rng.randrange(1, 4)
+            breakpoints = sorted({rng.randrange(1, len(prompt) + 1) for _ in range(k)})
+        params = self.params()
+        x = rng.random()
+        mode = "complete" if x < 0.6 else ("cancel" if x < 0.85 else "close")
+        stop_after = rng.randrange(0, params.max_tokens + 1) if mode != "complete" else 0
+        delay = rng.uniform(0.0, 0.3) if rng.random() < 0.5 else 0.0
+        return FuzzRequest(rnd, index, prompt, breakpoints, params, mode, stop_after, delay)
+
+
+def _prompt_input(llm, req: FuzzRequest):
+    form = {"prompt_token_ids": req.prompt}
+    if req.breakpoints:
+        form["cache_breakpoints"] = req.breakpoints
+    return form
+
+
+def _run_round(llm, reqs: list[FuzzRequest], timeout_s: float) -> list[Outcome]:
+    """Submit every request of a round at once; cancels and closes happen from the callbacks
+    and the stream threads. Returns each request's outcome, in order."""
+    outcomes: list[Outcome | None] = [None] * len(reqs)
+    done = threading.Semaphore(0)
+    threads = []
+
+    def submit(i: int, req: FuzzRequest) -> None:
+        seen = [0]
+        box: list[str] = []
+
+        def on_event(event) -> None:
+            if isinstance(event, StreamDelta):
+                seen[0] += 1
+                if req.mode == "cancel" and seen[0] == req.stop_after:
+                    llm.cancel(box[0])
+                return
+            outcomes[i] = _outcome(event)
+            done.release()
+
+        rid = llm.submit(llm.render_prompt(_prompt_input(llm, req)), req.params, on_event=on_event)
+        box.append(rid)
+        if req.mode == "cancel" and req.stop_after == 0:
+            if req.cancel_delay_s:  # at a moment the deltas do not mark: mid-prefill, queued
+                timer = threading.Timer(req.cancel_delay_s, llm.cancel, (rid,))
+                timer.daemon = True
+                timer.start()
+                threads.append(timer)
+            else:
+                llm.cancel(rid)
+
+    def close_early(i: int, req: FuzzRequest) -> None:
+        got: list[int] = []
+        final = None
+        stream = llm.stream(_prompt_input(llm, req), req.params)
+        for deltas, event in enumerate(stream, 1):
+            if isinstance(event, RequestOutput):
+                final = event
+                break
+            got += event.token_ids
+            if deltas >= req.stop_after:
+                break
+        stream.close()
+        outcomes[i] = _outcome(final) if final else Outcome(got, None, "closed")
+        done.release()
+
+    for i, req in enumerate(reqs):
+        if req.mode == "close":
+            t = threading.Thread(target=close_early, args=(i, req), daemon=True)
+            threads.append(t)
+            t.start()
+        else:
+            submit(i, req)
+    deadline = time.monotonic() + timeout_s
+    for _ in reqs:
+        if not done.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise TimeoutError("a round's requests did not all finish in time")
+    for t in threads:
+        t.join()
+    return outcomes  # type: ignore[return-value]
+
+
+def _outcome(out: RequestOutput) -> Outcome:
+    return Outcome(out.token_ids, out.logprobs, out.finish_reason, out.usage.cached_tokens)
+
+
+def _run_cold(cold_llm, reqs: list[FuzzRequest]) -> list[Outcome]:
+    outs = cold_llm.generate([_prompt_input(cold_llm, r) for r in reqs], [r.params for r in reqs])
+    return [_outcome(o) for o in outs]
+
+
+def _drift(a: dict[int, float], b: dict[int, float]) -> float:
+    common = a.keys() & b.keys()
+    return max((abs(a[t] - b[t]) for t in common), default=0.0)
+
+
+def _top2_gap(lp: dict[int, float]) -> float | None:
+    top = sorted(lp.values(), reverse=True)
+    return top[0] - top[1] if len(top) >= 2 else None
+
+
+def race_gap(params: SamplingParams, step: int, vocab: int, a: tuple[int, float],
+             b: tuple[int, float]) -> float:  # fmt: skip
+    """The margin by which token a (logprob lp_a) beat token b in the seeded draw of reply
+    position `step`: (lp_a - lp_b) / T - (log E_a - log E_b), with E the Exp(1) noise that
+    `ninfer.sampling` draws from the request's generator at that step (one [vocab] fp32 draw per
+    sampled step; the CPU generator's stream)."""
+    from ninfer.sampling import make_generator
+
+    gen = make_generator(params.seed, "cpu")
+    noise = torch.empty(vocab, dtype=torch.float32)
+    for _ in range(step + 1):
+        noise.exponential_(generator=gen)
+    tiny = torch.finfo(torch.float32).tiny
+    log_e = [math.log(max(float(noise[t]), tiny)) for t in (a[0], b[0])]
+    return (a[1] - b[1]) / params.temperature - (log_e[0] - log_e[1])
+
+
+def compare(req: FuzzRequest, hot: Outcome, cold: Outcome, vocab: int, report: FuzzReport,
+            tol: Tolerance = FP32) -> Mismatch | None:  # fmt: skip
+    """Check one request's cached outcome against its cold run (recording the drift seen, an
+    error when it exceeds `tol.noise`); the first difference as a `Mismatch`, or None."""
+    complete = hot.finish_reason in ("stop", "length")
+    n = len(hot.token_ids)
+    m = len(cold.token_ids)
+    pos = next((i for i in range(min(n, m)) if hot.token_ids[i] != cold.token_ids[i]), None)
+    if pos is None and (n > m or (complete and n != m)):
+        pos = min(n, m)  # the same tokens, but one run stopped where the other went on
+    upto = n if pos is None else min(pos + 1, n)
+    drift = None
+    if hot.logprobs is not None and cold.logprobs is not None:
+        k = min(upto, len(cold.logprobs))
+        drifts = [_drift(hot.logprobs[i], cold.logprobs[i]) for i in range(k)]
+        report.positions += k
+        drift = max(drifts, default=0.0)
+        report.max_drift = max(report.max_drift, drift)
+        if drift > tol.noise:
+            at = next(i for i, d in enumerate(drifts) if d > tol.noise)
+            report.errors.append(
+                f"round {req.round} request {req.index} ({req.mode}, cached "
+                f"{hot.cached_tokens} of {len(req.prompt)}): logprobs {drift:.2e} off the cold "
+                f"run's from reply position {at}"
+            )
+    if pos is None:
+        return None
+    hot_t = hot.token_ids[pos] if pos < n else None
+    cold_t = cold.token_ids[pos] if pos < len(cold.token_ids) else None
+    cold_lp = cold.logprobs[pos] if cold.logprobs and pos < len(cold.logprobs) else None
+    hot_lp = hot.logprobs[pos] if hot.logprobs and pos < len(hot.logprobs) else None
+    gap = _top2_gap(cold_lp) if cold_lp else None
+    race = None
+    if not req.params.greedy and hot_t is not None and cold_t is not None and cold_lp:
+        lp_b = (hot_lp or {}).get(hot_t, cold_lp.get(hot_t))
+        if lp_b is not None:
+            race = race_gap(req.params, pos, vocab, (cold_t, cold_lp[cold_t]), (hot_t, lp_b))
+    m = Mismatch(req, hot.finish_reason, hot.cached_tokens, pos, hot_t, cold_t, drift, gap, race)
+    m.kind = classify(m, tol)
+    return m
+
+
+def classify(m: Mismatch, tol: Tolerance = FP32) -> str:
+    """'near-tie' or 'suspect' (module docstring): the logprobs agree within `tol.noise` up to
+    the differing position, and the decision there had a margin within `tol.tie` (greedy: the
+    cold run's top-2 gap; sampled: the race gap, or a cut of the filters when the race itself
+    was not close)."""
+    if m.cached_token is None or m.cold_token is None:
+        return "suspect"  # a run that stopped where the other went on, on the same tokens
+    if m.drift is not None and m.drift > tol.noise:
+        return "suspect"
+    p = m.request.params
+    if p.greedy:
+        return "near-tie" if m.cold_gap is not None and m.cold_gap <= tol.tie else "suspect"
+    if m.race_gap is not None and abs(m.race_gap) <= tol.tie:
+        return "near-tie"
+    filtered = p.top_p < 1.0 or p.top_k > 0 or p.min_p > 0.0
+    return "near-tie" if filtered and m.drift is not None else "suspect"
+
+
+def run_cached_cold(
+    llm,
+    cold_llm,
+    rounds: int = 10,
+    per_round: int = 40,
+    seed: int = 0,
+    roots: int = 4,
+    root_tokens: int = 300,
+    max_tokens: int = 16,
+    round_timeout_s: float = 600.0,
+    tol: Tolerance = FP32,
+    out=sys.stdout,
+) -> FuzzReport:
+    """Run the fuzz: `rounds` rounds of `per_round` requests on `llm` (its prefix cache on;
+    a Host tier and a small Device pool make evictions and restores part of it), each request
+    then run on `cold_llm` (`prefix_reuse=False`, the same model). Returns the report;
+    `report.ok` is False on an error output, a drift beyond `tol.noise` or a mismatch that is
+    not a near-tie."""
+    vocab = llm.model_config.vocab_size
+    work = _Workload(random.Random(seed), vocab, roots, root_tokens, max_tokens)
+    report = FuzzReport()
+    t0 = time.perf_counter()
+    for rnd in range(rounds):
+        reqs = [work.request(rnd, i) for i in range(per_round)]
+        hot = _run_round(llm, reqs, round_timeout_s)
+        cold = _run_cold(cold_llm, reqs)
+        for req, h, c in zip(reqs, hot, cold, strict=True):
+            report.requests += 1
+            if h.finish_reason == "error" or c.finish_reason == "error":
+                report.errors.append(f"round {rnd} request {req.index}: an error output")
+                continue
+            report.compared[h.finish_reason] = report.compared.get(h.finish_reason, 0) + 1
+            m = compare(req, h, c, vocab, report, tol)
+            if m is not None:
+                report.mismatches.append(m)
+                print(f"[cached=cold] seed {seed} {m.describe()}", file=out, flush=True)
+            if h.finish_reason in ("stop", "length"):
+                work.seen.append(req.prompt)
+                work.seen.append(req.prompt + h.token_ids)
+        print(
+            f"[cached=cold] seed {seed} round {rnd + 1}/{rounds}: {report.requests} requests, "
+            f"{len(report.mismatches)} mismatches, max drift {report.max_drift:.2e}, "
+            f"{time.perf_counter() - t0:.1f} s",
+            file=out,
+            flush=True,
+        )
+    report.seconds = time.perf_counter() - t0
+    return report
