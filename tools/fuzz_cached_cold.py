@@ -4,7 +4,8 @@ then run again on an LLM without one. Prints every mismatch (near-tie or suspect
 figures; exit 1 on an error output, a logprob drift beyond --noise or a suspect mismatch.
 
     python tools/fuzz_cached_cold.py --seeds 0 1 2 --rounds 10        # CPU, demo model
-    python tools/fuzz_cached_cold.py --device cuda --rounds 50 --per-round 100
+    python tools/fuzz_cached_cold.py --device cuda --noise 0.1 --tie 0.1   # bf16: wider
+                                                       # (race gaps assume the CPU generator)
 """
 
 from __future__ import annotations
@@ -54,12 +55,15 @@ def main(argv: list[str] | None = None) -> int:
                 max_tokens=args.max_tokens,
                 tol=Tolerance(args.noise, args.tie),
             )
+            stats = llm.cache_stats()
         suspects = len(report.suspects)
         print(
             f"seed {seed}: {report.requests} requests {report.compared}, {report.positions} "
             f"positions compared, max drift {report.max_drift:.2e}, {len(report.mismatches)} "
             f"mismatches ({suspects} suspect), {len(report.errors)} errors, "
-            f"{report.seconds:.0f} s"
+            f"{report.seconds:.0f} s; cache: hits {stats.hits_device} Device {stats.hits_host} "
+            f"Host {stats.hits_root} none, {stats.reuse_tokens} tokens reused, "
+            f"{stats.suspensions} suspensions, {stats.snapshots_published} snapshots published"
         )
         ok = ok and report.ok
         found += [{"seed": seed, **asdict(m)} for m in report.mismatches]

@@ -195,7 +195,7 @@ class _Workload:
         return FuzzRequest(rnd, index, prompt, breakpoints, params, mode, stop_after, delay)
 
 
-def _prompt_input(llm, req: FuzzRequest):
+def _prompt_input(req: FuzzRequest) -> dict:
     form = {"prompt_token_ids": req.prompt}
     if req.breakpoints:
         form["cache_breakpoints"] = req.breakpoints
@@ -222,7 +222,7 @@ def _run_round(llm, reqs: list[FuzzRequest], timeout_s: float) -> list[Outcome]:
             outcomes[i] = _outcome(event)
             done.release()
 
-        rid = llm.submit(llm.render_prompt(_prompt_input(llm, req)), req.params, on_event=on_event)
+        rid = llm.submit(llm.render_prompt(_prompt_input(req)), req.params, on_event=on_event)
         box.append(rid)
         if req.mode == "cancel" and req.stop_after == 0:
             if req.cancel_delay_s:  # at a moment the deltas do not mark: mid-prefill, queued
@@ -236,7 +236,7 @@ def _run_round(llm, reqs: list[FuzzRequest], timeout_s: float) -> list[Outcome]:
     def close_early(i: int, req: FuzzRequest) -> None:
         got: list[int] = []
         final = None
-        stream = llm.stream(_prompt_input(llm, req), req.params)
+        stream = llm.stream(_prompt_input(req), req.params)
         for deltas, event in enumerate(stream, 1):
             if isinstance(event, RequestOutput):
                 final = event
@@ -269,7 +269,7 @@ def _outcome(out: RequestOutput) -> Outcome:
 
 
 def _run_cold(cold_llm, reqs: list[FuzzRequest]) -> list[Outcome]:
-    outs = cold_llm.generate([_prompt_input(cold_llm, r) for r in reqs], [r.params for r in reqs])
+    outs = cold_llm.generate([_prompt_input(r) for r in reqs], [r.params for r in reqs])
     return [_outcome(o) for o in outs]
 
 
@@ -288,7 +288,7 @@ def race_gap(params: SamplingParams, step: int, vocab: int, a: tuple[int, float]
     """The margin by which token a (logprob lp_a) beat token b in the seeded draw of reply
     position `step`: (lp_a - lp_b) / T - (log E_a - log E_b), with E the Exp(1) noise that
     `ninfer.sampling` draws from the request's generator at that step (one [vocab] fp32 draw per
-    sampled step; the CPU generator's stream)."""
+    sampled step). The CPU generator's stream: a CUDA run's draws come from another one."""
     from ninfer.sampling import make_generator
 
     gen = make_generator(params.seed, "cpu")
@@ -305,11 +305,10 @@ def compare(req: FuzzRequest, hot: Outcome, cold: Outcome, vocab: int, report: F
     """Check one request's cached outcome against its cold run (recording the drift seen, an
     error when it exceeds `tol.noise`); the first difference as a `Mismatch`, or None."""
     complete = hot.finish_reason in ("stop", "length")
-    n = len(hot.token_ids)
-    m = len(cold.token_ids)
-    pos = next((i for i in range(min(n, m)) if hot.token_ids[i] != cold.token_ids[i]), None)
-    if pos is None and (n > m or (complete and n != m)):
-        pos = min(n, m)  # the same tokens, but one run stopped where the other went on
+    n, n_cold = len(hot.token_ids), len(cold.token_ids)
+    pos = next((i for i in range(min(n, n_cold)) if hot.token_ids[i] != cold.token_ids[i]), None)
+    if pos is None and (n > n_cold or (complete and n != n_cold)):
+        pos = min(n, n_cold)  # the same tokens, but one run stopped where the other went on
     upto = n if pos is None else min(pos + 1, n)
     drift = None
     if hot.logprobs is not None and cold.logprobs is not None:
@@ -328,7 +327,7 @@ def compare(req: FuzzRequest, hot: Outcome, cold: Outcome, vocab: int, report: F
     if pos is None:
         return None
     hot_t = hot.token_ids[pos] if pos < n else None
-    cold_t = cold.token_ids[pos] if pos < len(cold.token_ids) else None
+    cold_t = cold.token_ids[pos] if pos < n_cold else None
     cold_lp = cold.logprobs[pos] if cold.logprobs and pos < len(cold.logprobs) else None
     hot_lp = hot.logprobs[pos] if hot.logprobs and pos < len(hot.logprobs) else None
     gap = _top2_gap(cold_lp) if cold_lp else None
