@@ -21,6 +21,7 @@ The engine knows nothing about text beyond feeding generated ids to each lane's 
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
@@ -168,6 +169,7 @@ class Engine:
         # in the freed device memory (later calls raise "the engine is closed")
         self.runner = self.kv_state = None
         if self.device.type == "cuda":
+            gc.collect()  # graphs and pools held only by reference cycles go now, not later
             torch.cuda.empty_cache()
 
     # ---- the loop ---------------------------------------------------------------------------
