@@ -4,7 +4,10 @@ request then run again cold and compared (`run_cached_cold`; the command line is
 
 Each round submits a batch of requests at once (`LLM.submit`, `LLM.stream`): prompts cut from a
 few shared roots plus a random tail, exact repeats and continuations (an earlier prompt, its
-reply and a new tail) of earlier rounds' requests, some with cache breakpoints; random sampling
+reply and a new tail) of earlier rounds' requests, some with cache breakpoints; chat
+conversations over two long system prompts (new, repeated, or extended by a reply and a user
+turn; rendered with the model's template, so its tap hints apply), when the model has a chat
+template; random sampling
 settings (greedy or seeded sampling with temperature, top-p, top-k, min-p; stop ids; EOS on or
 off); some cancelled after a random number of stream deltas, or at once, or after a random
 delay (queued, mid-prefill, mid-decode), some streams closed early. The cache persists across
@@ -51,6 +54,11 @@ import torch
 from ninfer.request import RequestOutput, SamplingParams, StreamDelta
 
 LOGPROBS = 20  # top-k logprobs every request asks for (the most there are)
+_WORDS = (  # chat text: each word a few tokens of the demo vocabulary
+    "the", "cache", "keeps", "every", "prefix", "a", "request", "computed", "so", "that",
+    "next", "one", "with", "same", "start", "resumes", "there", "instead", "of", "at", "root",
+    "and", "only", "rest", "is", "prefilled", "again", "on", "device",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +82,7 @@ class FuzzRequest:
     mode: str  # "complete", "cancel" (LLM.cancel) or "close" (a stream closed early)
     stop_after: int  # deltas received before the cancel or the close
     cancel_delay_s: float = 0.0  # a cancel with stop_after 0: this long after the submission
+    messages: list[dict] | None = None  # a conversation (`prompt` is its rendering)
 
 
 @dataclass(slots=True)
@@ -138,15 +147,37 @@ class _Workload:
     """Seeded requests over shared roots; remembers earlier prompts and replies for repeats
     and continuations."""
 
-    def __init__(self, rng: random.Random, vocab: int, roots: int, root_tokens: int, max_tokens):
+    def __init__(self, rng: random.Random, vocab: int, roots: int, root_tokens: int, max_tokens,
+                 chat=None):  # fmt: skip
         self.rng = rng
+        self.chat = chat  # messages -> the rendered prompt (None: no conversations)
         self.vocab = vocab
         self.max_tokens = max_tokens
         self.roots = [self.tokens(root_tokens) for _ in range(roots)]
         self.seen: list[list[int]] = []  # earlier prompts, and prompts + replies
+        self.chats: list[list[dict]] = []  # earlier conversations
+        self.systems = [self.text(120) for _ in range(2)]
 
     def tokens(self, n: int) -> list[int]:
         return [self.rng.randrange(4, self.vocab - 60) for _ in range(n)]
+
+    def text(self, words: int) -> str:
+        return " ".join(self.rng.choice(_WORDS) for _ in range(words))
+
+    def conversation(self) -> list[dict]:
+        """A chat over one of two long system prompts: new, a repeat, or an earlier one with
+        a reply and a new user turn."""
+        rng = self.rng
+        x = rng.random()
+        if self.chats and x < 0.2:
+            return list(rng.choice(self.chats))
+        if self.chats and x < 0.5:
+            return rng.choice(self.chats) + [
+                {"role": "assistant", "content": self.text(rng.randrange(1, 30))},
+                {"role": "user", "content": self.text(rng.randrange(1, 30))},
+            ]
+        system = {"role": "system", "content": rng.choice(self.systems)}
+        return [system, {"role": "user", "content": self.text(rng.randrange(1, 60))}]
 
     def prompt(self) -> list[int]:
         rng = self.rng
@@ -180,11 +211,10 @@ class _Workload:
 
     def request(self, rnd: int, index: int) -> FuzzRequest:
         rng = self.rng
-        prompt = self.prompt()
-        if not prompt:
-            prompt = self.tokens(1)
+        messages = self.conversation() if self.chat and rng.random() < 0.25 else None
+        prompt = self.chat(messages).token_ids if messages else self.prompt() or self.tokens(1)
         breakpoints: list[int] = []
-        if rng.random() < 0.2:
+        if not messages and rng.random() < 0.2:
             k = rng.randrange(1, 4)
             breakpoints = sorted({rng.randrange(1, len(prompt) + 1) for _ in range(k)})
         params = self.params()
@@ -192,7 +222,18 @@ class _Workload:
         mode = "complete" if x < 0.6 else ("cancel" if x < 0.85 else "close")
         stop_after = rng.randrange(0, params.max_tokens + 1) if mode != "complete" else 0
         delay = rng.uniform(0.0, 0.3) if rng.random() < 0.5 else 0.0
-        return FuzzRequest(rnd, index, prompt, breakpoints, params, mode, stop_after, delay)
+        return FuzzRequest(
+            rnd, index, prompt, breakpoints, params, mode, stop_after, delay, messages
+        )
+
+
+def _renderer(llm):
+    """messages -> the rendered prompt, or None when the model has no chat template."""
+    try:
+        llm.render_chat([{"role": "user", "content": "hi"}])
+    except ValueError:
+        return None
+    return lambda messages: llm.render_chat(messages).prompt
 
 
 def _prompt_input(req: FuzzRequest) -> dict:
@@ -222,7 +263,9 @@ def _run_round(llm, reqs: list[FuzzRequest], timeout_s: float) -> list[Outcome]:
             outcomes[i] = _outcome(event)
             done.release()
 
-        rid = llm.submit(llm.render_prompt(_prompt_input(req)), req.params, on_event=on_event)
+        prompt = llm.render_chat(req.messages).prompt if req.messages else None
+        prompt = prompt or llm.render_prompt(_prompt_input(req))
+        rid = llm.submit(prompt, req.params, on_event=on_event)
         box.append(rid)
         if req.mode == "cancel" and req.stop_after == 0:
             if req.cancel_delay_s:  # at a moment the deltas do not mark: mid-prefill, queued
@@ -236,7 +279,7 @@ def _run_round(llm, reqs: list[FuzzRequest], timeout_s: float) -> list[Outcome]:
     def close_early(i: int, req: FuzzRequest) -> None:
         got: list[int] = []
         final = None
-        stream = llm.stream(_prompt_input(req), req.params)
+        stream = llm.stream(req.messages or _prompt_input(req), req.params)
         for deltas, event in enumerate(stream, 1):
             if isinstance(event, RequestOutput):
                 final = event
@@ -378,7 +421,7 @@ def run_cached_cold(
     `report.ok` is False on an error output, a drift beyond `tol.noise` or a mismatch that is
     not a near-tie."""
     vocab = llm.model_config.vocab_size
-    work = _Workload(random.Random(seed), vocab, roots, root_tokens, max_tokens)
+    work = _Workload(random.Random(seed), vocab, roots, root_tokens, max_tokens, _renderer(llm))
     report = FuzzReport()
     t0 = time.perf_counter()
     for rnd in range(rounds):
@@ -398,6 +441,8 @@ def run_cached_cold(
             if h.finish_reason in ("stop", "length"):
                 work.seen.append(req.prompt)
                 work.seen.append(req.prompt + h.token_ids)
+                if req.messages:
+                    work.chats.append(req.messages)
         print(
             f"[cached=cold] seed {seed} round {rnd + 1}/{rounds}: {report.requests} requests, "
             f"{len(report.mismatches)} mismatches, max drift {report.max_drift:.2e}, "
