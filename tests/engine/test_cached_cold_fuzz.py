@@ -33,9 +33,11 @@ from ninfer.sampling import make_generator, sample
 
 
 def test_cached_equals_cold_under_a_random_mix(make_llm):
+    """96 requests in 4 rounds (seed 11) over a 24-page Device pool and a Host tier: no error,
+    no drift beyond the noise, no mismatch but near-ties; the mix reached the cache."""
     llm = make_llm(
         max_concurrency=8, kv_capacity=24 * 64, host_cache_mib=4, device_snapshot_slots=4,
-        solo_prefill_chunk=256,  # a lone prompt's final chunk takes its snapshot inside the pass
+        solo_prefill_chunk=256,  # a lone prompt's final chunk may snapshot inside the pass
         check_invariants=False,  # the cold comparison is the check
     )  # fmt: skip
     cold = make_llm(max_concurrency=8, prefix_reuse=False, check_invariants=False)
@@ -49,7 +51,7 @@ def test_cached_equals_cold_under_a_random_mix(make_llm):
     assert report.positions > 200 and report.max_drift <= FP32.noise
     stats = llm.cache_stats()
     assert stats.restores > 0  # the Host tier served some of it
-    assert sum(o for o in (stats.hits_host, stats.hits_device) if o) > 10
+    assert stats.hits_host + stats.hits_device > 10
 
 
 def test_race_gap_reproduces_the_seeded_draw():
