@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ninfer.request import RequestOutput, SamplingParams
+from ninfer.request import SamplingParams
 
 
 @dataclass(slots=True)
@@ -115,7 +115,6 @@ class Lane:
     boundary_taps: set[int] = field(default_factory=set)  # tap positions published as Boundary
     pending: list[PendingTap] = field(default_factory=list)
     last_snapshot: int = 0  # frontier of the deepest snapshot on the lane's path
-    output: RequestOutput | None = None
     detok: Any = None  # incremental detokenizer state (ninfer.detokenizer)
     generator: torch.Generator | None = None
     logprobs: list[dict[int, float]] | None = None

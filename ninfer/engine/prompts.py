@@ -61,23 +61,6 @@ def from_prompt(obj: object, tokenizer) -> PromptInput:
     return PromptInput(ids, PromptHints(explicit=sorted(set(breakpoints))))
 
 
-def from_conversation(
-    messages: list[dict], template, tools: list[dict] | None, enable_thinking: bool
-) -> PromptInput:
-    """Render one conversation with the checkpoint's chat template."""
-    if template is None:
-        raise ValueError("messages: this model has no chat template")
-    rendered = template.render(messages, tools=tools, enable_thinking=enable_thinking)
-    h = rendered.hints
-    hints = PromptHints(
-        explicit=sorted(set(h.explicit)),
-        structural=list(h.structural),
-        opener=h.opener,
-        message_starts=list(h.message_starts),
-    )
-    return PromptInput(list(rendered.token_ids), hints)
-
-
 def validate(prompt: PromptInput, vocab_size: int, max_model_len: int) -> None:
     """Raise ValueError naming the field when the prompt cannot be served."""
     ids = prompt.token_ids
