@@ -426,3 +426,37 @@ def test_engine_in_pass_tap_matches_the_cut_on_cuda(model, monkeypatch):
                 assert a in base.logprobs[i] and top[0] - top[1] < 2 * LOGPROB_TOL, (i, a, b)
                 break
             assert abs(out.logprobs[i][a] - base.logprobs[i][a]) < LOGPROB_TOL, (i, a)
+
+
+@pytest.mark.parametrize("solo", [None, 1024])
+def test_engine_prompt_end_resume_equals_cold_on_cuda(model, solo):
+    """A prompt resent with new text but without the reply resumes at the previous prompt's end
+    (the PROMPT_END snapshot taken after the final pass: a prefill graph replay of the last
+    128-token chunk, or with `solo` one eager pass holding an in-pass tap) and gives the tokens of
+    a cold run (logprobs within LOGPROB_TOL, up to a near-tie flip)."""
+    from ninfer.llm import LLM
+
+    kwargs = dict(device="cuda", max_concurrency=2, kv_capacity=8192, host_cache_mib=0,
+                  prefill_chunk=128, check_invariants=True)  # fmt: skip
+    if solo is not None:
+        kwargs["solo_prefill_chunk"] = solo
+    first = [(13 * i) % 2500 + 4 for i in range(437)]
+    longer = {"prompt_token_ids": first + [(7 * i) % 2400 + 9 for i in range(41)]}
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
+    llm = LLM.from_model(model, **kwargs)
+    cold_llm = LLM.from_model(model, **{**kwargs, "prefix_reuse": False})
+    try:
+        llm.generate([{"prompt_token_ids": first}], params)
+        warm = llm.generate([longer], params)[0]
+        assert warm.usage.cached_tokens == 437
+        cold = cold_llm.generate([longer], params)[0]
+        assert cold.usage.cached_tokens == 0
+        for i, (a, b) in enumerate(zip(warm.token_ids, cold.token_ids, strict=True)):
+            top = sorted(cold.logprobs[i].values(), reverse=True)
+            if a != b:
+                assert a in cold.logprobs[i] and top[0] - top[1] < 2 * LOGPROB_TOL, (i, a, b)
+                break
+            assert abs(warm.logprobs[i][a] - cold.logprobs[i][a]) < LOGPROB_TOL, (i, a)
+    finally:
+        llm.close()
+        cold_llm.close()
