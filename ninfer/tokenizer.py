@@ -31,7 +31,48 @@ def _token_text(value: Any) -> str | None:
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    """A JSON object file ({} when absent); ValueError naming the file when it is not one."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _check_tok_config(path: Path, cfg: dict) -> None:
+    """The keys of tokenizer_config.json this loader reads have the types it reads; ValueError
+    naming the file and the key otherwise (before a confusing failure further in)."""
+
+    def bad(key: str, what: str) -> ValueError:
+        return ValueError(f"{path}: {key!r} must be {what}, got {cfg[key]!r:.80}")
+
+    for key in _SPECIAL_KEYS:
+        if cfg.get(key) is not None and _token_text(cfg[key]) is None:
+            raise bad(key, 'a string or {"content": string}')
+    added = cfg.get("added_tokens_decoder")
+    if added is not None:
+        if not isinstance(added, dict):
+            raise bad("added_tokens_decoder", "an object of token entries")
+        for tid, entry in added.items():
+            if _token_text(entry) is None:
+                raise ValueError(
+                    f"{path}: 'added_tokens_decoder.{tid}' must be "
+                    f'{{"content": string, ...}}, got {entry!r:.80}'
+                )
+    template = cfg.get("chat_template")
+    if template is not None and not isinstance(template, str):
+        named = isinstance(template, list) and all(
+            isinstance(t, dict)
+            and isinstance(t.get("name"), str)
+            and isinstance(t.get("template"), str)
+            for t in template
+        )
+        if not named:
+            raise bad("chat_template", 'a string or a list of {"name", "template"}')
 
 
 class _HFBackend:
@@ -175,6 +216,7 @@ class Tokenizer:
         """Load `path/tokenizer.json` (preferred) or `path/tokenizer.model`."""
         path = Path(path)
         tok_config = _read_json(path / "tokenizer_config.json")
+        _check_tok_config(path / "tokenizer_config.json", tok_config)
         added = _added_tokens(tok_config, only_special=False)
         if (path / "tokenizer.json").is_file():
             backend: _HFBackend | _SPBackend = _HFBackend(path / "tokenizer.json", added)

@@ -123,44 +123,58 @@ class Qwen35Config:
         n_layers = _require(raw, "num_hidden_layers")
         layer_types = raw.get("layer_types")
         if layer_types is None:
-            interval = int(raw.get("full_attention_interval", 4))
+            interval = _get(raw, "full_attention_interval", 4, int)
+            if interval < 1:
+                raise ValueError("config.json: 'full_attention_interval' must be >= 1")
             layer_types = [
                 "full_attention" if (i + 1) % interval == 0 else "linear_attention"
                 for i in range(n_layers)
             ]
+        if not isinstance(layer_types, list):
+            raise ValueError(f"config.json: 'layer_types' must be a list, got {layer_types!r}")
         if len(layer_types) != n_layers:
             raise ValueError(
                 f"config.json: layer_types has {len(layer_types)} entries, "
                 f"num_hidden_layers is {n_layers}"
             )
-        bad = {t for t in layer_types if t not in ("full_attention", "linear_attention")}
+        bad = [t for t in layer_types if t not in ("full_attention", "linear_attention")]
         if bad:
-            raise ValueError(f"config.json: unknown layer_types {sorted(bad)}")
-        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+            raise ValueError(f"config.json: unknown layer_types {sorted(map(str, bad))}")
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"config.json: 'rope_parameters' must be an object, got {rope!r}")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", None):
             raise ValueError(f"config.json: rope_type {rope_type!r} is not supported")
-        theta = rope.get("rope_theta", raw.get("rope_theta", 10_000.0))
-        partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25))
-        eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        is_moe = model_type == "qwen3_5_moe_text"
-        head_dim = raw.get("head_dim") or _require(raw, "hidden_size") // _require(
-            raw, "num_attention_heads"
+        theta = _get(rope, "rope_theta", _get(raw, "rope_theta", 10_000.0, float), float)
+        partial = _get(
+            rope, "partial_rotary_factor", _get(raw, "partial_rotary_factor", 0.25, float), float
         )
+        eos = raw.get("eos_token_id")
+        eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        eos_ids = tuple(_typed("eos_token_id", e, int) for e in eos_list)
+        is_moe = model_type == "qwen3_5_moe_text"
+        hidden = _require(raw, "hidden_size")
+        heads = _require(raw, "num_attention_heads")
+        for key, value in (("num_hidden_layers", n_layers), ("hidden_size", hidden)):
+            if value < 1:
+                raise ValueError(f"config.json: {key!r} must be >= 1, got {value}")
+        if heads < 1:
+            raise ValueError(f"config.json: 'num_attention_heads' must be >= 1, got {heads}")
+        head_dim = _get(raw, "head_dim", 0, int) or hidden // heads
         return cls(
             vocab_size=_require(raw, "vocab_size"),
-            hidden_size=_require(raw, "hidden_size"),
+            hidden_size=hidden,
             num_hidden_layers=n_layers,
             layer_types=tuple(layer_types),
-            num_attention_heads=_require(raw, "num_attention_heads"),
+            num_attention_heads=heads,
             num_key_value_heads=_require(raw, "num_key_value_heads"),
-            head_dim=int(head_dim),
+            head_dim=head_dim,
             linear_num_key_heads=_require(raw, "linear_num_key_heads"),
             linear_num_value_heads=_require(raw, "linear_num_value_heads"),
             linear_key_head_dim=_require(raw, "linear_key_head_dim"),
             linear_value_head_dim=_require(raw, "linear_value_head_dim"),
-            linear_conv_kernel_dim=int(raw.get("linear_conv_kernel_dim", 4)),
+            linear_conv_kernel_dim=_get(raw, "linear_conv_kernel_dim", 4, int),
             intermediate_size=0 if is_moe else _require(raw, "intermediate_size"),
             num_experts=_require(raw, "num_experts") if is_moe else 0,
             num_experts_per_tok=_require(raw, "num_experts_per_tok") if is_moe else 0,
@@ -168,11 +182,11 @@ class Qwen35Config:
             shared_expert_intermediate_size=(
                 _require(raw, "shared_expert_intermediate_size") if is_moe else 0
             ),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
-            partial_rotary_factor=float(partial),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            rms_norm_eps=_get(raw, "rms_norm_eps", 1e-6, float),
+            rope_theta=theta,
+            partial_rotary_factor=partial,
+            max_position_embeddings=_get(raw, "max_position_embeddings", 32768, int),
+            tie_word_embeddings=_get(raw, "tie_word_embeddings", False, bool),
             eos_token_ids=eos_ids,
             model_type=model_type,
         )
@@ -197,7 +211,29 @@ class Qwen35Config:
             raise ValueError(f"{path}: malformed field ({type(exc).__name__}: {exc})") from None
 
 
-def _require(raw: dict[str, Any], key: str) -> Any:
+def _require(raw: dict[str, Any], key: str, kind: type = int) -> Any:
+    """`raw[key]`, present and of `kind` (an int for the shape fields)."""
     if key not in raw:
         raise ValueError(f"config.json: missing field {key!r}")
-    return raw[key]
+    return _typed(key, raw[key], kind)
+
+
+def _get(raw: dict[str, Any], key: str, default: Any, kind: type) -> Any:
+    """`raw[key]` of `kind` (None or absent: `default`)."""
+    value = raw.get(key)
+    return default if value is None else _typed(key, value, kind)
+
+
+def _typed(key: str, value: Any, kind: type) -> Any:
+    """`value` as `kind` (int: an integer, not a bool; float: any number; bool: a bool);
+    ValueError naming `key` otherwise."""
+    ok = (
+        isinstance(value, bool)
+        if kind is bool
+        else isinstance(value, (int, float) if kind is float else int)
+        and not isinstance(value, bool)
+    )
+    if not ok:
+        what = {int: "an integer", float: "a number", bool: "true or false"}[kind]
+        raise ValueError(f"config.json: {key!r} must be {what}, got {value!r}")
+    return kind(value)

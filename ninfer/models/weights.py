@@ -61,7 +61,7 @@ def load_model(
 ) -> Qwen35ForCausalLM:
     """Builds the model described by `path`/config.json and loads its weights in `dtype` on
     `device` (the config is `model.config`). Raises ValueError naming any missing, unexpected
-    or mis-shaped tensor."""
+    or mis-shaped tensor, or one holding NaN or infinite values."""
     config = Qwen35Config.from_file(path)
     device = torch.device(device)
     model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
@@ -118,7 +118,9 @@ class _Loader:
             raise ValueError(f"unexpected tensor {key!r} in the checkpoint")
         tensor = source.get_tensor(key)
         _check_shape(key, tuple(tensor.shape), tuple(self.expected[name].shape))
-        self._assign(name, tensor.to(device=self.device, dtype=self.dtype))
+        placed = tensor.to(device=self.device, dtype=self.dtype)
+        _check_finite(key, placed, tensor.dtype)
+        self._assign(name, placed)
         self.loaded.add(name)
 
     def _add_expert(self, key: str, match: re.Match, source) -> None:
@@ -133,6 +135,7 @@ class _Loader:
         tensor = source.get_tensor(key)
         _check_shape(key, tuple(tensor.shape), tuple(dest.shape))
         dest.copy_(tensor)
+        _check_finite(key, dest, tensor.dtype)
         self.expert_parts.setdefault(fused, set()).add((expert, part))
 
     def _fused_storage(self, name: str) -> torch.Tensor:
@@ -178,6 +181,30 @@ def _canonical_name(key: str) -> str | None:
     if key.startswith("model.language_model."):
         return "model." + key.removeprefix("model.language_model.")
     return key
+
+
+_FINITE_CHUNK = 1 << 26  # elements checked at a time (bounds the check's scratch memory)
+
+
+def _check_finite(key: str, tensor: torch.Tensor, stored: torch.dtype) -> None:
+    """ValueError naming `key` when the placed tensor holds a NaN or an infinity (a corrupt
+    checkpoint, or values beyond the load dtype's range): the model would only print noise."""
+    if not tensor.is_floating_point():
+        return
+    flat = tensor.reshape(-1)
+    for start in range(0, flat.numel(), _FINITE_CHUNK):
+        part = flat[start : start + _FINITE_CHUNK]
+        if not bool(torch.isfinite(part).all()):
+            bad = sum(
+                int((~torch.isfinite(flat[i : i + _FINITE_CHUNK])).sum())
+                for i in range(0, flat.numel(), _FINITE_CHUNK)
+            )
+            why = "the checkpoint is corrupt"
+            if tensor.dtype != stored:
+                why += f", or its {stored} values overflow {tensor.dtype} (try another --dtype)"
+            raise ValueError(
+                f"tensor {key!r} holds {bad} NaN or infinite values of {flat.numel()}: {why}"
+            )
 
 
 def _check_shape(key: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
