@@ -17,8 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--served-model-name",
         default=None,
+        nargs="+",
         metavar="NAME",
-        help="the model name clients send (default: the checkpoint folder's name, or 'demo')",
+        help="the model name clients send, or several (clients that send their own model "
+        "names can be pointed here); default: the checkpoint folder's name, or 'demo'",
     )
     parser.add_argument(
         "--preset",
@@ -55,9 +57,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_port(host: str, port: int) -> None:
+    """ValueError (one line naming the port) when `host:port` cannot be bound now, say because
+    another server listens there. Bound as uvicorn binds it (SO_REUSEADDR), then let go."""
+    import errno
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host!r}: not an address of this machine ({e})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ValueError(
+                    f"port {port} on {host} is already in use (another server?); "
+                    "choose another with --port"
+                ) from None
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def model_names(args: argparse.Namespace) -> list[str]:
+    """The names clients may send (`--served-model-name` takes several; the first is the one
+    replies default to)."""
+    given = args.served_model_name
+    if isinstance(given, str):
+        given = [given]
+    names = [n for part in given or [] for n in part.split(",") if n.strip()]
+    return [n.strip() for n in names] or [model_name(args)]
+
+
 def model_name(args: argparse.Namespace) -> str:
-    if args.served_model_name:
-        return args.served_model_name
+    """The default name: the checkpoint folder's, the preset's or "demo"."""
     if getattr(args, "preset", None):
         return f"preset-{args.preset}"
     model = getattr(args, "model", None)
@@ -79,11 +116,13 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.max_body_mib > 0:
         raise ValueError(f"--max-body-mib must be > 0, got {args.max_body_mib}")
-    name = model_name(args)
+    check_port(args.host, args.port)  # in a moment, not after loading the model
+    names = model_names(args)
+    name = names[0]
     llm = _preset_llm(args) if args.preset else open_llm(args)
     app = create_app(
         llm,
-        name,
+        names,
         api_key=args.api_key,
         max_body_bytes=int(args.max_body_mib * (1 << 20)),
         host=args.host,

@@ -42,6 +42,62 @@ class MessagesRequest(BaseModel):
     cache_control: Any = None  # automatic caching: a breakpoint on the last message
 
 
+def check_sampling(req: MessagesRequest, max_model_len: int) -> None:
+    """Anthropic's own ranges: temperature in [0, 1]; max_tokens within the model's length."""
+    t = req.temperature
+    if t is not None and not 0.0 <= t <= 1.0:
+        raise ApiError(f"temperature: must be in [0, 1], got {t!r}", "temperature")
+    if req.max_tokens > max_model_len:
+        raise ApiError(
+            f"max_tokens: {req.max_tokens} is more than the model's context length "
+            f"(max_model_len={max_model_len})",
+            "max_tokens",
+        )
+
+
+def check_conversation(messages: list) -> None:
+    """The conversation's shape as Anthropic checks it (and the chat template needs): roles
+    user / assistant, the first one user, each tool_result answering a tool_use of the assistant
+    message just before it; each violation an ApiError naming `messages.N...`."""
+    if not messages:
+        raise ApiError("messages: must be a non-empty list", "messages")
+    calls: set = set()  # the tool_use ids of the previous assistant message
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("user", "assistant"):
+            raise ApiError(
+                f"messages.{i}.role: must be user or assistant, got {role!r}",
+                f"messages.{i}.role",
+            )
+        if i == 0 and role != "user":
+            raise ApiError(
+                f"messages.0.role: the first message must use the user role, got {role!r}",
+                "messages.0.role",
+            )
+        content = m.get("content")
+        blocks = content if isinstance(content, list) else []
+        if role == "assistant":
+            calls = {
+                b["id"]
+                for b in blocks
+                if isinstance(b, dict)
+                and b.get("type") == "tool_use"
+                and isinstance(b.get("id"), str)
+            }
+            continue
+        for j, b in enumerate(blocks):
+            if isinstance(b, dict) and b.get("type") == "tool_result":
+                tid = b.get("tool_use_id")
+                if not isinstance(tid, str) or tid not in calls:
+                    raise ApiError(
+                        f"messages.{i}.content.{j}: unexpected tool_use_id {tid!r} in a "
+                        "tool_result block: each tool_result must answer a tool_use block of "
+                        "the previous message",
+                        f"messages.{i}.content.{j}.tool_use_id",
+                    )
+        calls = set()
+
+
 def enable_thinking(req: MessagesRequest) -> bool | None:
     kind = (req.thinking or {}).get("type")
     if kind is None:
@@ -167,8 +223,7 @@ def _assistant(blocks: list, where: str) -> dict:
 
 def convert_messages(req: MessagesRequest) -> list[dict]:
     out = _system(req.system)
-    if not req.messages:
-        raise ApiError("messages must be a non-empty list", "messages")
+    check_conversation(req.messages)
     for i, m in enumerate(req.messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):

@@ -20,7 +20,14 @@ from fastapi.responses import StreamingResponse
 from ninfer.request import RequestOutput, SamplingParams, StreamDelta, Usage
 from ninfer.server import anthropic_api as anth
 from ninfer.server.cache_control import check_cache_control
-from ninfer.server.context import Serving, failure, or_disconnect, serving, sse
+from ninfer.server.context import (
+    Serving,
+    failure,
+    or_disconnect,
+    refuse_unimplemented,
+    serving,
+    sse,
+)
 from ninfer.server.driver import Rendered
 from ninfer.server.errors import ApiError, anthropic_body, from_value_error
 from ninfer.server.tool_calls import OutputParser, Text, parse_text, tool_schemas
@@ -32,6 +39,8 @@ Srv = Annotated[Serving, Depends(serving)]
 
 def _render(srv: Serving, req: anth.MessagesRequest) -> tuple[Rendered, list[dict] | None]:
     srv.check_model(req.model)
+    refuse_unimplemented(req, "messages")
+    anth.check_sampling(req, srv.driver.max_model_len)
     check_cache_control(req.tools, req.system, req.messages, req.cache_control)
     msgs = anth.convert_messages(req)
     tools, tool_marked = anth.convert_tools(req)
@@ -39,6 +48,7 @@ def _render(srv: Serving, req: anth.MessagesRequest) -> tuple[Rendered, list[dic
     thinking = anth.enable_thinking(req)
     if thinking is not None:
         kwargs["enable_thinking"] = thinking
+    kwargs = srv.template_kwargs(kwargs)
     try:
         rendered = srv.driver.render_chat(msgs, tools, kwargs, tool_breakpoint=tool_marked)
     except ValueError as e:
@@ -78,9 +88,9 @@ async def messages(request: Request, srv: Srv):
         reasoning, text, calls = parse_text(out.text, rendered.thinking, schemas, new_tool_id)
         blocks = anth.content_blocks(reasoning, text, calls)
         stop = anth.stop_reason(out, calls)
-        return anth.message(mid, srv.model_name, blocks, stop, anth.usage(out.usage))
+        return anth.message(mid, req.model, blocks, stop, anth.usage(out.usage))
     parser = OutputParser(rendered.thinking, schemas, new_tool_id)
-    events = _events(srv, rendered, params, mid, parser)
+    events = _events(srv, rendered, params, mid, parser, req.model)
     return StreamingResponse(events, media_type="text/event-stream")
 
 
@@ -90,6 +100,7 @@ async def _events(
     params: SamplingParams,
     mid: str,
     p: OutputParser,
+    model: str,
 ) -> AsyncIterator[str]:
     blocks = anth.BlockStream()
     started = False
@@ -97,7 +108,7 @@ async def _events(
     def message_start(first: StreamDelta | RequestOutput | None) -> str:
         u = first.usage if first is not None else None
         u = u or Usage(prompt_tokens=len(rendered.prompt.token_ids))
-        start = anth.message(mid, srv.model_name, [], None, anth.usage(u, output_tokens=0))
+        start = anth.message(mid, model, [], None, anth.usage(u, output_tokens=0))
         return sse({"type": "message_start", "message": start}, "message_start")
 
     srv.metrics.in_flight.inc()

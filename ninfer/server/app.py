@@ -11,7 +11,7 @@ API's error JSON.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -54,7 +54,7 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 def create_app(
     llm,
-    model_name: str,
+    model_name: str | Sequence[str],
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     *,
@@ -64,14 +64,28 @@ def create_app(
 ) -> FastAPI:
     """The ASGI app over one LLM (the caller owns the LLM and closes it). `host` is the bound
     address (its name is accepted in `Host`); `allowed_hosts` and `allowed_origins` as
-    `guard.Policy` reads them ("*": any)."""
+    `guard.Policy` reads them ("*": any). `model_name`: the name clients send, or several
+    (the first is the default in replies). On the demo model (no checkpoint) a chat answers
+    in `content` unless a request turns thinking on."""
+    names = (model_name,) if isinstance(model_name, str) else tuple(dict.fromkeys(model_name))
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"served model names must be non-empty strings, got {model_name!r}")
+    model_name = names[0]
+    demo = getattr(llm.engine_config, "model", "") is None
     metrics = ServerMetrics(llm.cache_stats)
     driver = EngineDriver(llm, model_name, on_final=metrics.observe)
     metrics.loop_stats = lambda: driver.loop_stats
     app = FastAPI(title="ninfer", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.driver = driver
     app.state.metrics = metrics
-    app.state.serving = Serving(driver, metrics, model_name, Limits(max_body_bytes))
+    app.state.serving = Serving(
+        driver,
+        metrics,
+        model_name,
+        Limits(max_body_bytes),
+        model_names=names,
+        thinking_default=False if demo else None,
+    )
     app.state.draining = False
     policy = Policy.of(api_key, host, allowed_hosts, allowed_origins)
     app.add_middleware(Guard, policy=policy, metrics=metrics, state=app.state)

@@ -55,8 +55,13 @@ class Limits:
 class Serving:
     driver: EngineDriver
     metrics: ServerMetrics
-    model_name: str
+    model_name: str  # the first served name (the default in replies)
     limits: Limits = field(default_factory=Limits)
+    # every name a client may send (`--served-model-name a b ...`); empty: `model_name` only
+    model_names: tuple[str, ...] = ()
+    # Qwen's thinking when a request does not say (None: the template's default). The demo
+    # model's random weights think forever: it answers in `content` unless asked to think.
+    thinking_default: bool | None = None
     workers: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ninfer-http")
     )
@@ -70,11 +75,27 @@ class Serving:
         raw = await read_body(request, self.limits.max_body_bytes)
         return await self.offload(parse_body, raw, cls, self.limits.max_json_depth, defaults)
 
-    def check_model(self, name: str) -> None:
-        if name != self.model_name:
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.model_names or (self.model_name,)
+
+    def check_model(self, name: str) -> str:
+        """The name the reply carries; 404 `model_not_found` for a model not served here."""
+        if name not in self.names:
+            served = ", ".join(repr(n) for n in self.names)
             raise ApiError(
-                f"model {name!r} is not served here (serving {self.model_name!r})", "model"
+                f"The model {name!r} does not exist (this server serves {served})",
+                "model",
+                status=404,
+                code="model_not_found",
             )
+        return name
+
+    def template_kwargs(self, kwargs: dict) -> dict:
+        """`chat_template_kwargs` with the server's thinking default where a request is silent."""
+        if self.thinking_default is not None and "enable_thinking" not in kwargs:
+            kwargs = {**kwargs, "enable_thinking": self.thinking_default}
+        return kwargs
 
     def validate(self, rendered: Rendered, params: SamplingParams, field: str) -> SamplingParams:
         try:
@@ -106,6 +127,85 @@ class Serving:
     ) -> AsyncIterator[tuple[int, Batch]]:
         """(sibling index, batch) of every sibling, streamed."""
         return merge([self.driver.run(rendered, p, stream=True) for p in plist])
+
+
+# ---- fields we do not implement ---------------------------------------------------------------
+# A request field no route implements is accepted and ignored when it cannot change the output
+# (as the APIs themselves ignore unknown fields: `user`, `store`, `metadata`, `service_tier`,
+# ...). The fields below change the output; a request that sets one to anything but its no-op
+# value is refused with a 400 naming it, never served as if it were absent. The one table: the
+# route's kind -> {field: (its no-op values, why)}.
+_SOON = "not supported yet (structured outputs)"
+_NO = "not supported by this server"
+_SAMPLING_EXTRAS: dict[str, tuple[tuple, str]] = {  # vLLM's extensions over both OpenAI routes
+    "logit_bias": ((None, {}), _NO),
+    "response_format": ((None, {"type": "text"}), _SOON),
+    "structured_outputs": ((None, {}), _SOON),
+    "guided_json": ((None,), _SOON),
+    "guided_regex": ((None,), _SOON),
+    "guided_choice": ((None, []), _SOON),
+    "guided_grammar": ((None,), _SOON),
+    "best_of": ((None, 1), _NO),
+    "use_beam_search": ((None, False), _NO),
+    "length_penalty": ((None, 1, 1.0), _NO),
+    "repetition_penalty": ((None, 1, 1.0), _NO),
+    "min_tokens": ((None, 0), _NO),
+    "stop_token_ids": ((None, []), _NO),
+    "bad_words": ((None, []), _NO),
+    "allowed_token_ids": ((None, []), _NO),
+    "prompt_logprobs": ((None,), _NO),
+    "truncate_prompt_tokens": ((None,), _NO),
+    "include_stop_str_in_output": ((None, False), _NO),
+    "skip_special_tokens": ((None, True), _NO),
+    "spaces_between_special_tokens": ((None, True), _NO),
+    "logits_processors": ((None, []), _NO),
+}
+REFUSED_FIELDS: dict[str, dict[str, tuple[tuple, str]]] = {
+    "chat": {
+        **_SAMPLING_EXTRAS,
+        "functions": ((None, []), _NO + " (use tools)"),
+        "function_call": ((None, "none", "auto"), _NO + " (use tool_choice)"),
+        "audio": ((None,), _NO),
+        "modalities": ((None, ["text"]), _NO),
+        "prediction": ((None,), _NO),
+        "web_search_options": ((None,), _NO),
+        "verbosity": ((None,), _NO),
+        "echo": ((None, False), _NO),
+        "add_generation_prompt": ((None, True), _NO),
+        "continue_final_message": ((None, False), _NO),
+        "chat_template": ((None,), _NO),
+        "documents": ((None, []), _NO),
+    },
+    "completions": {
+        **_SAMPLING_EXTRAS,
+        "suffix": ((None, ""), _NO),
+    },
+    "messages": {
+        "output_format": ((None,), _SOON),
+        "output_config": ((None, {}), _SOON),
+        "mcp_servers": ((None, []), _NO),
+        "container": ((None,), _NO),
+        "context_management": ((None,), _NO),
+    },
+}
+
+
+def refuse_unimplemented(req, kind: str) -> None:
+    """A 400 naming the first field of `REFUSED_FIELDS[kind]` that `req` sets to a value that
+    would change the output (`req`: a parsed request, its unknown fields in `model_extra`)."""
+    fields = {**(req.model_extra or {}), **{k: getattr(req, k) for k in type(req).model_fields}}
+    for name, (noops, why) in REFUSED_FIELDS[kind].items():
+        value = fields.get(name)
+        if not any(_same(value, v) for v in noops):
+            raise ApiError(f"{name}: {why}", name)
+
+
+def _same(value, noop) -> bool:
+    """`value` is the no-op value `noop` (1 and 1.0 alike; False is not 0, nor 1 True)."""
+    number = (int, float)
+    if isinstance(value, number) and isinstance(noop, number):
+        return isinstance(value, bool) == isinstance(noop, bool) and value == noop
+    return type(value) is type(noop) and value == noop
 
 
 def serving(request: Request) -> Serving:

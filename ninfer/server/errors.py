@@ -14,7 +14,12 @@ _SAMPLING = re.compile(r"^(max_tokens|temperature|top_p|top_k|min_p|logprobs|sto
 
 class ApiError(Exception):
     def __init__(
-        self, message: str, param: str | None = None, status: int = 400, kind: str | None = None
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        kind: str | None = None,
+        code: str | None = None,
     ) -> None:
         message, param = _printable(message), None if param is None else _printable(param)
         super().__init__(message)
@@ -22,6 +27,7 @@ class ApiError(Exception):
         self.param = param
         self.status = status
         self.kind = kind or _default_kind(status)
+        self.code = code  # OpenAI's `error.code` (e.g. "model_not_found")
 
 
 def _printable(text: str) -> str:
@@ -53,7 +59,7 @@ def from_value_error(e: ValueError, default_param: str | None = None) -> ApiErro
 
 def openai_body(err: ApiError) -> dict:
     kind = "invalid_request_error" if err.status < 500 and err.status != 401 else err.kind
-    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": None}}
+    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
 
 
 def anthropic_body(err: ApiError) -> dict:

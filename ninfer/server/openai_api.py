@@ -4,7 +4,9 @@ Cache breakpoints on OpenAI requests: `"cache_control": {"type": "ephemeral"}` o
 on one of its content parts (the Anthropic spelling, as OpenAI-compatible gateways pass it
 through) marks the end of that message's turn as a client breakpoint. On completions,
 `cache_breakpoints` (token positions) does the same for raw prompts. `return_token_ids: true`
-on a chat request adds each choice's (or streamed chunk's) generated token ids.
+on a chat or completions request adds each choice's (or streamed chunk's) generated token ids.
+`/v1/completions` takes a batch as OpenAI does (a list of texts or of token-id lists): choice
+`i * n + j` is prompt i's j-th; the prompts run as one batch and share the prefix cache.
 """
 
 from __future__ import annotations
@@ -59,10 +61,34 @@ class ChatRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[int]
+    # one prompt (text or token ids) or a batch of them (a list of texts or of token-id lists)
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
     cache_breakpoints: list[int] | None = None
+    return_token_ids: bool | None = None  # (vLLM's extension) each choice/chunk's token ids
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: one prompt, or each of a list's."""
+        p = self.prompt
+        if isinstance(p, str) or not p or isinstance(p[0], int):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
+
+
+MAX_BATCH_CHOICES = 128  # prompts x n of one /v1/completions request
+
+
+def thinking_of(effort) -> bool | None:
+    """`reasoning_effort` as Qwen's thinking switch ("none" / "minimal": off); None: not set."""
+    if effort is None:
+        return None
+    if effort not in ("none", "minimal", "low", "medium", "high"):
+        raise ApiError(
+            f"reasoning_effort must be none, minimal, low, medium or high, got {effort!r}",
+            "reasoning_effort",
+        )
+    return effort not in ("none", "minimal")
 
 
 def check_penalties(req: _Request) -> None:
@@ -171,7 +197,55 @@ def convert_messages(messages: list) -> list[dict]:
         if role != "assistant" and msg["content"] is None:
             raise ApiError(f"{where}.content is missing", f"{where}.content")
         out.append(msg)
+    check_conversation(out, lambda i: f"messages[{i}]")
     return out
+
+
+def check_conversation(msgs: list[dict], where) -> None:
+    """The shape the chat template needs, each violation an ApiError naming the message
+    (`where(i)`: message i's path): system messages first, then a user message; a tool
+    message answers the tool calls of the assistant message before it (by id, when both
+    carry ids); some user message."""
+    started = False
+    calls: set | None = None  # the ids of the open assistant message's tool calls
+    for i, m in enumerate(msgs):
+        role, at = m["role"], where(i)
+        if role == "system":
+            if started:
+                raise ApiError(
+                    f"{at}.role: a system message must come before the conversation's "
+                    "first user message",
+                    f"{at}.role",
+                )
+            continue
+        if not started and role != "user":
+            raise ApiError(
+                f"{at}.role: the conversation must start with a user message "
+                f"(after any system messages), got {role!r}",
+                f"{at}.role",
+            )
+        started = True
+        if role == "assistant":
+            made = m.get("tool_calls") or []
+            calls = {c["id"] for c in made if isinstance(c.get("id"), str)} if made else None
+        elif role == "tool":
+            if calls is None:
+                raise ApiError(
+                    f"{at}.role: a tool message must answer the tool_calls of the assistant "
+                    "message before it",
+                    f"{at}.role",
+                )
+            tid, ids = m.get("tool_call_id"), calls
+            if tid is not None and ids and (not isinstance(tid, str) or tid not in ids):
+                raise ApiError(
+                    f"{at}.tool_call_id: {tid!r} answers no tool call of the assistant message "
+                    f"before it (its calls: {sorted(map(str, ids))})",
+                    f"{at}.tool_call_id",
+                )
+        else:
+            calls = None
+    if not started:
+        raise ApiError("messages: the conversation has no user message", "messages")
 
 
 def render_tools(tools, tool_choice) -> list[dict] | None:
@@ -207,11 +281,14 @@ def usage(prompt: int, completion: int, cached: int) -> dict:
     }
 
 
-def usage_of(outs: list[RequestOutput]) -> dict:
-    """n choices of one prompt: the prompt once, the first choice's cache reuse."""
-    first = outs[0].usage
+def usage_of(outs: list[RequestOutput], n: int | None = None) -> dict:
+    """n choices of each prompt (n None: of one prompt): each prompt once, its first choice's
+    cache reuse."""
+    n = n or len(outs)
+    firsts = [o.usage for o in outs[::n]]
     completion = sum(o.usage.completion_tokens for o in outs)
-    return usage(first.prompt_tokens, completion, first.cached_tokens)
+    prompt = sum(u.prompt_tokens for u in firsts)
+    return usage(prompt, completion, sum(u.cached_tokens for u in firsts))
 
 
 def finish_reason(out: RequestOutput, calls: list[ToolCall]) -> str:

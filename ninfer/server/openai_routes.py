@@ -9,6 +9,7 @@ last choice's finish the usage chunk and `data: [DONE]`, all in that one write.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
@@ -18,7 +19,16 @@ from fastapi.responses import Response, StreamingResponse
 
 from ninfer.request import RequestOutput, SamplingParams, StreamDelta
 from ninfer.server import openai_api as oai
-from ninfer.server.context import Serving, failure, json_bytes, or_disconnect, serving, sse
+from ninfer.server.context import (
+    Serving,
+    failure,
+    json_bytes,
+    merge,
+    or_disconnect,
+    refuse_unimplemented,
+    serving,
+    sse,
+)
 from ninfer.server.driver import Rendered
 from ninfer.server.errors import ApiError, from_value_error, openai_body
 from ninfer.server.tool_calls import OutputParser, parse_text, tool_schemas
@@ -44,20 +54,25 @@ def _json(body: bytes) -> Response:
 
 @router.get("/v1/models")
 async def models(srv: Srv):
-    card = {
-        "id": srv.model_name,
-        "object": "model",
-        "created": now(),
-        "owned_by": "ninfer",
-        "max_model_len": srv.driver.max_model_len,
-    }
-    return {"object": "list", "data": [card]}
+    created = now()
+    cards = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "ninfer",
+            "max_model_len": srv.driver.max_model_len,
+        }
+        for name in srv.names
+    ]
+    return {"object": "list", "data": cards}
 
 
 # ---- chat -------------------------------------------------------------------------------------
 def _chat_render(srv: Serving, req: oai.ChatRequest) -> tuple[Rendered, list[dict] | None, int]:
     """The checked request's prompt, its tools and its choice count (`n`)."""
     srv.check_model(req.model)
+    refuse_unimplemented(req, "chat")
     oai.check_penalties(req)
     n = check_n(req.n)
     messages = oai.convert_messages(req.messages)
@@ -65,6 +80,10 @@ def _chat_render(srv: Serving, req: oai.ChatRequest) -> tuple[Rendered, list[dic
     kwargs = dict(req.chat_template_kwargs or {})
     if not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
         raise ApiError("chat_template_kwargs keys must be names", "chat_template_kwargs")
+    thinking = oai.thinking_of(req.reasoning_effort)
+    if thinking is not None:
+        kwargs.setdefault("enable_thinking", thinking)
+    kwargs = srv.template_kwargs(kwargs)
     try:
         return srv.driver.render_chat(messages, tools, kwargs), tools, n
     except ValueError as e:
@@ -101,7 +120,7 @@ def _chat_body(srv: Serving, req: oai.ChatRequest, prep: _Prepared, outs: list) 
         "id": new_id("chatcmpl-"),
         "object": "chat.completion",
         "created": now(),
-        "model": srv.model_name,
+        "model": req.model,
         "choices": choices,
         "usage": oai.usage_of(outs),
     }
@@ -117,7 +136,7 @@ async def chat_completions(request: Request, srv: Srv):
         outs = await or_disconnect(request, srv.run_all(rendered, plist))
         return _json(await srv.offload(_chat_body, srv, req, prep, outs))
     schemas = tool_schemas(prep.tools) if prep.tools else None
-    fmt = oai.ChunkFormat(new_id("chatcmpl-"), now(), srv.model_name, "chat.completion.chunk")
+    fmt = oai.ChunkFormat(new_id("chatcmpl-"), now(), req.model, "chat.completion.chunk")
     events = _chat_events(
         srv,
         rendered,
@@ -180,102 +199,154 @@ async def _chat_events(
 
 
 # ---- completions ------------------------------------------------------------------------------
-def _completion_prepare(srv: Serving, req: oai.CompletionRequest) -> _Prepared:
-    srv.check_model(req.model)
+@dataclass(slots=True)
+class _Batch:
+    """A checked completions request: each prompt's `_Prepared`, the choices per prompt."""
+
+    prompts: list[_Prepared]
+    n: int
+    model: str
+
+    def runs(self) -> list[tuple[Rendered, SamplingParams]]:
+        """(prompt, parameters) of every choice, choice `i * n + j` at that index."""
+        return [(p.rendered, params) for p in self.prompts for params in p.plist]
+
+
+def _completion_prepare(srv: Serving, req: oai.CompletionRequest) -> _Batch:
+    model = srv.check_model(req.model)
+    refuse_unimplemented(req, "completions")
     oai.check_penalties(req)
     n = check_n(req.n)
-    prompt: object = req.prompt
-    if req.cache_breakpoints:
-        key = "prompt" if isinstance(req.prompt, str) else "prompt_token_ids"
-        prompt = {key: req.prompt, "cache_breakpoints": req.cache_breakpoints}
-    try:
-        rendered = srv.driver.render_prompt(prompt)  # type: ignore[arg-type]
-    except ValueError as e:
-        raise from_value_error(e, "prompt") from None
-    rendered.text = req.prompt if isinstance(req.prompt, str) else ""
+    prompts = req.prompts()
+    if len(prompts) * n > oai.MAX_BATCH_CHOICES:
+        raise ApiError(
+            f"prompt: {len(prompts)} prompts x n={n} is more than "
+            f"{oai.MAX_BATCH_CHOICES} choices in one request",
+            "prompt",
+        )
+    if req.cache_breakpoints and len(prompts) > 1:
+        raise ApiError("cache_breakpoints needs a single prompt", "cache_breakpoints")
     k = req.logprobs
     if k is not None and not 0 <= k <= 20:
         raise ApiError("logprobs must be in [0, 20]", "logprobs")
     max_tokens = req.max_tokens if req.max_tokens is not None else 16
-    params = _params(srv, req, rendered, max_tokens, "max_tokens", k, n)
-    return _Prepared(rendered, _siblings(srv, rendered, params, n, "max_tokens", "prompt"), k)
+    batch = []
+    for i, one in enumerate(prompts):
+        field = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        prompt: object = one
+        if req.cache_breakpoints:
+            key = "prompt" if isinstance(one, str) else "prompt_token_ids"
+            prompt = {key: one, "cache_breakpoints": req.cache_breakpoints}
+        try:
+            rendered = srv.driver.render_prompt(prompt)  # type: ignore[arg-type]
+        except ValueError as e:
+            err = from_value_error(e, "prompt")
+            if field != "prompt":
+                err = ApiError(f"{field}: {err.message}", field)
+            raise err from None
+        rendered.text = one if isinstance(one, str) else ""
+        params = _params(srv, req, rendered, max_tokens, "max_tokens", k, n)
+        plist = _siblings(srv, rendered, params, n, "max_tokens", field)
+        batch.append(_Prepared(rendered, plist, k))
+    return _Batch(batch, n, model)
 
 
-def _completion_body(srv: Serving, req: oai.CompletionRequest, prep: _Prepared, outs) -> bytes:
-    echo = prep.rendered.text if req.echo else ""
-    choices = [
-        {
+def _completion_body(srv: Serving, req: oai.CompletionRequest, batch: _Batch, outs) -> bytes:
+    choices = []
+    for i, out in enumerate(outs):
+        prep = batch.prompts[i // batch.n]
+        echo = prep.rendered.text if req.echo else ""
+        choice = {
             "index": i,
             "text": echo + out.text,
             "logprobs": oai.completion_logprobs(out, srv.driver.tokenizer, prep.k or 0),
             "finish_reason": "length" if out.finish_reason == "length" else "stop",
         }
-        for i, out in enumerate(outs)
-    ]
+        if req.return_token_ids is True:
+            choice["prompt_token_ids"] = list(out.prompt_token_ids)
+            choice["token_ids"] = list(out.token_ids)
+        choices.append(choice)
     body = {
         "id": new_id("cmpl-"),
         "object": "text_completion",
         "created": now(),
-        "model": srv.model_name,
+        "model": batch.model,
         "choices": choices,
-        "usage": oai.usage_of(outs),
+        "usage": oai.usage_of(outs, batch.n),
     }
     return json_bytes(body)
+
+
+async def _run_batch(srv: Serving, batch: _Batch) -> list:
+    """Every choice of every prompt, submitted together: one batch on the engine."""
+    tasks = [asyncio.ensure_future(srv.run_all(p.rendered, p.plist)) for p in batch.prompts]
+    try:
+        per_prompt = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:  # one prompt failed, or the client left: the rest stop too
+            task.cancel()
+        raise
+    return [out for outs in per_prompt for out in outs]
 
 
 @router.post("/v1/completions")
 async def completions(request: Request, srv: Srv):
     req = await srv.parse(request, oai.CompletionRequest)
-    prep = await srv.offload(_completion_prepare, srv, req)
+    batch = await srv.offload(_completion_prepare, srv, req)
     if not req.stream:
-        outs = await or_disconnect(request, srv.run_all(prep.rendered, prep.plist))
-        return _json(await srv.offload(_completion_body, srv, req, prep, outs))
-    fmt = oai.ChunkFormat(new_id("cmpl-"), now(), srv.model_name, "text_completion")
+        outs = await or_disconnect(request, _run_batch(srv, batch))
+        return _json(await srv.offload(_completion_body, srv, req, batch, outs))
+    fmt = oai.ChunkFormat(new_id("cmpl-"), now(), batch.model, "text_completion")
     include_usage = bool((req.stream_options or {}).get("include_usage"))
-    echo = prep.rendered.text if req.echo else ""
-    events = _completion_events(srv, prep.rendered, prep.plist, fmt, echo, include_usage)
+    events = _completion_events(
+        srv, batch, fmt, req.echo, include_usage, return_ids=req.return_token_ids is True
+    )
     return StreamingResponse(events, media_type="text/event-stream")
 
 
 async def _completion_events(
     srv: Serving,
-    rendered: Rendered,
-    plist: list[SamplingParams],
+    batch: _Batch,
     fmt: oai.ChunkFormat,
-    echo: str,
+    echo: bool,
     include_usage: bool,
+    return_ids: bool,
 ) -> AsyncIterator[str]:
-    finals: list[RequestOutput] = []
-    srv.metrics.in_flight.inc(len(plist))
+    runs = batch.runs()
+    finals: list[RequestOutput | None] = [None] * len(runs)
+    srv.metrics.in_flight.inc(len(runs))
     try:
         if echo:
             yield "".join(
-                fmt.sse([{"index": i, "text": echo, "logprobs": None, "finish_reason": None}])
-                for i in range(len(plist))
+                fmt.sse([{"index": i, "text": r.text, "logprobs": None, "finish_reason": None}])
+                for i, (r, _) in enumerate(runs)
             )
-        async for i, batch in srv.stream(rendered, plist):
+        streams = [srv.driver.run(r, p, stream=True) for r, p in runs]
+        async for i, events in merge(streams):
             parts: list[str] = []
-            for event in batch:
+            for event in events:  # type: ignore[attr-defined]
                 if isinstance(event, StreamDelta):
-                    if event.text:
+                    if event.text or (return_ids and event.token_ids):
                         choice = {"index": i, "text": event.text, "logprobs": None}
+                        if return_ids:
+                            choice["token_ids"] = list(event.token_ids)
                         parts.append(fmt.sse([{**choice, "finish_reason": None}]))
                     continue
-                finals.append(event)
+                finals[i] = event
                 if event.finish_reason == "error":
                     parts.append(sse(openai_body(failure(event, "prompt"))))
                     continue
                 reason = "length" if event.finish_reason == "length" else "stop"
                 choice = {"index": i, "text": "", "logprobs": None, "finish_reason": reason}
                 parts.append(fmt.sse([choice]))
-            if len(finals) == len(plist):  # the last choice finished: the tail
+            if all(f is not None for f in finals):  # the last choice finished: the tail
                 if include_usage:
-                    parts.append(fmt.sse([], oai.usage_of(finals)))
+                    parts.append(fmt.sse([], oai.usage_of(finals, batch.n)))  # type: ignore[arg-type]
                 parts.append(sse("[DONE]"))
             if parts:
                 yield "".join(parts)
     finally:
-        srv.metrics.in_flight.dec(len(plist))
+        srv.metrics.in_flight.dec(len(runs))
 
 
 def _siblings(
@@ -297,7 +368,14 @@ def _params(srv, req, rendered, max_tokens, field: str, k, n: int):
     """The sampling parameters both OpenAI endpoints read from their request, checked by the
     wire rules (`sampling_params`) against the room left after the rendered prompt (with n
     choices, a reply's default length is its share of the KV pages)."""
-    context_left = srv.driver.max_model_len - len(rendered.prompt.token_ids)
+    limit = srv.driver.max_model_len
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > limit:
+        raise ApiError(
+            f"{field}: {max_tokens} is more than the model's context length "
+            f"(max_model_len={limit})",
+            field,
+        )
+    context_left = limit - len(rendered.prompt.token_ids)
     return sampling_params(
         max_tokens=max_tokens,
         max_tokens_field=field,

@@ -68,11 +68,15 @@ def test_stream_equals_non_stream(served, client):
 
 
 def test_reasoning_content_when_thinking(served, client):
-    """Thinking on (the template's default): the reply starts inside <think>, so text before
-    any </think> is reasoning_content."""
+    """Thinking on (asked for: the demo model's default is off): the reply starts inside
+    <think>, so text before any </think> is reasoning_content."""
     messages = [{"role": "user", "content": "Why is the sky blue?"}]
     resp = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=8, temperature=0
+        model=MODEL,
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": True}},
     )
     ref = served.llm.chat(messages, SamplingParams(max_tokens=8, temperature=0))[0]
     msg = resp.choices[0].message

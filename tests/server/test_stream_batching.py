@@ -96,6 +96,7 @@ def test_openai_chat_burst_is_one_chunk(burst):
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
+        "chat_template_kwargs": {"enable_thinking": True},  # REPLY starts in <think>
     }
     events = _sse(burst, "/chat/completions", body)
     assert _wakeups(burst) == before + 1
@@ -125,7 +126,12 @@ def test_openai_sdk_reads_the_burst(burst):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=burst.base, api_key="k", max_retries=0)
     stream = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, tools=OPENAI_TOOLS, max_tokens=50, stream=True
+        model=MODEL,
+        messages=MESSAGES,
+        tools=OPENAI_TOOLS,
+        max_tokens=50,
+        stream=True,
+        extra_body={"chat_template_kwargs": {"enable_thinking": True}},  # REPLY starts in <think>
     )
     content, calls, finish = "", {}, None
     for chunk in stream:
@@ -164,6 +170,7 @@ def test_anthropic_burst_is_one_delta_per_block(burst):
         "tools": ANTHROPIC_TOOLS,
         "max_tokens": 50,
         "stream": True,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},  # REPLY starts in <think>
     }
     events = _sse(burst, "/messages", body)
     assert _wakeups(burst) == before + 1

@@ -59,7 +59,8 @@ def _ask():
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_tool_calls(scripted, stream):
     client = openai.OpenAI(base_url=scripted.base, api_key="k", max_retries=0)
-    kw = dict(model=MODEL, messages=_ask(), tools=OPENAI_TOOLS, max_tokens=50)
+    think = {"chat_template_kwargs": {"enable_thinking": True}}  # the script starts in <think>
+    kw = dict(model=MODEL, messages=_ask(), tools=OPENAI_TOOLS, max_tokens=50, extra_body=think)
     if not stream:
         choice = client.chat.completions.create(**kw).choices[0]
         msg = choice.message
@@ -93,7 +94,8 @@ def test_openai_tool_calls(scripted, stream):
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropic_tool_use(scripted, stream):
     client = anthropic.Anthropic(base_url=scripted.url, api_key="k", max_retries=0)
-    kw = dict(model=MODEL, messages=_ask(), tools=ANTHROPIC_TOOLS, max_tokens=50)
+    think = {"type": "enabled", "budget_tokens": 1024}  # the script starts in <think>
+    kw = dict(model=MODEL, messages=_ask(), tools=ANTHROPIC_TOOLS, max_tokens=50, thinking=think)
     if stream:
         with client.messages.stream(**kw) as s:
             msg = s.get_final_message()

@@ -1,0 +1,261 @@
+"""The server behaves as the APIs it speaks (issue 39, item 2), driven by the real SDKs: the demo
+model answers in `content`; `/v1/completions` takes batches; errors in each API's own shape
+(404 `model_not_found`, fields we do not implement refused by name, conversation mistakes naming
+the message, Anthropic's ranges)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from server_helpers import MODEL
+
+from ninfer.request import SamplingParams
+from ninfer.server.app import create_app
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+HELLO = [{"role": "user", "content": "Hello"}]
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture
+def oai(served):
+    return openai.OpenAI(base_url=served.base, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def anth(served):
+    return anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0, timeout=60)
+
+
+# ---- the demo answers in content ---------------------------------------------------------------
+def test_demo_openai_answers_in_content(served, oai):
+    """The README's example: no thinking switch, the reply is in `content` (the engine's reply
+    with thinking off), no reasoning."""
+    r = oai.chat.completions.create(model=MODEL, max_tokens=6, messages=HELLO, temperature=0)
+    msg = r.choices[0].message
+    (ref,) = served.llm.chat(
+        HELLO, SamplingParams(max_tokens=6, temperature=0), enable_thinking=False
+    )
+    assert msg.content and msg.content == ref.text
+    assert getattr(msg, "reasoning_content", None) is None
+    on = oai.chat.completions.create(
+        model=MODEL,
+        max_tokens=6,
+        messages=HELLO,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": True}},
+    )
+    assert on.choices[0].message.reasoning_content  # asked for: the reply starts in <think>
+
+
+def test_demo_anthropic_answers_in_text(anth):
+    m = anth.messages.create(model=MODEL, max_tokens=6, messages=HELLO, extra_body=GREEDY)
+    assert [b.type for b in m.content] == ["text"] and m.content[0].text
+    on = anth.messages.create(
+        model=MODEL,
+        max_tokens=6,
+        messages=HELLO,
+        extra_body=GREEDY,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
+    assert on.content[0].type == "thinking"
+
+
+def test_reasoning_effort_switches_thinking(oai):
+    r = oai.chat.completions.create(
+        model=MODEL, max_tokens=4, messages=HELLO, temperature=0, reasoning_effort="high"
+    )
+    assert r.choices[0].message.reasoning_content
+
+
+# ---- completions batches ----------------------------------------------------------------------
+def test_completions_list_of_prompts(served, oai):
+    prompts = ["The river", "A stone in the field"]
+    r = oai.completions.create(model=MODEL, prompt=prompts, max_tokens=5, temperature=0, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    refs = served.llm.generate(prompts, SamplingParams(max_tokens=5, temperature=0))
+    assert [c.text for c in r.choices] == [refs[0].text] * 2 + [refs[1].text] * 2
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in refs)
+    assert r.usage.prompt_tokens == prompt_tokens
+    assert r.usage.completion_tokens == sum(2 * len(o.token_ids) for o in refs)
+
+
+def test_completions_list_of_token_lists_with_token_ids(served, oai):
+    ids = [[5, 6, 7, 8], [9, 10, 11]]
+    r = oai.completions.create(
+        model=MODEL,
+        prompt=ids,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
+    refs = served.llm.generate(ids, SamplingParams(max_tokens=4, temperature=0))
+    for choice, ref in zip(r.choices, refs, strict=True):
+        dumped = choice.model_dump()
+        assert dumped["token_ids"] == ref.token_ids
+        assert dumped["prompt_token_ids"] == ref.prompt_token_ids
+
+
+def test_completions_stream_batch_with_token_ids(served, oai):
+    prompts = ["The river", "A stone"]
+    got: dict[int, list[int]] = {0: [], 1: []}
+    text: dict[int, str] = {0: "", 1: ""}
+    stream = oai.completions.create(
+        model=MODEL,
+        prompt=prompts,
+        max_tokens=4,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"return_token_ids": True},
+    )
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            got[c.index] += c.model_dump().get("token_ids") or []
+            text[c.index] += c.text
+    refs = served.llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0))
+    assert [got[0], got[1]] == [refs[0].token_ids, refs[1].token_ids]
+    assert [text[0], text[1]] == [refs[0].text, refs[1].text]
+    assert usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in refs)
+
+
+# ---- model names ------------------------------------------------------------------------------
+def test_unknown_model_is_404_model_not_found(oai, anth):
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.chat.completions.create(model="gpt-4o", max_tokens=2, messages=HELLO)
+    assert e.value.code == "model_not_found" and "gpt-4o" in e.value.message
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.completions.create(model="gpt-4o", prompt="x", max_tokens=2)
+    assert e.value.code == "model_not_found"
+    with pytest.raises(anthropic.NotFoundError) as e:
+        anth.messages.create(model="claude-x", max_tokens=2, messages=HELLO)
+    assert e.value.body["error"]["type"] == "not_found_error"
+
+
+def test_several_served_names(served, serve_app):
+    app = create_app(served.llm, ["demo", "gpt-4o-mini", "claude-sonnet-4-5"])
+    url = serve_app(app)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    assert [m.id for m in client.models.list().data] == [
+        "demo",
+        "gpt-4o-mini",
+        "claude-sonnet-4-5",
+    ]
+    r = client.chat.completions.create(model="gpt-4o-mini", max_tokens=2, messages=HELLO)
+    assert r.model == "gpt-4o-mini"
+    a = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=60)
+    m = a.messages.create(model="claude-sonnet-4-5", max_tokens=2, messages=HELLO)
+    assert m.model == "claude-sonnet-4-5"
+
+
+def test_unknown_route_and_method_in_api_shape(served):
+    r = httpx.get(served.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json() and "detail" not in r.json()
+    r = httpx.get(served.url + "/v1/messages")
+    assert r.status_code == 405 and r.json()["type"] == "error"
+
+
+# ---- fields we do not implement ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("response_format", {"type": "json_object"}),
+        ("logit_bias", {"5": 10}),
+        ("best_of", 3),
+        ("repetition_penalty", 1.2),
+    ],
+)
+def test_chat_refuses_unimplemented_fields(oai, field, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(
+            model=MODEL, max_tokens=2, messages=HELLO, extra_body={field: value}
+        )
+    assert e.value.param == field and field in e.value.message
+
+
+def test_refusals_say_why_and_noops_pass(oai, anth):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(
+            model=MODEL, max_tokens=2, messages=HELLO, response_format={"type": "json_object"}
+        )
+    assert "not supported yet" in e.value.message
+    for field, value in (("suffix", "end"), ("best_of", 2), ("logit_bias", {"5": 1})):
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.completions.create(model=MODEL, prompt="x", max_tokens=2, **{field: value})
+        assert e.value.param == field
+    with pytest.raises(anthropic.BadRequestError) as e:
+        anth.messages.create(
+            model=MODEL, max_tokens=2, messages=HELLO, extra_body={"output_format": {}}
+        )
+    assert "output_format" in e.value.message
+    # no-op values and unknown fields: accepted and ignored, as the APIs do
+    oai.chat.completions.create(
+        model=MODEL,
+        max_tokens=2,
+        messages=HELLO,
+        response_format={"type": "text"},
+        logit_bias={},
+        store=False,
+        extra_body={"some_future_field": 1},
+    )
+    oai.completions.create(model=MODEL, prompt="x", max_tokens=2, best_of=1, suffix=None)
+
+
+# ---- conversation mistakes name the message ---------------------------------------------------
+def test_conversation_mistakes_name_the_message(oai, anth):
+    cases = [
+        (
+            [{"role": "user", "content": "hi"}, _tool_result("toolu_nope")],
+            "messages.1.content.0",
+        ),
+        ([{"role": "assistant", "content": "hi"}, *HELLO], "messages.0.role"),
+        ([{"role": "robot", "content": "hi"}], "messages.0.role"),
+    ]
+    for messages, where in cases:
+        with pytest.raises(anthropic.BadRequestError) as e:
+            anth.messages.create(model=MODEL, max_tokens=2, messages=messages)
+        text = e.value.body["error"]["message"]
+        assert where in text and "No user query" not in text, text
+    openai_cases = [
+        ([{"role": "assistant", "content": "hi"}], "messages[0].role"),
+        ([{"role": "system", "content": "s"}], "messages"),
+        ([*HELLO, {"role": "tool", "content": "r", "tool_call_id": "x"}], "messages[1].role"),
+        ([*HELLO, {"role": "system", "content": "late"}], "messages[1].role"),
+    ]
+    for messages, where in openai_cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.chat.completions.create(model=MODEL, max_tokens=2, messages=messages)
+        assert e.value.param == where and "No user query" not in e.value.message
+
+
+def _tool_result(tool_use_id: str) -> dict:
+    block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": "rain"}
+    return {"role": "user", "content": [block]}
+
+
+# ---- ranges -----------------------------------------------------------------------------------
+def test_anthropic_temperature_range(anth):
+    with pytest.raises(anthropic.BadRequestError) as e:
+        anth.messages.create(
+            model=MODEL, max_tokens=2, messages=HELLO, extra_body={"temperature": 1.5}
+        )
+    assert "temperature" in e.value.body["error"]["message"]
+    anth.messages.create(model=MODEL, max_tokens=2, messages=HELLO, extra_body={"temperature": 1})
+
+
+def test_max_tokens_beyond_model_length(served, oai, anth):
+    too_many = served.llm.engine_config.max_model_len + 1
+    with pytest.raises(anthropic.BadRequestError) as e:
+        anth.messages.create(model=MODEL, max_tokens=too_many, messages=HELLO)
+    assert "max_tokens" in e.value.body["error"]["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, max_tokens=too_many, messages=HELLO)
+    assert e.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model=MODEL, prompt="x", max_tokens=too_many)
+    assert e.value.param == "max_tokens"
