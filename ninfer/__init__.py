@@ -23,3 +23,7 @@ def __getattr__(name: str):
 
         return LLM
     raise AttributeError(f"module 'ninfer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -9,8 +9,8 @@ and flushed as requests complete, so they come in completion order. Line formats
 Re-running with the same output file keeps every finished record and skips its id; records that
 failed (an `error`), were cut off or were torn by a killed run are removed first and their lines
 run again, so a finished file holds one record per id. `-o -` writes to standard output (no
-resume). Exit status 1 when a line failed. Ctrl+C cancels what is still running; what was
-written stays.
+resume). The output's folder must exist. Exit status 1 when a line failed. Ctrl+C cancels
+what is still running; what was written stays, and the count of lines written is printed.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     output = None if args.output == "-" else Path(args.output)
     if output is not None and output.is_dir():
         raise ValueError(f"-o {output}: is a directory; give a file path (or - for stdout)")
+    if output is not None and not output.parent.is_dir():
+        raise ValueError(f"-o {output}: directory {str(output.parent)!r} does not exist")
     if args.input.is_dir():
         raise ValueError(f"-i {args.input}: is a directory; give a JSONL file")
     jobs = read_jobs(args.input, defaults)
@@ -77,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
         _rewrite(output, kept)
         console.print(f"retrying: removed {dropped} failed or unfinished records from {output}",
                       highlight=False)  # fmt: skip
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
     sink = sys.stdout if output is None else open(output, "a", encoding="utf-8")  # noqa: SIM115
+    where = "standard output" if output is None else str(output)
+    writer = None
     try:
         with _progress(args.quiet) as bar:
             task = bar.add_task("generate", total=len(pending), tps="", hit="")
@@ -91,10 +93,17 @@ def run(args: argparse.Namespace) -> int:
             if good:
                 with serving(open_llm(args)) as llm:
                     _run_streams(llm, good, writer, args.max_in_flight)
+    except KeyboardInterrupt:
+        written = 0 if writer is None else writer.done
+        resume = "" if output is None else "; a re-run with the same -o goes on from there"
+        console.print(
+            f"interrupted: running requests cancelled; {written} lines written to {where}{resume}",
+            highlight=False,
+        )
+        return 130
     finally:
         if sink is not sys.stdout:
             sink.close()
-    where = "standard output" if output is None else str(output)
     summary = f"{writer.done} lines written to {where}: {writer.done - writer.errors} finished"
     if writer.errors:
         summary += f', {writer.errors} failed (see their "error")'
@@ -154,9 +163,8 @@ def _run_streams(llm, jobs: list[LineJob], writer: _Writer, max_in_flight: int) 
         for _ in jobs:
             writer.write(results.get())
     except KeyboardInterrupt:
-        stop.set()
-        writer.bar.console.print("interrupted: running requests cancelled")
-        raise SystemExit(130) from None
+        stop.set()  # the workers cancel their requests; `run` says what was written
+        raise
 
 
 class _Writer:

@@ -189,7 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from ninfer.cli.terminal import err_console, setup_logging
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else list(argv)):  # no command: list them
+        parser.print_help()
+        return 2
+    args = parser.parse_args(argv)
     setup_logging()
     module = importlib.import_module(COMMANDS[args.command][0])
 
