@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     if args.input.is_dir():
         raise ValueError(f"-i {args.input}: is a directory; give a JSONL file")
     jobs = read_jobs(args.input, defaults)
+    if getattr(args, "model", None) is None:  # the demo model answers without thinking
+        for job in jobs:
+            if isinstance(job.request, list):  # a "messages" line
+                job.chat_kwargs.setdefault("enable_thinking", False)
     kept, dropped = read_output(output) if output is not None else ([], 0)
     done = done_ids(kept)
     pending = [j for j in jobs if j.duplicate or id_key(j.id) not in done]

@@ -93,3 +93,27 @@ def test_serve_refuses_a_port_out_of_range(monkeypatch, capsys, port):
     monkeypatch.setattr(cli_main, "open_llm", _no_engine)
     assert main(["serve", "--port", port]) == 2
     assert "--port" in capsys.readouterr().err
+
+
+def test_generate_on_the_demo_answers_without_thinking(tmp_path, monkeypatch):
+    """As `ninfer chat` and the server: a "messages" line on the demo model has thinking off
+    unless the line turns it on."""
+    from contextlib import nullcontext
+
+    seen = {}
+
+    def capture(llm, jobs, writer, max_in_flight):
+        seen.update({job.id: job.chat_kwargs for job in jobs})
+
+    monkeypatch.setattr(generate, "open_llm", lambda args: object())
+    monkeypatch.setattr(generate, "serving", nullcontext)
+    monkeypatch.setattr(generate, "_run_streams", capture)
+    src = tmp_path / "in.jsonl"
+    hi = '[{"role": "user", "content": "hi"}]'
+    src.write_text(
+        f'{{"id": "a", "messages": {hi}}}\n'
+        f'{{"id": "b", "messages": {hi}, "enable_thinking": true}}\n'
+        '{"id": "c", "prompt": "hi"}\n'
+    )
+    main(["generate", "-i", str(src), "-o", str(tmp_path / "out.jsonl"), "--quiet"])
+    assert seen == {"a": {"enable_thinking": False}, "b": {"enable_thinking": True}, "c": {}}
