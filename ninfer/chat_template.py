@@ -134,6 +134,49 @@ def prepare_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+# Roles whose content a ChatML template writes whole (trimmed); an assistant turn's content it
+# may rewrite (Qwen's drop the reasoning of earlier turns), so that is not counted.
+_WHOLE_ROLES = frozenset({"system", "developer", "user", "tool"})
+
+
+class TooLong(ValueError):
+    """The conversation has more characters (`chars`) than `max_chars`: no tokenization of it
+    fits (`Tokenizer.max_text_chars`)."""
+
+    def __init__(self, chars: int, max_chars: int) -> None:
+        super().__init__(f"messages: {chars} characters is more than the {max_chars} that fit")
+        self.chars = chars
+        self.max_chars = max_chars
+
+
+def text_floor(messages: list, tools: list | None) -> int:
+    """Characters every rendering of the conversation holds, counted without rendering it: the
+    text of each system, user and tool message (its string content or its text parts, each
+    without the leading and trailing whitespace a template trims) and every string in the tool
+    definitions (templates write each one whole, as JSON). Other messages and fields count 0."""
+    total = 0
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in _WHOLE_ROLES:
+            continue
+        content = m.get("content")
+        parts = content if isinstance(content, list) else [content]
+        for part in parts:
+            text = part.get("text") if isinstance(part, dict) else part
+            if isinstance(text, str):
+                total += len(text.strip())
+    stack: list = list(tools or [])
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
 class ChatTemplate:
     """A tokenizer's chat template, rendered to text, ids and tap hints.
 
@@ -185,15 +228,23 @@ class ChatTemplate:
         tools: list[dict] | None = None,
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
+        *,
+        max_chars: int | None = None,
         **kwargs: Any,
     ) -> RenderedPrompt:
-        """Render, encode and locate the tap hints. Extra kwargs are template variables."""
+        """Render, encode and locate the tap hints. Extra kwargs are template variables. With
+        `max_chars`, a conversation longer than that raises `TooLong` before it is encoded:
+        before it is rendered when its `text_floor` alone is longer."""
         if not messages:
             raise ValueError("messages: a conversation needs at least one message")
+        if max_chars is not None and (floor := text_floor(messages, tools)) > max_chars:
+            raise TooLong(floor, max_chars)
         if enable_thinking is not None:
             kwargs["enable_thinking"] = enable_thinking
         prepared = prepare_messages(messages)
         text = self.render_text(prepared, tools, add_generation_prompt, **kwargs)
+        if max_chars is not None and len(text) > max_chars:
+            raise TooLong(len(text), max_chars)
         ids = self.tokenizer.encode(text)
         marked = [i for i, m in enumerate(messages) if has_cache_control(m)]
         hints = self._hints(text, ids, prepared, marked, tools, add_generation_prompt, kwargs)

@@ -321,11 +321,24 @@ class LLM:
         e.g. `enable_thinking`, go to the template): its token ids, the tap planner's hints
         (breakpoints after `cache_control` messages, the end of the tools/system turn, message
         starts, the generation opener) and the text. ValueError when the model has no
-        template or the template rejects the conversation. With `tools_breakpoint` (Anthropic's
-        `cache_control` on a tool), the end of the tools/system turn is a client breakpoint."""
+        template or the template rejects the conversation, or when its text alone is longer
+        than any `max_model_len` tokens could hold (`Tokenizer.max_text_chars`): checked before
+        it is encoded, and before it is rendered when its messages and tools already are
+        (`chat_template.text_floor`). With `tools_breakpoint` (Anthropic's `cache_control` on a
+        tool), the end of the tools/system turn is a client breakpoint."""
+        from ninfer.chat_template import TooLong
+
         if self._template is None:
             raise ValueError("messages: this model has no chat template")
-        r = self._template.render(messages, tools=tools, **template_kwargs)
+        max_len = self._cfg.max_model_len
+        max_chars = self._template.tokenizer.max_text_chars(max_len)
+        try:  # a conversation no tokenization could fit is refused before it is encoded
+            r = self._template.render(messages, tools, max_chars=max_chars, **template_kwargs)
+        except TooLong as e:
+            raise ValueError(
+                f"messages: {e.chars} characters is more than max_model_len={max_len} tokens "
+                "can hold"
+            ) from None
         h = r.hints
         explicit = set(h.explicit)
         if tools_breakpoint:

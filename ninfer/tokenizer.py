@@ -15,10 +15,21 @@ from __future__ import annotations
 
 import json
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+# How many characters of text one token can stand for, per character of its vocabulary entry:
+# Unicode composition (NFC, NFKC) turns at most 4 characters into 1.
+_COMPOSITION = 4
+# Texts at least this long are encoded where the tokenizer lets other Python threads run (a
+# server's event loop): `tokenizers`' `encode` holds the GIL for the whole text (seconds for a
+# few megabytes), its `encode_batch` releases it while it works; the same ids.
+_LONG_TEXT = 4096
+# Characters one regex search over a text scans at most: each search is one C call that holds
+# the GIL (a 30 MB text in one call held it for tens of milliseconds on a loaded machine).
+_SEARCH_WINDOW = 1 << 16
 
 
 def _token_text(value: Any) -> str | None:
@@ -87,7 +98,9 @@ class _HFBackend:
         self.tok.add_special_tokens([AddedToken(t, special=added[t]) for t in missing])
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        if len(text) < _LONG_TEXT:
+            return self.tok.encode(text, add_special_tokens=False).ids
+        return self.tok.encode_batch([text], add_special_tokens=False)[0].ids  # GIL released
 
     def special_ids(self) -> set[int]:
         return {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
@@ -126,21 +139,48 @@ class _SPBackend:
                 self.atomic[t] = self.sp.piece_to_id(t)
         # Longest first, so that a token that is a prefix of another never wins.
         alts = sorted(self.atomic, key=len, reverse=True)
-        self.split_re = re.compile("(" + "|".join(map(re.escape, alts)) + ")") if alts else None
+        self.split_re = re.compile("|".join(map(re.escape, alts))) if alts else None
+        self.longest = len(alts[0]) if alts else 0
 
     def special_ids(self) -> set[int]:
         return {i for i in self.atomic.values() if self.sp.is_control(i)}
 
     def encode(self, text: str) -> list[int]:
-        if self.split_re is None:
-            return self.sp.encode(text)
+        # sentencepiece releases the GIL while it encodes; the split on the atomic tokens
+        # searches the text a window at a time (`_atomic_matches`).
         ids: list[int] = []
-        for i, part in enumerate(self.split_re.split(text)):
-            if i % 2:
-                ids.append(self.atomic[part])
-            elif part:
-                ids.extend(self.sp.encode(part))
+        start = 0  # where the plain text not yet encoded begins
+        for m in self._atomic_matches(text):
+            if m.start() > start:
+                ids.extend(self.sp.encode(text[start : m.start()]))
+            ids.append(self.atomic[m.group()])
+            start = m.end()
+        if start < len(text):
+            ids.extend(self.sp.encode(text[start:]))
         return ids
+
+    def _atomic_matches(self, text: str):
+        """The atomic tokens in `text`, left to right: the matches `split_re.finditer` gives,
+        found by searches over at most `_SEARCH_WINDOW` characters each. A match is taken only
+        when the window held every alternative at its start (`longest` characters) or reaches
+        the text's end, so a window's end never cuts a token short; otherwise the next window
+        starts at the first position this one could not test whole (its end less
+        `longest - 1`)."""
+        if self.split_re is None:
+            return
+        n, longest = len(text), self.longest
+        window = max(_SEARCH_WINDOW, 2 * longest)
+        pos = 0
+        while pos < n:
+            end = min(n, pos + window)
+            m = self.split_re.search(text, pos, end)
+            if m is not None and (end == n or m.start() + longest <= end):
+                yield m
+                pos = m.end()
+            elif end == n:
+                return
+            else:
+                pos = end - longest + 1
 
     def decode(self, ids: list[int]) -> str:
         # Control pieces decode to "" in sentencepiece; write their text like tokenizers does.
@@ -260,6 +300,19 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._b.id_to_token(token_id)
+
+    @cached_property
+    def _token_chars(self) -> int:
+        entries = (self.id_to_token(i) or "" for i in range(self.vocab_size))
+        return max(map(len, entries), default=1) * _COMPOSITION
+
+    def max_text_chars(self, tokens: int) -> int:
+        """The longest text that could encode to `tokens` tokens or fewer: no token stands for
+        more characters than its longest vocabulary entry has, times the composition factor (a
+        lower bound on the tokens of any text, for a tokenizer that keeps the text's
+        characters). A longer text is too long without encoding it (the one such bound: the
+        server's completion prompts and every chat conversation are checked against it)."""
+        return tokens * self._token_chars
 
 
 def _added_tokens(tok_config: dict, only_special: bool) -> dict[str, bool]:

@@ -1,9 +1,14 @@
 """Bystander latency under hostile requests: a live `ninfer serve` on the demo model (127.0.0.1
 only) streams one ordinary reply and answers /health while clients send a ~30 MB prompt and
 n=16 requests with top_logprobs=20 and long replies. Prints the bystander stream's longest gap
-between chunks and /health's p50 and max latency (the server's event loop must stay free).
+between chunks and /health's p50 and max latency (the server's event loop must stay free),
+and the machine's load average before and after (the figures mean little on a saturated one).
 
     python -m ninfer.bench.bystander [--max-body-mib 40] [--reply-tokens 300]
+        [--hostile huge,wide,huge,wide]
+
+`--hostile` picks the hostile requests ("huge": the 30 MB chat prompt, refused; "wide": n=16
+with top_logprobs=20; "none": the bystander alone), to tell which of them costs what.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 MODEL = "demo"
 HEALTH_EVERY_S = 0.02
 START_TIMEOUT_S = 120
+KINDS = ("huge", "wide", "huge", "wide")
 
 
 def _free_port() -> int:
@@ -101,7 +107,7 @@ def _hostile(url: str, kind: str, tokens: int) -> int:
     return httpx.post(url + "/v1/chat/completions", json=body, timeout=600).status_code
 
 
-async def run(port: int, tokens: int) -> dict:
+async def run(port: int, tokens: int, hostile: tuple[str, ...] = KINDS) -> dict:
     import httpx
 
     url = f"http://127.0.0.1:{port}"
@@ -111,11 +117,8 @@ async def run(port: int, tokens: int) -> dict:
         stop = asyncio.Event()
         health = asyncio.ensure_future(_health(client, url, stop))
         loop = asyncio.get_running_loop()
-        with ProcessPoolExecutor(4) as pool:
-            sent = [
-                loop.run_in_executor(pool, _hostile, url, kind, tokens)
-                for kind in ("huge", "wide", "huge", "wide")
-            ]
+        with ProcessPoolExecutor(max(1, len(hostile))) as pool:
+            sent = [loop.run_in_executor(pool, _hostile, url, kind, tokens) for kind in hostile]
             await asyncio.sleep(2.0)  # the hostile requests arrive first
             ttft, gaps = await _bystander(client, url, tokens)
             statuses = await asyncio.gather(*sent)
@@ -129,6 +132,7 @@ async def run(port: int, tokens: int) -> dict:
         "health_requests": len(lat),
         "health_p50_ms": round(statistics.median(lat) * 1e3, 1),
         "health_max_ms": round(max(lat) * 1e3, 1),
+        "hostile": list(hostile),
         "hostile_statuses": statuses,
     }
 
@@ -137,14 +141,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-body-mib", type=float, default=40.0)
     parser.add_argument("--reply-tokens", type=int, default=300)
+    parser.add_argument("--hostile", default=",".join(KINDS), help="huge / wide, or none")
     args = parser.parse_args(argv)
+    hostile = tuple(k for k in args.hostile.split(",") if k and k != "none")
+    if any(k not in ("huge", "wide") for k in hostile):
+        parser.error("--hostile: a list of huge and wide, or none")
     port = _free_port()
     server = _start(port, args.max_body_mib)
+    load = os.getloadavg()[0]
     try:
-        figures = asyncio.run(run(port, args.reply_tokens))
+        figures = asyncio.run(run(port, args.reply_tokens, hostile))
     finally:
         server.terminate()
         server.wait(60)
+    figures["load_1min"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+    figures["cpus"] = os.cpu_count()
     print(json.dumps(figures, indent=2))
     return 0
 

@@ -22,12 +22,17 @@ from typing import Any
 from ninfer.request import RequestOutput, SamplingParams, StreamDelta
 
 ENGINE_CHECK_S = 0.5  # how often a waiting request checks that the engine thread still runs
-# How many characters of text one token can stand for, per character of its vocabulary entry:
-# Unicode composition (NFC, NFKC) turns at most 4 characters into 1.
-_COMPOSITION = 4
 # Names the renderer passes itself: a template option of the same name would clash with them.
 _RENDERER_NAMES = frozenset(
-    {"self", "messages", "tools", "tools_breakpoint", "documents", "add_generation_prompt"}
+    {
+        "self",
+        "messages",
+        "tools",
+        "tools_breakpoint",
+        "documents",
+        "add_generation_prompt",
+        "max_chars",
+    }
 )
 
 
@@ -139,7 +144,6 @@ class EngineDriver:
         self.on_final = on_final  # called with every final RequestOutput, cancelled ones too
         self._settling: set[asyncio.Task] = set()
         self._bridge: _Bridge | None = None
-        self._token_chars: int | None = None
         self.in_flight = 0
 
     # ---- prompts ------------------------------------------------------------------------------
@@ -157,17 +161,10 @@ class EngineDriver:
         return self.llm.tokenizer
 
     def _max_text_chars(self) -> int | None:
-        """The longest text that could fit in `max_model_len` tokens: no token stands for more
-        characters than its longest vocabulary entry has, times the composition factor (a
-        lower bound on the tokens of any text, for a tokenizer that keeps the text's
-        characters). None without a tokenizer."""
+        """The longest text that could fit in `max_model_len` tokens
+        (`Tokenizer.max_text_chars`); None without a tokenizer."""
         tok = self.tokenizer
-        if tok is None:
-            return None
-        if self._token_chars is None:
-            entries = (tok.id_to_token(i) or "" for i in range(tok.vocab_size))
-            self._token_chars = max(map(len, entries), default=1) * _COMPOSITION
-        return self.max_model_len * self._token_chars
+        return None if tok is None else tok.max_text_chars(self.max_model_len)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
