@@ -1,4 +1,7 @@
-"""`ninfer bench reuse` for chosen traces only: python3 reuse_traces.py PRESET|demo DEVICE SCALE TRACES
+"""`ninfer bench reuse` for chosen traces only:
+
+    python3 reuse_traces.py PRESET|demo DEVICE SCALE TRACES
+
 (TRACES comma-separated; scale 4 is what `bench reuse --prompt-tokens 8192` uses)."""
 
 import json
@@ -18,5 +21,6 @@ r = bench_reuse(
     traces=tuple(traces.split(",")),
 )
 for row in [*r["rows"], r["overall"]]:
-    print(f"{row['trace']:10} {row['requests']:3} {row['reused']:7} {row['theoretical']:7} {row['ratio']:.4f}")
+    name, n, reused, bound = row["trace"], row["requests"], row["reused"], row["theoretical"]
+    print(f"{name:10} {n:3} {reused:7} {bound:7} {row['ratio']:.4f}")
 print(json.dumps(r))
