@@ -1,4 +1,4 @@
-"""Chat rendering with the checkpoint's own Jinja template, plus the tap hints of spec §7.1.
+"""Chat rendering with the checkpoint's own Jinja template, plus the tap hints of design §7.1.
 
 The template runs in the same sandbox transformers uses (`_compile_jinja_template` in
 `transformers/utils/chat_template_utils.py`): ImmutableSandboxedEnvironment with trim_blocks,

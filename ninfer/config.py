@@ -4,7 +4,7 @@
 field carries its `Option` metadata (help text, command-line type, accepted range or values), the
 command line's flags are generated from it (`ninfer.cli.main`), and constructing it checks every
 value against it. `resolve()` is a pure function of the options, the model configuration and the
-device facts: it computes every derived value of spec §14.2 and ADAPTATION.md once, checks what
+device facts: it computes every derived value of design §14.2 and ADAPTATION.md once, checks what
 depends on the model and the device, and returns the frozen `EngineConfig` that every component
 reads its part from. Nothing here touches tensors or estimates time (`ninfer.costs` does); the
 only impure helper, `probe_device()`, gathers the device facts that `resolve()` consumes.
@@ -255,7 +255,7 @@ class EngineConfig:
     check_invariants: bool
     op_choices: OpChoices  # handed to the op set when it is built (`select_ops`)
     # the rates every time estimate uses (`ninfer.costs`): the scheduler's pass sizing and the
-    # cache's cost model (spec §6.2, §9.4)
+    # cache's cost model (design §6.2, §9.4)
     prefill_flops_per_s: float = CPU_RATES.prefill_flops_per_s("float32")
     h2d_bytes_per_s: float = CPU_RATES.h2d_bytes_per_s
     d2h_bytes_per_s: float = CPU_RATES.d2h_bytes_per_s
@@ -429,7 +429,7 @@ def _kv_short(pages: int, max_model_len: int) -> None:
 
 
 def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> EngineConfig:
-    """Compute every derived value (spec §14.2, ADAPTATION.md defaults) once. Pure; raises
+    """Compute every derived value (design §14.2, ADAPTATION.md defaults) once. Pure; raises
     ValueError naming the offending field where the model or the device rules a value out
     (`EngineOptions` has checked each value on its own)."""
     on_cuda = facts.device.startswith("cuda")

@@ -1,6 +1,6 @@
 """Time estimates from the model's shape and the device's rates: the one prefill model behind
 the scheduler's pass sizing (`pass_seconds`, `solo_chunk_pays`, read by `config.resolve`) and the
-cache's cost model (`cache_cost_model`, spec §6.2, §9.4), and the copy rates of restores and
+cache's cost model (`cache_cost_model`, design §6.2, §9.4), and the copy rates of restores and
 write-through. Every time estimate of the package is made here.
 
     prefill of T tokens after B cached, one logits row (`PrefillShape.flops`):

@@ -143,7 +143,7 @@ class LLM:
         from ninfer.sampling import make_generator
 
         ops = select_ops(device, self._cfg.compile, self._cfg.op_choices)
-        self._persist = for_engine(self._cfg, config, ops, identity)  # spec §5.5, or None
+        self._persist = for_engine(self._cfg, config, ops, identity)  # design §5.5, or None
         try:
             self._engine = Engine(
                 self._cfg,
@@ -431,7 +431,7 @@ class LLM:
     def close(self, save: bool = True) -> None:
         """Orderly stop: running and queued requests end as "abort", their committed blocks are
         written through, then with `prefix_cache_file` (and `save`) the Host tier is saved
-        (spec §5.5). Blocks until the save ended; idempotent."""
+        (design §5.5). Blocks until the save ended; idempotent."""
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.close(save=save)

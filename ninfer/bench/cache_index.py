@@ -1,4 +1,4 @@
-"""CPU benchmark of the index's hot paths (spec §6.1, §7.1, §9.3): hashing and matching a long
+"""CPU benchmark of the index's hot paths (design §6.1, §7.1, §9.3): hashing and matching a long
 prompt against a large tree, planning its taps, Host victim selection among many snapshots.
 
 Pure Python, importable by the CLI (`ninfer bench`) and wrapped by tools/bench_cache.py.

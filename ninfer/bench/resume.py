@@ -14,7 +14,7 @@ conversation of that size but not two:
                   request waits for the previous one's copy to free its pages.
     turn 2        turn 1 + its reply + `new` tokens: resumes at turn 1's endpoint, restoring the
                   path's KV pages (layer by layer) and, if displaced, the state image from the
-                  Host; its first prefill pass waits per layer (spec §6.5).
+                  Host; its first prefill pass waits per layer (design §6.5).
 
 `rounds` push/turn pairs are measured (the conversation grows by `reply + new` tokens each);
 with a profile directory the last turn runs under torch.profiler and the trace is read back for

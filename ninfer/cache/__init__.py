@@ -1,4 +1,4 @@
-"""The hybrid prefix cache index (spec §5-§10): model-agnostic, pure Python, no torch.
+"""The hybrid prefix cache index (design §5-§10): model-agnostic, pure Python, no torch.
 
 It decides which blocks and snapshots exist and where their copies live; the engine's memory
 layer moves the bytes. See docs/cache-api.md.

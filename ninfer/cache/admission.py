@@ -1,4 +1,4 @@
-"""Admission arithmetic (spec §6.1-§6.3): lookup, choice of source, capacity.
+"""Admission arithmetic (design §6.1-§6.3): lookup, choice of source, capacity.
 
 Read-only: match and quote never mutate the index. Candidates are the root, the deepest valid
 snapshot s*, and the deepest snapshot whose image, tail and path are all Device-resident,

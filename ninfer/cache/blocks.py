@@ -1,4 +1,4 @@
-"""BlockStore (spec §5.1-§5.2, §9.1, §9.3 dead KV): the block tree and what derives from it.
+"""BlockStore (design §5.1-§5.2, §9.1, §9.3 dead KV): the block tree and what derives from it.
 
 Owns: the block tree (`tree`: nodes, their residency, pins and counters), the Device LRU
 (`lru`: the cached node pages and snapshot tail pages eviction may take, §9.1), the dead-KV

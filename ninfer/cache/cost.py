@@ -1,5 +1,5 @@
 """CacheCostModel: the prefill and Host-to-Device cost coefficients that rank admission sources
-(spec §6.2) and value snapshots for Host eviction (§9.3, §11.4).
+(design §6.2) and value snapshots for Host eviction (§9.3, §11.4).
 
 Costs only *rank* choices; capacity and validity never depend on them (§10.10). The engine
 derives its model from the model's shape and the device's rates (`ninfer.costs`,

@@ -1,4 +1,4 @@
-"""Device LRU (spec §9.1): evictable cached Device pages, tail-first, backed before unbacked.
+"""Device LRU (design §9.1): evictable cached Device pages, tail-first, backed before unbacked.
 
 An entry is a node's page or a snapshot tail's page whose owner has no refs and no pins. Two
 ordered lists, head = least recently used: `backed` (a Host copy exists: eviction only drops the
@@ -6,7 +6,7 @@ Device copy) and `unbacked` (eviction loses the last copy, §9.4). Backed entrie
 consumed first. Release appends a lane's nodes in reverse block order, so the deepest block is
 evicted first; nodes that enter later (a write-through or a restore landing) re-order their
 whole path deepest first behind them (`BlockStore.order_path`), so on any path deeper
-blocks go before shallower ones (spec §7.7 step 2):
+blocks go before shallower ones (design §7.7 step 2):
 
     turn 1 releases 1-4, turn 2 resumes at 4 and writes 5-8 through:
     at release   backed [4, 3, 2, 1]              (5-8 pinned until their copy lands)

@@ -1,4 +1,4 @@
-"""Device snapshot slots (spec §5.4, §9.2): which of the D state-pool snapshot slots holds what.
+"""Device snapshot slots (design §5.4, §9.2): which of the D state-pool snapshot slots holds what.
 
 A slot is free, *staging* (a lane copied a tap or endpoint image there and has not published
 it yet), or owned by a published snapshot. The choice of a victim slot is policy and lives in

@@ -1,4 +1,4 @@
-"""The Host tier's slab geometry and its slab allocator (spec §5.4 HostSlabPool).
+"""The Host tier's slab geometry and its slab allocator (design §5.4 HostSlabPool).
 
 The tier is `host_cache_bytes` cut into `slab_bytes` slabs, pinned by the memory layer in
 chunks of at most `max_chunk_bytes` whole slabs, so a slab never crosses a chunk:
@@ -170,7 +170,7 @@ class HostSlabPool:
       - every slab index in [0, n_slabs) is either on the free heap (exactly once) or allocated;
       - allocation is all-or-nothing: `allocate(k)` returns k distinct slabs or None;
       - a slab's bytes [offset, offset + slab_bytes) lie inside one chunk.
-    `allocate` hands out the lowest free slabs, ascending (O(k log n), not the spec's O(1)
+    `allocate` hands out the lowest free slabs, ascending (O(k log n), not O(1)
     stack): a write-through batch or a snapshot image then lands in consecutive slabs, which
     the memory layer copies as one run per layer (docs/results-h200.md, "Copies the cache tiers
     need": a run near the PCIe bound, scattered copies far below it).

@@ -1,4 +1,4 @@
-"""The Host tier (spec §5.4, §9.3): the slab pool and the GDSF priorities of the snapshots.
+"""The Host tier (design §5.4, §9.3): the slab pool and the GDSF priorities of the snapshots.
 
     H(s) = L_s + F(s) * C(s) / Z(s)
     C(s) = max(0, prefill_seconds(base=F_a, tokens=F_s - F_a) - restore_seconds(image_bytes))

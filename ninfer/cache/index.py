@@ -1,4 +1,4 @@
-"""PrefixIndex: the facade the engine drives (docs/cache-api.md, spec §5-§10).
+"""PrefixIndex: the facade the engine drives (docs/cache-api.md, design §5-§10).
 
 The index decides; the engine's memory layer moves bytes. It answers with ids: pages to free,
 slabs and pages to copy between. It never imports torch or knows a KV dtype. One engine loop
@@ -29,7 +29,7 @@ Matching and quoting are the Admission's (admission.py), tap planning is taps.py
 read. The stores do not call each other or the parts; the parts call the stores, the registry and
 the liveness rules, never the index.
 
-Invariants (spec §10; `check_invariants` checks every one that is checkable without tensors):
+Invariants (design §10; `check_invariants` checks every one that is checkable without tensors):
   - §10.1 every cached page and every Host slab has exactly one owner (node, image, tail);
   - §10.2 nodes never change identity and are unique per (parent, tokens, extra); §9.4 a node
     without any copy does not exist;

@@ -1,11 +1,11 @@
-"""Block identity keys (spec §5.1): packed token bytes, chained lookup hashes, media keys.
+"""Block identity keys (design §5.1): packed token bytes, chained lookup hashes, media keys.
 
 Pure functions, safe to run off the engine loop (the frontend computes them while preparing a
 prompt). A lookup hash only *selects* a candidate node; the tree compares the 256 token bytes
 and the extra key exactly on every hit, so a hash collision can cost a probe but never a false
 hit.
 
-The chain is the spec's `lookup_hash(b) = xxh3_64(lookup_hash(b-1) || tokens || extra)` with the
+The chain is `lookup_hash(b) = xxh3_64(lookup_hash(b-1) || tokens || extra)` with the
 parent hash entering as xxh3's 64-bit seed instead of 8 prefixed bytes: each block's bytes are
 hashed as they are, with no concatenation (`tools/bench_cache.py` times the hashing). The prompt is
 split into per-block bytes once (`PromptBlocks.blocks`), which hashing and the tree walk share.
@@ -86,7 +86,7 @@ class MediaItem:
 
 
 def media_block_extras(n_tokens: int, items: Sequence[MediaItem]) -> list[int]:
-    """media_key(b) for every full block b of an n-token prompt (spec §5.1).
+    """media_key(b) for every full block b of an n-token prompt (design §5.1).
 
     Block b covers [64b, 64b+64). Its key is 0 unless some item's span overlaps it; then it is
     xxh3_64 over every item that begins before the block's end (earlier items shift later MRoPE

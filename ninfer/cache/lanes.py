@@ -1,5 +1,5 @@
 """The lane lifecycle of the PrefixIndex: stage -> (begin_restore) -> activate -> commits and
-snapshots -> release, or stage -> cancel_stage (spec §6.4, §7.4, §7.6, §7.7).
+snapshots -> release, or stage -> cancel_stage (design §6.4, §7.4, §7.6, §7.7).
 
 A lane pins its path (active_refs) from stage until release; the source snapshot is pinned
 from stage until activate; transfers pin what they read or write until they land.

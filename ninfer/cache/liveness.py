@@ -1,4 +1,4 @@
-"""Rules of the PrefixIndex that span its stores (spec §5.3, §9.1, §9.3, §9.4): what eviction
+"""Rules of the PrefixIndex that span its stores (design §5.3, §9.1, §9.3, §9.4): what eviction
 can free, supersession with the tree's retained counters, dropping copies, and deletion when a
 last copy goes (a block takes its subtree and the snapshots anchored there, with their slots,
 tail pages and slabs).

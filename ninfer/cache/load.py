@@ -1,4 +1,4 @@
-"""Host-only entries rebuilt without evicting anything (spec §5.5 persistence load), also used
+"""Host-only entries rebuilt without evicting anything (design §5.5 persistence load), also used
 to build large trees for benchmarks. Parents must be loaded before children."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prefetching the blocked FIFO head (spec §6.6): copy up to 256 of the Host-only path blocks
+"""Prefetching the blocked FIFO head (design §6.6): copy up to 256 of the Host-only path blocks
 its quote would restore into spare Device pages while it waits.
 
 Room comes from free pages and from Host-backed cached blocks, least recently used first: a

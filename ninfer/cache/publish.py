@@ -1,4 +1,4 @@
-"""Publication into the cache (spec §7.4, §7.6, §7.7): a lane's committed blocks become tree
+"""Publication into the cache (design §7.4, §7.6, §7.7): a lane's committed blocks become tree
 nodes, its taps and endpoint become snapshots.
 
 Deferral is the engine's: a snapshot is published only once the blocks it anchors on are

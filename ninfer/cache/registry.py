@@ -1,4 +1,4 @@
-"""The PrefixIndex's own records (spec §6.4, §7.6): the open lanes, the transfer batches in
+"""The PrefixIndex's own records (design §6.4, §7.6): the open lanes, the transfer batches in
 flight, the counters, and the epoch and clock that every mutation advances.
 
 The stores own the blocks, snapshots and slabs; the registry owns what the lane protocol adds on

@@ -1,4 +1,4 @@
-"""Device snapshot slot policy (spec §9.2), run after the lineage's supersession (§9.3).
+"""Device snapshot slot policy (design §9.2), run after the lineage's supersession (§9.3).
 
 A tap or endpoint takes a slot in this order:
   1. a free slot;

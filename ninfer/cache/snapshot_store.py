@@ -1,4 +1,4 @@
-"""SnapshotStore (spec §5.3, §9.2, §9.3): the snapshots, their links, supersession and the
+"""SnapshotStore (design §5.3, §9.2, §9.3): the snapshots, their links, supersession and the
 Device snapshot slot table.
 
 Owns: the records by id (`by_id`) and by key (`by_key`, one per (anchor, tail)), the

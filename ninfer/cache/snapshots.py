@@ -1,4 +1,4 @@
-"""Snapshots (spec §5.3): a recurrent-state image at frontier F, anchored on a tree node.
+"""Snapshots (design §5.3): a recurrent-state image at frontier F, anchored on a tree node.
 
     positions  0 ........ 64(d+1) ........ F
                |-- path(anchor), d+1 blocks --|-- tail: F - 64(d+1) tokens (0..63) --|

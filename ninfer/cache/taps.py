@@ -1,4 +1,4 @@
-"""TapPlanner (spec §7.1): where a prefilling lane snapshots its recurrent state.
+"""TapPlanner (design §7.1): where a prefilling lane snapshots its recurrent state.
 
 Candidates, in priority order:
 
@@ -67,7 +67,7 @@ class Tap(NamedTuple):
 
 @dataclass(slots=True, frozen=True)
 class TapConfig:
-    """Spec §14.2 defaults with a Host tier: 8 taps, G = max(4096, 2*chunk),
+    """Design §14.2 defaults with a Host tier: 8 taps, G = max(4096, 2*chunk),
     min gap max(1024, chunk); `forward_tokens` R of the forward ladder (0 = none; the engine
     derives it, `EngineConfig.cache_tap_forward`)."""
 

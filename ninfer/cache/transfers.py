@@ -1,4 +1,4 @@
-"""Transfer batches of the PrefixIndex ending (spec §7.6, §6.4, §6.6): a restore, prefetch or
+"""Transfer batches of the PrefixIndex ending (design §7.6, §6.4, §6.6): a restore, prefetch or
 write-through batch lands, or never (fully) ran and is undone (the engine's Host-fault
 containment). Each drops the pins its batch held.
 """

@@ -1,4 +1,4 @@
-"""BlockTree (spec §5.1-§5.2): immutable 64-token block nodes keyed by (parent, tokens, extra).
+"""BlockTree (design §5.1-§5.2): immutable 64-token block nodes keyed by (parent, tokens, extra).
 
 A node's identity never changes after insertion (§10.2); only its residency, pins and counters
 do. Children are found through one map keyed by lookup_hash (the hash already chains the

@@ -1,8 +1,8 @@
-"""`ninfer info`: the resolved engine configuration (spec §14.2) and the memory ledger.
+"""`ninfer info`: the resolved engine configuration (design §14.2) and the memory ledger.
 
 Builds the engine from the same flags as every other sub-command, then prints
 `LLM.engine_config.describe()` (each value marked "flag" when given on the command line,
-"derived" otherwise, with the spec's name where it differs) and `LLM.memory_ledger()`.
+"derived" otherwise, with the name design.md uses where it differs) and `LLM.memory_ledger()`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ninfer.cli.chat_view import human_bytes
 from ninfer.cli.main import engine_kwargs, open_llm
 from ninfer.cli.terminal import output_console
 
-# describe() key -> (LLM keyword it comes from, spec §14.2 name)
+# describe() key -> (LLM keyword it comes from, design §14.2 name)
 SPEC_NAMES = {
     "host_cache_bytes": ("host_cache_mib", "host_cache_budget_bytes"),
     "device_snapshot_slots": ("device_snapshot_slots", "device_snapshot_slots"),
@@ -54,7 +54,7 @@ COST_TOKENS = (1024, 8192, 32768)
 
 
 def cost_estimates(cfg, model_config) -> dict[str, dict[str, float]]:
-    """The cache's cost model on this device (spec §6.2, `ninfer.costs`): seconds to prefill
+    """The cache's cost model on this device (design §6.2, `ninfer.costs`): seconds to prefill
     a cold prompt of n tokens and to restore its blocks and one state image from Host."""
     from ninfer.engine.kv.state import engine_cost_model
 
@@ -91,7 +91,7 @@ def _value(name: str, value: Any) -> str:
 
 def config_table(config: dict, given: set[str]) -> Table:
     """One row per resolved value; "flag" marks values given on the command line (the others
-    are defaults or derived, spec §14.2); byte counts are rounded here, exact in --json."""
+    are defaults or derived, design §14.2); byte counts are rounded here, exact in --json."""
     table = Table(title="engine configuration (resolved)", header_style="bold")
     table.add_column("setting", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)

@@ -105,7 +105,7 @@ class Engine:
         self._failure_text = ""  # what every caller is told once the engine has failed
         self.faults_contained = 0  # step and lane faults survived (Host faults: CacheStats)
         self._fault_streak = 0  # steps in a row that raised (MAX_FAULT_STREAK ends the engine)
-        # spec §5.5: the Host tier is restored before any request and saved at the orderly stop
+        # design §5.5: the Host tier is restored before any request and saved at the orderly stop
         self.persistence = persistence  # persist/cache_file.PrefixCacheFile or None
         self._save_on_stop = True
         self._stopping = False  # close() was called: the loop is ending

@@ -16,7 +16,7 @@ prompt ended (outputs, usage and max_tokens count from there):
     pages      [p0][p1][p2] ...   page b holds positions [64b, 64b + 64)
     committed  blocks [0, committed_blocks) are index nodes the lane pins (0 when disabled);
                `private[b]` says the lane owns pages[b] (a growth page, the partial tail, or a
-               recomputed duplicate, spec §7.5), otherwise the index owns it
+               recomputed duplicate, design §7.5), otherwise the index owns it
 
 Mutated only by the engine thread, each field by one owner: the KV state (engine/kv/: admission
 builds the lane; then pages, private, committed_blocks, entitled_pages, slot, cached_tokens,
@@ -41,7 +41,7 @@ from ninfer.request import SamplingParams
 
 @dataclass(slots=True)
 class PromptHints:
-    """Tap hints of one prompt (token positions), spec §7.1."""
+    """Tap hints of one prompt (token positions), design §7.1."""
 
     explicit: list[int] = field(default_factory=list)  # client breakpoints, cache_control
     structural: list[int] = field(default_factory=list)  # end of tools / system block
@@ -82,7 +82,7 @@ class Job:
 
 @dataclass(slots=True)
 class PendingTap:
-    """A captured snapshot waiting for its anchoring blocks to commit (spec §7.4)."""
+    """A captured snapshot waiting for its anchoring blocks to commit (design §7.4)."""
 
     frontier: int
     snap_slot: int  # logical snapshot slot holding the image

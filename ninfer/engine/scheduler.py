@@ -9,7 +9,7 @@ this module decides, for the admitted lanes, the rows of one step:
     (nobody waits between tokens, so a lone prompt takes fewer, longer passes, each with less
     host time per token; measured: docs/results-h200.md, "longer passes for a lone prompt").
 
-Chunk ends, for a lane at frontier s with prompt length n (planned exact tap e_x, spec §7.1):
+Chunk ends, for a lane at frontier s with prompt length n (planned exact tap e_x, design §7.1):
 
     s                 e_x            s + budget          n
     |-----------------|- - - - - - - - -|- - - - - - - - -|
@@ -21,7 +21,7 @@ Chunk ends, for a lane at frontier s with prompt length n (planned exact tap e_x
 A final chunk (end = n) longer than `final_cap` (= prefill_chunk) that holds a flexible tap
 takes its snapshot at the page boundary c = ceil64(n - final_cap), so that a retry resumes
 within prefill_chunk of the end whatever the budget (flexible taps inside a final chunk are
-otherwise taken at its start, spec §7.1; the prompt tail always is one). The snapshot is taken
+otherwise taken at its start, design §7.1; the prompt tail always is one). The snapshot is taken
 inside the pass (`Slice.tap_at` = c: the GDN layers run the row in two parts, see
 `forward.GdnSplit`), one such row per step, moved to the step's end; a second one in the
 same step is cut at c instead (two passes). With budget = final_cap neither happens: a final

@@ -2,7 +2,7 @@
 
 Pure integer arithmetic (no tensors), so plans are tested as exact lists. A plan is a list of
 `Copy` (one contiguous Device byte range <-> one contiguous range of one Host chunk row) and,
-for restores, `Mark`s where `Transfer` records an event (spec §6.5):
+for restores, `Mark`s where `Transfer` records an event (design §6.5):
 
     restore:  [prelude copies] Mark("prelude") [layer 0 copies] Mark(0) [layer 1 ...] Mark(1) ...
               (a layer with nothing to copy gets no Mark)

@@ -1,4 +1,4 @@
-"""The Host tier's memory (spec §5.4 HostSlabPool): pinned slabs in chunks of at most 4 GiB.
+"""The Host tier's memory (design §5.4 HostSlabPool): pinned slabs in chunks of at most 4 GiB.
 
 A slab holds one block bundle: that block's page of every full-attention layer (one "cell" of
 page_bytes = 2 * 64 * Hkv * head_dim * itemsize per layer). A chunk is laid out layer-major, so

@@ -2,7 +2,7 @@
 
     kv[layer]: [pages, 2, 64, Hkv, head_dim]   (dim 1: 0 = K, 1 = V)
 
-A page id names the same page in every full-attention layer (one "page group", spec §5.4).
+A page id names the same page in every full-attention layer (one "page group", design §5.4).
 The pool owns the tensors and the Free list only. Every non-free page is owned by exactly one
 of: an active lane (private), the prefix index (a cached node or a snapshot tail), or a Filling
 transfer; those owners keep their own sets and `check_partition` verifies, in debug mode, that
@@ -95,7 +95,7 @@ class KVPool:
     # ---- contents -------------------------------------------------------------------------
     def copy_prefix(self, src: int, dst: int, tokens: int) -> None:
         """Copy the first `tokens` slots of page `src` into page `dst` in every layer (a COW of
-        a partial tail page, spec §6.4 / §7.4). Queued on the current stream."""
+        a partial tail page, design §6.4 / §7.4). Queued on the current stream."""
         for layer in self.kv:
             layer[dst, :, :tokens].copy_(layer[src, :, :tokens])
 
@@ -107,7 +107,7 @@ class KVPool:
     def check_partition(
         self, active: Iterable[int], cached: Iterable[int], filling: Iterable[int] = ()
     ) -> None:
-        """Assert every page is exactly one of free / active / cached / filling (spec §10.1)."""
+        """Assert every page is exactly one of free / active / cached / filling (design §10.1)."""
         seen: dict[int, str] = {p: "free" for p, f in enumerate(self._flags) if f}
         if len(seen) != self._num_free:
             raise AssertionError("KV pool: free count and free flags differ")

@@ -8,7 +8,7 @@
 Any physical slot can play either role. Lanes hold physical slots taken from the active free
 list; the prefix index names snapshot slots 0..D-1 ("logical"), and `snap_phys[d]` says which
 physical slot holds snapshot slot d's image. That indirection lets an endpoint snapshot take a
-finishing lane's image without a copy (`adopt_endpoint` swaps ownership), as spec §7.7 asks.
+finishing lane's image without a copy (`adopt_endpoint` swaps ownership), as design §7.7 asks.
 
 Invariant (checked by `check_invariants`): the active free list, the lanes' slots and the
 `snap_phys` table partition 0..S-1, and the active side always has exactly C slots.

@@ -1,7 +1,7 @@
 """Streams and events of the memory layer: real on CUDA, no-ops on the CPU.
 
 The compute stream runs forward passes; the restore stream carries Host -> Device restores
-(spec §6.5) and the transfer stream Device -> Host write-through (§7.6). On the CPU every copy is
+(design §6.5) and the transfer stream Device -> Host write-through (§7.6). On the CPU every copy is
 synchronous, so streams and events collapse to no-ops with the same interface; engine code never
 branches on the device type.
 """

@@ -1,4 +1,4 @@
-"""The engine's Host transfer seam (spec §6.5, §7.6): restores and write-through of the copy
+"""The engine's Host transfer seam (design §6.5, §7.6): restores and write-through of the copy
 records the prefix index produces, issued as `copy_runs` plans on the memory layer's streams.
 
     Transfer            what the engine calls (a Protocol); `Landed` is what `poll()` reports
@@ -6,7 +6,7 @@ records the prefix index produces, issued as `copy_runs` plans on the memory lay
                         a logic error
     HostTransfer        over pinned `HostSlabs`:
 
-    restore (H2D, spec §6.4-6.5)   restore stream: waits for the compute stream's queued work,
+    restore (H2D, design §6.4-6.5)   restore stream: waits for the compute stream's queued work,
                                    then prelude | layer 0 | layer 1 | ... with an event after
                                    each part; a `RestoreTicket` lets the compute stream wait
                                    per layer (the first prefill pass overlaps the copy).
@@ -145,7 +145,7 @@ class RestoreTicket:
 
     def synchronize(self) -> None:
         """Block the calling thread until every copy has landed (a prefetch the next quote
-        must see settled, spec §6.6). No-op on the CPU, when empty, or once retired."""
+        must see settled, design §6.6). No-op on the CPU, when empty, or once retired."""
         last = self._last()
         if last is not None and not self.retired:
             last.synchronize()

@@ -1,4 +1,4 @@
-"""The prefix cache file (spec §5.5, `prefix_cache_file`): the Host tier across restarts.
+"""The prefix cache file (design §5.5, `prefix_cache_file`): the Host tier across restarts.
 
     tables.py       the file's format (format 2): header, block / snapshot tables, checksums;
                     pure Python, no torch

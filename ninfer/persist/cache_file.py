@@ -1,4 +1,4 @@
-"""The Host tier across restarts (spec §5.5, `prefix_cache_file`): the engine's glue.
+"""The Host tier across restarts (design §5.5, `prefix_cache_file`): the engine's glue.
 
     LLM(...)        resolve_path(): absolute path; anything but a regular file (or nothing), or a
                     missing parent -> ValueError (only stat()ed: a FIFO is never opened); a

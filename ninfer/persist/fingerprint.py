@@ -1,4 +1,4 @@
-"""What a prefix cache file must share with the running engine to be used (spec §5.5): the
+"""What a prefix cache file must share with the running engine to be used (design §5.5): the
 model's identity, its config, dtypes, RoPE, the ops backend and the ninfer and format versions.
 """
 
@@ -49,7 +49,7 @@ def model_identity(model) -> dict:
 
 
 def fingerprint(identity: dict, cfg, model_config, ops_name: str) -> dict:
-    """What a file must share with the running engine to be used (spec §5.5)."""
+    """What a file must share with the running engine to be used (design §5.5)."""
     from ninfer import __version__
 
     config = json.dumps(model_config.to_dict(), sort_keys=True, default=str)

@@ -1,4 +1,4 @@
-"""Whether the file at `prefix_cache_file` is one a save may replace (spec §5.5).
+"""Whether the file at `prefix_cache_file` is one a save may replace (design §5.5).
 
 A save replaces the file whole, so a path that names something else (a typo, a swapped flag:
 notes, a config, a model's weights) would lose it. Only a ninfer prefix cache file (its magic,

@@ -1,4 +1,4 @@
-"""The lock of a prefix cache file: one engine per path (spec §5.5).
+"""The lock of a prefix cache file: one engine per path (design §5.5).
 
 An exclusive, non-blocking flock on `.NAME.lock` beside the file, held for the engine's
 lifetime and deleted when it lets go; a second engine asking for the same path gets a

@@ -1,4 +1,4 @@
-"""Slab bytes of the prefix cache file (spec §5.5): Host slabs <-> the file's payload.
+"""Slab bytes of the prefix cache file (design §5.5): Host slabs <-> the file's payload.
 
 The file's tables are `tables.py`'s; this module only moves bytes. A file slab is
 one Host slab's cells in layer order (slab-major), while a Host chunk is layer-major, so each

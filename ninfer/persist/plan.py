@@ -1,4 +1,4 @@
-"""What a prefix cache file holds and what a load restores (spec §5.5): the policy.
+"""What a prefix cache file holds and what a load restores (design §5.5): the policy.
 
 Pure Python (no torch), over a `PrefixIndex`: `collect` chooses the blocks and snapshots a save
 writes, `plan_restore` the ones a smaller Host tier takes back (all, or the densest snapshots
@@ -48,7 +48,7 @@ class RestorePlan:
 
 def collect(index, meta: dict) -> SaveSet:
     """Every Host-resident snapshot whose anchor path is Host-resident, and exactly those
-    paths, parents first (spec §5.5). Call with every Host write landed.
+    paths, parents first (design §5.5). Call with every Host write landed.
 
     Superseded snapshots are saved too, flagged: the process that kept running would still
     resume a retry of the same prompt from the one its last run resumed from (§9.3: only Host
@@ -100,7 +100,7 @@ def collect(index, meta: dict) -> SaveSet:
     return SaveSet(Tables(meta, blocks, snaps, [0] * len(sources)), sources)
 
 
-# ---- partial restore (spec §5.5 plan_host_restore) ----------------------------------------
+# ---- partial restore (design §5.5 plan_host_restore) ----------------------------------------
 
 
 def snapshot_paths(tables: Tables) -> list[list[int]]:

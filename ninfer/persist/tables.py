@@ -1,4 +1,4 @@
-"""The prefix cache file's format (spec §5.5): its header and tables, encoded and decoded.
+"""The prefix cache file's format (design §5.5): its header and tables, encoded and decoded.
 
 Pure Python (no torch). Which blocks and snapshots go into a file, and which come back, is
 `plan.py`'s; the slab bytes are moved by `payload.py`.

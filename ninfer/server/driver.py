@@ -4,7 +4,7 @@ One `LLM`, one engine thread; every HTTP request becomes one engine job. Its eve
 asyncio loop through one bridge for all requests (no thread per request; about one loop
 wake-up per engine step, not one per token per stream), and a request whose
 consumer goes away (client disconnect, server drain timeout) is cancelled on the engine at
-once, queued or running: the engine publishes what it computed (spec: cancel publishes the
+once, queued or running: the engine publishes what it computed (design §7.7: cancel publishes the
 endpoint) and goes on serving everyone else. The driver uses the public `LLM` surface only
 (`render_chat`, `render_prompt`, `check`, `submit` with a callback, `cancel`, `running`).
 """

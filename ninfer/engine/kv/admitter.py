@@ -1,4 +1,4 @@
-"""Admission as a transaction against the prefix index (spec §6.4): quote, stage, activate.
+"""Admission as a transaction against the prefix index (design §6.4): quote, stage, activate.
 
     quote     read-only: source snapshot (or root), frontier F_s, pages needed, readiness
     stage     pins the path up to F_s and the source, evicts Device LRU pages for the need

@@ -1,4 +1,4 @@
-"""In-flight prefix coalescing (spec §12.2): a FIFO head that shares a prefix with a lane still
+"""In-flight prefix coalescing (design §12.2): a FIFO head that shares a prefix with a lane still
 prefilling waits for that lane's snapshot at the divergence instead of prefilling it again.
 
 Only reachable with `concurrent_prefill` (otherwise no lane prefills when the head is quoted).

@@ -1,4 +1,4 @@
-"""Prefetching the blocked FIFO head's Host-only path into spare Device pages (spec §6.6).
+"""Prefetching the blocked FIFO head's Host-only path into spare Device pages (design §6.6).
 
 While the head waits (for a lane, for pages, or for a coalescing sibling), the engine asks
 `Prefetcher.maybe_prefetch(head)` once per step. It quotes the head as admission would, lets
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ninfer.cache.index import PrefixIndex
     from ninfer.engine.lane import Job
 
-MAX_PREFETCH_BLOCKS = 256  # one batch (spec §6.6: ~550 MB for 27B INT8 KV)
+MAX_PREFETCH_BLOCKS = 256  # one batch (design §6.6: ~550 MB for 27B INT8 KV)
 
 
 @dataclass(slots=True, frozen=True)

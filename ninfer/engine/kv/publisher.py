@@ -1,4 +1,4 @@
-"""Block commit, taps, publication and terminal settlement of a lane (spec §7.4–§7.7, §9.3).
+"""Block commit, taps, publication and terminal settlement of a lane (design §7.4–§7.7, §9.3).
 
 Tap realization against chunk boundaries (s = chunk start, e = chunk end, n = prompt length):
 

@@ -14,7 +14,7 @@ executor reads the pools' tensors and borrows warm-up pages and slots. Neither e
 Everything here runs on the engine thread only.
 
 With `prefix_reuse=False` there is no index: every page is a lane's private page, no node or
-snapshot is ever made (spec §7.7, §10.8).
+snapshot is ever made (design §7.7, §10.8).
 """
 
 from __future__ import annotations
