@@ -232,23 +232,31 @@ def _completion_prepare(srv: Serving, req: oai.CompletionRequest) -> _Batch:
     max_tokens = req.max_tokens if req.max_tokens is not None else 16
     batch = []
     for i, one in enumerate(prompts):
-        field = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-        prompt: object = one
-        if req.cache_breakpoints:
-            key = "prompt" if isinstance(one, str) else "prompt_token_ids"
-            prompt = {key: one, "cache_breakpoints": req.cache_breakpoints}
         try:
-            rendered = srv.driver.render_prompt(prompt)  # type: ignore[arg-type]
-        except ValueError as e:
-            err = from_value_error(e, "prompt")
-            if field != "prompt":
-                err = ApiError(f"{field}: {err.message}", field)
-            raise err from None
-        rendered.text = one if isinstance(one, str) else ""
-        params = _params(srv, req, rendered, max_tokens, "max_tokens", k, n)
-        plist = _siblings(srv, rendered, params, n, "max_tokens", field)
-        batch.append(_Prepared(rendered, plist, k))
+            batch.append(_completion_one(srv, req, one, max_tokens, k, n))
+        except ApiError as err:
+            if len(prompts) > 1 and err.param in ("prompt", "prompt_token_ids"):
+                text = err.message  # the batch's prompt i, named once
+                for name in ("prompt: ", "prompt_token_ids: "):
+                    text = text.removeprefix(name)
+                raise ApiError(f"prompt[{i}]: {text}", f"prompt[{i}]") from None
+            raise
     return _Batch(batch, n, model)
+
+
+def _completion_one(srv: Serving, req: oai.CompletionRequest, one, max_tokens, k, n) -> _Prepared:
+    """One prompt of the batch, checked (ApiError naming `prompt`)."""
+    prompt: object = one
+    if req.cache_breakpoints:
+        key = "prompt" if isinstance(one, str) else "prompt_token_ids"
+        prompt = {key: one, "cache_breakpoints": req.cache_breakpoints}
+    try:
+        rendered = srv.driver.render_prompt(prompt)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise from_value_error(e, "prompt") from None
+    rendered.text = one if isinstance(one, str) else ""
+    params = _params(srv, req, rendered, max_tokens, "max_tokens", k, n)
+    return _Prepared(rendered, _siblings(srv, rendered, params, n, "max_tokens", "prompt"), k)
 
 
 def _completion_body(srv: Serving, req: oai.CompletionRequest, batch: _Batch, outs) -> bytes:

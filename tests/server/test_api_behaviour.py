@@ -124,6 +124,15 @@ def test_completions_stream_batch_with_token_ids(served, oai):
     assert usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in refs)
 
 
+def test_completions_batch_error_names_the_prompt(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model=MODEL, prompt=[[5, 6], [5, 10**7]], max_tokens=2)
+    assert e.value.param == "prompt[1]" and e.value.body["message"].startswith("prompt[1]: token")
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model=MODEL, prompt=["a", ""], max_tokens=2)
+    assert e.value.param == "prompt[1]"
+
+
 # ---- model names ------------------------------------------------------------------------------
 def test_unknown_model_is_404_model_not_found(oai, anth):
     with pytest.raises(openai.NotFoundError) as e:
