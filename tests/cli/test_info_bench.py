@@ -62,7 +62,17 @@ def test_bad_configuration_is_one_clear_line(ninfer):
     assert run.stderr.strip().splitlines()[-1].startswith("ninfer info: error: max_concurrency")
 
 
-def test_bench_all_on_the_demo_model(ninfer, tmp_path):
+def test_bench_all_on_the_demo_model(ninfer, tmp_path, monkeypatch):
+    import functools
+
+    from ninfer.bench import reuse, suite
+
+    # The reuse part replays one of its traces here (the cheapest): that `all` runs it and
+    # prints its table is the point; every trace's figures are tests/bench/test_reuse_bench.py's
+    # (the six traces took about 50 s of this test's 75 s).
+    monkeypatch.setattr(
+        suite, "bench_reuse", functools.partial(reuse.bench_reuse, traces=("chat",))
+    )
     out, png, prof = tmp_path / "b.json", tmp_path / "ttft.png", tmp_path / "prof"
     run = ninfer(
         "bench", "all", "--prompt-tokens", "16,160", "--decode-tokens", "8", "--batch-sizes",
@@ -73,6 +83,8 @@ def test_bench_all_on_the_demo_model(ninfer, tmp_path):
     assert run.returncode == 0, run.stderr + run.stdout
     r = json.loads(out.read_text())
     assert set(r) >= {"meta", "bounds", "prefill", "decode", "ttft", "restore", "cache", "hf"}
+    assert [row["trace"] for row in r["reuse"]["rows"]] == ["chat"]
+    assert r["reuse"]["rows"][0]["theoretical"] > 0
     assert r["bounds"]["copy_bytes_per_s"] > 0 and r["bounds"]["matmul_flops_per_s"] > 0
     assert [row["prompt_tokens"] for row in r["prefill"]["rows"]] == [16, 160]
     for row in r["prefill"]["rows"]:
@@ -99,7 +111,8 @@ def test_bench_all_on_the_demo_model(ninfer, tmp_path):
     assert png.stat().st_size > 0
     assert (prof / "decode.json").stat().st_size > 0 and r["decode"]["profile"]["top"]
     titles = ("of bound", "TTFT per turn", "resume from the Host tier",
-              "transformers, same weights", "top kernels")  # fmt: skip
+              "transformers, same weights", "top kernels",
+              "prefix reuse on seeded traces")  # fmt: skip
     for words in titles:
         assert words in run.stdout
     # To a pipe or a file the tables keep their full width: no cell is cut short.
