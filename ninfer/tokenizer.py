@@ -250,6 +250,7 @@ class Tokenizer:
             if i not in eos:
                 eos.append(i)
         self.eos_token_ids: tuple[int, ...] = tuple(eos)
+        self._token_texts: dict[int, str] = {}  # `token_text`'s memo (at most the vocabulary)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -289,6 +290,14 @@ class Tokenizer:
         if skip_special_tokens:
             ids = [i for i in ids if i not in self.special_ids]
         return self._b.decode(list(ids))
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token alone (memoized: a reply with top logprobs asks for the same
+        few thousand tokens tens of thousands of times)."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.decode([token_id])
+        return text
 
     @property
     def vocab_size(self) -> int:

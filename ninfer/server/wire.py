@@ -114,4 +114,4 @@ def check_n(n) -> int:
 
 
 def token_text(tokenizer, token_id: int) -> str:
-    return tokenizer.decode([token_id]) if tokenizer is not None else ""
+    return tokenizer.token_text(token_id) if tokenizer is not None else ""
