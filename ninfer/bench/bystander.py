@@ -5,7 +5,7 @@ between chunks and /health's p50 and max latency (the server's event loop must s
 and the machine's load average before and after (the figures mean little on a saturated one).
 
     python -m ninfer.bench.bystander [--max-body-mib 40] [--reply-tokens 300]
-        [--hostile huge,wide,huge,wide]
+        [--hostile huge,wide,huge,wide] [--device cpu|cuda] [--stall-trace OUT.json]
 
 `--hostile` picks the hostile requests ("huge": the 30 MB chat prompt, refused; "wide": n=16
 with top_logprobs=20; "none": the bystander alone), to tell which of them costs what.
@@ -26,7 +26,6 @@ from concurrent.futures import ProcessPoolExecutor
 
 MODEL = "demo"
 HEALTH_EVERY_S = 0.02
-START_TIMEOUT_S = 120
 KINDS = ("huge", "wide", "huge", "wide")
 
 
@@ -36,14 +35,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(port: int, max_body_mib: float) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "ninfer", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--max-body-mib", str(max_body_mib), "--device", "cpu", "--max-model-len", "4096"]
-    return subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+def _start(port: int, args: argparse.Namespace, log) -> subprocess.Popen:
+    """The server, its output to `log`; under `ninfer.bench.stalls` with --stall-trace."""
+    cmd = [sys.executable, "-m"]
+    cmd += ["ninfer.bench.stalls", args.stall_trace, "ninfer"] if args.stall_trace else ["ninfer"]
+    cmd += ["serve", "--host", "127.0.0.1", "--port", str(port), "--device", args.device]
+    cmd += ["--max-body-mib", str(args.max_body_mib), "--max-model-len", "4096"]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
 
 
-async def _wait_up(client, url: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+async def _wait_up(client, url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             if (await client.get(url + "/health")).status_code == 200:
@@ -107,12 +109,12 @@ def _hostile(url: str, kind: str, tokens: int) -> int:
     return httpx.post(url + "/v1/chat/completions", json=body, timeout=600).status_code
 
 
-async def run(port: int, tokens: int, hostile: tuple[str, ...] = KINDS) -> dict:
+async def run(port: int, tokens: int, hostile: tuple[str, ...], start_timeout_s: float) -> dict:
     import httpx
 
     url = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(timeout=600) as client:
-        await _wait_up(client, url)
+        await _wait_up(client, url, start_timeout_s)
         await _bystander(client, url, 8)  # warm
         stop = asyncio.Event()
         health = asyncio.ensure_future(_health(client, url, stop))
@@ -120,7 +122,9 @@ async def run(port: int, tokens: int, hostile: tuple[str, ...] = KINDS) -> dict:
         with ProcessPoolExecutor(max(1, len(hostile))) as pool:
             sent = [loop.run_in_executor(pool, _hostile, url, kind, tokens) for kind in hostile]
             await asyncio.sleep(2.0)  # the hostile requests arrive first
+            t_begin = time.perf_counter()
             ttft, gaps = await _bystander(client, url, tokens)
+            t_end = time.perf_counter()
             statuses = await asyncio.gather(*sent)
         stop.set()
         lat = await health
@@ -134,6 +138,28 @@ async def run(port: int, tokens: int, hostile: tuple[str, ...] = KINDS) -> dict:
         "health_max_ms": round(max(lat) * 1e3, 1),
         "hostile": list(hostile),
         "hostile_statuses": statuses,
+        "window": (t_begin, t_end),
+    }
+
+
+def _trace_in_window(path: str, window: tuple[float, float]) -> dict:
+    """The stall trace's collections and stalls during the bystander's stream."""
+    with open(path) as f:
+        trace = json.load(f)
+    begin, end = window
+    gcs = [g for g in trace["gc"] if begin <= g["t"] <= end]
+    stalls = sorted(
+        (s for s in trace["stalls"] if begin <= s["t"] <= end), key=lambda s: -s["late_ms"]
+    )
+    return {
+        "gc_over_5ms": len(gcs),
+        "gc_max_ms": max((g["ms"] for g in gcs), default=0.0),
+        "gc_generations": sorted({g["generation"] for g in gcs}),
+        "stalls_over_30ms": len(stalls),
+        "worst_stalls": [
+            {"late_ms": s["late_ms"], "threads": {k: v[-2:] for k, v in s["threads"].items()}}
+            for s in stalls[:3]
+        ],
     }
 
 
@@ -142,20 +168,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-body-mib", type=float, default=40.0)
     parser.add_argument("--reply-tokens", type=int, default=300)
     parser.add_argument("--hostile", default=",".join(KINDS), help="huge / wide, or none")
+    parser.add_argument("--device", default="cpu", help="the server's device (cpu, cuda)")
+    parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds")
+    parser.add_argument("--server-log", default=os.devnull, help="the server's output, to a file")
+    parser.add_argument("--stall-trace", help="run the server under ninfer.bench.stalls: JSON")
     args = parser.parse_args(argv)
     hostile = tuple(k for k in args.hostile.split(",") if k and k != "none")
     if any(k not in ("huge", "wide") for k in hostile):
         parser.error("--hostile: a list of huge and wide, or none")
     port = _free_port()
-    server = _start(port, args.max_body_mib)
     load = os.getloadavg()[0]
-    try:
-        figures = asyncio.run(run(port, args.reply_tokens, hostile))
-    finally:
-        server.terminate()
-        server.wait(60)
+    with open(args.server_log, "w") as log:
+        server = _start(port, args, log)
+        try:
+            figures = asyncio.run(run(port, args.reply_tokens, hostile, args.start_timeout))
+        finally:
+            server.terminate()
+            server.wait(60)
+    window = figures.pop("window")
+    if args.stall_trace:
+        figures["stall_trace"] = _trace_in_window(args.stall_trace, window)
     figures["load_1min"] = [round(load, 2), round(os.getloadavg()[0], 2)]
     figures["cpus"] = os.cpu_count()
+    figures["device"] = args.device
     print(json.dumps(figures, indent=2))
     return 0
 

@@ -312,19 +312,28 @@ def _lp(value: float) -> float:
 def chat_logprobs(out: RequestOutput, tokenizer, k: int) -> dict | None:
     if out.logprobs is None:
         return None
+    seen: dict[int, tuple[str, list[int]]] = {}  # token id -> (text, bytes), shared read-only
+
+    def piece(token_id: int) -> tuple[str, list[int]]:
+        entry = seen.get(token_id)
+        if entry is None:
+            text = token_text(tokenizer, token_id)
+            entry = seen[token_id] = (text, list(text.encode()))
+        return entry
+
     content = []
     for tok, top in zip(out.token_ids, out.logprobs, strict=False):
-        text = token_text(tokenizer, tok)
+        text, raw = piece(tok)
         ranked = sorted(top.items(), key=lambda kv: -kv[1])[:k]
         tops = []
         for i, lp in ranked:
-            t = token_text(tokenizer, i)
-            tops.append({"token": t, "logprob": _lp(lp), "bytes": list(t.encode())})
+            t, b = piece(i)
+            tops.append({"token": t, "logprob": _lp(lp), "bytes": b})
         content.append(
             {
                 "token": text,
                 "logprob": _lp(top.get(tok, 0.0)),
-                "bytes": list(text.encode()),
+                "bytes": raw,
                 "top_logprobs": tops,
             }
         )

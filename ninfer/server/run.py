@@ -11,11 +11,18 @@ The handlers stay installed until the engine has closed, as `ninfer chat`'s do
 (`cli/main.serving`): a SIGTERM during the close (a process manager repeating its stop, `kill`
 twice) is ignored and the save runs to its end; a Ctrl+C abandons the save (the previous file
 stays, the temporary one is deleted), waits up to 2 s for the engine and exits 130.
+
+Before serving, everything built at start-up (the model, torch's and the app's objects) is
+moved out of the garbage collector's reach (`gc.freeze`): a full collection would otherwise
+walk that whole heap, a pause of every thread (event loop and engine alike) long enough to
+show as a stall in every stream, triggered by the many small objects a reply with logprobs
+allocates.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import threading
@@ -94,6 +101,8 @@ def serve(llm, app, host: str, port: int, drain_s: float = DEFAULT_DRAIN_S, anno
                 announce()
 
         server.startup = startup  # type: ignore[method-assign]
+    gc.collect()
+    gc.freeze()
     with server.holding_signals():
         try:
             server.run()
