@@ -143,6 +143,11 @@ class HostTier:
                 s.h = self.value(s)
         self.dirty.clear()
 
+    def revalue_all(self) -> None:
+        """Recompute the cached H of every retained snapshot now."""
+        self.dirty.update(self._snaps)
+        self.flush()
+
     def victim(self) -> Snapshot | None:
         """The retained, unpinned, Host-resident snapshot of minimum (H, last hit, id), by the
         cached H (flush first). Read-only."""

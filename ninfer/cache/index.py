@@ -199,6 +199,11 @@ class PrefixIndex:
         gauges `stats()` reports against a recount."""
         check_index(self)
 
+    def revalue_host(self) -> None:
+        """Recompute every retained snapshot's cached GDSF value H now, instead of when next
+        marked (a soak that tolerates a stale H repairs it with this)."""
+        self.host_tier.revalue_all()
+
     # ---- the lane protocol (docs/cache-api.md): each call answered by the part that owns it -
 
     def stage(self, quote: Quote, lane: int, free_pages: int) -> Staged:

@@ -318,6 +318,35 @@ class KVState:
             if self.index is None and lane.committed_blocks:
                 raise AssertionError("disabled lane committed blocks")
 
+    def check_idle(self) -> None:
+        """With no lane: the invariants hold and nothing is reserved, pinned or leaked (every
+        page free or cached, every active state slot free, no lane record, transfer batch or
+        pin left in the index). AssertionError naming what is left."""
+
+        def require(ok: bool, what: str) -> None:
+            if not ok:
+                raise AssertionError(what)
+
+        require(self.budget.reserved == 0, f"{self.budget.reserved} page(s) still reserved")
+        self.check_invariants([])
+        cached = self.cached_pages()
+        require(self.kv.num_free + len(cached) == self.kv.num_pages, "pages leaked")
+        require(self.states.num_free_active == self.states.active_slots, "state slots leaked")
+        index = self.index
+        if index is None:
+            return
+        require(not index.lanes and not index.batches, "index lanes or batches open")
+        for node in index.blocks.tree.nodes.values():
+            require(node.active_refs == 0 and node.restore_pins == 0, f"node pinned: {node}")
+        for snap in index.snapshots.by_id.values():
+            require(snap.restore_pins == 0, f"snapshot pinned: {snap}")
+
+    def revalue_host(self) -> None:
+        """Recompute every Host snapshot's cached GDSF value now (a soak that tolerates a stale
+        one repairs it with this; no-op without an index)."""
+        if self.index is not None:
+            self.index.revalue_host()
+
     def _check_evictable(self) -> None:
         """The page budget's `evictable` is what eviction would free: every Device LRU entry
         but an unbacked node whose subtree holds a pin (O(LRU x subtree): debug only)."""
