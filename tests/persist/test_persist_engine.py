@@ -202,7 +202,7 @@ def test_failed_engine_saves_nothing(make, tmp_path):
     def boom(engine):  # a fault that ends the engine (a poisoned CUDA context)
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    llm._engine.on_step = boom
+    llm.engine.on_step = boom
     out = llm.generate([{"prompt_token_ids": PROMPT[:70]}], GREEDY)[0]
     assert out.finish_reason == "error"
     llm.close()
