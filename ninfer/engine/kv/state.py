@@ -336,10 +336,11 @@ class KVState:
         if index is None:
             return
         require(not index.lanes and not index.batches, "index lanes or batches open")
-        for node in index.blocks.tree.nodes.values():
-            require(node.active_refs == 0 and node.restore_pins == 0, f"node pinned: {node}")
-        for snap in index.snapshots.by_id.values():
-            require(snap.restore_pins == 0, f"snapshot pinned: {snap}")
+        nodes = index.blocks.tree.nodes.values()
+        node = next((n for n in nodes if n.active_refs or n.restore_pins), None)
+        require(node is None, f"node pinned: {node}")
+        snap = next((s for s in index.snapshots.by_id.values() if s.restore_pins), None)
+        require(snap is None, f"snapshot pinned: {snap}")
 
     def revalue_host(self) -> None:
         """Recompute every Host snapshot's cached GDSF value now (a soak that tolerates a stale
