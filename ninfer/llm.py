@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ninfer.cache.keys import prepare_prompt
 from ninfer.config import (
     EngineConfig,
     EngineOptions,
@@ -181,19 +180,36 @@ class LLM:
     def tokenizer(self):
         return self._tokenizer
 
+    @property
+    def engine(self) -> Engine:
+        """The inspection seam (docs/engine.md): the running `Engine`, for tests, benchmarks
+        and tools, never applications. Its surface is not spec/API.md's."""
+        return self._engine
+
     def memory_ledger(self) -> dict:
         """KV pages and bytes, state slots, Host slabs and bytes (for `ninfer info`)."""
-        return self._engine.call(lambda: self._engine.kv_state.ledger())
+        return self._engine.memory_ledger()
 
     def cache_stats(self):
         """A copy of the prefix cache's CacheStats (all zero when prefix_reuse=False)."""
-        return self._engine.call(lambda: self._engine.kv_state.stats())  # already a copy
+        return self._engine.cache_stats()
 
     def settle(self) -> None:
         """Block until every Host copy in flight (write-through, restores, prefetches) has
         landed and the cache knows it: what was served is then on the Host tier. The engine
         thread waits too (for at most the copies already queued); for benchmarks and tests."""
-        self._engine.call(lambda: self._engine.kv_state.poll(wait=True))
+        self._engine.settle_copies()
+
+    def check_idle(self) -> None:
+        """AssertionError naming what is left unless no request runs or waits and nothing is
+        pinned, reserved or leaked (`Engine.check_idle`); for tests, benchmarks and soaks."""
+        self._engine.check_idle()
+
+    def live_request_ids(self) -> list[str]:
+        """The ids of the requests submitted whose final output is not read yet (each one
+        `cancel` may still end)."""
+        with self._live_lock:
+            return list(self._live)
 
     # ---- requests ---------------------------------------------------------------------------
     def _job(
@@ -201,7 +217,7 @@ class LLM:
     ) -> Job:
         ids = prompt.token_ids if prompt is not None else []
         hints = prompt.hints if prompt is not None else forms.PromptHints()
-        job = Job(
+        return Job(
             request_id=f"req-{next(self._ids)}",
             prompt=ids,
             params=params,
@@ -210,8 +226,6 @@ class LLM:
             stream=stream,
             error=error,
         )
-        job.blocks = prepare_prompt(ids) if error is None and self._cfg.prefix_reuse else None
-        return job
 
     def _prepare(self, make_input, params, single: bool, stream=False, field="prompt") -> Job:
         """Validate one request into a Job: ValueError naming the field when `single`, else a
@@ -451,8 +465,8 @@ class LLM:
         if engine is None:
             return True
         if wait_s is not None:
-            engine._thread.join(wait_s)
-        return not engine._thread.is_alive()
+            return engine.join(wait_s)
+        return engine.stopped
 
     def __enter__(self) -> LLM:
         return self

@@ -4,6 +4,11 @@
     ninfer/forward.py     imports nothing from ninfer: it sits below models and ops
     ninfer/ops/           imports nothing from models, engine, memory or cache
     ninfer/engine/        only its executor (ninfer/engine/executor/) imports ninfer.ops
+    ninfer/llm.py         imports nothing from ninfer.cache (the engine builds the prompt's
+                          block keys) and reads no private attribute of the engine
+
+and the inspection seam (docs/engine.md): tests, tools and benchmarks reach the engine through
+`LLM.engine` and public methods, never a private attribute of an LLM or an Engine.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from pathlib import Path
 import ninfer
 
 ROOT = Path(ninfer.__file__).parent
+REPO = ROOT.parent
+# names that hold an LLM or an Engine in tests, tools and benchmarks
+_HOLDERS = {"llm", "engine", "eng"}
 
 
 def _imports(path: Path, package: str | None = None) -> list[str]:
@@ -80,4 +88,64 @@ def test_checker_sees_lazy_relative_and_from_imports(tmp_path):
     ]  # fmt: skip
     assert _violations([probe], ("ninfer.ops.cuda",), "ninfer.engine") == [
         ("m.py", "ninfer.ops.cuda"), ("m.py", "ninfer.ops.cuda.passmeta"),
+    ]  # fmt: skip
+
+
+def test_llm_imports_nothing_from_the_cache():
+    assert _violations([ROOT / "llm.py"], ("ninfer.cache",)) == []
+
+
+def _private_reads(path: Path) -> list[tuple[int, str]]:
+    """(line, expression) of every `x._name` where x is a name or an attribute in `_HOLDERS`
+    (an LLM or an Engine), and of every `._engine`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__"):
+            continue
+        value = node.value
+        held = (isinstance(value, ast.Name) and value.id in _HOLDERS) or (
+            isinstance(value, ast.Attribute) and value.attr in _HOLDERS
+        )
+        if node.attr == "_engine" or held:
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_llm_reads_no_private_attribute_of_the_engine():
+    tree = ast.parse((ROOT / "llm.py").read_text())
+    reads = [
+        ast.unparse(n)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and n.attr.startswith("_")
+        and isinstance(n.value, ast.Attribute | ast.Name)
+        and getattr(n.value, "attr", getattr(n.value, "id", None)) in ("_engine", "engine")
+    ]
+    assert reads == []
+
+
+def test_tests_tools_and_benchmarks_use_the_inspection_seam():
+    files = [
+        f
+        for folder in (REPO / "tests", REPO / "tools", ROOT / "bench")
+        for f in sorted(folder.rglob("*.py"))
+    ]
+    assert len(files) > 50
+    found = [
+        f"{f.relative_to(REPO)}:{line}: {expr}" for f in files for line, expr in _private_reads(f)
+    ]
+    assert found == []
+
+
+def test_the_seam_checker_sees_private_reads(tmp_path):
+    probe = tmp_path / "t.py"
+    probe.write_text(
+        "a = llm._engine.kv_state\nb = llm.engine._thread\nc = engine._run\n"
+        "d = x.llm._live\ne = llm.engine.kv_state._index\nf = llm.__class__\n"
+        "g = served.engine.runner\n"
+    )
+    assert _private_reads(probe) == [
+        (1, "llm._engine"), (2, "llm.engine._thread"), (3, "engine._run"), (4, "x.llm._live"),
     ]  # fmt: skip

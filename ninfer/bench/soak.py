@@ -154,7 +154,7 @@ class _Soak:
     def run(self, requests: int, clients: int, report_every: float) -> None:
         """Split `requests` over `clients` threads, run them with the canceller and the
         sampler, and record the closing memory sample, the time and the step count."""
-        engine = self.llm._engine
+        engine = self.llm.engine  # the inspection seam: its step hook and step count
         engine.on_step = self.check
         per_client = [requests // clients + (i < requests % clients) for i in range(clients)]
         self.t0 = time.perf_counter()
@@ -184,17 +184,13 @@ class _Soak:
         if eng.steps % self.check_every != 0:
             return
         try:
-            eng.kv_state.check_invariants(eng.lanes)
+            eng.check_invariants()
         except AssertionError as e:
             known = [t for t in self.tolerate if t in str(e)]
             if not known:
                 raise
             self.report.tolerated[known[0]] += 1
-            index = eng.kv_state.index
-            for sid in index.snapshots.by_id:
-                index.host_tier.mark(sid)
-            index.host_tier.flush()
-            eng.kv_state.check_invariants(eng.lanes)
+            eng.check_invariants(revalue=True)
         self.report.invariant_checks += 1
 
     def client(self, i: int, n: int) -> None:
@@ -231,8 +227,7 @@ class _Soak:
         crng = random.Random(self.seed + 77)
         while not self.done.is_set():
             time.sleep(crng.uniform(0.0, 0.02))
-            with llm._live_lock:
-                live = list(llm._live)
+            live = llm.live_request_ids()
             if live and crng.random() < self.cancel_rate and llm.cancel(crng.choice(live)):
                 self.report.cancels_sent += 1
 
@@ -261,29 +256,11 @@ def _final_checks(llm, report: SoakReport, requests: int, max_growth_mib: float)
         fail.append(f"{report.mismatches} greedy repeats gave different tokens")
     if not report.reasons.get("abort") and report.cancels_sent:
         fail.append("cancellations were sent but no request ended abort")
-    engine = llm._engine
-
-    def idle() -> str | None:
-        b = engine.kv_state
-        try:
-            assert not engine.lanes and not engine.waiting, "lanes or queue not empty"
-            assert b.budget.reserved == 0, "pages still reserved"
-            b.poll(wait=True)
-            b.check_invariants([])
-            assert b.kv.num_free + len(b.cached_pages()) == b.kv.num_pages, "pages leaked"
-            assert b.states.num_free_active == b.states.active_slots, "state slots leaked"
-            if b.index is not None:
-                assert not b.index.lanes and not b.index.batches, "index lanes or batches open"
-                pinned = [n.id for n in b.index.blocks.tree.nodes.values() if n.active_refs]
-                pinned += [n.id for n in b.index.blocks.tree.nodes.values() if n.restore_pins]
-                assert not pinned, f"nodes still pinned: {pinned[:5]}"
-        except AssertionError as e:
-            return str(e) or "invariant broken"
-        return None
-
-    problem = engine.call(idle)
-    if problem:
-        fail.append(f"not idle at the end: {problem}")
+    try:
+        llm.settle()
+        llm.check_idle()
+    except AssertionError as e:
+        fail.append(f"not idle at the end: {e or 'invariant broken'}")
     samples = report.samples
     if len(samples) >= 3:
         base = samples[max(1, len(samples) // 4)]

@@ -21,9 +21,11 @@ residency). Which node or snapshot holds a slab is the records'; the §9.3 order
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ninfer.cache.common import BLOCK_TOKENS, ROOT, Residency
 from ninfer.cache.cost import CacheCostModel
-from ninfer.cache.host_pool import HostSlabPool, check_host_budget
+from ninfer.cache.host_pool import HostSlabPool, SlabGeometry, check_host_budget
 from ninfer.cache.records import CacheConfig
 from ninfer.cache.snapshots import Snapshot
 from ninfer.cache.tree import BlockTree
@@ -41,6 +43,7 @@ class HostTier:
         cost: CacheCostModel,
         tree: BlockTree,
         snaps: dict[int, Snapshot],
+        host_pool: Callable[[SlabGeometry], HostSlabPool] = HostSlabPool,
     ) -> None:
         self._config, self._cost = config, cost
         self._tree, self._snaps = tree, snaps
@@ -48,7 +51,7 @@ class HostTier:
         geometry = config.host_geometry()
         if geometry is not None:
             check_host_budget(geometry, "host_cache_bytes", config.host_cache_bytes)
-            self.pool = HostSlabPool(geometry)
+            self.pool = host_pool(geometry)
         self.L = 0.0
         self.dirty: set[int] = set()  # snapshots whose cached H is stale
 
@@ -139,6 +142,11 @@ class HostTier:
             if s is not None and not s.superseded:
                 s.h = self.value(s)
         self.dirty.clear()
+
+    def revalue_all(self) -> None:
+        """Recompute the cached H of every retained snapshot now."""
+        self.dirty.update(self._snaps)
+        self.flush()
 
     def victim(self) -> Snapshot | None:
         """The retained, unpinned, Host-resident snapshot of minimum (H, last hit, id), by the

@@ -44,13 +44,13 @@ Invariants (design §10; `check_invariants` checks every one that is checkable w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ninfer.cache.admission import Admission
 from ninfer.cache.blocks import BlockStore
 from ninfer.cache.common import SnapshotKind, Span
 from ninfer.cache.cost import CacheCostModel
-from ninfer.cache.host_pool import HostSlabPool
+from ninfer.cache.host_pool import HostSlabPool, SlabGeometry
 from ninfer.cache.host_tier import HostTier
 from ninfer.cache.invariants import check_index
 from ninfer.cache.keys import PromptBlocks
@@ -87,14 +87,21 @@ __all__ = ["PrefixIndex"]
 class PrefixIndex:
     """The hybrid prefix cache index. See the module docstring for its parts and invariants."""
 
-    def __init__(self, config: CacheConfig, cost: CacheCostModel) -> None:
+    def __init__(
+        self,
+        config: CacheConfig,
+        cost: CacheCostModel,
+        host_pool: Callable[[SlabGeometry], HostSlabPool] = HostSlabPool,
+    ) -> None:
+        """`host_pool` builds the Host tier's slab pool over its geometry (the engine passes
+        one whose `allocate` contains its faults)."""
         if config.slab_bytes <= 0 or config.image_bytes <= 0 or config.host_cache_bytes < 0:
             raise ValueError(f"invalid cache sizes in {config}")
         self.config, self._cost = config, cost
         self.blocks = BlockStore(self._revalue)
         tree = self.blocks.tree
         self.snapshots = SnapshotStore(config.device_snapshot_slots, tree, self._revalue)
-        self.host_tier = HostTier(config, cost, tree, self.snapshots.by_id)
+        self.host_tier = HostTier(config, cost, tree, self.snapshots.by_id, host_pool)
         self.registry = Registry()
         stores = (self.blocks, self.snapshots, self.host_tier)
         self.liveness = Liveness(*stores, self.registry)
@@ -191,6 +198,11 @@ class PrefixIndex:
         """Raise AssertionError naming the first broken invariant (O(everything)); last, the
         gauges `stats()` reports against a recount."""
         check_index(self)
+
+    def revalue_host(self) -> None:
+        """Recompute every retained snapshot's cached GDSF value H now, instead of when next
+        marked (a soak that tolerates a stale H repairs it with this)."""
+        self.host_tier.revalue_all()
 
     # ---- the lane protocol (docs/cache-api.md): each call answered by the part that owns it -
 

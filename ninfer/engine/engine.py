@@ -116,10 +116,14 @@ class Engine:
 
     # ---- the thread-safe surface --------------------------------------------------------------
     def submit(self, job: Job) -> None:
+        """Queue `job`. Its prompt's block keys (`cache/keys.prepare_prompt`) are built here,
+        on the caller's thread, when the prefix cache is on and the job carries no error."""
         if self._failure is not None:
             raise EngineError(self._failure_text) from self._failure
         if not self._thread.is_alive():
             raise RuntimeError("the engine is closed")
+        reuse = job.error is None and self.cfg.prefix_reuse
+        job.blocks = prepare_prompt(job.prompt) if reuse else None
         job.t_submit = time.perf_counter()
         self._inbox.put(("job", job))
 
@@ -128,6 +132,17 @@ class Engine:
         """The loop runs and takes work: False once asked to stop, once failed (from before
         the first caller is told), and when its thread is gone."""
         return self._failure is None and not self._stopping and self._thread.is_alive()
+
+    @property
+    def stopped(self) -> bool:
+        """The engine thread has ended (closed, or failed)."""
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds (None: until it ends) for the engine thread to end;
+        whether it has."""
+        self._thread.join(timeout)
+        return self.stopped
 
     def cancel(self, job: Job) -> None:
         job.cancelled.set()
@@ -145,6 +160,45 @@ class Engine:
                     if self._failure is not None:
                         raise EngineError(self._failure_text) from None
                     raise RuntimeError("the engine is closed") from None
+
+    def cache_stats(self):
+        """A CacheStats copy (`KVState.stats`), read on the engine thread."""
+        return self.call(lambda: self.kv_state.stats())
+
+    def memory_ledger(self) -> dict:
+        """KV pages and bytes, state slots, Host slabs and bytes (`KVState.ledger`), read on
+        the engine thread."""
+        return self.call(lambda: self.kv_state.ledger())
+
+    def settle_copies(self) -> None:
+        """Block until every Host copy in flight has landed and the index knows it
+        (`KVState.poll(wait=True)` on the engine thread)."""
+        self.call(lambda: self.kv_state.poll(wait=True))
+
+    def check_idle(self) -> None:
+        """On the engine thread: AssertionError naming what is left unless no job waits, no
+        lane runs and the KV state is back at its baseline (`KVState.check_idle`)."""
+
+        def check() -> None:
+            if self.lanes or self.waiting:
+                raise AssertionError(
+                    f"{len(self.lanes)} lane(s) running, {len(self.waiting)} job(s) waiting"
+                )
+            self.kv_state.check_idle()
+
+        self.call(check)
+
+    def busy(self) -> bool:
+        """Whether a lane runs or a job waits, read on the engine thread."""
+        return self.call(lambda: bool(self.lanes or self.waiting))
+
+    def check_invariants(self, revalue: bool = False) -> None:
+        """Engine thread only (an `on_step` hook, or through `call`): the KV state's invariants
+        over the running lanes; with `revalue`, every Host snapshot's GDSF value is recomputed
+        first (`KVState.revalue_host`)."""
+        if revalue:
+            self.kv_state.revalue_host()
+        self.kv_state.check_invariants(self.lanes)
 
     def next_event(self, job: Job):
         """The job's next StreamDelta or final RequestOutput (blocking). If the engine thread

@@ -63,7 +63,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_submit: float = 0.0
     error: str | None = None  # set before submission: finish at once with this error
-    blocks: Any = None  # ninfer.cache.keys.PromptBlocks (None when the cache is disabled)
+    blocks: Any = None  # ninfer.cache.keys.PromptBlocks, built by Engine.submit (None: no cache)
     coalesced: bool = False  # waited at least once for a prefilling sibling (§12.2)
     # suspended (§9.5): the lane it resumes (tokens, sampler and detokenizer state, metrics);
     # `blocks` then describe resume.tokens

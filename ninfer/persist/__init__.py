@@ -11,5 +11,5 @@
 
 Sits above `ninfer.cache` and `ninfer.memory` and below the engine: the cache never imports it,
 and it never imports the engine (`load` / `save` read the index and the slabs from the KV
-state they are handed; a load that fails part-way gives it an empty index).
+state they are handed; a load that fails part-way resets its index, `KVState.reset_index`).
 """

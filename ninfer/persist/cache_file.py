@@ -13,7 +13,7 @@
                       checks -> plan (all, or densest snapshots first; plan.py) -> rebuild
                       entries Host-only in the index -> read only their slabs (payload.py)
                       a damaged file or another engine's: one warning, nothing restored,
-                      index empty (the save replaces it)
+                      index reset empty (`KVState.reset_index`; the save replaces it)
     Engine stop     every lane released ("abort"), every Host write drained, requests answered,
                     then save(kv_state): collect -> temp file -> fsync -> os.replace
     abandon()       thread-safe; the save stops before its next slab batch or before the rename
@@ -151,7 +151,7 @@ class PrefixCacheFile:
                 )
         except (ValueError, OSError, KeyError, TypeError) as e:
             if changed:
-                kv_state.index = type(index)(index.config, index.cost)  # nothing half-restored
+                kv_state.reset_index()  # nothing half-restored
             logger.warning(
                 "prefix cache file %s not used: %s; the save at shutdown replaces it",
                 self.path,

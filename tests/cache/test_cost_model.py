@@ -179,8 +179,8 @@ def test_engine_index_uses_the_derived_cost_model():
     from ninfer.llm import LLM
 
     with LLM(host_cache_mib=0) as llm:
-        cfg, model = llm.engine_config, llm._model_config
-        got = llm._engine.kv_state.index.cost
+        cfg, model = llm.engine_config, llm.model_config
+        got = llm.engine.kv_state.index.cost
     assert got == engine_cost_model(cfg, model)
     assert got != CacheCostModel.cpu(cfg.prefill_chunk)
     per_token = PrefillShape.of(model).token_flops / cfg.prefill_flops_per_s

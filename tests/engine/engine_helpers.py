@@ -111,26 +111,7 @@ def run(llm, prompt, n: int):
 
 def assert_idle(llm) -> None:
     """Nothing pinned, reserved or leaked once every request has finished."""
-    engine = llm._engine
-
-    def check():
-        kv_state = engine.kv_state
-        assert not engine.lanes and not engine.waiting
-        assert kv_state.budget.reserved == 0
-        kv_state.check_invariants([])
-        cached = kv_state.cached_pages()
-        assert kv_state.kv.num_free + len(cached) == kv_state.kv.num_pages
-        assert kv_state.states.num_free_active == kv_state.states.active_slots
-        index = kv_state.index
-        if index is not None:
-            assert not index.lanes and not index.batches
-            for node in index.blocks.tree.nodes.values():
-                assert node.active_refs == 0 and node.restore_pins == 0, node
-            for snap in index.snapshots.by_id.values():
-                assert snap.restore_pins == 0, snap
-        return True
-
-    assert engine.call(check)
+    llm.check_idle()
 
 
 def distinct_blocks(sequences: list[list[int]]) -> int:

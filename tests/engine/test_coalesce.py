@@ -76,7 +76,7 @@ def _trace(make_llm, **kwargs):
             if len(lane.tokens) > lane.prompt_len:
                 first_token.setdefault(rid, engine.steps)
 
-    llm._engine.on_step = on_step
+    llm.engine.on_step = on_step
     outs = llm.generate(prompts, greedy(4))
     by_index = {o.request_id: i for i, o in enumerate(outs)}
     order = [by_index[rid] for rid in sorted(ids, key=ids.get)]

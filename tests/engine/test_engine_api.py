@@ -144,7 +144,7 @@ def test_close_and_context_manager(make_llm):
     with pytest.raises(RuntimeError, match="closed"):
         llm.memory_ledger()
     # the pools, graphs and model are dropped with the loop, so their memory can be reused
-    assert llm._engine.kv_state is None and llm._engine.runner is None
+    assert llm.engine.kv_state is None and llm.engine.runner is None
 
 
 def test_engine_failure_answers_everyone(make_llm):
@@ -153,13 +153,13 @@ def test_engine_failure_answers_everyone(make_llm):
     def boom(engine):
         raise RuntimeError("injected fault")
 
-    llm._engine.on_step = boom
+    llm.engine.on_step = boom
     outs = llm.generate([[5, 6, 7], [8, 9]], greedy(2))
     assert [o.finish_reason for o in outs] == ["error", "error"]
     assert "injected fault" in outs[0].error
     with pytest.raises(EngineError, match="injected fault"):  # not ValueError: not its fault
         llm.generate([5, 6, 7], greedy(2))
-    llm._engine.on_step = None  # the fault was contained: the engine still serves
+    llm.engine.on_step = None  # the fault was contained: the engine still serves
     assert llm.generate([[5, 6, 7]], greedy(2))[0].finish_reason == "length"
     assert_idle(llm)
 
@@ -186,7 +186,7 @@ def test_a_blocked_head_with_no_lane_is_retried_without_spinning(make_llm):
     from ninfer.engine.kv.admitter import Verdict
 
     llm = make_llm(check_invariants=False)  # a spinning loop's steps are then fast
-    engine = llm._engine
+    engine = llm.engine
     real = engine.kv_state.try_admit
     hold_s = 0.2
     until = time.perf_counter() + hold_s
@@ -199,3 +199,27 @@ def test_a_blocked_head_with_no_lane_is_retried_without_spinning(make_llm):
     out = run(llm, rand_tokens(__import__("random").Random(5), 40), 3)
     assert out.error is None and len(out.token_ids) == 3
     assert engine.steps - before < 2 * hold_s / BLOCKED_RETRY_S  # spinning: tens of thousands
+
+
+def test_the_engine_builds_a_submitted_prompts_block_keys(make_llm):
+    """`Engine.submit` hashes the prompt's blocks (the facade hands it the token ids alone), so
+    a job submitted to the engine directly is served from the cache like any other."""
+    import queue
+
+    from ninfer.cache.keys import prepare_prompt
+    from ninfer.engine.lane import Job, PromptHints
+
+    llm = make_llm()
+    prompt = rand_tokens(random.Random(11), 200)
+    first = llm.generate([prompt], greedy(4))[0]
+    job = Job("direct", prompt, greedy(4).validated(), PromptHints(), queue.Queue())
+    llm.engine.submit(job)
+    assert job.blocks is not None and job.blocks.hashes == prepare_prompt(prompt).hashes
+    while not isinstance(out := llm.engine.next_event(job), RequestOutput):
+        pass
+    assert out.token_ids == first.token_ids and out.usage.cached_tokens >= 128
+    off = make_llm(prefix_reuse=False, host_cache_mib=0)
+    job = Job("direct", prompt, greedy(4).validated(), PromptHints(), queue.Queue())
+    off.engine.submit(job)
+    assert job.blocks is None and off.engine.next_event(job).token_ids == first.token_ids
+    assert_idle(llm)

@@ -154,7 +154,7 @@ def test_engine_cached_resume_equals_cold(model):
     )  # fmt: skip
     try:
         assert llm.engine_config.cuda_graphs and llm.startup_s > 0
-        assert llm._engine.runner.graphs is not None
+        assert llm.engine.runner.graphs is not None
         params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=2, ignore_eos=True)
         prompt = {"prompt_token_ids": [(13 * i) % 2500 + 4 for i in range(400)]}
         cold = llm.generate([prompt], params)[0]
@@ -165,7 +165,7 @@ def test_engine_cached_resume_equals_cold(model):
             if a != b:  # only a near tie may flip under bf16 and a different chunking
                 assert top[0] - top[1] < 0.05, (i, a, b, top)
                 break
-        assert llm._engine.runner.graphs.replays > 0
+        assert llm.engine.runner.graphs.replays > 0
     finally:
         llm.close()
 
@@ -211,7 +211,7 @@ def test_engine_overlap_equals_plain_on_cuda(model):
         )  # fmt: skip
         try:
             outs[overlap] = [o.token_ids for o in llm.generate(prompts, params)]
-            overlapped = llm._engine.overlapped_steps
+            overlapped = llm.engine.overlapped_steps
             assert (overlapped > 10) == overlap
         finally:
             llm.close()
@@ -297,8 +297,8 @@ def test_engine_prefill_graphs_match_eager_on_cuda(model, gather):
             gather_graphs=gather,
         )  # fmt: skip
         try:
-            prefill = llm._engine.runner.prefill_graphs
-            planner = llm._engine.runner.ops.attention_planner
+            prefill = llm.engine.runner.prefill_graphs
+            planner = llm.engine.runner.ops.attention_planner
             assert (prefill is not None) == (tokens > 0)
             outs[tokens] = []
             for i in range(3):
@@ -403,7 +403,7 @@ def test_engine_in_pass_tap_matches_the_cut_on_cuda(model, monkeypatch):
         )  # fmt: skip
         try:
             taps: list = []
-            runner, launch = llm._engine.runner, llm._engine.runner.launch
+            runner, launch = llm.engine.runner, llm.engine.runner.launch
 
             def spy(rows, *args, taps=taps, launch=launch):
                 taps.extend(r.tap for r in rows)

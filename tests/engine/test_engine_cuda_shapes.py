@@ -73,7 +73,7 @@ def _run(model, dtype: str, caplog):
             host_cache_mib=0, prefill_chunk=64, check_invariants=True,
         )  # fmt: skip
     try:
-        assert llm._engine.runner.graphs is None  # a reference op cannot be captured
+        assert llm.engine.runner.graphs is None  # a reference op cannot be captured
         prompts = [{"prompt_token_ids": p} for p in PROMPTS]
         cold = llm.generate(prompts, PARAMS)
         warm = llm.generate(prompts, PARAMS)

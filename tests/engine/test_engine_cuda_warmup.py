@@ -37,11 +37,11 @@ def test_cached_turns_long_final_chunk_is_warm():
         prefill_chunk=512, solo_prefill_chunk=4096,
     )  # fmt: skip
     try:
-        runner = llm._engine.runner
+        runner = llm.engine.runner
         planner = runner.ops.attention_planner
         # the warm-up took the gathered path; the planner's counter then starts at 0 for
         # served passes (engine.startup keeps the warm-up's count)
-        assert llm._engine.startup["warm_gathered_passes"] >= 1
+        assert llm.engine.startup["warm_gathered_passes"] >= 1
         assert planner.gathered_passes == 0
         first = [(13 * i) % 2500 + 4 for i in range(1500)]
         llm.generate([{"prompt_token_ids": first}], PARAMS)

@@ -46,7 +46,7 @@ def test_host_only_restore_matches_cold(make_llm):
     assert out.metrics.restore_s == 0.0  # CPU copies are synchronous: nothing to time
     assert out.token_ids == run(cold, follow, 20).token_ids
     llm.settle()  # every write-through and restore landed and retired
-    assert llm._engine.call(lambda: not llm._engine.kv_state.index.batches)  # none in flight
+    assert llm.engine.call(lambda: not llm.engine.kv_state.index.batches)  # none in flight
     stats = llm.cache_stats()
     assert stats.hits_host == 1 and stats.restores == 1
     assert stats.restored_host_bytes == 5 * BUNDLE + IMAGE
@@ -73,7 +73,7 @@ def _written(kv_state, frontier: int):
 def test_host_restore_is_bit_identical_to_what_was_written(make_llm):
     rng = random.Random(13)
     llm = _host_llm(make_llm)
-    engine = llm._engine
+    engine = llm.engine
     kv_state = engine.kv_state
     prompt = rand_tokens(rng, 200)
     first = run(llm, prompt, 80)
@@ -169,7 +169,7 @@ def test_write_through_and_restore_move_long_runs(make_llm):
 
     rng = random.Random(16)
     llm = _host_llm(make_llm)
-    kv_state = llm._engine.kv_state
+    kv_state = llm.engine.kv_state
     transfer, runs = kv_state.transfer, []
     geometry = kv_state.host_slabs.geometry
     write_blocks, restore = transfer.write_blocks, transfer.restore

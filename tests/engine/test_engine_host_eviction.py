@@ -78,7 +78,7 @@ def test_full_host_tier_evicts_in_spec_order(wide_model, demo_text):
         check_invariants=True,
     )
     try:
-        index = llm._engine.kv_state.index
+        index = llm.engine.kv_state.index
         assert index.host.n_slabs == 8
         log = _trace_host_evictions(index)
         rng = random.Random(3)
@@ -142,7 +142,7 @@ def test_gdsf_keeps_the_shared_system_prompt_over_stale_endpoints(make_llm):
         ]
     st = llm.cache_stats()
     assert st.host_superseded_evicted > 0 and st.host_gdsf_evicted > 0
-    index = llm._engine.kv_state.index
+    index = llm.engine.kv_state.index
     (boundary,) = [s for s in index.snapshots.by_id.values() if s.frontier == 640]
     assert boundary.kind == SnapshotKind.BOUNDARY
     assert boundary.host_state == Residency.RESIDENT  # GDSF kept it

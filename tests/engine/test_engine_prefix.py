@@ -4,6 +4,7 @@ where the spec says. Cache and memory invariants are checked after every engine 
 
 from __future__ import annotations
 
+import queue
 import random
 
 import pytest
@@ -11,7 +12,6 @@ from engine_helpers import assert_idle, distinct_blocks, greedy, rand_tokens, ru
 
 from ninfer.cache.common import SnapshotKind
 from ninfer.cache.taps import TapConfig, plan_taps
-from ninfer.engine import prompts
 
 
 @pytest.fixture
@@ -136,16 +136,17 @@ def test_cancel_mid_prefill_publishes_and_next_request_reuses(make_llm, cold):
     rng = random.Random(6)
     llm = make_llm(max_concurrency=1)
     prompt = rand_tokens(rng, 640)
-    engine = llm._engine
-    job = llm._prepare(lambda: prompts.from_prompt(prompt, None), greedy(5), single=False)
+    engine = llm.engine
 
-    def cancel_at_320(eng):
-        if any(lane.job is job and lane.computed >= 320 for lane in eng.lanes):
-            eng.cancel(job)
+    def cancel_at_320(eng):  # the one request's lane (max_concurrency=1)
+        for lane in eng.lanes:
+            if lane.computed >= 320:
+                llm.cancel(lane.job.request_id)
 
+    finals: queue.Queue = queue.Queue()
     engine.on_step = cancel_at_320
-    engine.submit(job)
-    out = job.sink.get()
+    llm.submit(llm.render_prompt(prompt), greedy(5), on_event=finals.put, stream=False)
+    out = finals.get(timeout=60)
     engine.on_step = None
     assert out.finish_reason == "abort" and out.token_ids == []
     stats = llm.cache_stats()
@@ -167,7 +168,7 @@ def test_stream_close_cancels_and_leaks_no_pin(make_llm, cold):
     expect = run(cold, prompt, 100).token_ids
     assert got == expect[:70]
     # the aborted lane (it may have run ahead of the reader) published its endpoint
-    index = llm._engine.kv_state.index
+    index = llm.engine.kv_state.index
     ends = [s.frontier for s in index.snapshots.by_id.values() if s.kind == SnapshotKind.ENDPOINT]
     assert len(ends) == 1 and 150 + 70 - 1 <= ends[0] < 150 + 100
     echoed = prompt + expect[: ends[0] - 150 + 1]

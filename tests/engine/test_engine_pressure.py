@@ -116,7 +116,7 @@ def test_cancel_while_suspended_returns_what_it_generated(make_llm, monkeypatch)
     rng = random.Random(24)
     llm = make_llm(kv_capacity=8 * 64, max_concurrency=2, host_cache_mib=0)
     roomy = _roomy(make_llm)
-    engine = llm._engine
+    engine = llm.engine
     seen = []
 
     def cancel_suspended(eng):

@@ -25,10 +25,10 @@ def snapshots(llm) -> list[tuple[int, int, bool]]:
     """(frontier, kind, superseded) of every snapshot in the index, sorted."""
 
     def read():
-        snaps = llm._engine.kv_state.index.snapshots.by_id.values()
+        snaps = llm.engine.kv_state.index.snapshots.by_id.values()
         return sorted((s.frontier, int(s.kind), s.superseded) for s in snaps)
 
-    return llm._engine.call(read)
+    return llm.engine.call(read)
 
 
 def _user(rng: random.Random, words: int) -> dict:
@@ -124,10 +124,10 @@ def test_a_dropped_tap_does_not_supersede_the_source(make_llm):
     assert snapshots(llm) == [tap, prompt_end]
 
     def no_tail_pages():  # every later tail copy finds no page
-        kv_state = llm._engine.kv_state
+        kv_state = llm.engine.kv_state
         kv_state.budget.headroom = lambda: 0
 
-    llm._engine.call(no_tail_pages)
+    llm.engine.call(no_tail_pages)
     out = llm.generate(
         [{"prompt_token_ids": prompt + rand_tokens(rng, 20), "cache_breakpoints": [140]}],
         greedy(2),

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from ninfer.engine import engine as loop
 from ninfer.engine import scheduler
 from ninfer.request import SamplingParams
 
@@ -25,7 +26,7 @@ def test_solo_passes_give_the_same_tokens_in_fewer_steps(make_llm):
     runs = {}
     for solo in (64, 256):
         llm = make_llm(prefill_chunk=64, solo_prefill_chunk=solo)
-        engine = llm._engine
+        engine = llm.engine
         before = engine.steps
         out = llm.generate([prompt], GREEDY)[0]
         steps = engine.steps - before
@@ -40,16 +41,18 @@ def test_solo_passes_give_the_same_tokens_in_fewer_steps(make_llm):
         assert retry.usage.cached_tokens == 640  # the tail snapshot: ceil64(700 - 64)
 
 
-def _spy_steps(engine) -> list[list[tuple[int, int, int | None]]]:
-    """(start, end, tap_at) of every slice of every step the engine runs from now on."""
+def _spy_steps(monkeypatch) -> list[list[tuple[int, int, int | None]]]:
+    """(start, end, tap_at) of every slice of every step the engine plans from now on (the
+    loop runs each planned step's slices)."""
     steps: list[list[tuple[int, int, int | None]]] = []
-    run = engine._run
+    plan = loop.plan_step
 
-    def spy(slices):
+    def spy(*args, **kwargs):
+        slices = plan(*args, **kwargs)
         steps.append([(s.start, s.end, s.tap_at) for s in slices])
-        return run(slices)
+        return slices
 
-    engine._run = spy
+    monkeypatch.setattr(loop, "plan_step", spy)
     return steps
 
 
@@ -63,7 +66,7 @@ def test_tail_snapshot_inside_the_final_pass_or_cut_before_it(make_llm, monkeypa
     cold = make_llm(prefill_chunk=64, solo_prefill_chunk=256, prefix_reuse=False)
     want = cold.generate([prompt], GREEDY)[0].token_ids
     llm = make_llm(prefill_chunk=64, solo_prefill_chunk=256)
-    steps = _spy_steps(llm._engine)
+    steps = _spy_steps(monkeypatch)
     assert llm.generate([prompt], GREEDY)[0].token_ids == want
     prefill = [s for step in steps for s in step if s[1] - s[0] > 1]
     if in_pass:
@@ -80,36 +83,29 @@ def test_in_pass_tap_without_a_free_snapshot_slot_is_skipped(make_llm, monkeypat
     cold = make_llm(prefill_chunk=64, solo_prefill_chunk=256, prefix_reuse=False)
     want = cold.generate([prompt], GREEDY)[0].token_ids
     llm = make_llm(prefill_chunk=64, solo_prefill_chunk=256)
-    index, rows = llm._engine.kv_state.index, []
+    index, rows = llm.engine.kv_state.index, []
     allocate = index.allocate_snapshot_slot
     monkeypatch.setattr(
         index,
         "allocate_snapshot_slot",
         lambda lane, f, kind: None if f == 640 else allocate(lane, f, kind),
     )
-    launch = llm._engine.runner.launch
-    monkeypatch.setattr(llm._engine.runner, "launch", lambda r, *a: rows.append(r) or launch(r, *a))
+    launch = llm.engine.runner.launch
+    monkeypatch.setattr(llm.engine.runner, "launch", lambda r, *a: rows.append(r) or launch(r, *a))
     assert llm.generate([prompt], GREEDY)[0].token_ids == want
     assert all(r.tap is None for step in rows for r in step)
     assert llm.generate([prompt], GREEDY)[0].usage.cached_tokens != 640
 
 
-def test_decoding_lanes_keep_the_short_budget(make_llm):
+def test_decoding_lanes_keep_the_short_budget(make_llm, monkeypatch):
     """With a lane decoding, a long prompt's chunks are prefill_chunk tokens."""
     llm = make_llm(prefill_chunk=64, solo_prefill_chunk=512, max_concurrency=2)
-    engine = llm._engine
-    sizes: list[list[int]] = []
-    run = engine._run
-
-    def spy(rows):
-        sizes.append([r.end - r.start for r in rows])
-        return run(rows)
-
-    engine._run = spy
+    steps = _spy_steps(monkeypatch)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     short, long_ = _prompt(2, 300), _prompt(3, 600)
     outs = llm.generate([short, long_], params)
     assert all(len(o.token_ids) == 40 for o in outs)
+    sizes = [[end - start for start, end, _ in step] for step in steps]
     mixed = [s for s in sizes if len(s) > 1]  # steps with decode rows and a prefill chunk
     assert mixed and all(max(s) <= 64 for s in mixed), sizes
     assert sizes[0] == [300], sizes  # the lone first prompt: one pass, its tail tapped inside

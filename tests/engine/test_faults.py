@@ -19,8 +19,7 @@ from ninfer.request import EngineError, RequestOutput, SamplingParams, StreamDel
 def _wait_live(llm, n: int, timeout: float = 30.0) -> list[str]:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        with llm._live_lock:
-            ids = list(llm._live)
+        ids = llm.live_request_ids()
         if len(ids) >= n:
             return ids
         time.sleep(0.005)
@@ -88,7 +87,7 @@ def test_cancel_by_id_of_a_stream(make_llm):
 
 def test_keyboard_interrupt_in_generate_cancels_its_requests(make_llm):
     llm = make_llm()
-    engine = llm._engine
+    engine = llm.engine
     real = engine.next_event
     calls = {"n": 0}
 
@@ -105,7 +104,7 @@ def test_keyboard_interrupt_in_generate_cancels_its_requests(make_llm):
         llm.generate([rand_tokens(random.Random(i), 40) for i in range(3)], long)
     engine.next_event = real
     t0 = time.monotonic()
-    while llm._engine.call(lambda: bool(engine.lanes or engine.waiting)):
+    while engine.busy():
         assert time.monotonic() - t0 < 30, "the interrupted requests kept running"
         time.sleep(0.01)
     assert_idle(llm)
@@ -114,7 +113,7 @@ def test_keyboard_interrupt_in_generate_cancels_its_requests(make_llm):
 
 def test_single_request_engine_fault_raises_engine_error_not_value_error(make_llm):
     llm = make_llm()
-    llm._engine.on_step = _raise_once(RuntimeError("injected step fault"))
+    llm.engine.on_step = _raise_once(RuntimeError("injected step fault"))
     with pytest.raises(EngineError, match="injected step fault"):
         llm.generate([5, 6, 7, 8], greedy(4))
     assert llm.generate([5, 6, 7, 8], greedy(4)).__len__() == 1  # still serving
@@ -194,7 +193,7 @@ def test_sampler_fault_fails_only_its_request(make_llm, mode):
     cold = _cold(make_llm, prompts)
     targets = {2} if mode == "once" else {2, 5}
     marks = {MAX_TOKENS + 1 + t for t in targets}  # a target's params differ in max_tokens
-    engine = llm._engine
+    engine = llm.engine
     real = engine.runner.sampler
     state = {"step": None}  # "once": the target's sampling fails in one step only
 
@@ -205,7 +204,7 @@ def test_sampler_fault_fails_only_its_request(make_llm, mode):
                 raise RuntimeError(INJECTED)
         return real(logits, params, generators)
 
-    llm._engine.runner.sampler = sampler
+    llm.engine.runner.sampler = sampler
     params = [
         SamplingParams(max_tokens=MAX_TOKENS + 1 + i if i in targets else MAX_TOKENS,
                        temperature=0.0, ignore_eos=True)
@@ -217,7 +216,7 @@ def test_sampler_fault_fails_only_its_request(make_llm, mode):
             outs[i].token_ids = outs[i].token_ids[:MAX_TOKENS]
     failed = _check(outs, cold, lambda i: i in targets)
     assert set(failed) == targets
-    llm._engine.runner.sampler = real
+    llm.engine.runner.sampler = real
     _still_serves(llm, make_llm, 101)
 
 
@@ -226,7 +225,7 @@ def test_forward_fault_fails_the_lanes_of_that_step(make_llm, mode):
     llm = _fault_llm(make_llm)
     prompts = _prompts(2, N_LANES + 4)  # 8 in flight, 4 queued behind them
     cold = _cold(make_llm, prompts)
-    runner = llm._engine.runner
+    runner = llm.engine.runner
     real = runner.forward
     calls = {"n": 0}
     hit: list[int] = []  # rows of the faulted steps
@@ -247,7 +246,7 @@ def test_forward_fault_fails_the_lanes_of_that_step(make_llm, mode):
         assert len(failed) == hit[0]  # exactly the lanes of the faulted step
     assert len(failed) < len(prompts)  # the queued ones at least were served
     runner.forward = real
-    assert llm._engine.faults_contained == len(failed)
+    assert llm.engine.faults_contained == len(failed)
     _still_serves(llm, make_llm, 102)
 
 
@@ -282,7 +281,7 @@ def test_a_request_whose_state_cannot_be_built_fails_alone(make_llm):
     llm = _fault_llm(make_llm)
     prompts = _prompts(8)
     cold = _cold(make_llm, prompts)
-    engine = llm._engine
+    engine = llm.engine
     real = engine.make_gen
 
     def make_gen(seed, device):  # the target alone samples with seed 4242
@@ -314,7 +313,7 @@ def _host_copies_equal_cold(make_llm, llm, seed: int) -> None:
 @pytest.mark.parametrize("mode", ["once", "repeatedly"])
 def test_device_to_host_copy_fault_degrades_to_device_only(make_llm, mode):
     llm = _fault_llm(make_llm)
-    inner = llm._engine.kv_state.transfer.inner  # memory.transfer.HostTransfer
+    inner = llm.engine.kv_state.transfer.inner  # memory.transfer.HostTransfer
     real = inner.write_through
     state = {"left": 1 if mode == "once" else 10**9}
 
@@ -368,7 +367,7 @@ def test_host_to_device_copy_fault_recomputes(make_llm, mode):
     for p in _prompts(60, 16):  # push the first round off the Device
         llm.generate([p], greedy(4))
     follow = [p + o.token_ids + [5, 6, 7] for p, o in zip(prompts, first, strict=True)]
-    inner = llm._engine.kv_state.transfer.inner
+    inner = llm.engine.kv_state.transfer.inner
     real = inner.restore
     state = {"left": 1 if mode == "once" else 10**9, "hit": 0}
 
@@ -394,7 +393,7 @@ def test_host_to_device_copy_fault_recomputes(make_llm, mode):
 def test_a_poisoning_cuda_error_ends_the_engine_with_its_text(make_llm):
     llm = _fault_llm(make_llm)
     text = "CUDA error: an illegal memory access was encountered"
-    runner = llm._engine.runner
+    runner = llm.engine.runner
     real = runner.forward
     calls = {"n": 0}
 

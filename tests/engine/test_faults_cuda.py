@@ -90,7 +90,7 @@ def _generate(llm, prompts):
 @pytest.mark.parametrize("where", ["eager", "graph"])
 def test_cuda_raising_forward_fails_its_step(model, where):
     llm = _llm(model)
-    runner = llm._engine.runner
+    runner = llm.engine.runner
     assert runner.graphs is not None, "decode graphs were not captured"
     state = {"n": 0, "hit": 0}
     if where == "graph":
@@ -145,7 +145,7 @@ def _first_round(llm, seed):
 def test_cuda_raising_copy_mid_batch_degrades(model, copy):
     llm = _llm(model, kv_capacity=40 * 64)
     follow = _first_round(llm, 2) if copy == "restore" else _prompts(3)
-    inner = llm._engine.kv_state.transfer.inner  # memory.transfer.HostTransfer
+    inner = llm.engine.kv_state.transfer.inner  # memory.transfer.HostTransfer
     method = "restore" if copy == "restore" else "write_through"
     real_views, real_issue = inner._views, getattr(inner, method)
     state = {"in": False, "n": 0, "hit": 0}
@@ -192,7 +192,7 @@ def test_cuda_sampling_fault_rewinds_seeded_neighbours(model):
 
     def run(inject):
         llm = _llm(model, max_concurrency=n, prefix_reuse=False, host_cache_mib=0)
-        runner = llm._engine.runner
+        runner = llm.engine.runner
         real = runner.sampler
         state = {"full": 0, "fired": False}
 

@@ -35,7 +35,7 @@ def test_a_row_that_faults_after_the_batch_draw_leaves_seeded_neighbours_as_cold
     cold_llm.close()
 
     llm = make_llm(max_concurrency=N, prefix_reuse=False, host_cache_mib=0)
-    runner = llm._engine.runner
+    runner = llm.engine.runner
     real = runner.sampler
     target = 1
     fired = []

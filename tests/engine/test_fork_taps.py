@@ -22,10 +22,10 @@ def cold(make_llm):
 
 def boundaries(llm) -> list[int]:
     def read():
-        snaps = llm._engine.kv_state.index.snapshots.by_id.values()
+        snaps = llm.engine.kv_state.index.snapshots.by_id.values()
         return sorted(s.frontier for s in snaps if s.kind == SnapshotKind.BOUNDARY)
 
-    return llm._engine.call(read)
+    return llm.engine.call(read)
 
 
 def test_sub_agents_after_the_first_fork_resume_at_the_fork(make_llm, cold):

@@ -174,7 +174,7 @@ def test_a_prefetch_whose_host_copy_raises_is_rolled_back(make_llm):
     llm = make_llm(
         host_cache_mib=4, kv_capacity=32 * 64, max_concurrency=1, device_snapshot_slots=2
     )
-    kv_state = llm._engine.kv_state
+    kv_state = llm.engine.kv_state
     prompt = rand_tokens(rng, 500)
     first = run(llm, prompt, 20)
     for _ in range(5):  # other conversations push its blocks, tail and image off the Device

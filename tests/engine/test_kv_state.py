@@ -30,7 +30,7 @@ def test_a_cache_file_failing_in_its_payload_leaves_an_empty_index_in_use(make_l
     path.write_bytes(bytes(data))
 
     reader = make_llm(prefix_cache_file=str(path))
-    kv_state = reader._engine.kv_state
+    kv_state = reader.engine.kv_state
     assert reader.cache_stats().snapshots == 0  # nothing half-restored
     for part in (kv_state.admitter, kv_state.publisher, kv_state.prefetcher, kv_state.budget):
         assert part.index is kv_state.index

@@ -165,12 +165,12 @@ def test_running_is_false_before_a_failed_engine_answers_anyone(tiny_model, demo
         def fatal(_engine) -> None:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-        llm._engine.on_step = fatal
+        llm.engine.on_step = fatal
         llm.submit(llm.render_prompt(PROMPTS[0]), _params(4), on_event=on_event)
         out, running_then = seen.get(timeout=60)
         assert out.finish_reason == "error" and "illegal memory access" in out.error
         assert running_then is False
-        llm._engine._thread.join(10)
+        assert llm.engine.join(10)
         assert not llm.running
         with pytest.raises(EngineError):
             llm.generate(PROMPTS[0], _params(2))

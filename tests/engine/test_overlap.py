@@ -60,7 +60,7 @@ def test_overlap_gives_the_plain_engines_outputs(make_llm, tiny_model, max_concu
         follow = [p + o.token_ids + [17, 18, 19] for p, o in zip(prompts, first, strict=True)]
         second = llm.generate(follow, params)
         assert_idle(llm)
-        runs[overlap] = (first, second, llm._engine.overlapped_steps)
+        runs[overlap] = (first, second, llm.engine.overlapped_steps)
     (a1, a2, plain_n), (b1, b2, over_n) = runs[False], runs[True]
     assert plain_n == 0 and over_n > 20
     assert _summary(a1) == _summary(b1) and _summary(a2) == _summary(b2)

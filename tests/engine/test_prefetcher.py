@@ -17,7 +17,7 @@ def _scenario(make_llm, prefetch: bool):
     llm = make_llm(
         host_cache_mib=4, kv_capacity=32 * 64, max_concurrency=1, device_snapshot_slots=2
     )
-    kv_state = llm._engine.kv_state
+    kv_state = llm.engine.kv_state
     if not prefetch:
         kv_state.prefetcher.maybe_prefetch = lambda job: 0
     prompt = rand_tokens(rng, 500)
@@ -26,7 +26,7 @@ def _scenario(make_llm, prefetch: bool):
         run(llm, rand_tokens(rng, 600), 20)
     index = kv_state.index
     follow = prompt + first.token_ids + rand_tokens(rng, 30)
-    path = llm._engine.call(lambda: index.match(_blocks(follow)).path)
+    path = llm.engine.call(lambda: index.match(_blocks(follow)).path)
     assert len(path) == 8 and all(index.node(n).device_state == 0 for n in path)
     blocker = rand_tokens(rng, 100)
     outs = llm.generate([blocker, follow], [greedy(40), greedy(10)])
@@ -123,7 +123,7 @@ def test_head_arriving_during_overlapped_decode_is_prefetched(make_llm):
     (out,) = llm.generate([follow], greedy(10))
     rest = list(blocker)
     assert rest and rest[-1].finish_reason == "length"
-    assert llm._engine.overlapped_steps > 20
+    assert llm.engine.overlapped_steps > 20
     stats = llm.cache_stats()
     assert stats.prefetches == 1 and stats.prefetched_blocks == 8
     assert out.usage.cached_tokens == 519 and out.usage.restored_host_bytes == BUNDLE + IMAGE

@@ -35,10 +35,10 @@ def snapshots(llm) -> list[tuple[int, int, bool]]:
     """(frontier, kind, superseded) of every snapshot in the index, sorted."""
 
     def read():
-        snaps = llm._engine.kv_state.index.snapshots.by_id.values()
+        snaps = llm.engine.kv_state.index.snapshots.by_id.values()
         return sorted((s.frontier, int(s.kind), s.superseded) for s in snaps)
 
-    return llm._engine.call(read)
+    return llm.engine.call(read)
 
 
 @_SETTINGS
@@ -106,7 +106,7 @@ def test_a_retry_stages_no_second_prompt_end(make_llm):
     llm = make_llm()
     prompt = rand_tokens(rng, 250)
     first = run(llm, prompt, 8)
-    index = llm._engine.kv_state.index
+    index = llm.engine.kv_state.index
     staged, allocate = [], index.allocate_snapshot_slot
 
     def spy(lane, frontier, kind):

@@ -106,7 +106,7 @@ def test_hostile_fields_fail_alone_and_name_the_field(fuzz_llm, case, prompt):
     else:
         for out in single:
             _ok_or_named(out, bad)
-    assert llm._engine._thread.is_alive()
+    assert not llm.engine.stopped
 
 
 @settings(
@@ -124,7 +124,7 @@ def test_hostile_chat_messages_fail_alone(fuzz_llm, content, role, extra):
     for out in outs[1:3]:
         if out.finish_reason == "error":
             assert "messages" in out.error, out.error
-    assert llm._engine._thread.is_alive()
+    assert not llm.engine.stopped
 
 
 def test_mutating_params_after_submission_has_no_effect(make_llm):

@@ -81,7 +81,7 @@ def test_llm_hands_its_choices_to_the_op_set(monkeypatch):
             device="cpu", kv_capacity=4096, host_cache_mib=0, max_concurrency=2, **kwargs
         ) as e:
             assert e.engine_config.op_choices == handed[-1]
-            assert type(e._engine.runner.ops) is ReferenceOps
+            assert type(e.engine.runner.ops) is ReferenceOps
             tokens.append(e.generate(prompt, params)[0].token_ids)
     assert handed == [OpChoices(), CHOSEN]
     assert len(tokens[0]) == 6 and tokens[1] == tokens[0]

@@ -4,8 +4,6 @@ are a function of what the slab holds, so a restore can be checked byte for byte
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 from ninfer.cache import CacheConfig, CacheCostModel, PrefixIndex, SnapshotKind
@@ -21,15 +19,27 @@ PER_CHUNK = 5
 FINGERPRINT = {"model": {"checkpoint": "test"}, "dtype": "float32", "format_version": 1}
 
 
-def make_tier(num_slabs: int, image_bytes: int = IMAGE):
-    """A stub bridge: `.index` (empty) and `.host_slabs` with `num_slabs` slabs."""
+class Tier:
+    """A stub of the KV state's part the cache file uses: `index`, `host_slabs`,
+    `reset_index()`."""
+
+    def __init__(self, config: CacheConfig, slabs: HostSlabs) -> None:
+        self.host_slabs = slabs
+        self.index = PrefixIndex(config, CacheCostModel.cpu())
+
+    def reset_index(self) -> None:
+        self.index = PrefixIndex(self.index.config, self.index.cost)
+
+
+def make_tier(num_slabs: int, image_bytes: int = IMAGE) -> Tier:
+    """An empty index and `num_slabs` Host slabs."""
     k = -(-image_bytes // SLAB)
     geometry = SlabGeometry(N_FA, CELL, SLAB, num_slabs, min(PER_CHUNK, num_slabs), image_bytes, k)
     slabs = HostSlabs(geometry, pin=False)
     for chunk in slabs.chunks:
         chunk.zero_()
     config = CacheConfig.for_host(geometry, device_snapshot_slots=2)
-    return SimpleNamespace(index=PrefixIndex(config, CacheCostModel.cpu()), host_slabs=slabs)
+    return Tier(config, slabs)
 
 
 def block_tokens(chain: int, depth: int) -> list[int]:

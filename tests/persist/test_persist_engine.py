@@ -121,6 +121,36 @@ def test_a_damaged_cache_file_loads_nothing_and_is_replaced(make, tmp_path, capl
     _check_foreign_then_replaced(make, path, caplog, {}, "format version")
 
 
+def test_a_load_that_fails_part_way_leaves_an_empty_guarded_index(
+    make, tmp_path, caplog, monkeypatch
+):
+    """A payload slab found damaged while reading: the entries already rebuilt are dropped
+    (`KVState.reset_index`), and the new index's slab pool still contains its faults."""
+    from ninfer.cache.host_pool import HostSlabPool
+
+    path = tmp_path / "c.hpc"
+    writer = make(prefix_cache_file=str(path))
+    turn(writer)
+    writer.close()
+    data = bytearray(path.read_bytes())
+    data[-7] ^= 0x5A  # inside the last payload slab
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="ninfer.cache"):
+        llm = make(prefix_cache_file=str(path))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "checksum mismatch" in warnings[0], warnings
+    assert llm.cache_stats().snapshots == 0 and llm.cache_stats().nodes == 0
+    real = HostSlabPool.allocate
+
+    def allocate(self, k):
+        raise RuntimeError("injected Host slab allocation fault")
+
+    monkeypatch.setattr(HostSlabPool, "allocate", allocate)
+    out = turn(llm)
+    monkeypatch.setattr(HostSlabPool, "allocate", real)
+    assert out.finish_reason == "length" and llm.cache_stats().host_faults >= 1
+
+
 def test_abandon_before_close_keeps_the_previous_file(make, tmp_path):
     path = tmp_path / "c.hpc"
     writer = make(prefix_cache_file=str(path))
@@ -172,7 +202,7 @@ def test_failed_engine_saves_nothing(make, tmp_path):
     def boom(engine):  # a fault that ends the engine (a poisoned CUDA context)
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    llm._engine.on_step = boom
+    llm.engine.on_step = boom
     out = llm.generate([{"prompt_token_ids": PROMPT[:70]}], GREEDY)[0]
     assert out.finish_reason == "error"
     llm.close()

@@ -13,9 +13,8 @@ BODY_LIMIT = 1 << 20  # small, so the over-limit case is cheap to send
 def engine_idle(llm, timeout_s: float = 10.0) -> None:
     """Wait until the engine has no lane and no queued job; then check every cache invariant,
     and that nothing is pinned, reserved or held by a request any more (memory at baseline)."""
-    engine = llm._engine
     deadline = time.monotonic() + timeout_s
-    while engine.call(lambda: len(engine.lanes) + len(engine.waiting)):
+    while llm.engine.busy():
         assert time.monotonic() < deadline, "requests still run on the engine"
         time.sleep(0.02)
 

@@ -131,14 +131,18 @@ def _breakpoint_case(served, client, marked: bool, salt: str):
         model=MODEL, max_tokens=3, system=system, messages=convo("x", "y"), thinking=NO_THINK
     )
     msgs = anthropic_api.convert_messages(req)
-    rendered = served.llm._template.render(
+    rendered = served.llm.render_chat(
         [
             {**m, "cache_control": {"type": "ephemeral"}} if i == 1 else m
             for i, m in enumerate(msgs)
         ],
         enable_thinking=False,
     )
-    return b.usage.cache_read_input_tokens, rendered.hints.explicit[0], rendered.hints.structural[0]
+    return (
+        b.usage.cache_read_input_tokens,
+        rendered.prompt.hints.explicit[0],
+        rendered.prompt.hints.structural[0],
+    )
 
 
 def test_cache_control_places_a_snapshot_a_later_request_resumes_from(fresh_served):
@@ -207,17 +211,17 @@ def test_tool_use_and_tool_result_history_render_as_openai_history(served, clien
         "description": "Weather in a city",
         "parameters": tool["input_schema"],
     }
-    rendered = served.llm._template.render(
+    rendered = served.llm.render_chat(
         openai_form, tools=[{"type": "function", "function": fn}], enable_thinking=False
     )
     assert "<tool_response>\nrain\n</tool_response>" in rendered.text
     u = msg.usage
     total = u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
-    assert total == len(rendered.token_ids)
+    assert total == len(rendered.prompt.token_ids)
 
 
 def test_count_tokens(served, client):
     messages = [{"role": "user", "content": "Count me."}]
     counted = client.messages.count_tokens(model=MODEL, messages=messages, thinking=NO_THINK)
-    ref = served.llm._template.render(messages, enable_thinking=False)
-    assert counted.input_tokens == len(ref.token_ids)
+    ref = served.llm.render_chat(messages, enable_thinking=False)
+    assert counted.input_tokens == len(ref.prompt.token_ids)

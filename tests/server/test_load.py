@@ -68,8 +68,8 @@ async def _one(client: httpx.AsyncClient, url: str, i: int, messages, leave: boo
 def test_concurrent_streams_with_disconnects(served):
     rng = random.Random(26)
     convos = [_conversation(rng, i) for i in range(REQUESTS)]
-    template = served.llm._template
-    expected = [len(template.render(c, enable_thinking=False).token_ids) for c in convos]
+    llm = served.llm
+    expected = [len(llm.render_chat(c, enable_thinking=False).prompt.token_ids) for c in convos]
     url = served.base + "/chat/completions"
 
     async def main() -> list[dict]:

@@ -208,9 +208,9 @@ def test_tool_history_with_json_string_arguments(served, client):
             }
         ],
     }
-    rendered = served.llm._template.render(parsed, tools=tools, enable_thinking=False)
+    rendered = served.llm.render_chat(parsed, tools=tools, enable_thinking=False)
     assert "<parameter=city>\nOslo\n</parameter>" in rendered.text
-    assert resp.usage.prompt_tokens == len(rendered.token_ids)
+    assert resp.usage.prompt_tokens == len(rendered.prompt.token_ids)
 
 
 def test_n_siblings_streamed(served, client):

@@ -46,7 +46,7 @@ def main() -> int:
     )  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     rng = random.Random(1)
-    inner = llm._engine.kv_state.transfer.inner
+    inner = llm.engine.kv_state.transfer.inner
     real_views, real_restore = inner._views, inner.restore
     state = {"in": False, "n": 0, "injected": 0}
 

@@ -155,7 +155,7 @@ def main() -> None:
         rec.engine = "cached" if overrides.get("prefix_reuse", True) else "cold"
         llm = loaded.make_llm(spec.engine, **overrides)
         startup = getattr(llm, "startup_s", 0.0)
-        warm = llm._engine.startup.get("warm_up_s", 0.0)
+        warm = llm.engine.startup.get("warm_up_s", 0.0)
         print(f"[{rec.engine}] engine ready in {startup:.2f} s (warm-up {warm:.2f} s)", flush=True)
         return llm
 

@@ -7,10 +7,9 @@ Filling -> Absent instead of Filling -> Resident); it runs on the engine thread 
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
-from ninfer.cache.host_pool import HostSlabPool
+from ninfer.cache.host_pool import HostSlabPool, SlabGeometry
 from ninfer.engine.faults import is_fatal
 
 
@@ -79,10 +78,14 @@ class GuardedTransfer:
 
 class GuardedHostPool(HostSlabPool):
     """The index's HostSlabPool whose `allocate` never raises: a raising allocation reports
-    "no slabs" (the entry stays Device-only) and calls `on_fault`. Installed by switching the
-    pool's class (`guard_host_pool`): the index keeps its object."""
+    "no slabs" (the entry stays Device-only) and calls `on_fault`. The KV state hands it to
+    the index it builds (`PrefixIndex(host_pool=...)`), so the guard is there from the start."""
 
-    __slots__ = ()
+    __slots__ = ("_on_fault",)
+
+    def __init__(self, geometry: SlabGeometry, on_fault: Callable[[BaseException], None]) -> None:
+        super().__init__(geometry)
+        self._on_fault = on_fault
 
     def allocate(self, k: int) -> list[int] | None:
         try:
@@ -90,19 +93,5 @@ class GuardedHostPool(HostSlabPool):
         except Exception as e:
             if is_fatal(e):
                 raise
-            ref = _POOL_FAULTS.get(id(self))
-            on_fault = ref() if ref is not None else None
-            if on_fault is not None:
-                on_fault(e)
+            self._on_fault(e)
             return None
-
-
-# id(pool) -> a weak reference to its fault callback (a bound method of the KV-state owner: a
-# strong one would keep a closed engine's pools, Device memory included, alive)
-_POOL_FAULTS: dict[int, weakref.WeakMethod] = {}
-
-
-def guard_host_pool(pool: HostSlabPool, on_fault) -> None:
-    """Make `pool.allocate` contain its faults (see GuardedHostPool)."""
-    pool.__class__ = GuardedHostPool
-    _POOL_FAULTS[id(pool)] = weakref.WeakMethod(on_fault)  # (a later pool at that id replaces it)

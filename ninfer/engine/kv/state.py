@@ -113,7 +113,8 @@ class KVState:
         self.host_slabs = None  # the Host tier's HostSlabs (read by the cache file's load/save)
         self._index = None
         if cfg.prefix_reuse:
-            self._index = self._build_index(cfg, model_config, device)
+            self._build_host_tier(cfg, model_config, device)
+            self._index = self._new_index(engine_cost_model(cfg, model_config))
         self._lane_ids = itertools.count(1)
         self.counters = EngineCounters()
         self._build_collaborators()
@@ -141,36 +142,32 @@ class KVState:
         """The PrefixIndex (None when prefix reuse is off)."""
         return self._index
 
-    @index.setter
-    def index(self, index) -> None:
-        """Replace the index (a cache file that failed to load part-way starts from an empty
-        one): only before any lane is admitted. The collaborators, page budget included, are
-        rebuilt around it."""
-        self._index = index
+    def reset_index(self) -> None:
+        """Start over from an empty index, built like the first (a cache file that failed to
+        load part-way leaves nothing half-restored): only before any lane is admitted. The
+        collaborators, page budget included, are rebuilt around it; the Host slabs and the
+        transfer stay."""
+        if self._index is None:
+            raise RuntimeError("prefix reuse is off: there is no index to reset")
+        self._index = self._new_index(self._index.cost)
         self._build_collaborators()
 
-    def _build_index(self, cfg: EngineConfig, model_config, device: torch.device):
-        """The PrefixIndex, and with a Host tier the pinned slabs and their Transfer, all
-        over `cfg.host_geometry` (one object: slab ids mean the same on both sides)."""
+    def _new_index(self, cost):
+        """An empty PrefixIndex pricing with `cost`; with a Host tier over `cfg.host_geometry`
+        (the slabs' object: slab ids mean the same in the index, the slabs and the transfer),
+        its slab pool containing its allocation faults (host_faults.py)."""
         from ninfer.cache.index import PrefixIndex
         from ninfer.cache.records import CacheConfig
         from ninfer.cache.taps import TapConfig
 
-        cost = engine_cost_model(cfg, model_config)
+        cfg = self.cfg
         taps = TapConfig(
             max_new_taps=cfg.cache_taps_per_request,
             ladder_tokens=cfg.cache_tap_ladder,
             min_gap_tokens=cfg.cache_tap_min_gap,
             forward_tokens=cfg.cache_tap_forward,
         )
-        geometry = cfg.host_geometry if cfg.host_tier else None
-        slabs = None
-        if geometry is not None:
-            from ninfer.memory.host_slabs import HostSlabs
-
-            slabs = HostSlabs(geometry, pin=device.type == "cuda")
-        self.host_slabs = slabs
-        if slabs is None:
+        if self.host_slabs is None:
             config = CacheConfig(
                 slab_bytes=slab_bytes(cfg.kv_page_bytes),
                 image_bytes=cfg.state_image_bytes,
@@ -179,9 +176,22 @@ class KVState:
                 taps=taps,
             )
             return PrefixIndex(config, cost)
-        index = PrefixIndex(CacheConfig.for_host(geometry, cfg.device_snapshot_slots, taps), cost)
+        config = CacheConfig.for_host(cfg.host_geometry, cfg.device_snapshot_slots, taps)
+        return PrefixIndex(config, cost, host_pool=self._guarded_pool)
+
+    def _guarded_pool(self, geometry) -> host_faults.GuardedHostPool:
+        return host_faults.GuardedHostPool(geometry, self._host_alloc_failed)
+
+    def _build_host_tier(self, cfg: EngineConfig, model_config, device: torch.device) -> None:
+        """With a Host tier: the pinned slabs over `cfg.host_geometry` and their Transfer, whose
+        raising copies are contained (a Host fault degrades the entries it hit to Device-only,
+        host_faults.py)."""
+        if not cfg.host_tier:
+            return
+        from ninfer.memory.host_slabs import HostSlabs
         from ninfer.memory.transfer import HostTransfer
 
+        self.host_slabs = slabs = HostSlabs(cfg.host_geometry, pin=device.type == "cuda")
         host = HostTransfer(
             slabs,
             self.kv.kv,
@@ -191,10 +201,7 @@ class KVState:
             self.streams,
             timing=True,  # CUDA: timed events give metrics.restore_s (no-op on the CPU)
         )
-        # A Host fault degrades the entries it hit to Device-only (host_faults.py)
         self.transfer = host_faults.GuardedTransfer(host, self._host_write_failed, self.streams)
-        host_faults.guard_host_pool(index.host, self._host_alloc_failed)
-        return index
 
     # ---- Host-tier faults (host_faults.py) ------------------------------------------------------
     def _host_write_failed(self, batch_id: int, exc: BaseException) -> None:
@@ -310,6 +317,36 @@ class KVState:
                 raise AssertionError("lane: pages and private flags differ in length")
             if self.index is None and lane.committed_blocks:
                 raise AssertionError("disabled lane committed blocks")
+
+    def check_idle(self) -> None:
+        """With no lane: the invariants hold and nothing is reserved, pinned or leaked (every
+        page free or cached, every active state slot free, no lane record, transfer batch or
+        pin left in the index). AssertionError naming what is left."""
+
+        def require(ok: bool, what: str) -> None:
+            if not ok:
+                raise AssertionError(what)
+
+        require(self.budget.reserved == 0, f"{self.budget.reserved} page(s) still reserved")
+        self.check_invariants([])
+        cached = self.cached_pages()
+        require(self.kv.num_free + len(cached) == self.kv.num_pages, "pages leaked")
+        require(self.states.num_free_active == self.states.active_slots, "state slots leaked")
+        index = self.index
+        if index is None:
+            return
+        require(not index.lanes and not index.batches, "index lanes or batches open")
+        nodes = index.blocks.tree.nodes.values()
+        node = next((n for n in nodes if n.active_refs or n.restore_pins), None)
+        require(node is None, f"node pinned: {node}")
+        snap = next((s for s in index.snapshots.by_id.values() if s.restore_pins), None)
+        require(snap is None, f"snapshot pinned: {snap}")
+
+    def revalue_host(self) -> None:
+        """Recompute every Host snapshot's cached GDSF value now (a soak that tolerates a stale
+        one repairs it with this; no-op without an index)."""
+        if self.index is not None:
+            self.index.revalue_host()
 
     def _check_evictable(self) -> None:
         """The page budget's `evictable` is what eviction would free: every Device LRU entry
