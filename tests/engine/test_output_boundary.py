@@ -23,7 +23,7 @@ USER = {"role": "user", "content": "Which way is the " + " ".join(WORDS[:5]) + "
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
 GREEDY_TAIL = 12  # tokens the model picks itself after the scripted part
 _SETTINGS = settings(
-    max_examples=5,
+    max_examples=4,
     deadline=None,
     phases=(Phase.explicit, Phase.reuse, Phase.generate),  # engine runs per example
     suppress_health_check=[HealthCheck.function_scoped_fixture],
@@ -100,7 +100,7 @@ def tok(demo_text):
 
 @_SETTINGS
 @given(
-    think_words=st.integers(20, 90),
+    think_words=st.integers(20, 70),
     chunk=st.sampled_from([64, 128]),
     overlap=st.booleans(),
 )
