@@ -35,6 +35,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ninfer.tokenizer import Tokenizer
 
 TURN_START = "<|im_start|>"
+THINK_START, THINK_END = "<think>", "</think>"
+TOOL_CALL = "<tool_call>"
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
@@ -46,6 +48,11 @@ class TapHints:
     structural: list[int] = field(default_factory=list)  # end of the leading tools/system turn
     opener: int | None = None  # start of the final `<|im_start|>assistant` (generation prompt)
     explicit: list[int] = field(default_factory=list)  # after each cache_control message
+    # output boundaries: token ids the reply is likely re-rendered around in the next turn's
+    # history, so the state right after (`</think>`, when the generation prompt opens a think
+    # block) or right before (`<tool_call>`, when tools are given) is worth keeping
+    output_after: tuple[int, ...] = ()
+    output_before: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -277,6 +284,9 @@ class ChatTemplate:
         hints = TapHints(message_starts=list(tok_pos))
         if add_generation_prompt and text.startswith(TURN_START + "assistant", char_pos[-1]):
             hints.opener = hints.message_starts.pop()
+            hints.output_after, hints.output_before = self._output_marks(
+                text[char_pos[-1] :], tools
+            )
         leading = bool(tools) or prepared[0].get("role") in ("system", "developer")
         if leading and text.startswith(TURN_START + "system", char_pos[0]):
             hints.structural = [tok_pos[1] if len(tok_pos) > 1 else len(ids)]
@@ -287,6 +297,18 @@ class ChatTemplate:
                 if pos not in hints.explicit:
                     hints.explicit.append(pos)
         return hints
+
+    def _output_marks(
+        self, opener: str, tools: list[dict] | None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(after, before) token ids of the reply's structural boundaries: after `</think>` when
+        the generation prompt `opener` leaves a think block open, before `<tool_call>` when the
+        request offers tools. Ids the tokenizer lacks as single tokens are left out."""
+        tok = self.tokenizer
+        think_open = opener.rfind(THINK_START) > opener.rfind(THINK_END)
+        after = tok.token_to_id(THINK_END) if think_open else None
+        before = tok.token_to_id(TOOL_CALL) if tools else None
+        return (() if after is None else (after,)), (() if before is None else (before,))
 
     def _turns_through(
         self, prefix: list[dict], tools: list[dict] | None, kwargs: dict

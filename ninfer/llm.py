@@ -362,6 +362,8 @@ class LLM:
             structural=list(h.structural),
             opener=h.opener,
             message_starts=list(h.message_starts),
+            output_after=h.output_after,
+            output_before=h.output_before,
         )
         return ChatPrompt(forms.PromptInput(list(r.token_ids), hints), r.text)
 

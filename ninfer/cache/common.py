@@ -25,9 +25,10 @@ class Residency(enum.IntEnum):
 
 class SnapshotKind(enum.IntEnum):
     """What a snapshot is (§5.3). Taps (TAP, BOUNDARY) follow their prompt's lineage: a deeper
-    tap of the same prompt supersedes the shallower (§9.3). ENDPOINT and PROMPT_END do not:
-    they are where a request stopped, or where its prompt ended before it generated, and they
-    stay retained beside the prompt's taps, valued by GDSF like every other snapshot."""
+    tap of the same prompt supersedes the shallower (§9.3). ENDPOINT, PROMPT_END and OUTPUT do
+    not: they are where a request stopped, where its prompt ended before it generated, or a
+    structural boundary of its reply, and they stay retained beside the prompt's taps, valued by
+    GDSF like every other snapshot."""
 
     TAP = 0
     ENDPOINT = 1
@@ -36,10 +37,20 @@ class SnapshotKind(enum.IntEnum):
     # a later prompt that extends this one without the reply (a client that drops or rewrites
     # the generated text) resumes here
     PROMPT_END = 3
+    # an output boundary (§7.7): the state at a structural point of the reply the chat template
+    # re-renders (after `</think>`, before `<tool_call>`), taken between decode steps
+    OUTPUT = 4
 
     @property
     def is_tap(self) -> bool:
         return self in (SnapshotKind.TAP, SnapshotKind.BOUNDARY)
+
+    @property
+    def tail_known(self) -> bool:
+        """Taken where the lane knows its tail tokens already (the prompt's, or generated ones):
+        it publishes once its anchor blocks commit, without the block holding its tail, and the
+        endpoint's 64-token rule looks past it (§7.7)."""
+        return self in (SnapshotKind.PROMPT_END, SnapshotKind.OUTPUT)
 
 
 class Span(NamedTuple):

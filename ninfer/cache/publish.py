@@ -90,8 +90,9 @@ class Publication(IndexPart):
     def endpoint_worthwhile(self, lane: int, frontier: int) -> bool:
         """§7.7: an endpoint at `frontier` is worth publishing only 64+ tokens past the deepest
         snapshot on the lane's path (its base, its own taps, snapshots met at stage). The lane's
-        own PROMPT_END does not count: it serves clients that drop the reply, the endpoint those
-        that echo it, so a short reply still leaves its endpoint."""
+        own PROMPT_END and OUTPUT snapshots do not count: they serve clients that drop or
+        re-render the reply, the endpoint those that echo it, so a short reply (or the end of
+        one past its last boundary) still leaves its endpoint."""
         rec = self.registry.lane(lane)
         deepest = max([rec.latest_frontier, *(f for f in rec.existing if f <= frontier)])
         return frontier - deepest >= BLOCK_TOKENS
@@ -147,7 +148,7 @@ class Publication(IndexPart):
         rec.superseded_for.pop(slot, None)
         anchor = rec.path[a - 1] if a else ROOT
         st = self.registry.counters
-        if kind != SnapshotKind.PROMPT_END:  # the endpoint's 64-token rule looks past it
+        if not kind.tail_known:  # the endpoint's 64-token rule looks past it
             rec.latest_frontier = max(rec.latest_frontier, frontier)
         dup = self.snapshots.find(anchor, tail)
         if dup is not None:  # §5.3: a duplicate is a no-op that refreshes recency

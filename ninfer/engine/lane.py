@@ -47,6 +47,10 @@ class PromptHints:
     structural: list[int] = field(default_factory=list)  # end of tools / system block
     opener: int | None = None  # start of the final assistant generation opener
     message_starts: list[int] = field(default_factory=list)
+    # output boundaries (§7.7): token ids after which / before which the reply's state is
+    # snapshotted between decode steps (`</think>`, `<tool_call>`); the chat template's
+    output_after: tuple[int, ...] = ()
+    output_before: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -86,7 +90,7 @@ class PendingTap:
 
     frontier: int
     snap_slot: int  # logical snapshot slot holding the image
-    kind: int  # SnapshotKind: TAP, BOUNDARY or PROMPT_END
+    kind: int  # SnapshotKind: TAP, BOUNDARY, PROMPT_END or OUTPUT
     tail_page: int | None = None  # cache-owned copy of the partial block (frontier % 64 != 0)
 
 

@@ -290,7 +290,10 @@ def _bad(message: str) -> str:
             lambda: _with(snapshots=_snap(2, tail_slab=-1), n_slabs=14),  # a tail without a slab
             _bad("snapshot 2: bad tail or kind"),
         ),
-        (lambda: _with(snapshots=_snap(2, kind=4)), _bad("snapshot 2: bad tail or kind")),
+        (
+            lambda: _with(snapshots=_snap(2, kind=max(SnapshotKind) + 1)),
+            _bad("snapshot 2: bad tail or kind"),
+        ),
         (lambda: _with(snapshots=_snap(2, kind=0x7F)), _bad("snapshot 2: bad tail or kind")),
         (
             lambda: _with(snapshots=_snap(2, anchor=1, tail=b"", tail_slab=-1, frontier=128)),

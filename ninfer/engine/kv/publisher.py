@@ -8,6 +8,8 @@ Tap realization against chunk boundaries (s = chunk start, e = chunk end, n = pr
                        or at the scheduler's `tap_at` inside it (the pass's GDN layers copy
                        the state there: `forward.GdnSplit`; the slot is reserved here)
     prompt end n       after the pass that reaches n: capture at n (PROMPT_END; no split)
+    output boundary f  between decode steps, at f = computed when the reply reaches a boundary
+                       the chat template names (after `</think>`, before `<tool_call>`): OUTPUT
     capture            D2D copy lane slot -> a staging snapshot slot; a non-aligned frontier also
                        copies its partial block into a cache-owned tail page
     publication        deferred until blocks 0 .. f//64 - 1 (and f//64 for a tap's tail) are
@@ -112,6 +114,8 @@ class Publisher:
                     self._capture(lane, f, SnapshotKind.BOUNDARY if boundary else SnapshotKind.TAP)
         if f == lane.prompt_len and self._prompt_end_pays(lane):
             self._capture(lane, f, SnapshotKind.PROMPT_END)
+        if f >= lane.prompt_len and self._output_boundary_pays(lane):
+            self._capture(lane, f, SnapshotKind.OUTPUT)
         self._publish_ready(lane)
 
     def _prompt_end_pays(self, lane: Lane) -> bool:
@@ -126,6 +130,24 @@ class Publisher:
             return False
         f = lane.prompt_len
         return not self.index.has_snapshot(lane.lane_id, f, lane.tokens[f - f % PAGE_SIZE : f])
+
+    def _output_boundary_pays(self, lane: Lane) -> bool:
+        """An output boundary at f = computed (§7.7): the token just computed is one the chat
+        template re-renders the reply after (`</think>`: f is right after it), or the token
+        just sampled one it re-renders before (`<tool_call>`: f is right before it; a step run
+        ahead has computed that token already, so f is right after it). The next turn's history
+        may diverge there, past every snapshot of the prompt. Only a block or more past the
+        lane's deepest snapshot (nearer, that one serves nearly as well), and not where the
+        cache holds a snapshot of the same tokens (a regenerated reply)."""
+        hints, tokens, f = lane.job.hints, lane.tokens, lane.computed
+        if not (hints.output_after or hints.output_before) or f - lane.last_snapshot < PAGE_SIZE:
+            return False
+        last = tokens[f - 1] if f > lane.prompt_len else None  # generated and computed
+        sampled = tokens[f] if len(tokens) > f else None  # sampled, not computed yet
+        after = (*hints.output_after, *hints.output_before)
+        if last not in after and sampled not in hints.output_before:
+            return False
+        return not self.index.has_snapshot(lane.lane_id, f, tokens[f - f % PAGE_SIZE : f])
 
     def _commit_blocks(self, lane: Lane) -> None:
         index = self.index
@@ -163,9 +185,10 @@ class Publisher:
     @staticmethod
     def _publishable(lane: Lane, tap: PendingTap) -> bool:
         """A tap waits for its anchor blocks and the block holding its tail (§7.4); a prompt
-        end, whose tail tokens are the prompt's, only for its anchor blocks."""
+        end or an output boundary, whose tail tokens the lane knows, only for its anchor
+        blocks."""
         blocks = tap.frontier // PAGE_SIZE
-        if tap.frontier % PAGE_SIZE and tap.kind != SnapshotKind.PROMPT_END:
+        if tap.frontier % PAGE_SIZE and not SnapshotKind(tap.kind).tail_known:
             blocks += 1
         return lane.committed_blocks >= blocks
 
