@@ -42,7 +42,7 @@ class Script:
     def __init__(self, llm, tokens: list[int]) -> None:
         self.tokens = tokens
         self.seen: dict[int, list] = {}
-        real = llm._engine.runner.sampler
+        real = llm.engine.runner.sampler
 
         def sampler(logits, params, generators):
             res = real(logits, params, generators)
@@ -55,7 +55,7 @@ class Script:
             res.token_ids = ids
             return res
 
-        llm._engine.runner.sampler = sampler
+        llm.engine.runner.sampler = sampler
 
 
 def reply_script(tok, think: str, answer: str, call: bool) -> list[int]:
@@ -76,10 +76,10 @@ def lcp(a: list[int], b: list[int]) -> int:
 
 def snapshots(llm) -> list[tuple[int, int]]:
     def read():
-        snaps = llm._engine.kv_state.index.snapshots.by_id.values()
+        snaps = llm.engine.kv_state.index.snapshots.by_id.values()
         return sorted((s.frontier, int(s.kind)) for s in snaps)
 
-    return llm._engine.call(read)
+    return llm.engine.call(read)
 
 
 def two_turns(llm, tok, script, second, tools=None):
