@@ -4,6 +4,8 @@
     ninfer/forward.py     imports nothing from ninfer: it sits below models and ops
     ninfer/ops/           imports nothing from models, engine, memory or cache
     ninfer/engine/        only its executor (ninfer/engine/executor/) imports ninfer.ops
+    every module          imports no name of the package root `ninfer` (its face for users):
+                          `__version__` is `ninfer.version`'s, the rest their own modules'
 """
 
 from __future__ import annotations
@@ -68,6 +70,41 @@ def test_only_the_executor_imports_ops_in_the_engine():
     assert ("engine/executor/backend.py", "ninfer.ops.cuda.CudaOps") in _violations(
         inside, ("ninfer.ops",)
     )
+
+
+def _root_names(path: Path, package: str | None = None) -> list[str]:
+    """Names `path` takes from the package root `ninfer` itself: `import ninfer`, or `from
+    ninfer import X` / `from .. import X` resolving to the root, where X is no submodule."""
+    package = package or ".".join(("ninfer", *path.relative_to(ROOT).parent.parts))
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names if a.name == "ninfer"]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(anchor + ([node.module] if node.module else []))
+            if module == "ninfer":
+                names += [f"ninfer.{a.name}" for a in node.names if not _submodule(a.name)]
+    return names
+
+
+def _submodule(name: str) -> bool:
+    return (ROOT / name).is_dir() or (ROOT / f"{name}.py").exists()
+
+
+def test_no_module_imports_the_package_root():
+    files = [f for f in sorted(ROOT.rglob("*.py")) if f != ROOT / "__init__.py"]
+    assert len(files) >= 100
+    bad = [(str(f.relative_to(ROOT)), n) for f in files for n in _root_names(f)]
+    assert bad == []
+
+
+def test_root_checker_tells_names_from_submodules(tmp_path):
+    probe = tmp_path / "m.py"
+    probe.write_text("from ninfer import probe, __version__\nimport ninfer\nfrom .. import LLM\n")
+    assert _root_names(probe, "ninfer.cli") == ["ninfer.__version__", "ninfer", "ninfer.LLM"]
 
 
 def test_checker_sees_lazy_relative_and_from_imports(tmp_path):
