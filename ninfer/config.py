@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from dataclasses import Field, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from ninfer.cache.common import BLOCK_TOKENS as PAGE_SIZE  # a KV page holds one cache block
 from ninfer.cache.host_pool import SlabGeometry, plan_slab_geometry
 from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, pass_seconds, solo_chunk_pays
 from ninfer.ops.choices import GATHER_MIN_ROWS, GDN_INTRA, OpChoices
+from ninfer.page import PAGE_SIZE
 
 if TYPE_CHECKING:  # the command line reads the options without importing torch
     from ninfer.models.config import Qwen35Config

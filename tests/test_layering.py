@@ -118,3 +118,16 @@ def test_checker_sees_lazy_relative_and_from_imports(tmp_path):
     assert _violations([probe], ("ninfer.ops.cuda",), "ninfer.engine") == [
         ("m.py", "ninfer.ops.cuda"), ("m.py", "ninfer.ops.cuda.passmeta"),
     ]  # fmt: skip
+
+
+def test_the_page_size_has_one_owner():
+    """Only `ninfer/page.py` binds the 64-token page / block size; the rest import it."""
+    owners = sorted(
+        str(f.relative_to(ROOT))
+        for f in ROOT.rglob("*.py")
+        for node in ast.walk(ast.parse(f.read_text(), str(f)))
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name) and t.id in ("PAGE_SIZE", "BLOCK_TOKENS")
+    )
+    assert owners == ["page.py"]

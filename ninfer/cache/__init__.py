@@ -7,7 +7,6 @@ layer moves the bytes. See docs/cache-api.md.
 from __future__ import annotations
 
 from ninfer.cache.common import (
-    BLOCK_TOKENS,
     ROOT,
     LaneError,
     Residency,
@@ -49,7 +48,6 @@ from ninfer.cache.stats import CacheStats
 from ninfer.cache.taps import HintKind, Placement, Tap, TapConfig, TapHint, plan_taps
 
 __all__ = [
-    "BLOCK_TOKENS",
     "ROOT",
     "BlockCopy",
     "BlockWriteBatch",

@@ -18,10 +18,11 @@ from engine_helpers import CUDA_TINY
 
 from ninfer.engine.executor.runner import Row, Runner
 from ninfer.engine.executor.warmup import warm_up
-from ninfer.forward import PAGE_SIZE, ModelCache
+from ninfer.forward import ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.choices import OpChoices
 from ninfer.ops.reference import ReferenceOps
+from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 from ninfer.sampling import SampleResult
 

@@ -14,8 +14,9 @@ import random
 import pytest
 import torch
 
-from ninfer.forward import PAGE_SIZE, ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.ops.reference import ReferenceOps
+from ninfer.page import PAGE_SIZE
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

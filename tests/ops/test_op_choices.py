@@ -17,9 +17,10 @@ import torch
 import ninfer.ops.cuda
 from ninfer.config import EngineOptions, op_choices
 from ninfer.engine.executor import backend
-from ninfer.forward import PAGE_SIZE, ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
 from ninfer.ops.reference import ReferenceOps
+from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 
 # every choice away from its default: as LLM keywords and as the op set's dataclass

@@ -42,9 +42,10 @@ import torch
 from ninfer.bench.model_math import prefill_flops
 from ninfer.engine.executor.runner import Row, Runner
 from ninfer.engine.executor.warmup import warm_up
-from ninfer.forward import PAGE_SIZE, ModelCache
+from ninfer.forward import ModelCache
 from ninfer.models.presets import PRESETS, build_random_model
 from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
+from ninfer.page import PAGE_SIZE
 from ninfer.probe import copy_bandwidth, matmul_peak
 from ninfer.request import SamplingParams
 from ninfer.sampling import SampleResult

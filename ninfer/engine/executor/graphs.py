@@ -75,8 +75,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.forward import ForwardBatch, ModelCache
 from ninfer.ops.cuda import passmeta
+from ninfer.page import PAGE_SIZE
 
 
 def pinned_zeros(shape, dtype) -> torch.Tensor:

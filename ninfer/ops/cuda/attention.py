@@ -64,9 +64,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.forward import PAGE_SIZE, ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.ops.choices import OpChoices
 from ninfer.ops.cuda.host import pinned, to_device
+from ninfer.page import PAGE_SIZE
 
 WORKSPACE_BYTES = 256 << 20
 GATHER_SCRATCH_BYTES = 2 << 30  # the most K/V a gather may copy (a pass, the graphs' scratch)
