@@ -15,7 +15,7 @@ from ninfer.cache.common import (
     StaleQuoteError,
 )
 from ninfer.cache.cost import CacheCostModel
-from ninfer.cache.host_pool import CopyRun, HostSlabPool, SlabLocation
+from ninfer.cache.host_pool import HostSlabPool, SlabLocation
 from ninfer.cache.index import PrefixIndex
 from ninfer.cache.keys import (
     MediaItem,
@@ -56,7 +56,6 @@ __all__ = [
     "CacheStats",
     "CommitKind",
     "CommitResult",
-    "CopyRun",
     "HintKind",
     "HostSlabPool",
     "ImageCopy",

@@ -21,7 +21,7 @@ the prefix cache file; nothing recomputes or cross-checks it. Pure Python (no to
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -155,14 +155,6 @@ class SlabLocation(NamedTuple):
     offset_bytes: int  # within the chunk
 
 
-class CopyRun(NamedTuple):
-    """`count` consecutive pages starting at `page` <-> consecutive slabs starting at `slab`."""
-
-    page: int
-    slab: int
-    count: int
-
-
 class HostSlabPool:
     """Fixed-size slab allocator over a min-heap of free slab ids, for one `SlabGeometry`.
 
@@ -224,23 +216,6 @@ class HostSlabPool:
 
     def is_allocated(self, slab: int) -> bool:
         return bool(self._allocated[slab])
-
-    def copy_runs(self, pairs: Sequence[tuple[int, int]]) -> list[CopyRun]:
-        """Coalesce (page, slab) pairs, in order, into runs of consecutive pages and slabs that
-        stay inside one chunk (a strided copy across chunks would address unrelated memory)."""
-        runs: list[CopyRun] = []
-        for page, slab in pairs:
-            if runs:
-                last = runs[-1]
-                if (
-                    page == last.page + last.count
-                    and slab == last.slab + last.count
-                    and slab // self.slabs_per_chunk == last.slab // self.slabs_per_chunk
-                ):
-                    runs[-1] = last._replace(count=last.count + 1)
-                    continue
-            runs.append(CopyRun(page, slab, 1))
-        return runs
 
     def check_invariants(self) -> None:
         free = self._free

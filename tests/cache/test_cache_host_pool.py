@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ninfer.cache import CacheConfig, CacheCostModel, CopyRun, HostSlabPool, PrefixIndex
+from ninfer.cache import CacheConfig, CacheCostModel, HostSlabPool, PrefixIndex
 from ninfer.cache.host_pool import MIB, cut_slabs, plan_slab_geometry
 
 
@@ -69,18 +69,6 @@ def test_no_slab_crosses_a_chunk(slab, chunk, total):
         if 0 <= s < pool.n_slabs:
             loc = pool.slab_location(s)
             assert loc.offset_bytes + slab <= pool.chunk_bytes(loc.chunk) <= chunk
-
-
-def test_copy_runs_coalesce_but_split_at_chunk_and_gaps():
-    # chunks: slabs 0-3, 4-7
-    pool = HostSlabPool(cut_slabs(8 * 4096, 4096, max_chunk_bytes=4 * 4096))
-    pairs = [(10, 1), (11, 2), (12, 3), (13, 4), (14, 5), (20, 6), (21, 0)]
-    assert pool.copy_runs(pairs) == [
-        CopyRun(10, 1, 3),  # slab 4 is in the next chunk
-        CopyRun(13, 4, 2),
-        CopyRun(20, 6, 1),  # page gap
-        CopyRun(21, 0, 1),  # slab not consecutive
-    ]
 
 
 def test_host_budget_smaller_than_one_snapshot_plus_one_block_is_rejected():
