@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ninfer.cache.host_pool import SlabGeometry, plan_slab_geometry
 from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, pass_seconds, solo_chunk_pays
+from ninfer.dtypes import DTYPES, KV_DTYPES, itemsize
 from ninfer.ops.choices import GATHER_MIN_ROWS, GDN_INTRA, OpChoices
 from ninfer.page import PAGE_SIZE
 
@@ -28,11 +29,9 @@ MIB = 1 << 20
 GIB = 1 << 30
 CPU_AUTO_KV_CAP_BYTES = 256 * MIB  # "auto" on the CPU: a modest pool, not the whole RAM
 CUDA_RESERVE_BYTES = 4 * GIB  # kept free on CUDA for activations, workspaces and graphs
-DTYPES = ("bfloat16", "float16", "float32")
 # Least rung of the forward tap ladder: a fork this deep or deeper, in a stretch no boundary
 # marks, resumes at least halfway to it (below, a re-prefill costs about one pass anyway)
 FORWARD_TAP_MIN = 512
-KV_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,10 +321,6 @@ def _cpu_total_bytes() -> int:
         return 8 * GIB
 
 
-def _itemsize(dtype: str) -> int:
-    return {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1}[dtype]
-
-
 def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < lo:
         raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
@@ -407,7 +402,6 @@ def check_fit(opts: EngineOptions, model: Qwen35Config, on_cuda: bool) -> None:
     """The rules between the options and the model's shape that need no memory measurement:
     ValueError naming the field. `resolve` applies them; `LLM` applies them before it loads the
     weights too, so that a value the checkpoint rules out fails before a long load."""
-    resolve_dtypes(opts, on_cuda)
     if not model.full_layer_ids:  # KV pages, blocks and Host slabs are cut per attention layer
         raise ValueError(
             "layer_types: the model has no full_attention layer; ninfer runs Qwen3.5 hybrids of "
@@ -428,21 +422,28 @@ def _kv_short(pages: int, max_model_len: int) -> None:
     )
 
 
-def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> EngineConfig:
+def resolve(
+    opts: EngineOptions,
+    model: Qwen35Config,
+    facts: DeviceFacts,
+    dtypes: tuple[str, str] | None = None,
+) -> EngineConfig:
     """Compute every derived value (design §14.2, ADAPTATION.md defaults) once. Pure; raises
     ValueError naming the offending field where the model or the device rules a value out
-    (`EngineOptions` has checked each value on its own)."""
+    (`EngineOptions` has checked each value on its own). `dtypes`: what `resolve_dtypes` gave
+    a caller that needed them before (`LLM` builds the weights before measuring free memory);
+    None resolves them here."""
     on_cuda = facts.device.startswith("cuda")
     check_fit(opts, model, on_cuda)
     c = opts.max_concurrency
-    dtype, kv_dtype = resolve_dtypes(opts, on_cuda)
+    dtype, kv_dtype = dtypes or resolve_dtypes(opts, on_cuda)
     chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
     max_len = opts.max_model_len or model.max_position_embeddings
     rates = facts.rates or (CUDA_NOMINAL if on_cuda else CPU_RATES)
     rate = rates.prefill_flops_per_s(dtype)
     solo = _solo_chunk(opts, model, chunk, on_cuda, max_len, rate)
-    page_bytes = model.kv_bytes_per_token(_itemsize(kv_dtype)) * PAGE_SIZE
-    state_bytes = model.state_image_bytes(_itemsize(dtype))
+    page_bytes = model.kv_bytes_per_token(itemsize(kv_dtype)) * PAGE_SIZE
+    state_bytes = model.state_image_bytes(itemsize(dtype))
     host_mib = opts.host_cache_mib
     host_bytes = host_mib * MIB
     host_tier = bool(host_bytes) and bool(opts.prefix_reuse)

@@ -121,3 +121,33 @@ def test_host_budget_below_one_snapshot_plus_one_block_is_rejected():
     # no prefix cache, no Host tier: its budget is not checked (nothing would be built)
     off = resolve(EngineOptions(host_cache_mib=16, prefix_reuse=False), wide, CPU)
     assert not off.host_tier and off.host_slabs == 0
+
+
+def test_an_engine_resolves_its_dtypes_once(make_llm, monkeypatch):
+    """`LLM` resolves (dtype, kv_dtype) once, before the weights, and `resolve()` reads them."""
+    import ninfer.config
+    import ninfer.llm
+
+    calls = []
+    real = ninfer.config.resolve_dtypes
+
+    def counted(opts, on_cuda):
+        calls.append(opts.kv_dtype)
+        return real(opts, on_cuda)
+
+    monkeypatch.setattr(ninfer.config, "resolve_dtypes", counted)
+    monkeypatch.setattr(ninfer.llm, "resolve_dtypes", counted)
+    llm = make_llm(host_cache_mib=0)
+    assert calls == ["auto"] and llm.engine_config.kv_dtype == "float32"
+
+
+def test_the_dtype_table_agrees_with_torch():
+    import torch
+
+    from ninfer.dtypes import DTYPES, KV_DTYPES, itemsize, torch_dtype
+
+    assert set(DTYPES) < set(KV_DTYPES)
+    for name in KV_DTYPES:
+        assert isinstance(torch_dtype(name), torch.dtype)
+        assert itemsize(name) == torch_dtype(name).itemsize
+    assert torch_dtype("fp8_e4m3") == torch.float8_e4m3fn

@@ -91,9 +91,6 @@ class CudaOps(ReferenceOps):
         device: torch.device | str = "cuda",
         compile: bool = False,
         skinny: bool = True,
-        dims: HeadDims | None = None,
-        dtype: str | None = None,
-        kv_dtype: str | None = None,
         choices: OpChoices | None = None,
     ) -> None:
         from ninfer.ops.cuda import conv, gdn, glue
@@ -119,10 +116,8 @@ class CudaOps(ReferenceOps):
         self._silu_mul = _compiled(silu_mul_ref, compile)
         self._sigmoid_mul = _compiled(sigmoid_mul_ref, compile)
         self.plan = OpPlan()
-        if dims is not None:
-            self.configure(dims, dtype or "bfloat16", kv_dtype)
 
-    def configure(self, dims: HeadDims, dtype: str, kv_dtype: str | None = None) -> OpPlan:
+    def configure(self, dims: HeadDims, dtype: str, kv_dtype: str) -> OpPlan:
         """Decides the fast paths for a model with head dims `dims` in `dtype` / `kv_dtype`
         (names, as EngineConfig's) and warns once per op that falls back. Returns the plan."""
         self.plan = plan_ops(dims, dtype, kv_dtype)
