@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ninfer.cache.host_pool import SlabGeometry, plan_slab_geometry
 from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, pass_seconds, solo_chunk_pays
 from ninfer.dtypes import DTYPES, KV_DTYPES, itemsize
-from ninfer.ops.choices import GATHER_MIN_ROWS, GDN_INTRA, OpChoices
+from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
 from ninfer.page import PAGE_SIZE
 
 if TYPE_CHECKING:  # the command line reads the options without importing torch
@@ -148,15 +148,9 @@ class EngineOptions:
     )
     # The CUDA op set's choices (`ninfer.ops.choices.OpChoices`; the reference ops have one
     # path per op and ignore them): experiments and tests set them, no command-line flag.
-    gather_graphs: bool = _opt(
-        False, "prefill-graph buckets may capture the gathered attention path", flag=False
-    )
     gather_min_rows: float = _opt(
         GATHER_MIN_ROWS, "query rows per KV head from which a prefill pass over a cached "
         "context gathers its K/V (0: always, inf: never)", kind=float, lo=0,
-        flag=False)  # fmt: skip
-    gdn_intra: str = _opt(
-        "fla", 'the GDN prefill\'s intra-chunk kernel: "fla" or "ninfer"', choices=GDN_INTRA,
         flag=False)  # fmt: skip
     conv_tile: tuple[int, int, int] | None = _opt(
         None, "the prefill conv's launch shape (rows, channels, warps), powers of two (default: "
@@ -171,9 +165,7 @@ class EngineOptions:
 def op_choices(opts: EngineOptions) -> OpChoices:
     """The op set's choices among `opts` (ValueError naming a field they rule out)."""
     return OpChoices(
-        gather_graphs=opts.gather_graphs,
         gather_min_rows=opts.gather_min_rows,
-        gdn_intra=opts.gdn_intra,
         conv_tile=opts.conv_tile,
     )
 
@@ -231,7 +223,6 @@ class EngineConfig:
     state_image_bytes: int  # one state slot over every GDN layer
     host_cache_bytes: int  # requested Host tier budget (0 = Device only)
     host_tier: bool  # a Host tier is built: host_cache_bytes > 0 and prefix_reuse
-    host_slabs: int  # slabs of the Host tier (0 without one): host_geometry.num_slabs
     # the Host tier's one slab geometry (None without one): the index's slab pool, the pinned
     # slabs, copy planning and the prefix cache file all take this object
     host_geometry: SlabGeometry | None
@@ -284,7 +275,7 @@ class EngineConfig:
     def describe(self) -> dict:
         """Every resolved value plus the derived byte sizes, for `ninfer info` and logs."""
         d = asdict(self)
-        del d["host_geometry"]  # host_slabs and the byte sizes say it
+        del d["host_geometry"]  # the byte sizes say it (the ledger counts the slabs)
         d["state_slots"] = self.state_slots
         d["kv_capacity_tokens"] = self.kv_capacity_tokens
         d["kv_pool_bytes"] = self.kv_pages * self.kv_page_bytes
@@ -479,7 +470,6 @@ def resolve(
         state_image_bytes=state_bytes,
         host_cache_bytes=host_bytes,
         host_tier=host_tier,
-        host_slabs=host_geometry.num_slabs if host_geometry is not None else 0,
         host_geometry=host_geometry,
         device_snapshot_slots=slots,
         cache_taps_per_request=taps,

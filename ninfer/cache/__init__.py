@@ -15,7 +15,7 @@ from ninfer.cache.common import (
     StaleQuoteError,
 )
 from ninfer.cache.cost import CacheCostModel
-from ninfer.cache.host_pool import HostSlabPool, SlabLocation
+from ninfer.cache.host_pool import HostSlabPool
 from ninfer.cache.index import PrefixIndex
 from ninfer.cache.keys import (
     MediaItem,
@@ -72,7 +72,6 @@ __all__ = [
     "ReleaseResult",
     "Residency",
     "RestoreBatch",
-    "SlabLocation",
     "SlotGrant",
     "SnapshotKind",
     "SnapshotWrite",

@@ -23,7 +23,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from ninfer.cache.common import ceil_div
 
@@ -150,11 +149,6 @@ def plan_slab_geometry(
     return g
 
 
-class SlabLocation(NamedTuple):
-    chunk: int
-    offset_bytes: int  # within the chunk
-
-
 class HostSlabPool:
     """Fixed-size slab allocator over a min-heap of free slab ids, for one `SlabGeometry`.
 
@@ -182,19 +176,6 @@ class HostSlabPool:
     @property
     def free_slabs(self) -> int:
         return len(self._free)
-
-    @property
-    def n_chunks(self) -> int:
-        return ceil_div(self.n_slabs, self.slabs_per_chunk)
-
-    def chunk_bytes(self, chunk: int) -> int:
-        """Bytes the memory layer pins for `chunk` (whole slabs only)."""
-        first = chunk * self.slabs_per_chunk
-        return (min(first + self.slabs_per_chunk, self.n_slabs) - first) * self.slab_bytes
-
-    def slab_location(self, slab: int) -> SlabLocation:
-        chunk, index = divmod(slab, self.slabs_per_chunk)
-        return SlabLocation(chunk, index * self.slab_bytes)
 
     def allocate(self, k: int) -> list[int] | None:
         """Pop k slabs (mutates), or return None and change nothing when fewer are free."""

@@ -98,7 +98,7 @@ def _stub_ops(model) -> CudaOps:
         causal_conv=lambda x, w, state, batch, *rest: ref.causal_conv(x, w, state, batch)
     )
     ops._glue = types.SimpleNamespace(silu_mul=ref.silu_mul)
-    ops._passes, ops.compiled, ops.conv_tile, ops.gdn_intra = [], False, None, "fla"
+    ops._passes, ops.compiled, ops.conv_tile = [], False, None
     ops.linear = ref.linear
     ops._rms_norm, ops._gated_rms_norm = ref.rms_norm, ref.gated_rms_norm
     ops._rope, ops._add_rms_norm, ops._gdn_gates = ref.rope, ref.add_rms_norm, ref.gdn_gates

@@ -105,9 +105,8 @@ class CudaOps(ReferenceOps):
         self._passes: list[tuple[ForwardBatch, tuple, object]] = []
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
-        # the prefill conv's launch shape and the GDN prefill's intra-chunk kernel, by `choices`
+        # the prefill conv's launch shape, by `choices`
         self.conv_tile = conv.Tile(*choices.conv_tile) if choices.conv_tile else conv.TILE
-        self.gdn_intra = choices.gdn_intra
         self._rms_norm = _compiled(rms_norm_ref, compile)
         self._gated_rms_norm = _compiled(gated_rms_norm_ref, compile)
         self._rope = _compiled(_rope, compile)
@@ -325,9 +324,7 @@ class CudaOps(ReferenceOps):
         )
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         slots = batch.state_slots
-        return self._gdn.gdn_prefill(
-            q, k, v, g, beta, state, slots, scale, meta, normalized=True, intra=self.gdn_intra
-        )
+        return self._gdn.gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=True)
 
     def gdn(
         self,
@@ -345,6 +342,4 @@ class CudaOps(ReferenceOps):
         if batch.is_decode or not self.plan.fast("gdn_prefill"):
             return super().gdn(q, k, v, g, beta, state, batch, scale)
         meta = self.pass_meta(batch)
-        return self._gdn.gdn_prefill(
-            q, k, v, g, beta, state, batch.state_slots, scale, meta, intra=self.gdn_intra
-        )
+        return self._gdn.gdn_prefill(q, k, v, g, beta, state, batch.state_slots, scale, meta)
