@@ -413,6 +413,19 @@ def _kv_short(pages: int, max_model_len: int) -> None:
     )
 
 
+def _tap_settings(opts: EngineOptions, host_tier: bool, chunk: int) -> dict:
+    """The `cache_tap*` fields of `EngineConfig`: the options, or their defaults (more taps
+    with a Host tier to keep them; the ladder and gap scale with the prefill chunk)."""
+    taps = opts.cache_taps_per_request
+    ladder, gap = opts.cache_tap_ladder, opts.cache_tap_min_gap
+    return {
+        "cache_taps_per_request": (8 if host_tier else 2) if taps is None else taps,
+        "cache_tap_ladder": max(4096, 2 * chunk) if ladder is None else ladder,
+        "cache_tap_min_gap": max(1024, chunk) if gap is None else gap,
+        "cache_tap_forward": -(-FORWARD_TAP_MIN // chunk) * chunk,
+    }
+
+
 def resolve(
     opts: EngineOptions,
     model: Qwen35Config,
@@ -429,10 +442,10 @@ def resolve(
     c = opts.max_concurrency
     dtype, kv_dtype = dtypes or resolve_dtypes(opts, on_cuda)
     chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
-    max_len = opts.max_model_len or model.max_position_embeddings
+    len_cfg = opts.max_model_len or model.max_position_embeddings
     rates = facts.rates or (CUDA_NOMINAL if on_cuda else CPU_RATES)
     rate = rates.prefill_flops_per_s(dtype)
-    solo = _solo_chunk(opts, model, chunk, on_cuda, max_len, rate)
+    solo = _solo_chunk(opts, model, chunk, on_cuda, len_cfg, rate)
     page_bytes = model.kv_bytes_per_token(itemsize(kv_dtype)) * PAGE_SIZE
     state_bytes = model.state_image_bytes(itemsize(dtype))
     host_mib = opts.host_cache_mib
@@ -441,12 +454,6 @@ def resolve(
     host_geometry = _host_geometry(host_mib, model, page_bytes, state_bytes) if host_tier else None
     slots = opts.device_snapshot_slots
     slots = (c + 1 if host_tier else c + 2) if slots is None else slots
-    taps = opts.cache_taps_per_request
-    taps = (8 if host_tier else 2) if taps is None else taps
-    ladder = opts.cache_tap_ladder if opts.cache_tap_ladder is not None else max(4096, 2 * chunk)
-    gap = opts.cache_tap_min_gap if opts.cache_tap_min_gap is not None else max(1024, chunk)
-    forward = -(-FORWARD_TAP_MIN // chunk) * chunk
-    len_cfg = opts.max_model_len or model.max_position_embeddings
     graphs = bool(opts.cuda_graphs) and on_cuda
     graph_tokens = min(opts.prefill_graph_tokens, chunk)
     graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
@@ -472,25 +479,36 @@ def resolve(
         host_tier=host_tier,
         host_geometry=host_geometry,
         device_snapshot_slots=slots,
-        cache_taps_per_request=taps,
-        cache_tap_ladder=ladder,
-        cache_tap_min_gap=gap,
-        cache_tap_forward=forward,
-        prefix_cache_file=opts.prefix_cache_file,
-        prefix_reuse=bool(opts.prefix_reuse),
-        concurrent_prefill=bool(opts.concurrent_prefill),
-        pending_timeout_s=float(opts.pending_timeout_s),
+        **_tap_settings(opts, host_tier, chunk),
+        **_passed_through(opts),
         compile=bool(opts.compile) and on_cuda,
         cuda_graphs=graphs,
-        overlap_decode=bool(opts.overlap_decode),
         prefill_graph_tokens=graph_tokens,
-        seed=int(opts.seed),
-        check_invariants=bool(opts.check_invariants),
-        op_choices=op_choices(opts),
-        prefill_flops_per_s=rate,
-        h2d_bytes_per_s=rates.h2d_bytes_per_s,
-        d2h_bytes_per_s=rates.d2h_bytes_per_s,
-        pass_overhead_s=rates.pass_overhead_s,
-        copy_latency_s=rates.copy_latency_s,
-        device_rates=rates.source,
+        **_rate_fields(rates, rate),
     )
+
+
+def _passed_through(opts: EngineOptions) -> dict:
+    """The `EngineConfig` fields that are their option as given."""
+    return {
+        "prefix_cache_file": opts.prefix_cache_file,
+        "prefix_reuse": bool(opts.prefix_reuse),
+        "concurrent_prefill": bool(opts.concurrent_prefill),
+        "pending_timeout_s": float(opts.pending_timeout_s),
+        "overlap_decode": bool(opts.overlap_decode),
+        "seed": int(opts.seed),
+        "check_invariants": bool(opts.check_invariants),
+        "op_choices": op_choices(opts),
+    }
+
+
+def _rate_fields(rates: DeviceRates, prefill_rate: float) -> dict:
+    """The `EngineConfig` fields every time estimate reads (`ninfer.costs`)."""
+    return {
+        "prefill_flops_per_s": prefill_rate,
+        "h2d_bytes_per_s": rates.h2d_bytes_per_s,
+        "d2h_bytes_per_s": rates.d2h_bytes_per_s,
+        "pass_overhead_s": rates.pass_overhead_s,
+        "copy_latency_s": rates.copy_latency_s,
+        "device_rates": rates.source,
+    }
