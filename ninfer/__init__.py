@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ninfer.request import EngineError, Metrics, RequestOutput, SamplingParams, Usage
+from ninfer.version import __version__
 
-__version__ = "0.1.0"
 __all__ = [
     "LLM",
     "EngineError",

@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from dataclasses import Field, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from ninfer.cache.common import BLOCK_TOKENS as PAGE_SIZE  # a KV page holds one cache block
 from ninfer.cache.host_pool import SlabGeometry, plan_slab_geometry
 from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, pass_seconds, solo_chunk_pays
-from ninfer.ops.choices import GATHER_MIN_ROWS, GDN_INTRA, OpChoices
+from ninfer.dtypes import DTYPES, KV_DTYPES, itemsize
+from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
+from ninfer.page import PAGE_SIZE
 
 if TYPE_CHECKING:  # the command line reads the options without importing torch
     from ninfer.models.config import Qwen35Config
@@ -28,11 +29,9 @@ MIB = 1 << 20
 GIB = 1 << 30
 CPU_AUTO_KV_CAP_BYTES = 256 * MIB  # "auto" on the CPU: a modest pool, not the whole RAM
 CUDA_RESERVE_BYTES = 4 * GIB  # kept free on CUDA for activations, workspaces and graphs
-DTYPES = ("bfloat16", "float16", "float32")
 # Least rung of the forward tap ladder: a fork this deep or deeper, in a stretch no boundary
 # marks, resumes at least halfway to it (below, a re-prefill costs about one pass anyway)
 FORWARD_TAP_MIN = 512
-KV_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,15 +148,9 @@ class EngineOptions:
     )
     # The CUDA op set's choices (`ninfer.ops.choices.OpChoices`; the reference ops have one
     # path per op and ignore them): experiments and tests set them, no command-line flag.
-    gather_graphs: bool = _opt(
-        False, "prefill-graph buckets may capture the gathered attention path", flag=False
-    )
     gather_min_rows: float = _opt(
         GATHER_MIN_ROWS, "query rows per KV head from which a prefill pass over a cached "
         "context gathers its K/V (0: always, inf: never)", kind=float, lo=0,
-        flag=False)  # fmt: skip
-    gdn_intra: str = _opt(
-        "fla", 'the GDN prefill\'s intra-chunk kernel: "fla" or "ninfer"', choices=GDN_INTRA,
         flag=False)  # fmt: skip
     conv_tile: tuple[int, int, int] | None = _opt(
         None, "the prefill conv's launch shape (rows, channels, warps), powers of two (default: "
@@ -172,9 +165,7 @@ class EngineOptions:
 def op_choices(opts: EngineOptions) -> OpChoices:
     """The op set's choices among `opts` (ValueError naming a field they rule out)."""
     return OpChoices(
-        gather_graphs=opts.gather_graphs,
         gather_min_rows=opts.gather_min_rows,
-        gdn_intra=opts.gdn_intra,
         conv_tile=opts.conv_tile,
     )
 
@@ -232,7 +223,6 @@ class EngineConfig:
     state_image_bytes: int  # one state slot over every GDN layer
     host_cache_bytes: int  # requested Host tier budget (0 = Device only)
     host_tier: bool  # a Host tier is built: host_cache_bytes > 0 and prefix_reuse
-    host_slabs: int  # slabs of the Host tier (0 without one): host_geometry.num_slabs
     # the Host tier's one slab geometry (None without one): the index's slab pool, the pinned
     # slabs, copy planning and the prefix cache file all take this object
     host_geometry: SlabGeometry | None
@@ -285,7 +275,7 @@ class EngineConfig:
     def describe(self) -> dict:
         """Every resolved value plus the derived byte sizes, for `ninfer info` and logs."""
         d = asdict(self)
-        del d["host_geometry"]  # host_slabs and the byte sizes say it
+        del d["host_geometry"]  # the byte sizes say it (the ledger counts the slabs)
         d["state_slots"] = self.state_slots
         d["kv_capacity_tokens"] = self.kv_capacity_tokens
         d["kv_pool_bytes"] = self.kv_pages * self.kv_page_bytes
@@ -320,10 +310,6 @@ def _cpu_total_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 8 * GIB
-
-
-def _itemsize(dtype: str) -> int:
-    return {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1}[dtype]
 
 
 def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
@@ -407,7 +393,6 @@ def check_fit(opts: EngineOptions, model: Qwen35Config, on_cuda: bool) -> None:
     """The rules between the options and the model's shape that need no memory measurement:
     ValueError naming the field. `resolve` applies them; `LLM` applies them before it loads the
     weights too, so that a value the checkpoint rules out fails before a long load."""
-    resolve_dtypes(opts, on_cuda)
     if not model.full_layer_ids:  # KV pages, blocks and Host slabs are cut per attention layer
         raise ValueError(
             "layer_types: the model has no full_attention layer; ninfer runs Qwen3.5 hybrids of "
@@ -428,33 +413,47 @@ def _kv_short(pages: int, max_model_len: int) -> None:
     )
 
 
-def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> EngineConfig:
+def _tap_settings(opts: EngineOptions, host_tier: bool, chunk: int) -> dict:
+    """The `cache_tap*` fields of `EngineConfig`: the options, or their defaults (more taps
+    with a Host tier to keep them; the ladder and gap scale with the prefill chunk)."""
+    taps = opts.cache_taps_per_request
+    ladder, gap = opts.cache_tap_ladder, opts.cache_tap_min_gap
+    return {
+        "cache_taps_per_request": (8 if host_tier else 2) if taps is None else taps,
+        "cache_tap_ladder": max(4096, 2 * chunk) if ladder is None else ladder,
+        "cache_tap_min_gap": max(1024, chunk) if gap is None else gap,
+        "cache_tap_forward": -(-FORWARD_TAP_MIN // chunk) * chunk,
+    }
+
+
+def resolve(
+    opts: EngineOptions,
+    model: Qwen35Config,
+    facts: DeviceFacts,
+    dtypes: tuple[str, str] | None = None,
+) -> EngineConfig:
     """Compute every derived value (design §14.2, ADAPTATION.md defaults) once. Pure; raises
     ValueError naming the offending field where the model or the device rules a value out
-    (`EngineOptions` has checked each value on its own)."""
+    (`EngineOptions` has checked each value on its own). `dtypes`: what `resolve_dtypes` gave
+    a caller that needed them before (`LLM` builds the weights before measuring free memory);
+    None resolves them here."""
     on_cuda = facts.device.startswith("cuda")
     check_fit(opts, model, on_cuda)
     c = opts.max_concurrency
-    dtype, kv_dtype = resolve_dtypes(opts, on_cuda)
+    dtype, kv_dtype = dtypes or resolve_dtypes(opts, on_cuda)
     chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
-    max_len = opts.max_model_len or model.max_position_embeddings
+    len_cfg = opts.max_model_len or model.max_position_embeddings
     rates = facts.rates or (CUDA_NOMINAL if on_cuda else CPU_RATES)
     rate = rates.prefill_flops_per_s(dtype)
-    solo = _solo_chunk(opts, model, chunk, on_cuda, max_len, rate)
-    page_bytes = model.kv_bytes_per_token(_itemsize(kv_dtype)) * PAGE_SIZE
-    state_bytes = model.state_image_bytes(_itemsize(dtype))
+    solo = _solo_chunk(opts, model, chunk, on_cuda, len_cfg, rate)
+    page_bytes = model.kv_bytes_per_token(itemsize(kv_dtype)) * PAGE_SIZE
+    state_bytes = model.state_image_bytes(itemsize(dtype))
     host_mib = opts.host_cache_mib
     host_bytes = host_mib * MIB
     host_tier = bool(host_bytes) and bool(opts.prefix_reuse)
     host_geometry = _host_geometry(host_mib, model, page_bytes, state_bytes) if host_tier else None
     slots = opts.device_snapshot_slots
     slots = (c + 1 if host_tier else c + 2) if slots is None else slots
-    taps = opts.cache_taps_per_request
-    taps = (8 if host_tier else 2) if taps is None else taps
-    ladder = opts.cache_tap_ladder if opts.cache_tap_ladder is not None else max(4096, 2 * chunk)
-    gap = opts.cache_tap_min_gap if opts.cache_tap_min_gap is not None else max(1024, chunk)
-    forward = -(-FORWARD_TAP_MIN // chunk) * chunk
-    len_cfg = opts.max_model_len or model.max_position_embeddings
     graphs = bool(opts.cuda_graphs) and on_cuda
     graph_tokens = min(opts.prefill_graph_tokens, chunk)
     graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
@@ -478,28 +477,38 @@ def resolve(opts: EngineOptions, model: Qwen35Config, facts: DeviceFacts) -> Eng
         state_image_bytes=state_bytes,
         host_cache_bytes=host_bytes,
         host_tier=host_tier,
-        host_slabs=host_geometry.num_slabs if host_geometry is not None else 0,
         host_geometry=host_geometry,
         device_snapshot_slots=slots,
-        cache_taps_per_request=taps,
-        cache_tap_ladder=ladder,
-        cache_tap_min_gap=gap,
-        cache_tap_forward=forward,
-        prefix_cache_file=opts.prefix_cache_file,
-        prefix_reuse=bool(opts.prefix_reuse),
-        concurrent_prefill=bool(opts.concurrent_prefill),
-        pending_timeout_s=float(opts.pending_timeout_s),
+        **_tap_settings(opts, host_tier, chunk),
+        **_passed_through(opts),
         compile=bool(opts.compile) and on_cuda,
         cuda_graphs=graphs,
-        overlap_decode=bool(opts.overlap_decode),
         prefill_graph_tokens=graph_tokens,
-        seed=int(opts.seed),
-        check_invariants=bool(opts.check_invariants),
-        op_choices=op_choices(opts),
-        prefill_flops_per_s=rate,
-        h2d_bytes_per_s=rates.h2d_bytes_per_s,
-        d2h_bytes_per_s=rates.d2h_bytes_per_s,
-        pass_overhead_s=rates.pass_overhead_s,
-        copy_latency_s=rates.copy_latency_s,
-        device_rates=rates.source,
+        **_rate_fields(rates, rate),
     )
+
+
+def _passed_through(opts: EngineOptions) -> dict:
+    """The `EngineConfig` fields that are their option as given."""
+    return {
+        "prefix_cache_file": opts.prefix_cache_file,
+        "prefix_reuse": bool(opts.prefix_reuse),
+        "concurrent_prefill": bool(opts.concurrent_prefill),
+        "pending_timeout_s": float(opts.pending_timeout_s),
+        "overlap_decode": bool(opts.overlap_decode),
+        "seed": int(opts.seed),
+        "check_invariants": bool(opts.check_invariants),
+        "op_choices": op_choices(opts),
+    }
+
+
+def _rate_fields(rates: DeviceRates, prefill_rate: float) -> dict:
+    """The `EngineConfig` fields every time estimate reads (`ninfer.costs`)."""
+    return {
+        "prefill_flops_per_s": prefill_rate,
+        "h2d_bytes_per_s": rates.h2d_bytes_per_s,
+        "d2h_bytes_per_s": rates.d2h_bytes_per_s,
+        "pass_overhead_s": rates.pass_overhead_s,
+        "copy_latency_s": rates.copy_latency_s,
+        "device_rates": rates.source,
+    }

@@ -37,8 +37,6 @@ from dataclasses import dataclass
 
 import torch
 
-PAGE_SIZE = 64
-
 
 @dataclass(slots=True)
 class ForwardBatch:

@@ -32,10 +32,10 @@ from ninfer.config import (
     resolve,
     resolve_dtypes,
 )
+from ninfer.dtypes import torch_dtype
 from ninfer.engine import prompts as forms
 from ninfer.engine.engine import Engine
 from ninfer.engine.executor.backend import select_ops
-from ninfer.engine.kv.state import torch_dtype
 from ninfer.engine.lane import Job
 from ninfer.engine.outputs import is_engine_error
 from ninfer.request import EngineError, RequestOutput, SamplingParams, StreamDelta
@@ -126,14 +126,15 @@ class LLM:
         options = _check_cache_file(options)
         on_cuda = facts.device.startswith("cuda")
         check_fit(options, config, on_cuda)  # before a long weight load
-        dtype, _ = resolve_dtypes(options, on_cuda)
+        dtypes = resolve_dtypes(options, on_cuda)  # (dtype, kv_dtype) names, once
+        dtype = dtypes[0]
         model = build(torch_dtype(dtype))
         got = next(model.parameters()).dtype
         if got != torch_dtype(dtype):
             raise ValueError(f"dtype: the engine resolved {dtype}, the model's weights are {got}")
         # Resolved once, with free memory measured with the weights in place: "auto" KV takes
         # what is left. Each value was checked on its own when `options` was built.
-        self._cfg: EngineConfig = resolve(options, config, probe_device(facts.device))
+        self._cfg: EngineConfig = resolve(options, config, probe_device(facts.device), dtypes)
         self._model_config = config
         self._tokenizer = tokenizer
         self._template = template

@@ -6,6 +6,8 @@
     ninfer/engine/        only its executor (ninfer/engine/executor/) imports ninfer.ops
     ninfer/llm.py         imports nothing from ninfer.cache (the engine builds the prompt's
                           block keys) and reads no private attribute of the engine
+    every module          imports no name of the package root `ninfer` (its face for users):
+                          `__version__` is `ninfer.version`'s, the rest their own modules'
 
 and the inspection seam (docs/engine.md): tests, tools and benchmarks reach the engine through
 `LLM.engine` and public methods, never a private attribute of an LLM or an Engine.
@@ -76,6 +78,41 @@ def test_only_the_executor_imports_ops_in_the_engine():
     assert ("engine/executor/backend.py", "ninfer.ops.cuda.CudaOps") in _violations(
         inside, ("ninfer.ops",)
     )
+
+
+def _root_names(path: Path, package: str | None = None) -> list[str]:
+    """Names `path` takes from the package root `ninfer` itself: `import ninfer`, or `from
+    ninfer import X` / `from .. import X` resolving to the root, where X is no submodule."""
+    package = package or ".".join(("ninfer", *path.relative_to(ROOT).parent.parts))
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names if a.name == "ninfer"]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(anchor + ([node.module] if node.module else []))
+            if module == "ninfer":
+                names += [f"ninfer.{a.name}" for a in node.names if not _submodule(a.name)]
+    return names
+
+
+def _submodule(name: str) -> bool:
+    return (ROOT / name).is_dir() or (ROOT / f"{name}.py").exists()
+
+
+def test_no_module_imports_the_package_root():
+    files = [f for f in sorted(ROOT.rglob("*.py")) if f != ROOT / "__init__.py"]
+    assert len(files) >= 100
+    bad = [(str(f.relative_to(ROOT)), n) for f in files for n in _root_names(f)]
+    assert bad == []
+
+
+def test_root_checker_tells_names_from_submodules(tmp_path):
+    probe = tmp_path / "m.py"
+    probe.write_text("from ninfer import probe, __version__\nimport ninfer\nfrom .. import LLM\n")
+    assert _root_names(probe, "ninfer.cli") == ["ninfer.__version__", "ninfer", "ninfer.LLM"]
 
 
 def test_checker_sees_lazy_relative_and_from_imports(tmp_path):
@@ -149,3 +186,16 @@ def test_the_seam_checker_sees_private_reads(tmp_path):
     assert _private_reads(probe) == [
         (1, "llm._engine"), (2, "llm.engine._thread"), (3, "engine._run"), (4, "x.llm._live"),
     ]  # fmt: skip
+
+
+def test_the_page_size_has_one_owner():
+    """Only `ninfer/page.py` binds the 64-token page / block size; the rest import it."""
+    owners = sorted(
+        str(f.relative_to(ROOT))
+        for f in ROOT.rglob("*.py")
+        for node in ast.walk(ast.parse(f.read_text(), str(f)))
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name) and t.id in ("PAGE_SIZE", "BLOCK_TOKENS")
+    )
+    assert owners == ["page.py"]

@@ -26,9 +26,9 @@ import torch
 from ninfer.cache import CacheConfig, CacheCostModel, PrefixIndex, SnapshotKind
 from ninfer.cache.common import ROOT
 from ninfer.cache.host_pool import plan_slab_geometry
-from ninfer.forward import PAGE_SIZE
 from ninfer.memory.host_slabs import HostSlabs
 from ninfer.models.presets import PRESETS
+from ninfer.page import PAGE_SIZE
 from ninfer.persist.cache_file import PrefixCacheFile
 
 MIB = 1 << 20

@@ -12,12 +12,13 @@ import statistics
 import time
 from collections.abc import Callable
 
-from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, ROOT, ceil_div
+from ninfer.cache.common import BLOCK_BYTES, ROOT, ceil_div
 from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.index import PrefixIndex
 from ninfer.cache.keys import PromptBlocks, block_hashes, hash_blocks, pack_tokens, split_blocks
 from ninfer.cache.records import CacheConfig, QuoteParams
 from ninfer.cache.taps import HintKind, TapConfig, TapHint, plan_taps
+from ninfer.page import PAGE_SIZE
 
 
 def _time(fn: Callable[[], object], repeats: int) -> dict[str, float]:
@@ -91,8 +92,8 @@ def run_cache_bench(
     seed: int = 0,
 ) -> dict:
     """Measure on this CPU; returns a JSON-able dict of sizes and timings (n_tokens >= 128)."""
-    if n_tokens < 2 * BLOCK_TOKENS:
-        raise ValueError(f"n_tokens must be at least {2 * BLOCK_TOKENS}")
+    if n_tokens < 2 * PAGE_SIZE:
+        raise ValueError(f"n_tokens must be at least {2 * PAGE_SIZE}")
     rng = random.Random(seed)
     tokens = [rng.randrange(1, 150_000) for _ in range(n_tokens)]
     data = pack_tokens(tokens)
@@ -101,7 +102,7 @@ def run_cache_bench(
     gc.freeze()  # the tree is long-lived: keep it out of later collections (as an engine should)
     hashes = block_hashes(data)
     prompt = PromptBlocks(data, n_tokens, hashes)
-    ent = ceil_div(n_tokens + 4096, BLOCK_TOKENS)
+    ent = ceil_div(n_tokens + 4096, PAGE_SIZE)
     params = QuoteParams(ent, free_pages=ent, total_pages=4 * ent)
 
     def hash_match_choose():

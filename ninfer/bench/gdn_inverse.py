@@ -1,6 +1,7 @@
 """How far the chunk inverse (I + A)^-1 of the chunked gated delta rule lands from the true one
-when computed as a product of matmuls (`ninfer/ops/cuda/gdn_intra.py`) instead of by
-substitution (fla's solve, the reference's `solve_triangular`). CPU only, float64 truth; the
+when computed as a product of matmuls (a one-launch intra-chunk kernel the engine once had)
+instead of by substitution (fla's solve, which the engine runs; the reference's
+`solve_triangular`). CPU only, float64 truth; the
 table is printed by `tools/gdn_inverse_stability.py`, the claims are checked by
 `tests/ops/test_gdn_inverse_stability.py`.
 

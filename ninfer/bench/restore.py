@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.forward import PAGE_SIZE
 from ninfer.models.config import Qwen35Config
+from ninfer.page import PAGE_SIZE
 from ninfer.probe import timeit
 
 

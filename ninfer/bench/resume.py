@@ -33,9 +33,11 @@ from pathlib import Path
 
 from ninfer.bench.profiling import profiled
 from ninfer.bench.throughput import FIRST_ID, greedy
+from ninfer.page import PAGE_SIZE
 from ninfer.probe import release_memory
 
-SLACK_TOKENS = 64  # KV pool room beyond one conversation (the resumed tail's copy-on-write page)
+# KV pool room beyond one conversation (the resumed tail's copy-on-write page)
+SLACK_TOKENS = PAGE_SIZE
 
 
 def engine_overrides(
@@ -44,7 +46,7 @@ def engine_overrides(
     """LLM keyword arguments for one history length: a KV pool of one conversation, a Host tier
     for every block the rounds write through (with room for their snapshot images)."""
     longest = history + rounds * (reply + new)
-    kv_tokens = -(-(longest + reply + SLACK_TOKENS) // 64) * 64  # whole pages
+    kv_tokens = -(-(longest + reply + SLACK_TOKENS) // PAGE_SIZE) * PAGE_SIZE  # whole pages
     kv_token_bytes = cfg.kv_bytes_per_token(kv_itemsize)
     image = cfg.state_image_bytes(itemsize)
     # push prompts are written through too: every round's, turn 1's and the live turn's blocks

@@ -24,6 +24,7 @@ from ninfer.bench.resume import bench_resume
 from ninfer.bench.reuse import bench_reuse
 from ninfer.bench.throughput import bench_decode, bench_prefill, greedy, random_prompts
 from ninfer.bench.ttft import bench_ttft, trace_sessions
+from ninfer.dtypes import torch_dtype
 from ninfer.probe import release_memory
 
 
@@ -63,10 +64,6 @@ class Loaded:
 
         kwargs = {k: v for k, v in {**engine, **overrides}.items() if k != "model"}
         return LLM.from_model(self.model, self.tokenizer, self.template, **kwargs)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return torch.float8_e4m3fn if name == "fp8_e4m3" else getattr(torch, name)
 
 
 def load(spec: BenchSpec) -> Loaded:
@@ -131,8 +128,8 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
         results["resume"] = bench_resume(
             lambda **o: loaded.make_llm(spec.engine, **o), cfg, histories, machine,
             new=spec.resume_new_tokens, seed=spec.seed, profile_dir=spec.profile_dir,
-            itemsize=torch.empty((), dtype=loaded.dtype).element_size(),
-            kv_itemsize=torch.empty((), dtype=loaded.kv_dtype).element_size(),
+            itemsize=loaded.dtype.itemsize,
+            kv_itemsize=loaded.kv_dtype.itemsize,
         )  # fmt: skip
     if "restore" in spec.parts:
         log("restore and tap copies...")
@@ -155,8 +152,8 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
 def _throughput(spec: BenchSpec, loaded: Loaded, counts, machine: dict, log) -> dict:
     """prefill, decode and the transformers baseline on one engine (freed on return)."""
     cfg, out = loaded.model.config, {}
-    itemsize = torch.empty((), dtype=loaded.dtype).element_size()
-    kv_itemsize = torch.empty((), dtype=loaded.kv_dtype).element_size()
+    itemsize = loaded.dtype.itemsize
+    kv_itemsize = loaded.kv_dtype.itemsize
     with loaded.make_llm(spec.engine) as llm:
         if "prefill" in spec.parts:
             log("prefill...")

@@ -218,6 +218,6 @@ def bench_decode(
 
 def greedy(max_tokens: int):
     """Greedy sampling of exactly `max_tokens` tokens (EOS ignored): every bench's params."""
-    from ninfer import SamplingParams
+    from ninfer.request import SamplingParams
 
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

@@ -7,7 +7,6 @@ layer moves the bytes. See docs/cache-api.md.
 from __future__ import annotations
 
 from ninfer.cache.common import (
-    BLOCK_TOKENS,
     ROOT,
     LaneError,
     Residency,
@@ -16,7 +15,7 @@ from ninfer.cache.common import (
     StaleQuoteError,
 )
 from ninfer.cache.cost import CacheCostModel
-from ninfer.cache.host_pool import CopyRun, HostSlabPool, SlabLocation
+from ninfer.cache.host_pool import HostSlabPool
 from ninfer.cache.index import PrefixIndex
 from ninfer.cache.keys import (
     MediaItem,
@@ -49,7 +48,6 @@ from ninfer.cache.stats import CacheStats
 from ninfer.cache.taps import HintKind, Placement, Tap, TapConfig, TapHint, plan_taps
 
 __all__ = [
-    "BLOCK_TOKENS",
     "ROOT",
     "BlockCopy",
     "BlockWriteBatch",
@@ -58,7 +56,6 @@ __all__ = [
     "CacheStats",
     "CommitKind",
     "CommitResult",
-    "CopyRun",
     "HintKind",
     "HostSlabPool",
     "ImageCopy",
@@ -75,7 +72,6 @@ __all__ = [
     "ReleaseResult",
     "Residency",
     "RestoreBatch",
-    "SlabLocation",
     "SlotGrant",
     "SnapshotKind",
     "SnapshotWrite",

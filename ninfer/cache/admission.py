@@ -22,7 +22,7 @@ from __future__ import annotations
 from itertools import repeat
 
 from ninfer.cache.blocks import BlockStore
-from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, ROOT, Residency, ceil_div
+from ninfer.cache.common import BLOCK_BYTES, ROOT, Residency, ceil_div
 from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
 from ninfer.cache.keys import PromptBlocks
@@ -35,6 +35,7 @@ from ninfer.cache.records import (
     SourceCost,
 )
 from ninfer.cache.snapshot_store import SnapshotStore
+from ninfer.page import PAGE_SIZE
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
@@ -72,7 +73,7 @@ class Admission:
         """Walk the tree along the prompt; returns (path, [(snapshot, stats at its anchor)]
         deepest first, root stats). `blocked`: LRU nodes eviction skips (not counted in_lru)."""
         n = prompt.n_tokens
-        limit = min((n - 1) // BLOCK_TOKENS if n > 0 else 0, len(prompt.hashes))
+        limit = min((n - 1) // PAGE_SIZE if n > 0 else 0, len(prompt.hashes))
         data, hashes, extras = prompt.data, prompt.hashes, prompt.extras
         tree = self.blocks.tree
         by_hash = tree._by_hash.get
@@ -137,7 +138,7 @@ class Admission:
             tail_in_lru = DeviceEntry(EntryKind.TAIL, s.id) in self.blocks.lru
             evictable = evictable_now - st.in_lru - tail_in_lru
         nbytes = (blocks + tail) * cfg.slab_bytes + image * cfg.image_bytes
-        need = blocks + tail + (f % BLOCK_TOKENS != 0) + max(0, ent - ceil_div(f, BLOCK_TOKENS))
+        need = blocks + tail + (f % PAGE_SIZE != 0) + max(0, ent - ceil_div(f, PAGE_SIZE))
         cost_s = self.cost.restore_seconds(nbytes) + self.cost.prefill_seconds(f, n - f)
         return SourceCost(
             None if s is None else s.id, f, blocks, tail, image, nbytes, need, evictable, cost_s
@@ -202,7 +203,7 @@ class Admission:
 
 
 def _match_result(path: list[int], cands: list) -> MatchResult:
-    return MatchResult(path, [s.id for s, _ in cands], BLOCK_TOKENS * len(path))
+    return MatchResult(path, [s.id for s, _ in cands], PAGE_SIZE * len(path))
 
 
 def _unique(items: list[SourceCost | None]) -> list[SourceCost]:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-BLOCK_TOKENS = 64
+from ninfer.page import PAGE_SIZE
+
 TOKEN_BYTES = 4  # packed int32 per token id
-BLOCK_BYTES = BLOCK_TOKENS * TOKEN_BYTES  # 256 bytes of token ids per block
+BLOCK_BYTES = PAGE_SIZE * TOKEN_BYTES  # 256 bytes of token ids per block
 
 ROOT = 0  # node id of the tree root (depth -1, covers no tokens, never evicted)
 
@@ -76,8 +77,8 @@ class StaleQuoteError(RuntimeError):
     """The cache changed since the quote was made (cache_epoch differs): quote again."""
 
 
-def floor64(x: int) -> int:
-    return x - x % BLOCK_TOKENS
+def floor_page(x: int) -> int:
+    return x - x % PAGE_SIZE
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -21,9 +21,8 @@ the prefix cache file; nothing recomputes or cross-checks it. Pure Python (no to
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from ninfer.cache.common import ceil_div
 
@@ -150,19 +149,6 @@ def plan_slab_geometry(
     return g
 
 
-class SlabLocation(NamedTuple):
-    chunk: int
-    offset_bytes: int  # within the chunk
-
-
-class CopyRun(NamedTuple):
-    """`count` consecutive pages starting at `page` <-> consecutive slabs starting at `slab`."""
-
-    page: int
-    slab: int
-    count: int
-
-
 class HostSlabPool:
     """Fixed-size slab allocator over a min-heap of free slab ids, for one `SlabGeometry`.
 
@@ -191,19 +177,6 @@ class HostSlabPool:
     def free_slabs(self) -> int:
         return len(self._free)
 
-    @property
-    def n_chunks(self) -> int:
-        return ceil_div(self.n_slabs, self.slabs_per_chunk)
-
-    def chunk_bytes(self, chunk: int) -> int:
-        """Bytes the memory layer pins for `chunk` (whole slabs only)."""
-        first = chunk * self.slabs_per_chunk
-        return (min(first + self.slabs_per_chunk, self.n_slabs) - first) * self.slab_bytes
-
-    def slab_location(self, slab: int) -> SlabLocation:
-        chunk, index = divmod(slab, self.slabs_per_chunk)
-        return SlabLocation(chunk, index * self.slab_bytes)
-
     def allocate(self, k: int) -> list[int] | None:
         """Pop k slabs (mutates), or return None and change nothing when fewer are free."""
         if k > len(self._free):
@@ -224,23 +197,6 @@ class HostSlabPool:
 
     def is_allocated(self, slab: int) -> bool:
         return bool(self._allocated[slab])
-
-    def copy_runs(self, pairs: Sequence[tuple[int, int]]) -> list[CopyRun]:
-        """Coalesce (page, slab) pairs, in order, into runs of consecutive pages and slabs that
-        stay inside one chunk (a strided copy across chunks would address unrelated memory)."""
-        runs: list[CopyRun] = []
-        for page, slab in pairs:
-            if runs:
-                last = runs[-1]
-                if (
-                    page == last.page + last.count
-                    and slab == last.slab + last.count
-                    and slab // self.slabs_per_chunk == last.slab // self.slabs_per_chunk
-                ):
-                    runs[-1] = last._replace(count=last.count + 1)
-                    continue
-            runs.append(CopyRun(page, slab, 1))
-        return runs
 
     def check_invariants(self) -> None:
         free = self._free

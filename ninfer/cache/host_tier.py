@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ninfer.cache.common import BLOCK_TOKENS, ROOT, Residency
+from ninfer.cache.common import ROOT, Residency
 from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.host_pool import HostSlabPool, SlabGeometry, check_host_budget
 from ninfer.cache.records import CacheConfig
 from ninfer.cache.snapshots import Snapshot
 from ninfer.cache.tree import BlockTree
+from ninfer.page import PAGE_SIZE
 
 _ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
 
@@ -130,7 +131,7 @@ class HostTier:
             cost.prefill_seconds(previous, frontier - previous)
             - cost.restore_seconds(cfg.image_bytes),
         )
-        blocks = frontier // BLOCK_TOKENS - previous // BLOCK_TOKENS
+        blocks = frontier // PAGE_SIZE - previous // PAGE_SIZE
         z = cfg.image_bytes + (cfg.slab_bytes if has_tail else 0) + blocks * cfg.slab_bytes
         return self.L + c / z
 

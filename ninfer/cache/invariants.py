@@ -14,6 +14,7 @@ from collections import Counter
 from ninfer.cache.common import ROOT, Residency
 from ninfer.cache.device_slots import SlotState
 from ninfer.cache.stats import GAUGES, CacheStats
+from ninfer.page import PAGE_SIZE
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
@@ -105,7 +106,7 @@ def _check_snapshots(ix) -> None:
         anchor = nodes.get(s.anchor)
         assert anchor is not None and s.id in anchor.snapshots, f"snapshot {s.id} anchor"
         assert anchor.depth == s.anchor_depth and s.frontier == s.expected_frontier()
-        assert s.tail_len < 64, f"snapshot {s.id} tail too long"
+        assert s.tail_len < PAGE_SIZE, f"snapshot {s.id} tail too long"
         assert s.image_has_copy() and s.tail_has_copy(), f"§10.4 snapshot {s.id} invalid"
         assert (s.device_slot >= 0) == (s.device_state != _ABSENT)
         assert (s.tail_page >= 0) == (s.tail_device != _ABSENT)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, Span
+from ninfer.cache.common import BLOCK_BYTES, Span
+from ninfer.page import PAGE_SIZE
 
 HASH_SEED = 0x9E3779B97F4A7C15  # lookup_hash(-1)
 
@@ -97,9 +98,9 @@ def media_block_extras(n_tokens: int, items: Sequence[MediaItem]) -> list[int]:
         key        k(0) k(0)  0    k(01) k(01) k(01) 0 ...
     """
     ordered = sorted(items, key=lambda m: m.begin)
-    extras = [0] * (n_tokens // BLOCK_TOKENS)
+    extras = [0] * (n_tokens // PAGE_SIZE)
     for b in range(len(extras)):
-        lo, hi = b * BLOCK_TOKENS, (b + 1) * BLOCK_TOKENS
+        lo, hi = b * PAGE_SIZE, (b + 1) * PAGE_SIZE
         if not any(m.begin < hi and lo < m.begin + m.length for m in ordered):
             continue
         extras[b] = _xxh3(b"".join(m.encode() for m in ordered if m.begin < hi)) or 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ninfer.cache.common import (
-    BLOCK_TOKENS,
+    PAGE_SIZE,
     LaneError,
     Residency,
     StaleQuoteError,
@@ -56,7 +56,7 @@ class LaneLifecycle(IndexPart):
         f = quote.frontier
         #   matched path  N_0 ... N_{a-1} | N_a ... N_{k-1}
         #                 pinned (shared)  | recomputed: touched only (MRU), committed later
-        a = f // BLOCK_TOKENS
+        a = f // PAGE_SIZE
         path = quote.match.path
         nodes, snaps = self.blocks.tree.nodes, self.snapshots.by_id
         s = None if quote.source is None else snaps[quote.source]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, TOKEN_BYTES, Residency, SnapshotKind
+from ninfer.cache.common import BLOCK_BYTES, TOKEN_BYTES, Residency, SnapshotKind
 from ninfer.cache.keys import block_hash, pack_tokens
 from ninfer.cache.part import IndexPart
 from ninfer.cache.snapshots import Snapshot
+from ninfer.page import PAGE_SIZE
 
 _RESIDENT = Residency.RESIDENT
 
@@ -29,7 +30,7 @@ class Loader(IndexPart):
         """
         data = pack_tokens(tokens)
         if len(data) != BLOCK_BYTES:
-            raise ValueError(f"a block holds {BLOCK_TOKENS} tokens")
+            raise ValueError(f"a block holds {PAGE_SIZE} tokens")
         p = self.blocks.tree.nodes[parent]
         h = block_hash(p.lookup_hash, data, extra) if lookup_hash is None else lookup_hash
         node = self.blocks.tree.find_child(parent, h, data, extra)
@@ -67,7 +68,7 @@ class Loader(IndexPart):
         if slabs is None:
             raise ValueError("not enough free Host slabs to load a snapshot")
         self.registry.epoch += 1
-        frontier = BLOCK_TOKENS * (node.depth + 1) + len(tail_b) // TOKEN_BYTES
+        frontier = PAGE_SIZE * (node.depth + 1) + len(tail_b) // TOKEN_BYTES
         sid = self.snapshots.new_id()
         s = Snapshot(
             sid, anchor, node.depth, frontier, tail_b, kind, hits=hits, l_at=self.host_tier.L

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import NamedTuple
 
-from ninfer.cache.common import BLOCK_TOKENS, Residency, StaleQuoteError
+from ninfer.cache.common import Residency, StaleQuoteError
 from ninfer.cache.device_lru import DeviceEntry, EntryKind
 from ninfer.cache.part import IndexPart
 from ninfer.cache.records import BlockCopy, Quote, RestoreBatch, TransferRecord
+from ninfer.page import PAGE_SIZE
 
 _ABSENT, _FILLING = Residency.ABSENT, Residency.FILLING
 
@@ -46,7 +47,7 @@ class Prefetch(IndexPart):
         nodes = self.blocks.tree.nodes
         # the source admission would choose if room allowed (a blocked quote picks the root)
         best = min(quote.considered, key=lambda o: (o.cost_s, o.restore_bytes))
-        path = quote.match.path[: best.frontier // BLOCK_TOKENS]
+        path = quote.match.path[: best.frontier // PAGE_SIZE]
         todo = [nid for nid in path if nodes[nid].device_state == _ABSENT][:max_blocks]
         keep = {DeviceEntry(EntryKind.NODE, nid) for nid in quote.match.path}
         room = free_pages

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ninfer.cache.common import (
     BLOCK_BYTES,
-    BLOCK_TOKENS,
+    PAGE_SIZE,
     ROOT,
     TOKEN_BYTES,
     LaneError,
@@ -59,7 +59,7 @@ class Publication(IndexPart):
             raise LaneError(f"lane {lane} commits block {block_index}, expected {len(rec.path)}")
         data = pack_tokens(tokens)
         if len(data) != BLOCK_BYTES:
-            raise ValueError(f"a block holds {BLOCK_TOKENS} tokens, got {len(data) // 4}")
+            raise ValueError(f"a block holds {PAGE_SIZE} tokens, got {len(data) // 4}")
         t = self.registry.mutated()
         nodes = self.blocks.tree.nodes
         parent = nodes[rec.path[-1]] if rec.path else self.blocks.tree.root
@@ -95,14 +95,14 @@ class Publication(IndexPart):
         one past its last boundary) still leaves its endpoint."""
         rec = self.registry.lane(lane)
         deepest = max([rec.latest_frontier, *(f for f in rec.existing if f <= frontier)])
-        return frontier - deepest >= BLOCK_TOKENS
+        return frontier - deepest >= PAGE_SIZE
 
     def has_snapshot(self, lane: int, frontier: int, tail_tokens: Sequence[int] | bytes) -> bool:
         """Whether a snapshot at `frontier` of the lane's committed path exists already (its
         anchor block committed; `tail_tokens` the frontier's partial block), so the engine need
         not stage a copy that publication would find a duplicate."""
         rec = self.registry.lane(lane)
-        a = frontier // BLOCK_TOKENS
+        a = frontier // PAGE_SIZE
         if len(rec.path) < a:
             return False
         anchor = rec.path[a - 1] if a else ROOT
@@ -129,7 +129,7 @@ class Publication(IndexPart):
         rec = self.registry.lane(lane)
         if slot not in rec.staging:
             raise LaneError(f"slot {slot} is not staged by lane {lane}")
-        a, tail_len = divmod(frontier, BLOCK_TOKENS)
+        a, tail_len = divmod(frontier, PAGE_SIZE)
         tail = pack_tokens(tail_tokens)
         if frontier <= 0 or len(tail) != tail_len * TOKEN_BYTES:
             raise ValueError(f"frontier {frontier} needs {tail_len} tail tokens")

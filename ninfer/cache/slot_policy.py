@@ -12,9 +12,10 @@ Otherwise the tap is skipped. Pinned owners are never displaced.
 
 from __future__ import annotations
 
-from ninfer.cache.common import BLOCK_TOKENS, LaneError, Residency, SnapshotKind
+from ninfer.cache.common import LaneError, Residency, SnapshotKind
 from ninfer.cache.part import IndexPart
 from ninfer.cache.records import LaneRecord, SlotGrant
+from ninfer.page import PAGE_SIZE
 
 _ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
 
@@ -74,7 +75,7 @@ class SlotPolicy(IndexPart):
         slot = self.snapshots.take_free_slot()
         displaced, deleted = None, False
         if slot is None:
-            got = self._displace_slot(rec, frontier, frontier % BLOCK_TOKENS != 0)
+            got = self._displace_slot(rec, frontier, frontier % PAGE_SIZE != 0)
             if got is None:
                 self.registry.counters.taps_skipped_no_slot += 1
                 self._unsupersede(rec, superseded)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ninfer.cache.common import BLOCK_TOKENS, TOKEN_BYTES, Residency, SnapshotKind
+from ninfer.cache.common import TOKEN_BYTES, Residency, SnapshotKind
+from ninfer.page import PAGE_SIZE
 
 
 @dataclass(slots=True, eq=False)
@@ -71,4 +72,4 @@ class Snapshot:
         )
 
     def expected_frontier(self) -> int:
-        return BLOCK_TOKENS * (self.anchor_depth + 1) + self.tail_len
+        return PAGE_SIZE * (self.anchor_depth + 1) + self.tail_len

@@ -36,7 +36,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ninfer.cache.common import BLOCK_TOKENS, Span, floor64
+from ninfer.cache.common import Span, floor_page
+from ninfer.page import PAGE_SIZE
 
 
 class HintKind(enum.IntEnum):
@@ -90,13 +91,13 @@ def _out_of_spans(position: int, spans: Sequence[Span], align: bool) -> int:
 
     Both moves only decrease the position, so the loop ends.
     """
-    p = floor64(position) if align else position
+    p = floor_page(position) if align else position
     moved = True
     while moved:
         moved = False
         for s in spans:
             if s.strictly_inside(p):
-                p = floor64(s.begin) if align else s.begin
+                p = floor_page(s.begin) if align else s.begin
                 moved = True
     return p
 
@@ -110,7 +111,7 @@ def _semantic_clusters(hints: Iterable[TapHint]) -> list[tuple[int, bool]]:
     last = None
     for h in ordered:
         boundary = h.kind == HintKind.STRUCTURAL
-        if last is not None and h.position - last < BLOCK_TOKENS:
+        if last is not None and h.position - last < PAGE_SIZE:
             p, b = clusters[-1]
             clusters[-1] = (p, b or boundary)
         else:
@@ -156,7 +157,7 @@ def plan_taps(
             p = _out_of_spans(h.position, spans, False)
             # A boundary within 64 tokens past the base or an existing snapshot is served
             # there already; left in, it would head a cluster that is then dropped whole.
-            covered = any(0 <= p - y <= BLOCK_TOKENS for y in (base, *existing))
+            covered = any(0 <= p - y <= PAGE_SIZE for y in (base, *existing))
             if base < p <= last and not covered:
                 semantic.append(TapHint(p, h.kind))
     cands += [Tap(p, Placement.EXACT, 3, b, p) for p, b in _semantic_clusters(semantic)]
@@ -205,7 +206,7 @@ def plan_taps(
         if c.priority == 5:  # ladder: min_gap on both sides
             redundant = any(abs(x - y) < gap for y in near)
         elif c.priority > 2:  # structural, tail, forward: nothing at or 64 below the target
-            redundant = any(0 <= x - y <= BLOCK_TOKENS for y in near)
+            redundant = any(0 <= x - y <= PAGE_SIZE for y in near)
         else:
             redundant = False
         if not redundant:

@@ -76,7 +76,7 @@ class Chat:
 
     def reply(self) -> None:
         """Streams one reply into the console and appends it to `messages` (see module doc)."""
-        from ninfer import SamplingParams
+        from ninfer.request import SamplingParams
 
         params = SamplingParams(
             max_tokens=self.max_tokens, temperature=self.args.temperature, top_p=self.args.top_p

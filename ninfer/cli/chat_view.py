@@ -12,6 +12,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ninfer.page import PAGE_SIZE
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -85,11 +87,11 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def reuse_note(out: Any, previous: list[int] | None, cache_on: bool = True, block: int = 64) -> str:
+def reuse_note(out: Any, previous: list[int] | None, cache_on: bool = True) -> str:
     """Why a turn's `cached` is what it is, in a few words.
 
     `previous` is the token sequence of the conversation's previous turn (its prompt, then its
-    reply), None on a conversation's first turn. The cache serves whole `block`-token blocks of
+    reply), None on a conversation's first turn. The cache serves whole `PAGE_SIZE`-token blocks of
     a prompt that earlier requests computed; a follow-up shares with its previous turn only what
     the chat template renders the same way again (templates rewrite earlier replies: Qwen3.5
     drops their reasoning block), so the previous reply is usually prefilled again.
@@ -106,8 +108,8 @@ def reuse_note(out: Any, previous: list[int] | None, cache_on: bool = True, bloc
         if shared < len(previous):
             return "earlier turns; the last reply re-rendered by the template"
         return "earlier turns"
-    if shared < block:
-        return f"history re-rendered: {shared} tok shared, under one {block}-token block"
+    if shared < PAGE_SIZE:
+        return f"history re-rendered: {shared} tok shared, under one {PAGE_SIZE}-token block"
     return "the shared prefix was evicted or has no snapshot to resume from"
 
 

@@ -17,6 +17,7 @@ from ninfer.cli.bench_view import flatten
 from ninfer.cli.chat_view import human_bytes
 from ninfer.cli.main import engine_kwargs, open_llm
 from ninfer.cli.terminal import output_console
+from ninfer.page import PAGE_SIZE
 
 # describe() key -> (LLM keyword it comes from, design §14.2 name)
 SPEC_NAMES = {
@@ -61,7 +62,7 @@ def cost_estimates(cfg, model_config) -> dict[str, dict[str, float]]:
     cost = engine_cost_model(cfg, model_config)
     out = {}
     for n in COST_TOKENS:
-        nbytes = -(-n // 64) * cfg.kv_page_bytes + cfg.state_image_bytes
+        nbytes = -(-n // PAGE_SIZE) * cfg.kv_page_bytes + cfg.state_image_bytes
         out[str(n)] = {
             "prefill_s": cost.prefill_seconds(0, n),
             "restore_s": cost.restore_seconds(nbytes),

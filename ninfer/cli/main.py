@@ -19,6 +19,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ninfer.version import __version__
+
 
 def _engine_flags() -> list[tuple[str, str, dict[str, Any]]]:
     """(flag, LLM keyword, argparse options) of every engine option, from its `Option` metadata
@@ -86,7 +88,7 @@ def open_llm(args: argparse.Namespace, **overrides: Any):
     stopping = {signal.SIGINT, signal.SIGTERM}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
     try:
-        from ninfer import LLM  # importing torch may start its first worker threads
+        from ninfer.llm import LLM  # importing torch may start its first worker threads
 
         return LLM(**{**engine_kwargs(args), **overrides})
     finally:
@@ -172,8 +174,6 @@ def serving(llm) -> Iterator:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ninfer import __version__
-
     parser = argparse.ArgumentParser(
         prog="ninfer", description="Qwen3.5 inference with a hybrid prefix cache."
     )

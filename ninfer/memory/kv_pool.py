@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ninfer.forward import PAGE_SIZE
+from ninfer.page import PAGE_SIZE
 
 
 class KVPool:

@@ -14,7 +14,7 @@ import torch
 
 
 class Event:
-    """A point in one stream's work; `wait_on(stream)` orders `stream` after it."""
+    """A point in one stream's work."""
 
     __slots__ = ("_event",)
 
@@ -28,10 +28,6 @@ class Event:
     def synchronize(self) -> None:
         if self._event is not None:
             self._event.synchronize()
-
-    def wait_on(self, stream: torch.cuda.Stream | None) -> None:
-        if self._event is not None and stream is not None:
-            stream.wait_event(self._event)
 
 
 class Streams:

@@ -104,52 +104,11 @@ class Qwen35Config:
     # ---- parsing --------------------------------------------------------------------------
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any]) -> Qwen35Config:
-        model_type = raw.get("model_type", "qwen3_5_text")
-        if model_type in WRAPPER_MODEL_TYPES:
-            if "text_config" not in raw:
-                raise ValueError(f"config.json: model_type {model_type!r} needs text_config")
-            text = dict(raw["text_config"])
-            text.setdefault("model_type", model_type + "_text")
-            for key in ("tie_word_embeddings", "eos_token_id"):
-                if key not in text and key in raw:
-                    text[key] = raw[key]
-            raw = text
-            model_type = raw["model_type"]
-        if model_type not in TEXT_MODEL_TYPES:
-            raise ValueError(
-                f"config.json: model_type {model_type!r} is not a Qwen3.5 model "
-                f"(expected one of {sorted(TEXT_MODEL_TYPES | WRAPPER_MODEL_TYPES)})"
-            )
+        raw = _text_config(raw)
+        model_type = raw["model_type"]
         n_layers = _require(raw, "num_hidden_layers")
-        layer_types = raw.get("layer_types")
-        if layer_types is None:
-            interval = _get(raw, "full_attention_interval", 4, int)
-            if interval < 1:
-                raise ValueError("config.json: 'full_attention_interval' must be >= 1")
-            layer_types = [
-                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                for i in range(n_layers)
-            ]
-        if not isinstance(layer_types, list):
-            raise ValueError(f"config.json: 'layer_types' must be a list, got {layer_types!r}")
-        if len(layer_types) != n_layers:
-            raise ValueError(
-                f"config.json: layer_types has {len(layer_types)} entries, "
-                f"num_hidden_layers is {n_layers}"
-            )
-        bad = [t for t in layer_types if t not in ("full_attention", "linear_attention")]
-        if bad:
-            raise ValueError(f"config.json: unknown layer_types {sorted(map(str, bad))}")
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        if not isinstance(rope, dict):
-            raise ValueError(f"config.json: 'rope_parameters' must be an object, got {rope!r}")
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise ValueError(f"config.json: rope_type {rope_type!r} is not supported")
-        theta = _get(rope, "rope_theta", _get(raw, "rope_theta", 10_000.0, float), float)
-        partial = _get(
-            rope, "partial_rotary_factor", _get(raw, "partial_rotary_factor", 0.25, float), float
-        )
+        layer_types = _layer_types(raw, n_layers)
+        theta, partial = _rope(raw)
         eos = raw.get("eos_token_id")
         eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
         eos_ids = tuple(_typed("eos_token_id", e, int) for e in eos_list)
@@ -237,3 +196,65 @@ def _typed(key: str, value: Any, kind: type) -> Any:
         what = {int: "an integer", float: "a number", bool: "true or false"}[kind]
         raise ValueError(f"config.json: {key!r} must be {what}, got {value!r}")
     return kind(value)
+
+
+def _text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The text model's config (a multimodal wrapper's `text_config`, inheriting the wrapper's
+    tie_word_embeddings and eos_token_id), its model_type set and checked."""
+    model_type = raw.get("model_type", "qwen3_5_text")
+    if model_type in WRAPPER_MODEL_TYPES:
+        if "text_config" not in raw:
+            raise ValueError(f"config.json: model_type {model_type!r} needs text_config")
+        text = dict(raw["text_config"])
+        text.setdefault("model_type", model_type + "_text")
+        for key in ("tie_word_embeddings", "eos_token_id"):
+            if key not in text and key in raw:
+                text[key] = raw[key]
+        raw = text
+        model_type = raw["model_type"]
+    if model_type not in TEXT_MODEL_TYPES:
+        raise ValueError(
+            f"config.json: model_type {model_type!r} is not a Qwen3.5 model "
+            f"(expected one of {sorted(TEXT_MODEL_TYPES | WRAPPER_MODEL_TYPES)})"
+        )
+    return {**raw, "model_type": model_type}
+
+
+def _layer_types(raw: dict[str, Any], n_layers: int) -> list[str]:
+    """`layer_types`, or every `full_attention_interval`-th layer full attention."""
+    layer_types = raw.get("layer_types")
+    if layer_types is None:
+        interval = _get(raw, "full_attention_interval", 4, int)
+        if interval < 1:
+            raise ValueError("config.json: 'full_attention_interval' must be >= 1")
+        layer_types = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(n_layers)
+        ]
+    if not isinstance(layer_types, list):
+        raise ValueError(f"config.json: 'layer_types' must be a list, got {layer_types!r}")
+    if len(layer_types) != n_layers:
+        raise ValueError(
+            f"config.json: layer_types has {len(layer_types)} entries, "
+            f"num_hidden_layers is {n_layers}"
+        )
+    bad = [t for t in layer_types if t not in ("full_attention", "linear_attention")]
+    if bad:
+        raise ValueError(f"config.json: unknown layer_types {sorted(map(str, bad))}")
+    return layer_types
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float, float]:
+    """(rope_theta, partial_rotary_factor): from `rope_parameters` (or `rope_scaling`), else
+    the top level; only the default rope type is supported."""
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"config.json: 'rope_parameters' must be an object, got {rope!r}")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise ValueError(f"config.json: rope_type {rope_type!r} is not supported")
+    theta = _get(rope, "rope_theta", _get(raw, "rope_theta", 10_000.0, float), float)
+    partial = _get(
+        rope, "partial_rotary_factor", _get(raw, "partial_rotary_factor", 0.25, float), float
+    )
+    return theta, partial

@@ -4,13 +4,9 @@ through `ninfer.engine.executor.backend.select_ops`); the reference ops have one
 take none. Plain data, no torch: `ninfer.config` declares the matching engine options (no
 command-line flag: experiments and tests set them).
 
-    gather_graphs    prefill-graph buckets with enough queries may capture the gathered
-                     attention path (off: why in `ninfer.ops.cuda.attention`)
     gather_min_rows  query rows per KV head, averaged over the KV tokens, from which an eager
                      prefill pass over a cached context takes the gathered path
                      (`attention.gather_pays`; 0 forces it, inf forbids it)
-    gdn_intra        the GDN prefill's intra-chunk stage: "fla" (kkt + blocked triangular
-                     solve) or "ninfer" (`gdn_intra.wy_repr`, unstable on correlated keys)
     conv_tile        the prefill conv's launch shape (rows, channels, warps; `conv.Tile`),
                      None for the kernel's own (`conv.TILE`); every tile gives the same values
 """
@@ -19,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GDN_INTRA = ("fla", "ninfer")
 # The gathered path pays when the pass's query rows per KV head (q_len x GQA group), averaged
 # over its KV tokens, reach this: above the measured break-even, with a margin
 # (docs/results-h200.md, "gathered attention over a cached context").
@@ -31,19 +26,13 @@ class OpChoices:
     """One op set's choices (module docstring). Constructing one checks every field
     (ValueError naming it)."""
 
-    gather_graphs: bool = False
     gather_min_rows: float = GATHER_MIN_ROWS
-    gdn_intra: str = "fla"
     conv_tile: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gather_graphs, bool):
-            raise ValueError(f"gather_graphs must be True or False, got {self.gather_graphs!r}")
         rows = self.gather_min_rows
         if not isinstance(rows, int | float) or isinstance(rows, bool) or not rows >= 0:
             raise ValueError(f"gather_min_rows must be a number >= 0, got {rows!r}")
-        if self.gdn_intra not in GDN_INTRA:
-            raise ValueError(f"gdn_intra must be one of {GDN_INTRA}, got {self.gdn_intra!r}")
         if self.conv_tile is not None and not _is_tile(self.conv_tile):
             raise ValueError(
                 "conv_tile must be None or (rows, channels, warps), each a power of two, got "

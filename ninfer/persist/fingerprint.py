@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ninfer.persist.tables import FORMAT_VERSION
+from ninfer.version import __version__
 
 
 def _file_stat(p: Path) -> list:
@@ -50,8 +51,6 @@ def model_identity(model) -> dict:
 
 def fingerprint(identity: dict, cfg, model_config, ops_name: str) -> dict:
     """What a file must share with the running engine to be used (design §5.5)."""
-    from ninfer import __version__
-
     config = json.dumps(model_config.to_dict(), sort_keys=True, default=str)
     return {
         "model": identity,

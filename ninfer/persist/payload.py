@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 import xxhash
 
+from ninfer.memory.copy_runs import coalesce_pages
 from ninfer.memory.host_slabs import HostSlabs
 
 BATCH_BYTES = 32 << 20
@@ -69,17 +70,11 @@ class _Staging:
 
 
 def _runs(slabs: HostSlabs, ids: Sequence[int]) -> list[tuple[int, int, int, int]]:
-    """(position in ids, chunk, local slab, count): consecutive ids inside one chunk."""
-    out: list[tuple[int, int, int, int]] = []
-    for pos, s in enumerate(ids):
-        chunk, local = slabs.geometry.locate(s)
-        if out:
-            p0, c0, l0, n = out[-1]
-            if c0 == chunk and local == l0 + n:
-                out[-1] = (p0, c0, l0, n + 1)
-                continue
-        out.append((pos, chunk, local, 1))
-    return out
+    """(position in ids, chunk, local slab, count): consecutive ids inside one chunk
+    (`coalesce_pages` over (position, slab) pairs)."""
+    geom = slabs.geometry
+    runs = coalesce_pages(list(enumerate(ids)), geom)
+    return [(r.page, *geom.locate(r.slab), r.count) for r in runs]
 
 
 def write_payload(

@@ -38,8 +38,9 @@ from typing import BinaryIO
 
 import xxhash
 
-from ninfer.cache.common import BLOCK_BYTES, BLOCK_TOKENS, TOKEN_BYTES, SnapshotKind, ceil_div
+from ninfer.cache.common import BLOCK_BYTES, TOKEN_BYTES, SnapshotKind, ceil_div
 from ninfer.cache.host_pool import SlabGeometry
+from ninfer.page import PAGE_SIZE
 
 MAGIC = b"NINFHPC\x00"
 FORMAT_VERSION = 2
@@ -183,13 +184,9 @@ def _parse_body(meta: dict, body: bytes, n_slabs: int, flags: bool = True) -> Ta
         tail = body[off : off + tail_len * TOKEN_BYTES]
         off += tail_len * TOKEN_BYTES
         d = depth[anchor] if 0 <= anchor < n_blocks else -1  # out of range: refused below
-        if not -1 <= anchor < n_blocks or frontier != BLOCK_TOKENS * (d + 1) + tail_len:
+        if not -1 <= anchor < n_blocks or frontier != PAGE_SIZE * (d + 1) + tail_len:
             raise ValueError(f"snapshot {i}: anchor {anchor} / frontier {frontier} disagree")
-        if (
-            tail_len >= BLOCK_TOKENS
-            or (tail_slab >= 0) != (tail_len > 0)
-            or kind > max(SnapshotKind)
-        ):
+        if tail_len >= PAGE_SIZE or (tail_slab >= 0) != (tail_len > 0) or kind > max(SnapshotKind):
             raise ValueError(f"snapshot {i}: bad tail or kind")
         if (anchor, tail) in keys:
             raise ValueError(f"snapshot {i}: duplicate (anchor, tail)")

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ninfer.cache import CacheConfig, CacheCostModel, CopyRun, HostSlabPool, PrefixIndex
+from ninfer.cache import CacheConfig, CacheCostModel, HostSlabPool, PrefixIndex
 from ninfer.cache.host_pool import MIB, cut_slabs, plan_slab_geometry
 
 
@@ -40,16 +40,11 @@ def test_allocation_that_does_not_fit_leaves_the_pool_unchanged():
 
 def test_chunks_hold_whole_slabs_only():
     # 10 KiB chunks hold two 4 KiB slabs; 7 slabs -> chunks of 2, 2, 2, 1
-    pool = HostSlabPool(cut_slabs(7 * 4096 + 100, 4096, max_chunk_bytes=10 * 1024))
-    assert (pool.n_slabs, pool.slabs_per_chunk, pool.n_chunks) == (7, 2, 4)
-    assert [pool.chunk_bytes(c) for c in range(4)] == [8192, 8192, 8192, 4096]
-    assert [pool.slab_location(s) for s in (0, 1, 2, 5, 6)] == [
-        (0, 0),
-        (0, 4096),
-        (1, 0),
-        (2, 4096),
-        (3, 0),
-    ]
+    g = cut_slabs(7 * 4096 + 100, 4096, max_chunk_bytes=10 * 1024)
+    pool = HostSlabPool(g)
+    assert (pool.n_slabs, pool.slabs_per_chunk, g.num_chunks) == (7, 2, 4)
+    assert g.chunk_slabs == (2, 2, 2, 1)
+    assert [g.locate(s) for s in (0, 1, 2, 5, 6)] == [(0, 0), (0, 1), (1, 0), (2, 1), (3, 0)]
 
 
 @settings(max_examples=60, deadline=None)
@@ -63,24 +58,13 @@ def test_no_slab_crosses_a_chunk(slab, chunk, total):
         with pytest.raises(ValueError):
             cut_slabs(total, slab, chunk)
         return
-    pool = HostSlabPool(cut_slabs(total, slab, chunk))
-    assert sum(pool.chunk_bytes(c) for c in range(pool.n_chunks)) == pool.n_slabs * slab
-    for s in {0, pool.n_slabs - 1, pool.slabs_per_chunk - 1, pool.slabs_per_chunk}:
-        if 0 <= s < pool.n_slabs:
-            loc = pool.slab_location(s)
-            assert loc.offset_bytes + slab <= pool.chunk_bytes(loc.chunk) <= chunk
-
-
-def test_copy_runs_coalesce_but_split_at_chunk_and_gaps():
-    # chunks: slabs 0-3, 4-7
-    pool = HostSlabPool(cut_slabs(8 * 4096, 4096, max_chunk_bytes=4 * 4096))
-    pairs = [(10, 1), (11, 2), (12, 3), (13, 4), (14, 5), (20, 6), (21, 0)]
-    assert pool.copy_runs(pairs) == [
-        CopyRun(10, 1, 3),  # slab 4 is in the next chunk
-        CopyRun(13, 4, 2),
-        CopyRun(20, 6, 1),  # page gap
-        CopyRun(21, 0, 1),  # slab not consecutive
-    ]
+    g = cut_slabs(total, slab, chunk)
+    assert sum(g.chunk_slabs) == g.num_slabs
+    assert all(n * slab <= chunk for n in g.chunk_slabs)
+    for s in {0, g.num_slabs - 1, g.slabs_per_chunk - 1, g.slabs_per_chunk}:
+        if 0 <= s < g.num_slabs:
+            c, local = g.locate(s)
+            assert local < g.chunk_slabs[c]
 
 
 def test_host_budget_smaller_than_one_snapshot_plus_one_block_is_rejected():
@@ -129,8 +113,8 @@ def test_pool_geometry_is_checked():
     with pytest.raises(ValueError, match=r"^max_chunk_bytes must hold at least one slab$"):
         cut_slabs(8192, 4096, max_chunk_bytes=4095)
     tiny = HostSlabPool(cut_slabs(3, 1, max_chunk_bytes=1))  # the smallest valid geometry
-    assert (tiny.n_slabs, tiny.n_chunks, tiny.chunk_bytes(2)) == (3, 3, 1)
-    assert HostSlabPool(cut_slabs(8192, 4096, max_chunk_bytes=4096)).n_chunks == 2
+    assert (tiny.n_slabs, tiny.geometry.chunk_slabs) == (3, (1, 1, 1))
+    assert cut_slabs(8192, 4096, max_chunk_bytes=4096).num_chunks == 2
 
 
 def test_geometry_27b_bf16():

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.forward import ForwardBatch, ModelCache
 from ninfer.models.config import Qwen35Config
 from ninfer.ops.reference import ReferenceOps
+from ninfer.page import PAGE_SIZE
 
 VOCAB = 2560  # the demo tokenizer's, so chat tests can render with it
 EOS = 3

@@ -103,13 +103,13 @@ def test_bad_options_name_the_field(options, field):
 def test_host_tier_is_on_by_default():
     cfg = resolve(EngineOptions(), TINY, CPU)
     assert cfg.host_tier and cfg.host_cache_bytes == 8192 << 20
-    assert cfg.host_slabs == (8192 << 20) // cfg.kv_page_bytes
+    assert cfg.host_geometry.num_slabs == (8192 << 20) // cfg.kv_page_bytes
     assert cfg.device_snapshot_slots == 8 + 1 and cfg.cache_taps_per_request == 8
     assert cfg.pending_timeout_s == 60.0
     off = resolve(EngineOptions(host_cache_mib=0), TINY, CPU)
-    assert not off.host_tier and off.host_slabs == 0 and off.device_snapshot_slots == 8 + 2
+    assert not off.host_tier and off.host_geometry is None and off.device_snapshot_slots == 8 + 2
     disabled = resolve(EngineOptions(prefix_reuse=False), TINY, CPU)
-    assert not disabled.host_tier and disabled.host_slabs == 0
+    assert not disabled.host_tier and disabled.host_geometry is None
 
 
 def test_host_budget_below_one_snapshot_plus_one_block_is_rejected():
@@ -117,7 +117,37 @@ def test_host_budget_below_one_snapshot_plus_one_block_is_rejected():
     wide = dataclasses.replace(TINY, num_key_value_heads=64, head_dim=256)  # 8 MiB pages
     with pytest.raises(ValueError, match="host_cache_mib=16 holds 2 slabs"):
         resolve(EngineOptions(host_cache_mib=16), wide, CPU)
-    assert resolve(EngineOptions(host_cache_mib=24), wide, CPU).host_slabs == 3
+    assert resolve(EngineOptions(host_cache_mib=24), wide, CPU).host_geometry.num_slabs == 3
     # no prefix cache, no Host tier: its budget is not checked (nothing would be built)
     off = resolve(EngineOptions(host_cache_mib=16, prefix_reuse=False), wide, CPU)
-    assert not off.host_tier and off.host_slabs == 0
+    assert not off.host_tier and off.host_geometry is None
+
+
+def test_an_engine_resolves_its_dtypes_once(make_llm, monkeypatch):
+    """`LLM` resolves (dtype, kv_dtype) once, before the weights, and `resolve()` reads them."""
+    import ninfer.config
+    import ninfer.llm
+
+    calls = []
+    real = ninfer.config.resolve_dtypes
+
+    def counted(opts, on_cuda):
+        calls.append(opts.kv_dtype)
+        return real(opts, on_cuda)
+
+    monkeypatch.setattr(ninfer.config, "resolve_dtypes", counted)
+    monkeypatch.setattr(ninfer.llm, "resolve_dtypes", counted)
+    llm = make_llm(host_cache_mib=0)
+    assert calls == ["auto"] and llm.engine_config.kv_dtype == "float32"
+
+
+def test_the_dtype_table_agrees_with_torch():
+    import torch
+
+    from ninfer.dtypes import DTYPES, KV_DTYPES, itemsize, torch_dtype
+
+    assert set(DTYPES) < set(KV_DTYPES)
+    for name in KV_DTYPES:
+        assert isinstance(torch_dtype(name), torch.dtype)
+        assert itemsize(name) == torch_dtype(name).itemsize
+    assert torch_dtype("fp8_e4m3") == torch.float8_e4m3fn

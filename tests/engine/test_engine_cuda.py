@@ -18,10 +18,11 @@ from engine_helpers import CUDA_TINY
 
 from ninfer.engine.executor.runner import Row, Runner
 from ninfer.engine.executor.warmup import warm_up
-from ninfer.forward import PAGE_SIZE, ModelCache
+from ninfer.forward import ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.choices import OpChoices
 from ninfer.ops.reference import ReferenceOps
+from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 from ninfer.sampling import SampleResult
 
@@ -223,12 +224,12 @@ def test_prefill_graph_replay_equals_eager(model, gather):
     """One-row prefill steps replayed from the prefill graphs (fresh prompts across buckets,
     lengths at both ends of a bucket, one token, chunks continuing a cached context) give the
     eager passes' logits, and leave the same states and K/V in the rows' slots and pages.
-    `gathered`: every bucket and every eager pass over a context on the gathered attention
-    path (forced: at this model's 4 query heads per KV head no bucket of 256 tokens reaches
-    the threshold), the graphs' gather over a fixed grid of every page a bucket can name."""
+    `gathered`: every eager pass over a context on the gathered attention path (forced: at
+    this model's 4 query heads per KV head no pass of 256 tokens reaches the threshold); the
+    graphs stay paged."""
     runners = []
     for graphs in (False, True):
-        choices = OpChoices(gather_graphs=True, gather_min_rows=0) if gather else None
+        choices = OpChoices(gather_min_rows=0) if gather else None
         ops = CudaOps(DEV, choices=choices)
         runner = Runner(model, ops, new_cache(slots=9, pages=65), DEV, sampler=_greedy)
         prefill = (256, 64, 8) if graphs else None  # scratch page 64, scratch slot 8
@@ -267,23 +268,20 @@ def test_prefill_graph_replay_equals_eager(model, gather):
     assert graph.graphs.replays == 1
     pairs = zip(runners, gathered, strict=True)
     gathered = [r.ops.attention_planner.gathered_passes - n for r, n in pairs]
-    # eager: the two chunks after a context (the one-token row decodes); graphs: every replay
-    assert gathered == ([2, len(cases) - 1] if gather else [0, 0]), gathered
+    # eager: the two chunks after a context (the one-token row decodes); graphs: none
+    assert gathered == ([2, 0] if gather else [0, 0]), gathered
 
 
 LOGPROB_TOL = 0.1  # bf16 logits of two pass shapes: the runner test above measured 0.063 x std
 
 
-@pytest.mark.parametrize("gather", [False, True], ids=["paged", "gathered"])
-def test_engine_prefill_graphs_match_eager_on_cuda(model, gather):
+def test_engine_prefill_graphs_match_eager_on_cuda(model):
     """The engine with prefill graphs over a conversation whose later turns echo the previous
     answer, so that each resumes from that turn's endpoint snapshot and is one short prefill
-    after a cached context: 401 tokens after 307 (bucket 7: gathered with `gather`), then 41
-    after 715. It gives the eager engine's tokens and their logprobs within LOGPROB_TOL, up
-    to a flip where the eager run's top two are within twice that of each other (bf16, other
-    GEMM shapes; a flip at a 0.055 gap was seen once in ~6 runs). Every logprob is finite:
-    with gathered graphs this once gave NaN (the warm-up's repeated-token rows made NaN GDN
-    states, which the gathered attention's shared K/V scratch carried into a real row)."""
+    after a cached context: 401 tokens after 307 (bucket 7), then 41 after 715. It gives the
+    eager engine's tokens and their logprobs within LOGPROB_TOL, up to a flip where the eager
+    run's top two are within twice that of each other (bf16, other GEMM shapes; a flip at a
+    0.055 gap was seen once in ~6 runs). Every logprob is finite."""
     from ninfer.llm import LLM
 
     base = [(13 * i) % 2500 + 4 for i in range(300)]
@@ -294,11 +292,9 @@ def test_engine_prefill_graphs_match_eager_on_cuda(model, gather):
         llm = LLM.from_model(
             model, device="cuda", max_concurrency=2, kv_capacity=8192, host_cache_mib=0,
             prefill_chunk=512, check_invariants=True, prefill_graph_tokens=tokens,
-            gather_graphs=gather,
         )  # fmt: skip
         try:
             prefill = llm.engine.runner.prefill_graphs
-            planner = llm.engine.runner.ops.attention_planner
             assert (prefill is not None) == (tokens > 0)
             outs[tokens] = []
             for i in range(3):
@@ -311,7 +307,6 @@ def test_engine_prefill_graphs_match_eager_on_cuda(model, gather):
                 assert [o.usage.cached_tokens for o in outs[0]] == [0, 307, 715]
             else:
                 assert prefill.replays >= 3  # every turn's prompt or suffix
-                assert (planner.gathered_passes > 0) == gather
         finally:
             llm.close()
     compared = 0

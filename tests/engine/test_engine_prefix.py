@@ -126,7 +126,7 @@ def test_retry_of_long_prompt_uses_prompt_tail_tap(make_llm, cold):
     first = run(llm, prompt, 6)
     again = run(llm, prompt, 6)
     assert first.usage.cached_tokens == 0
-    assert again.usage.cached_tokens == 448  # floor64(n - 1): the start of the final chunk
+    assert again.usage.cached_tokens == 448  # floor_page(n - 1): the start of the final chunk
     assert again.usage.cached_prefix_tokens == 448
     assert first.token_ids == again.token_ids == run(cold, prompt, 6).token_ids
     assert_idle(llm)

@@ -13,11 +13,12 @@ from engine_helpers import TINY
 
 from ninfer.engine.executor.graphs import DecodeGraphs
 from ninfer.engine.executor.runner import Row, Runner
-from ninfer.forward import PAGE_SIZE, ModelCache
+from ninfer.forward import ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
 from ninfer.ops.cuda.attention import gather_pays, page_metadata
 from ninfer.ops.reference import ReferenceOps
+from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 
 

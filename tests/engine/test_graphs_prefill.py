@@ -14,10 +14,11 @@ import torch
 from engine_helpers import TINY
 
 from ninfer.engine.executor.graphs import buckets, padded
-from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.forward import ForwardBatch, ModelCache
 from ninfer.models.presets import build_random_model
 from ninfer.ops.cuda import passmeta
 from ninfer.ops.reference import ReferenceOps
+from ninfer.page import PAGE_SIZE
 
 
 def test_buckets_cover_every_length():

@@ -107,7 +107,7 @@ def test_a_sibling_that_cannot_serve_does_not_hide_a_later_one(first, frontier, 
     [(384, 450, 320), (385, 450, 384), (386, 450, 384), (500, 384, 320), (500, 385, 384)],
 )
 def test_the_target_leaves_each_prompt_at_least_its_last_token(n, prompt_len, planted):
-    """floor64(min(d, n - 1, sibling's n - 1)): neither prompt is snapshotted at its end."""
+    """floor_page(min(d, n - 1, sibling's n - 1)): neither prompt is snapshotted at its end."""
     head = keyed_job("head", [1] * 8, n)
     sib = sibling([1] * 8, 0, prompt_len)
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=60.0)

@@ -10,8 +10,9 @@ import torch
 from engine_helpers import TINY
 
 from ninfer.engine.executor.runner import Row, Runner
-from ninfer.forward import PAGE_SIZE, ModelCache
+from ninfer.forward import ModelCache
 from ninfer.ops.reference import ReferenceOps
+from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 from ninfer.sampling import sample
 

@@ -7,7 +7,7 @@ import random
 
 from engine_helpers import greedy, rand_tokens
 
-from ninfer.forward import PAGE_SIZE
+from ninfer.page import PAGE_SIZE
 
 
 def test_first_request_creates_its_full_prompt_blocks_a_repeat_creates_none(make_llm):

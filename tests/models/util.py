@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.forward import ForwardBatch, ModelCache
 from ninfer.models.config import Qwen35Config
+from ninfer.page import PAGE_SIZE
 
 
 def narrow(cfg: Qwen35Config, layers: int | None = None) -> Qwen35Config:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.forward import PAGE_SIZE
+from ninfer.page import PAGE_SIZE
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

@@ -14,8 +14,9 @@ import random
 import pytest
 import torch
 
-from ninfer.forward import PAGE_SIZE, ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.ops.reference import ReferenceOps
+from ninfer.page import PAGE_SIZE
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -244,9 +245,9 @@ def test_gdn_prefill_is_stable_on_correlated_keys(ops) -> None:
     """A run of one repeated token: every key of a chunk nearly the same direction, beta near
     1, little decay, so the chunk's A is near beta times the all-ones lower triangle. The
     default prefill path (fla's triangular solve) stays finite and close to the reference's
-    solve (H200: these inputs in a script, not this test: 0.0094 on o, 0.006 on the states); the
-    matmul-product inverse (`gdn_intra`, once the default) gave NaN on the same inputs, and
-    NaN GDN states in the engine's warm-up. bf16, the engine's dtype on CUDA; the tolerance is
+    solve (H200: these inputs in a script, not this test: 0.0094 on o, 0.006 on the states); a
+    matmul-product inverse (`ninfer.bench.gdn_inverse`) gave NaN on the same inputs, and NaN
+    GDN states in the engine's warm-up. bf16, the engine's dtype on CUDA; the tolerance is
     twice the usual one (the inputs' bf16 rounding is amplified by the near-parallel keys)."""
     torch.manual_seed(0)
     hk, hv, layer, num_slots = 16, 32, 0, 8
@@ -285,66 +286,6 @@ def test_gated_delta_matches_reference(ops, rows, dtype) -> None:
     slots = batch.state_slots
     assert rel_err(pool[slots, layer], ref_pool[slots, layer]) < tol
     check_untouched(pool, before, batch, layer)
-
-
-def wy_float64(k, v, g, beta, q_lens: list[int]):
-    """w, u of `gdn_intra` by a float64 triangular solve, chunk by chunk (all heads at once)."""
-    hv = v.shape[2]
-    group = hv // k.shape[2]
-    w = torch.zeros(k.shape[1], hv, k.shape[3], dtype=torch.float64, device=DEV)
-    u = torch.zeros(v.shape[1], hv, v.shape[3], dtype=torch.float64, device=DEV)
-    start = 0
-    for n in q_lens:
-        for c in range(start, start + n, 64):
-            span = slice(c, min(start + n, c + 64))
-            kk = k[0, span].double().repeat_interleave(group, dim=1).transpose(0, 1)
-            bb, gg = (x[0, span].double().T for x in (beta, g))  # [Hv, n]
-            a = kk @ kk.transpose(1, 2) * torch.exp2(gg[:, :, None] - gg[:, None, :])
-            a = torch.tril(a * bb[:, :, None], -1) + torch.eye(a.shape[-1], device=DEV)
-            rhs_w = kk * (bb * torch.exp2(gg))[:, :, None]
-            rhs_u = v[0, span].double().transpose(0, 1) * bb[:, :, None]
-            w[span], u[span] = (
-                torch.linalg.solve_triangular(a, r, upper=False).transpose(0, 1)
-                for r in (rhs_w, rhs_u)
-            )
-        start += n
-    return w, u
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_gdn_intra_matches_float64(dtype) -> None:
-    """`gdn_intra.wy_repr` (the chunk inverse as a product of matmuls) against a float64
-    triangular solve, over ragged rows with partial chunks and grouped value heads; and no
-    further from it than fla's intra kernels on the same inputs. Random, near-orthogonal keys
-    only: on correlated keys the product is unstable (its module docstring), which is why the
-    engine runs fla's (`test_gdn_prefill_is_stable_on_correlated_keys`)."""
-    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
-    from fla.ops.utils import chunk_local_cumsum
-    from fla.ops.utils.constant import RCP_LN2
-
-    from ninfer.ops.cuda.gdn_intra import wy_repr
-    from ninfer.ops.cuda.passmeta import PassMeta
-
-    q_lens, hk, hv = [130, 64, 1, 300, 65], 4, 8
-    meta = PassMeta.of(q_lens, [0, 5, 0, 64, 0], DEV)
-    tables = {"cu_seqlens": meta.cu_seqlens, "chunk_indices": meta.chunk_indices}
-    t = sum(q_lens)
-    k = torch.nn.functional.normalize(torch.randn(1, t, hk, 128, device=DEV), dim=-1).to(dtype)
-    v = torch.randn(1, t, hv, 128, device=DEV).to(dtype)
-    beta = torch.sigmoid(torch.randn(1, t, hv, device=DEV)).to(dtype)
-    g_raw = -torch.nn.functional.softplus(torch.randn(1, t, hv, device=DEV) - 2.0)
-    g = chunk_local_cumsum(g_raw, 64, scale=RCP_LN2, **tables)
-    w, u = wy_repr(k, v, g, beta, meta.cu_seqlens, meta.chunk_indices)
-    fla_w, fla_u, _ = chunk_gated_delta_rule_fwd_intra(
-        k=k, v=v, g=g, beta=beta, chunk_size=64, **tables
-    )
-    ref_w, ref_u = wy_float64(k, v, g, beta, q_lens)
-    assert w.dtype == k.dtype and u.dtype == v.dtype
-    tol = 1e-2 if dtype == torch.bfloat16 else 5e-3
-    for ours, theirs, ref in ((w, fla_w, ref_w), (u, fla_u, ref_u)):
-        err, fla_err = rel_err(ours[0], ref), rel_err(theirs[0], ref)
-        assert err < tol
-        assert err <= 1.5 * fla_err + 1e-5, (err, fla_err)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])

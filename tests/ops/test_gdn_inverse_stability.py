@@ -1,5 +1,5 @@
-"""The chunk-inverse analysis behind `CudaOps.gdn_intra = "fla"` (`ninfer.bench.gdn_inverse`,
-CPU): the matmul-product inverse of `gdn_intra` is accurate on random keys and off by orders of
+"""The chunk-inverse analysis behind the GDN prefill's use of fla's solve (`ninfer.bench.
+gdn_inverse`, CPU): a matmul-product inverse is accurate on random keys and off by orders of
 magnitude on a repeated key, where an fp32 triangular solve (the reference's, fla's kind) is
 not."""
 

@@ -17,26 +17,23 @@ import torch
 import ninfer.ops.cuda
 from ninfer.config import EngineOptions, op_choices
 from ninfer.engine.executor import backend
-from ninfer.forward import PAGE_SIZE, ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
 from ninfer.ops.reference import ReferenceOps
+from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 
 # every choice away from its default: as LLM keywords and as the op set's dataclass
-CHOSEN_KWARGS = dict(
-    gather_graphs=True, gather_min_rows=0, gdn_intra="ninfer", conv_tile=(32, 256, 2)
-)
+CHOSEN_KWARGS = dict(gather_min_rows=0, conv_tile=(32, 256, 2))
 CHOSEN = OpChoices(**CHOSEN_KWARGS)
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (dict(gdn_intra="triton"), "gdn_intra must be one of ('fla', 'ninfer'), got 'triton'"),
         (dict(gather_min_rows=-1), "gather_min_rows must be a number >= 0, got -1"),
         (dict(gather_min_rows=math.nan), "gather_min_rows must be a number >= 0, got nan"),
         (dict(gather_min_rows="1536"), "gather_min_rows must be a number >= 0, got '1536'"),
-        (dict(gather_graphs="yes"), "gather_graphs must be True or False, got 'yes'"),
         (dict(conv_tile=(16, 256)), "conv_tile must be None or (rows, channels, warps)"),
         (dict(conv_tile=(16, 192, 4)), "conv_tile must be None or (rows, channels, warps)"),
         (dict(conv_tile=(16, 256, 0)), "conv_tile must be None or (rows, channels, warps)"),
@@ -55,14 +52,14 @@ def test_each_choice_is_checked_when_the_options_are_built(options, message):
 
 def test_the_options_default_to_the_op_sets_defaults():
     assert op_choices(EngineOptions()) == OpChoices()
-    assert OpChoices() == OpChoices(False, GATHER_MIN_ROWS, "fla", None)
+    assert OpChoices() == OpChoices(GATHER_MIN_ROWS, None)
     assert op_choices(EngineOptions(**{**CHOSEN_KWARGS, "gather_min_rows": math.inf})) == OpChoices(
-        True, math.inf, "ninfer", (32, 256, 2)
+        math.inf, (32, 256, 2)
     )  # inf forbids the gathered path
 
 
 def test_llm_hands_its_choices_to_the_op_set(monkeypatch):
-    """`LLM(..., gather_graphs=True, ...)` resolves the choices once and `select_ops` gets them;
+    """`LLM(..., gather_min_rows=0, ...)` resolves the choices once and `select_ops` gets them;
     on the CPU that is the reference op set, whose greedy tokens the choices do not change."""
     from ninfer import LLM, llm
 
@@ -143,8 +140,8 @@ def kernel_calls(monkeypatch):
         calls.append(("causal_conv_qkv", tile))
         return x, x, x
 
-    def gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=False, intra="fla"):
-        calls.append(("gdn_prefill", intra))
+    def gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=False):
+        calls.append(("gdn_prefill", None))
         return v
 
     conv = types.SimpleNamespace(
@@ -183,24 +180,19 @@ def _prefill_batch(q_len: int, ctx: int) -> ForwardBatch:
 
 
 @pytest.mark.parametrize(
-    ("choices", "tile", "intra", "eager_gathers", "graph_gathers"),
+    ("choices", "tile", "eager_gathers"),
     [
-        (None, TILE, "fla", False, False),
-        (OpChoices(gather_min_rows=0), TILE, "fla", True, False),
-        (OpChoices(gather_graphs=True), TILE, "fla", False, False),  # below the threshold
-        (OpChoices(gdn_intra="ninfer", conv_tile=(64, 128, 8)), Tile(64, 128, 8), "ninfer",
-         False, False),
-        (CHOSEN, Tile(32, 256, 2), "ninfer", True, True),
+        (None, TILE, False),
+        (OpChoices(gather_min_rows=0), TILE, True),
+        (OpChoices(conv_tile=(64, 128, 8)), Tile(64, 128, 8), False),
+        (CHOSEN, Tile(32, 256, 2), True),
     ],
-    ids=["defaults", "gather", "gather-graphs-threshold", "kernels", "all"],
+    ids=["defaults", "gather", "kernels", "all"],
 )  # fmt: skip
-def test_cuda_ops_hand_their_choices_to_the_kernels(
-    kernel_calls, choices, tile, intra, eager_gathers, graph_gathers
-):
-    """A prefill pass's conv gets the chosen tile and its GDN the chosen intra-chunk kernel; an
-    eager pass over a cached context (70 tokens after 70, 4 query heads per KV head: far
-    below the default threshold) plans the gathered attention path as chosen, and so does a
-    prefill-graph bucket of 64 queries."""
+def test_cuda_ops_hand_their_choices_to_the_kernels(kernel_calls, choices, tile, eager_gathers):
+    """A prefill pass's conv gets the chosen tile; an eager pass over a cached context (70
+    tokens after 70, 4 query heads per KV head: far below the default threshold) plans the
+    gathered attention path as chosen; a prefill-graph bucket is always paged."""
     from ninfer.ops.cuda import CudaOps
 
     ops = CudaOps(torch.device("cpu"), choices=choices)
@@ -216,13 +208,12 @@ def test_cuda_ops_hand_their_choices_to_the_kernels(
     q = torch.randn(t, hv, dk)
     ops.gdn(q, q, torch.randn(t, hv, dv), a, b.sigmoid(), state, batch, 0.3)
     assert kernel_calls == [
-        ("causal_conv", tile), ("causal_conv_qkv", tile), ("gdn_prefill", intra),
-        ("gdn_prefill", intra),
+        ("causal_conv", tile), ("causal_conv_qkv", tile), ("gdn_prefill", None),
+        ("gdn_prefill", None),
     ]  # fmt: skip
 
     planner = ops.attention_planner
     shape = (8, 2, 16, torch.float32, torch.float32, 0.25)
     planner.plan(batch, shape)
     assert planner.gathered_passes == int(eager_gathers)
-    wrapper = planner.prefill_graph_wrapper(1, torch.zeros(4, dtype=torch.int32), shape, 64, 256)
-    assert type(getattr(wrapper, "wrapper", wrapper)) is (_Ragged if graph_gathers else _Paged)
+    assert type(planner.prefill_graph_wrapper(1, torch.zeros(4, dtype=torch.int32))) is _Paged

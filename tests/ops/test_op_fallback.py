@@ -27,7 +27,7 @@ ODD = dataclasses.replace(
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
-@pytest.mark.parametrize(("dtype", "kv"), [("bfloat16", None), ("bfloat16", "fp8_e4m3")])
+@pytest.mark.parametrize(("dtype", "kv"), [("bfloat16", "bfloat16"), ("bfloat16", "fp8_e4m3")])
 def test_released_shapes_keep_every_fast_path(name, dtype, kv):
     plan = plan_ops(PRESETS[name].head_dims, dtype, kv)
     assert plan.fallbacks == {} and plan.decode_graphs and plan.prefill_graphs
@@ -35,7 +35,7 @@ def test_released_shapes_keep_every_fast_path(name, dtype, kv):
 
 
 def test_fp32_falls_back_where_the_kernels_are_not_fp32():
-    plan = plan_ops(PRESETS["9B"].head_dims, "float32")
+    plan = plan_ops(PRESETS["9B"].head_dims, "float32", "float32")
     assert sorted(plan.fallbacks) == ["attention", "gdn_prefill"]
     assert "no float32 attention" in plan.fallbacks["attention"]
     assert "tf32" in plan.fallbacks["gdn_prefill"]
@@ -44,19 +44,21 @@ def test_fp32_falls_back_where_the_kernels_are_not_fp32():
 
 
 def test_odd_head_dims_fall_back_per_op():
-    plan = plan_ops(ODD.head_dims, "bfloat16")
+    plan = plan_ops(ODD.head_dims, "bfloat16", "bfloat16")
     assert set(plan.fallbacks) == set(OPS)
     assert "head_dim 80" in plan.fallbacks["attention"]
     assert "dk 24, dv 40" in plan.fallbacks["gdn_prefill"] == plan.fallbacks["gdn_decode"]
     assert "rotary_dim 20" in plan.fallbacks["qk_norm_rope"]
     # only the GDN dims odd: attention and its glue keep their kernels
     gdn_odd = dataclasses.replace(PRESETS["9B"], linear_value_head_dim=96)
-    assert sorted(plan_ops(gdn_odd.head_dims, "bfloat16").fallbacks) == [
+    assert sorted(plan_ops(gdn_odd.head_dims, "bfloat16", "bfloat16").fallbacks) == [
         "gated_rms_norm", "gdn_decode", "gdn_prefill",
     ]  # fmt: skip
     # a power-of-two head dim FlashInfer does not serve
     assert sorted(
-        plan_ops(dataclasses.replace(PRESETS["9B"], head_dim=32).head_dims, "bfloat16").fallbacks
+        plan_ops(
+            dataclasses.replace(PRESETS["9B"], head_dim=32).head_dims, "bfloat16", "bfloat16"
+        ).fallbacks
     ) == ["attention"]
     # a KV dtype FlashInfer does not pair with the queries'
     assert list(plan_ops(PRESETS["9B"].head_dims, "bfloat16", "float16").fallbacks) == ["attention"]
@@ -65,7 +67,7 @@ def test_odd_head_dims_fall_back_per_op():
 def test_warning_names_the_op_and_why(caplog):
     ops = _stub_ops(None)
     with caplog.at_level(logging.WARNING, logger="ninfer.ops.cuda.ops"):
-        ops.configure(ODD.head_dims, "float32")
+        ops.configure(ODD.head_dims, "float32", "float32")
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == len(OPS)  # one per op
     assert (
@@ -96,13 +98,13 @@ def _stub_ops(model) -> CudaOps:
         causal_conv=lambda x, w, state, batch, *rest: ref.causal_conv(x, w, state, batch)
     )
     ops._glue = types.SimpleNamespace(silu_mul=ref.silu_mul)
-    ops._passes, ops.compiled, ops.conv_tile, ops.gdn_intra = [], False, None, "fla"
+    ops._passes, ops.compiled, ops.conv_tile = [], False, None
     ops.linear = ref.linear
     ops._rms_norm, ops._gated_rms_norm = ref.rms_norm, ref.gated_rms_norm
     ops._rope, ops._add_rms_norm, ops._gdn_gates = ref.rope, ref.add_rms_norm, ref.gdn_gates
     ops._silu_mul, ops._sigmoid_mul = ref.silu_mul, ref.sigmoid_mul
     if model is not None:
-        ops.configure(model.head_dims, "float32")
+        ops.configure(model.head_dims, "float32", "float32")
     return ops
 
 

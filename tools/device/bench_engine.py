@@ -42,9 +42,10 @@ import torch
 from ninfer.bench.model_math import prefill_flops
 from ninfer.engine.executor.runner import Row, Runner
 from ninfer.engine.executor.warmup import warm_up
-from ninfer.forward import PAGE_SIZE, ModelCache
+from ninfer.forward import ModelCache
 from ninfer.models.presets import PRESETS, build_random_model
 from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
+from ninfer.page import PAGE_SIZE
 from ninfer.probe import copy_bandwidth, matmul_peak
 from ninfer.request import SamplingParams
 from ninfer.sampling import SampleResult
@@ -138,14 +139,14 @@ def build(name: str, compile: bool, args, slots: int, pages: int, max_pages_row:
     cache = make_cache(cfg, slots, pages)
     # --conv-tile e.g. "16,256,4": rows, channels, warps (`conv.Tile`)
     tile = tuple(int(v) for v in args.conv_tile.split(",")) if args.conv_tile else None
-    choices = OpChoices(gdn_intra=args.gdn_intra.split(",")[0], conv_tile=tile)
+    choices = OpChoices(conv_tile=tile)
     ops = CudaOps(DEV, compile=compile, skinny=args.skinny, choices=choices)
     runner = Runner(model, ops, cache, DEV, greedy_sampler)
     t1 = time.perf_counter()
     scratch = [pages - 3, pages - 2, pages - 1]
     warm = warm_up(runner, scratch, list(range(8)), True, max_pages_row, tune_tokens=tune)
     emit(kind="startup", model=name, compile=compile, conv_tile=list(ops.conv_tile),
-         gdn_intra=ops.gdn_intra, tune_tokens=tune,
+         tune_tokens=tune,
          build_s=round(t1 - t0, 2), **{k: round(v, 2) for k, v in warm.items()})  # fmt: skip
     if args.skinny:  # which decode linears the race gave to the Triton kernel
         race = [
@@ -244,8 +245,7 @@ def bench_prefill(name, model, runner, lengths, peak) -> None:
             times.append(time.perf_counter() - t0)
         dt = min(times)
         flops = prefill_flops(cfg, length)  # the LM head for the last token only
-        emit(kind="prefill", model=name, tokens=length, gdn_intra=runner.ops.gdn_intra,
-             s=round(dt, 4),
+        emit(kind="prefill", model=name, tokens=length, s=round(dt, 4),
              tok_s=round(length / dt, 1), TFLOPs=round(flops / dt / 1e12, 1),
              mfu=round(flops / dt / peak, 3))  # fmt: skip
 
@@ -504,9 +504,7 @@ def run_model(name, compile, args, batches, prefill, bw, peak, profiled) -> bool
         if compile == args.compile:
             made: dict[OpChoices, Runner] = {}
             if name in prefill:
-                for intra in args.gdn_intra.split(","):  # e.g. ninfer,fla,ninfer: interleaved
-                    alt = variant(runner, made, compile, args, gdn_intra=intra)
-                    bench_prefill(name, model, alt, prefill[name], peak)
+                bench_prefill(name, model, runner, prefill[name], peak)
             for length, chunks in args.chunked.get(name, []):
                 for gather in args.gather.split(","):  # e.g. on,off,on: interleaved
                     rows = GATHER_MIN_ROWS if gather == "on" else math.inf
@@ -560,7 +558,6 @@ def main() -> None:
     ap.add_argument("--profile-prefill", default="", help="e.g. 9B:1024: host time of a pass")
     ap.add_argument("--chunked", default="", help="e.g. 9B:32768:2048/8192: chunked cold prompt")
     ap.add_argument("--conv-tile", default="", help="the prefill conv's Tile: rows,chans,warps")
-    ap.add_argument("--gdn-intra", default="fla", help="GDN intra kernel(s): fla,ninfer")
     ap.add_argument(
         "--gather",
         default="on",

@@ -13,10 +13,11 @@ import json
 import torch
 from triton.testing import do_bench
 
-from ninfer.forward import PAGE_SIZE, ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.ops.cuda import attention, conv, glue
 from ninfer.ops.cuda.passmeta import PassMeta
 from ninfer.ops.reference.dense import silu_mul_ref
+from ninfer.page import PAGE_SIZE
 
 DEV, BF16 = torch.device("cuda"), torch.bfloat16
 ROWS: list[dict] = []

@@ -18,8 +18,9 @@ import time
 import torch
 from triton.testing import do_bench
 
-from ninfer.forward import PAGE_SIZE, ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.ops.cuda import CudaOps
+from ninfer.page import PAGE_SIZE
 
 DEV = torch.device("cuda")
 BF16 = torch.bfloat16

@@ -167,7 +167,8 @@ def bench_gemm(model: str, t: int, bw: float, peak: float, args) -> None:
 def make_batch(rows: list[tuple[int, int]], num_pages: int, num_slots: int):
     """As tests/ops/test_cuda_ops.py::make_batch: rows (ctx_len, q_len) each; distinct shuffled
     pages and slots (page 0 left unused)."""
-    from ninfer.forward import PAGE_SIZE, ForwardBatch
+    from ninfer.forward import ForwardBatch
+    from ninfer.page import PAGE_SIZE
 
     rng = random.Random(torch.randint(1 << 30, ()).item())
     pages, slots = list(range(1, num_pages)), list(range(num_slots))
@@ -200,10 +201,10 @@ def make_batch(rows: list[tuple[int, int]], num_pages: int, num_slots: int):
 def bench_attention(model: str, t: int, bw: float, peak: float, args) -> None:
     import flashinfer
 
-    from ninfer.forward import PAGE_SIZE
     from ninfer.models.presets import PRESETS
     from ninfer.ops.cuda.attention import write_kv
     from ninfer.ops.cuda.ops import CudaOps
+    from ninfer.page import PAGE_SIZE
 
     cfg = PRESETS[model]
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim

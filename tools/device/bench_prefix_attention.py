@@ -19,7 +19,7 @@ import json
 import torch
 from triton.testing import do_bench
 
-from ninfer.forward import PAGE_SIZE
+from ninfer.page import PAGE_SIZE
 
 DEV = torch.device("cuda")
 BF16 = torch.bfloat16

@@ -1,5 +1,5 @@
-"""The command line shared by the per-case device benchmarks (`bench_gdn_glue.py`,
-`bench_gdn_intra.py`): `--cases PRESET:TOKENS,...` and `--out FILE`; measures the copy
+"""The command line shared by the per-case device benchmarks (`bench_gdn_glue.py`):
+`--cases PRESET:TOKENS,...` and `--out FILE`; measures the copy
 bandwidth once, runs every case, writes all rows as one JSON list."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_engine as be  # noqa: E402
 
 from ninfer.engine.executor.runner import Row  # noqa: E402
-from ninfer.forward import PAGE_SIZE  # noqa: E402
+from ninfer.page import PAGE_SIZE  # noqa: E402
 
 
 def report(title: str, prof: cProfile.Profile, wall: float, n: int) -> None:

@@ -59,11 +59,8 @@ one pinned host buffer and one non-blocking copy:
                  | the GDN pass tables (`ninfer.ops.cuda.passmeta`, bound to the batch),
                  each segment 16-byte aligned
     cu_q int32 [3]; the FlashInfer graph-mode prefill wrapper (2 rows), planned on the host
-    before the replay; its kv indices buffer is shared by every bucket. With
-    `OpChoices.gather_graphs` (off by default: see `ninfer.ops.cuda.attention`), a
-    bucket with enough queries takes the gathered attention path
-    (`PagedAttention.prefill_graph_wrapper`): its K/V scratch holds every page the indices
-    buffer can name, shared by those buckets
+    before the replay; its kv indices buffer is shared by every bucket (the paged attention
+    path: why not the gathered one in `ninfer.ops.cuda.attention`)
 """
 
 from __future__ import annotations
@@ -75,8 +72,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache
+from ninfer.forward import ForwardBatch, ModelCache
 from ninfer.ops.cuda import passmeta
+from ninfer.page import PAGE_SIZE
 
 
 def pinned_zeros(shape, dtype) -> torch.Tensor:
@@ -468,16 +466,13 @@ class PrefillGraphs(_Graphs):
 
         def fill(k: int) -> ForwardBatch:
             b = self.buckets[k]
-            q = k * PAGE_SIZE
-            n_ind = self.indices_dev.numel() * PAGE_SIZE
-            b.wrapper = self.attn.prefill_graph_wrapper(2, self.indices_dev, self.shape, q, n_ind)
-            self.fill(b, [0] * q, 0, self.scratch_slot, [self.scratch_page] * k)
+            b.wrapper = self.attn.prefill_graph_wrapper(2, self.indices_dev)
+            self.fill(b, [0] * (k * PAGE_SIZE), 0, self.scratch_slot, [self.scratch_page] * k)
             return b.batch
 
         # frozen for the uncaptured run too, so that it runs the attention path the graph
         # captures (fill's plan): unfrozen, a bucket's rows at position 0 would take the
-        # fresh-rows ragged path, and a gathered bucket's gather and ragged graph wrapper would
-        # first run inside the capture
+        # fresh-rows ragged path
         keys = sorted(self.buckets, reverse=True)
         for k, (graph, logits) in self._capture_each(keys, fill, True).items():
             self.buckets[k].graph, self.buckets[k].logits = graph, logits

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ninfer.engine.faults import is_fatal
-from ninfer.forward import PAGE_SIZE, ForwardBatch, ModelCache, split_last_row
+from ninfer.forward import ForwardBatch, ModelCache, split_last_row
+from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 
 

@@ -19,7 +19,7 @@ import time
 import torch
 
 from ninfer.engine.executor.runner import Row, Runner
-from ninfer.forward import PAGE_SIZE
+from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ so an estimate can only cost a wait, never a wrong resume.
 
     head      |=============== shared ===============|--- head's own ---|
     sibling   |=============== shared ===============|--- sibling's ----|
-              0                 F (cache now)        d                 t = floor64(min(d, n-1))
+              0                 F (cache now)        d                 t = floor_page(min(d, n-1))
 
 Target, per sibling (first that applies):
   1. a snapshot the sibling captured in (F, d] but has not published yet (it publishes within
@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from ninfer.cache.cost import CacheCostModel
 from ninfer.engine.lane import Job, Lane
-from ninfer.forward import PAGE_SIZE
+from ninfer.page import PAGE_SIZE
 
 
 class _Target(NamedTuple):

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from ninfer.cache.records import QuoteParams
 from ninfer.engine.lane import Job, Lane
-from ninfer.forward import PAGE_SIZE
 from ninfer.memory.kv_pool import KVPool
+from ninfer.page import PAGE_SIZE
 
 if TYPE_CHECKING:
     from ninfer.cache.index import PrefixIndex

@@ -37,10 +37,10 @@ from ninfer.cache.records import CommitKind
 from ninfer.engine.kv.counters import EngineCounters
 from ninfer.engine.kv.pages import PageBudget
 from ninfer.engine.lane import Lane, PendingTap
-from ninfer.forward import PAGE_SIZE
 from ninfer.memory.kv_pool import KVPool
 from ninfer.memory.state_pool import StatePool
 from ninfer.memory.transfer import Transfer
+from ninfer.page import PAGE_SIZE
 
 if TYPE_CHECKING:
     from ninfer.cache.index import PrefixIndex

@@ -26,6 +26,7 @@ import logging
 import torch
 
 from ninfer.config import EngineConfig
+from ninfer.dtypes import torch_dtype
 from ninfer.engine.kv import host_faults
 from ninfer.engine.kv.admitter import Admitter, Verdict
 from ninfer.engine.kv.counters import EngineCounters
@@ -38,19 +39,7 @@ from ninfer.memory.state_pool import StatePool
 from ninfer.memory.streams import Streams
 from ninfer.memory.transfer import DeviceOnlyTransfer, Transfer
 
-_DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp8_e4m3": torch.float8_e4m3fn,
-}
-
-
 logger = logging.getLogger(__name__)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return _DTYPES[name]
 
 
 def slab_bytes(page_bytes: int) -> int:

@@ -30,22 +30,13 @@ metadata buffers (one per captured batch size); `plan(...)` plans a given wrappe
 from metadata the caller built (pinned host indptr / last_page_len, device indices), OUTSIDE the
 graph, before every capture and replay. While `frozen` is set (during capture) the forward never
 plans: every layer runs the wrapper planned last. Prefill takes
-`prefill_graph_wrapper(...)`: a paged one, or, with `gather_graphs` on and for a bucket with
-enough queries, a gathered one (ragged graph wrapper, fixed indptr buffers, the gather's fixed
-grid and one scratch shared by every bucket, at most `GATHER_SCRATCH_BYTES`).
+`prefill_graph_wrapper(...)`: a paged one, planned the same way.
 
-Why `gather_graphs` is off by default (`ninfer.ops.choices.OpChoices`): FlashInfer's fa3
-ragged kernel reads a row's last K/V tile whole, past the row's end into the next row's (or
-stale) scratch rows; those scores are masked, but P = 0 times a non-finite V is NaN, so one
-non-finite row poisons its right neighbour. A graph bucket's right neighbour is its padding
-row, computed on the shared scratch slot and page. The warm-up's and the captures' rows of one
-repeated token make NaN GDN states with the matmul-product chunk inverse (`gdn_intra`), the
-padding rows carry them into the scratch, and a gathered replay's real row reads them
-(docs/results-h200.md, "a NaN in gathered graph replays" and "the NaN's cause was our GDN intra
-kernel"). So the GDN prefill runs fla's stable solve (`OpChoices.gdn_intra`, "fla"), the
-engine's GPU test covers both graph kinds, and the paged kind stays the default: the gathered
-one is not faster through the engine (same sections). The scratch is zeroed when made, so no
-row ever reads uninitialised memory.
+Prefill graphs stay on the paged path: FlashInfer's fa3 ragged kernel (the gathered path's)
+reads a row's last K/V tile whole, past the row's end into the next row's; those scores are
+masked, but P = 0 times a non-finite V is NaN, and a graph bucket's right neighbour is its
+padding row on the shared scratch slot and page. Gathered graph buckets were not faster through
+the engine either (docs/results-h200.md, "a NaN in gathered graph replays").
 
 Plans never overtake a queued pass: FlashInfer's plan() writes its work schedule into the
 wrapper's one page-locked buffer and queues an asynchronous copy of it to the device; a second
@@ -64,12 +55,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.forward import PAGE_SIZE, ForwardBatch
+from ninfer.forward import ForwardBatch
 from ninfer.ops.choices import OpChoices
 from ninfer.ops.cuda.host import pinned, to_device
+from ninfer.page import PAGE_SIZE
 
 WORKSPACE_BYTES = 256 << 20
-GATHER_SCRATCH_BYTES = 2 << 30  # the most K/V a gather may copy (a pass, the graphs' scratch)
+GATHER_SCRATCH_BYTES = 2 << 30  # the most K/V one gathered pass may copy
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
@@ -157,19 +149,11 @@ def _kv_bytes(tokens: int, hkv: int, dim: int, dtype: torch.dtype) -> int:
     return 2 * tokens * hkv * dim * dtype.itemsize
 
 
-def _holds(buffers: tuple[torch.Tensor, torch.Tensor] | None, tokens: int, hkv: int, dim: int):
-    """Whether K/V `buffers` [n, Hkv, D] exist with n >= tokens."""
-    return (
-        buffers is not None and buffers[0].shape[0] >= tokens and buffers[0].shape[1:] == (hkv, dim)
-    )
-
-
 @dataclass(slots=True)
 class _Gathered:
     """The gathered path of one plan: the ragged wrapper, the gather's device tables (row r's
     pages indices[page_indptr[r]:page_indptr[r + 1]], its tokens at tok_indptr[r]:...) and
-    launch grid, and the K/V buffers it fills. A prefill graph's bucket holds one for its
-    life (fixed buffers, grid = every page the bucket may have); an eager pass a fresh one."""
+    launch grid, and the K/V buffers it fills; each gathered pass plans a fresh one."""
 
     wrapper: object
     indices: torch.Tensor
@@ -207,7 +191,7 @@ class _PlanGuard:
 
 class PagedAttention:
     """The attention op of `CudaOps`: holds the FlashInfer wrappers and the current plan.
-    `choices`: its gathered path's (`gather_min_rows`, `gather_graphs`), fixed here."""
+    `choices`: its gathered path's threshold (`gather_min_rows`), fixed here."""
 
     def __init__(self, device: torch.device, choices: OpChoices | None = None) -> None:
         import flashinfer
@@ -223,9 +207,7 @@ class PagedAttention:
         self._ragged_batch: ForwardBatch | None = None
         self.ragged_passes = 0  # passes planned (so run) on the ragged wrapper: tests, benchmarks
         self._gather: _Gathered | None = None  # the current plan's, when it is gathered
-        self._gather_ragged = None  # the eager gathered path's ragged wrapper
-        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # the graphs' K/V
-        self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # smaller, still captured
+        self._gather_ragged = None  # the gathered path's ragged wrapper
         self.choices = choices or OpChoices()
         self.gathered_passes = 0  # plans on the gathered path: tests, benchmarks
         self.frozen = False  # set by the graph runner while capturing: never plan in the forward
@@ -256,32 +238,11 @@ class PagedAttention:
             paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev),
         )  # fmt: skip
 
-    def prefill_graph_wrapper(
-        self,
-        rows: int,
-        indices_buf: torch.Tensor,
-        shape: tuple | None = None,
-        max_q: int = 0,
-        max_kv_tokens: int = 0,
-    ):
-        """A prefill wrapper for exactly `rows` rows, capturable in a CUDA graph (the prefill
-        graphs, `ninfer.engine.executor.graphs`): its indptr and last_page_len buffers are its
-        own, `indices_buf` (int32, on the device) may be shared. Gathered instead of paged
-        when `shape` (as `plan`'s) allows it, a row of `max_q` queries pays for its gather,
-        and the scratch for `max_kv_tokens` (every row's KV tokens together) fits."""
-        dev = self._workspace.device
-        i32 = dict(dtype=torch.int32, device=dev)
-        if shape is not None and self._graph_gathers(shape, max_q, max_kv_tokens):
-            k, v = self._graph_scratch(shape, max_kv_tokens)
-            ragged = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
-                self._workspace, "NHD", use_cuda_graph=True,
-                qo_indptr_buf=torch.zeros(rows + 1, **i32),
-                kv_indptr_buf=torch.zeros(rows + 1, **i32),
-            )  # fmt: skip
-            return _Gathered(
-                ragged, indices_buf, torch.zeros(rows + 1, **i32), torch.zeros(rows + 1, **i32),
-                rows, indices_buf.numel(), k, v,
-            )  # fmt: skip
+    def prefill_graph_wrapper(self, rows: int, indices_buf: torch.Tensor):
+        """A paged prefill wrapper for exactly `rows` rows, capturable in a CUDA graph (the
+        prefill graphs, `ninfer.engine.executor.graphs`): its indptr and last_page_len buffers
+        are its own, `indices_buf` (int32, on the device) may be shared."""
+        i32 = dict(dtype=torch.int32, device=self._workspace.device)
         return self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self._workspace, "NHD", use_cuda_graph=True,
             qo_indptr_buf=torch.zeros(rows + 1, **i32),
@@ -289,34 +250,6 @@ class PagedAttention:
             paged_kv_indices_buf=indices_buf,
             paged_kv_last_page_len_buf=torch.ones(rows, **i32),
         )  # fmt: skip
-
-    def _graph_gathers(self, shape: tuple, max_q: int, max_kv_tokens: int) -> bool:
-        hq, hkv, dim, q_dtype, kv_dtype, _ = shape
-        return (
-            self.choices.gather_graphs
-            and q_dtype == kv_dtype
-            and max_q * (hq // hkv) >= self.choices.gather_min_rows
-            and 0 < _kv_bytes(max_kv_tokens, hkv, dim, kv_dtype) <= GATHER_SCRATCH_BYTES
-        )
-
-    def _graph_scratch(self, shape: tuple, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V buffers of `tokens` rows, one pair shared by every gathered graph bucket
-        (replays run one at a time, in stream order): grown, never shrunk, before capture."""
-        _, hkv, dim, _, kv_dtype, _ = shape
-        have = self._scratch
-        if not _holds(have, tokens, hkv, dim):
-            dev = self._workspace.device
-            if have is not None:  # earlier graphs were captured over it: keep it alive
-                self._retired.append(have)
-                if have[0].shape[1:] == (hkv, dim):
-                    tokens = max(tokens, have[0].shape[0])
-            # zeros, not empty: a pass fills only its own rows, and the ragged kernel's last
-            # K/V tile of a row reads on past them (masked scores, but P = 0 times whatever
-            # the rows hold: module docstring)
-            self._scratch = tuple(
-                torch.zeros(tokens, hkv, dim, dtype=kv_dtype, device=dev) for _ in "kv"
-            )
-        return self._scratch
 
     def plan(
         self,
@@ -347,8 +280,8 @@ class PagedAttention:
             and _kv_bytes(kv_tokens, hkv, dim, kv_dtype) <= GATHER_SCRATCH_BYTES
             and gather_pays(batch.q_lens, batch.ctx_lens, hq // hkv, self.choices.gather_min_rows)
         )
-        if isinstance(wrapper, _Gathered) or gathers:
-            self._plan_gathered(shape, qo_indptr, kv_indptr, last_len, indices, wrapper)
+        if gathers:
+            self._plan_gathered(shape, qo_indptr, kv_indptr, last_len, indices)
             return
         self._wrapper = wrapper or self._get_wrapper(batch.is_decode, kv_dtype)
         if batch.is_decode:
@@ -363,41 +296,31 @@ class PagedAttention:
                 causal=True, **dtypes,
             )  # fmt: skip
 
-    def _plan_gathered(self, shape, qo_indptr, kv_indptr, last_len, indices, graph) -> None:
-        """Plans the gathered path (module docstring) from page metadata: on `graph` (a
-        `_Gathered` of `prefill_graph_wrapper`, its tables refilled in place), else on a
-        fresh `_Gathered` over the eager ragged wrapper and buffers for this pass."""
+    def _plan_gathered(self, shape, qo_indptr, kv_indptr, last_len, indices) -> None:
+        """Plans the gathered path (module docstring) from page metadata, on a fresh
+        `_Gathered` over the ragged wrapper and buffers for this pass."""
         hq, hkv, dim, q_dtype, kv_dtype, scale = shape
         pages, last = kv_indptr.tolist(), last_len.tolist()
         spans = zip(pages[:-1], pages[1:], last, strict=True)
         kv_lens = [(b - a - 1) * PAGE_SIZE + n for a, b, n in spans]
         tok_indptr = pinned([0, *itertools.accumulate(kv_lens)])
         rows, tokens = len(kv_lens), sum(kv_lens)
-        if graph is None:
-            dev = self._workspace.device
-            if self._gather_ragged is None:
-                self._gather_ragged = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
-                    self._workspace, "NHD"
-                )
-            if _holds(self._scratch, tokens, hkv, dim):  # the graphs': idle between passes
-                k, v = self._scratch
-            else:
-                k, v = (torch.empty(tokens, hkv, dim, dtype=kv_dtype, device=dev) for _ in "kv")
-            graph = _Gathered(
-                self._gather_ragged, indices, kv_indptr.to(dev, non_blocking=True),
-                tok_indptr.to(dev, non_blocking=True), rows, pages[-1], k, v,
-            )  # fmt: skip
-        else:
-            if rows != graph.rows or pages[-1] > graph.grid_pages or tokens > graph.k.shape[0]:
-                raise ValueError(f"gathered graph wrapper: {rows} rows, {tokens} KV tokens")
-            graph.page_indptr.copy_(kv_indptr, non_blocking=True)
-            graph.tok_indptr.copy_(tok_indptr, non_blocking=True)
+        dev = self._workspace.device
+        if self._gather_ragged is None:
+            self._gather_ragged = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+                self._workspace, "NHD"
+            )
+        k, v = (torch.empty(tokens, hkv, dim, dtype=kv_dtype, device=dev) for _ in "kv")
+        gathered = _Gathered(
+            self._gather_ragged, indices, kv_indptr.to(dev, non_blocking=True),
+            tok_indptr.to(dev, non_blocking=True), rows, pages[-1], k, v,
+        )  # fmt: skip
         self.guard.plan(
-            graph.wrapper, qo_indptr, tok_indptr, hq, hkv, dim, causal=True, sm_scale=scale,
+            gathered.wrapper, qo_indptr, tok_indptr, hq, hkv, dim, causal=True, sm_scale=scale,
             q_data_type=q_dtype, kv_data_type=kv_dtype,
         )  # fmt: skip
-        self._gather = graph
-        self._wrapper = graph.wrapper
+        self._gather = gathered
+        self._wrapper = gathered.wrapper
         self.gathered_passes += 1
 
     def _plan(

@@ -16,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.ops.cuda.gdn_intra import wy_repr
 from ninfer.ops.cuda.passmeta import CHUNK, PassMeta
 
 L2_EPS = 1e-6
@@ -140,10 +139,8 @@ def gdn_prefill(
     scale: float,
     meta: PassMeta,
     normalized: bool = False,
-    intra: str = "fla",
 ) -> torch.Tensor:
-    """All rows of a ragged batch through the varlen chunked stages (chunk 64): fla's (`intra`
-    picks the intra-chunk stage).
+    """All rows of a ragged batch through fla's varlen chunked stages (chunk 64).
 
     Shapes as `ninfer.ops.base.Ops.gdn`. Reads and writes state[slots]; rows with
     has_state == 0 start from zeros. `meta`: the pass's `PassMeta` (shared by its GDN layers).
@@ -153,11 +150,10 @@ def gdn_prefill(
     `Function`, no input guards, and nothing derived from `cu_seqlens` on the host or cached by
     tensor identity, so the same code runs inside a CUDA graph whose tables are refilled
     between replays. `normalized`: q and k are already L2-normalised and contiguous (as
-    `conv.causal_conv_qkv` writes them), so the l2norm stage is skipped. `intra`: "fla" (the
-    default) computes the intra-chunk stage (w, u) with fla's kkt + triangular solve and
-    recompute kernels; "ninfer" with `gdn_intra.wy_repr` (one launch, the inverse by a
-    product of matmuls: faster, but unstable when a chunk's keys are correlated, as repeated
-    tokens make them; see that module; benchmarks only). Returns o [T, Hv, dv] in v.dtype.
+    `conv.causal_conv_qkv` writes them), so the l2norm stage is skipped. The intra-chunk
+    stage (w, u) is fla's kkt + triangular solve, stable when a chunk's keys are correlated (as
+    repeated tokens make them; a product-of-matmuls inverse is not: `ninfer.bench.gdn_inverse`).
+    Returns o [T, Hv, dv] in v.dtype.
     """
     from fla.modules.l2norm import l2norm_fwd
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
@@ -173,14 +169,7 @@ def gdn_prefill(
     v, beta = v.contiguous()[None], beta.contiguous()[None]
     tables = {"cu_seqlens": meta.cu_seqlens, "chunk_indices": meta.chunk_indices}
     g = chunk_local_cumsum(g.float().contiguous()[None], CHUNK, scale=RCP_LN2, **tables)
-    if intra == "ninfer":
-        w, u = wy_repr(k, v, g, beta, meta.cu_seqlens, meta.chunk_indices)
-    elif intra == "fla":
-        w, u, _ = chunk_gated_delta_rule_fwd_intra(
-            k=k, v=v, g=g, beta=beta, chunk_size=CHUNK, **tables
-        )
-    else:
-        raise ValueError(f"intra: 'ninfer' or 'fla', not {intra!r}")
+    w, u, _ = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK, **tables)
     h, v_new, final = chunk_gated_delta_rule_fwd_h(
         k=k, w=w, u=u, g=g, initial_state=h0, output_final_state=True, chunk_size=CHUNK,
         chunk_offsets=meta.chunk_offsets, **tables,

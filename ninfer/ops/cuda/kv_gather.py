@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.forward import PAGE_SIZE
+from ninfer.page import PAGE_SIZE
 
 
 @triton.jit

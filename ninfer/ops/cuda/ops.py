@@ -91,9 +91,6 @@ class CudaOps(ReferenceOps):
         device: torch.device | str = "cuda",
         compile: bool = False,
         skinny: bool = True,
-        dims: HeadDims | None = None,
-        dtype: str | None = None,
-        kv_dtype: str | None = None,
         choices: OpChoices | None = None,
     ) -> None:
         from ninfer.ops.cuda import conv, gdn, glue
@@ -108,9 +105,8 @@ class CudaOps(ReferenceOps):
         self._passes: list[tuple[ForwardBatch, tuple, object]] = []
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
-        # the prefill conv's launch shape and the GDN prefill's intra-chunk kernel, by `choices`
+        # the prefill conv's launch shape, by `choices`
         self.conv_tile = conv.Tile(*choices.conv_tile) if choices.conv_tile else conv.TILE
-        self.gdn_intra = choices.gdn_intra
         self._rms_norm = _compiled(rms_norm_ref, compile)
         self._gated_rms_norm = _compiled(gated_rms_norm_ref, compile)
         self._rope = _compiled(_rope, compile)
@@ -119,10 +115,8 @@ class CudaOps(ReferenceOps):
         self._silu_mul = _compiled(silu_mul_ref, compile)
         self._sigmoid_mul = _compiled(sigmoid_mul_ref, compile)
         self.plan = OpPlan()
-        if dims is not None:
-            self.configure(dims, dtype or "bfloat16", kv_dtype)
 
-    def configure(self, dims: HeadDims, dtype: str, kv_dtype: str | None = None) -> OpPlan:
+    def configure(self, dims: HeadDims, dtype: str, kv_dtype: str) -> OpPlan:
         """Decides the fast paths for a model with head dims `dims` in `dtype` / `kv_dtype`
         (names, as EngineConfig's) and warns once per op that falls back. Returns the plan."""
         self.plan = plan_ops(dims, dtype, kv_dtype)
@@ -330,9 +324,7 @@ class CudaOps(ReferenceOps):
         )
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         slots = batch.state_slots
-        return self._gdn.gdn_prefill(
-            q, k, v, g, beta, state, slots, scale, meta, normalized=True, intra=self.gdn_intra
-        )
+        return self._gdn.gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=True)
 
     def gdn(
         self,
@@ -350,6 +342,4 @@ class CudaOps(ReferenceOps):
         if batch.is_decode or not self.plan.fast("gdn_prefill"):
             return super().gdn(q, k, v, g, beta, state, batch, scale)
         meta = self.pass_meta(batch)
-        return self._gdn.gdn_prefill(
-            q, k, v, g, beta, state, batch.state_slots, scale, meta, intra=self.gdn_intra
-        )
+        return self._gdn.gdn_prefill(q, k, v, g, beta, state, batch.state_slots, scale, meta)

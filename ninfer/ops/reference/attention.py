@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.forward import PAGE_SIZE
+from ninfer.page import PAGE_SIZE
 
 
 def write_kv_ref(
