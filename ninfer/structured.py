@@ -1,0 +1,178 @@
+"""Structured outputs: a request's grammar (JSON schema, regex, choice, EBNF grammar, structural
+tag) compiled for the tokenizer, and per request the matcher that says which tokens may come
+next, as a bitmask over the vocabulary (xgrammar, the engine vLLM and SGLang use by default).
+
+    Grammars (one per LLM)  --compile(spec)-->  Grammar (shared, thread-safe)
+    Grammar.start(prompt)   -->  Matcher (one per request: accept(token), the next mask)
+    token_mask(matchers)    -->  TokenMask (the sampling rows it constrains + their bitmask)
+
+Reasoning: when the prompt opens a `<think>` block it does not close (Qwen3.5's generation
+prompt with thinking on), the grammar applies from the token after the generated `</think>`;
+the reasoning stays free (as vLLM's reasoning parser does). EOS is allowed only where the
+grammar accepts; once the grammar has accepted EOS it constrains nothing more.
+
+xgrammar is imported at the first compile: an engine that serves no structured request never
+loads it. This module knows nothing about the engine; `ninfer.sampling.apply_token_mask`
+applies a `TokenMask` to the logits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.request import StructuredOutputsParams
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+# xgrammar's C++ errors start with "[time] file.cc:line: " and sometimes a failed check's text
+_ERROR_HEAD = re.compile(r"^\[[\d:. ]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+
+
+@dataclass(slots=True)
+class TokenMask:
+    """Allowed tokens of some sampling rows: `rows[i]` (an index among the step's sampling
+    rows) may sample token t iff bit t % 32 of `bits[i, t // 32]` is set (int32, CPU)."""
+
+    rows: list[int]
+    bits: torch.Tensor
+
+
+def _error_text(e: Exception) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return _ERROR_HEAD.sub("", text)
+
+
+class Grammars:
+    """Compiles `StructuredOutputsParams` for one tokenizer and one logits width."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_ids: tuple[int, ...]) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._stop_ids = tuple(stop_ids)
+        self._compiler = None
+        self._lock = threading.Lock()
+        think = tokenizer.token_to_id(THINK_OPEN), tokenizer.token_to_id(THINK_CLOSE)
+        self._think = think if None not in think else None
+
+    def _get_compiler(self):
+        with self._lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+
+                special = self._tokenizer.special_ids
+                vocab = [
+                    b"" if i in special else b for i, b in enumerate(self._tokenizer.token_bytes)
+                ]
+                info = xgr.TokenizerInfo(
+                    vocab,
+                    xgr.VocabType.RAW,
+                    vocab_size=self._vocab_size,
+                    stop_token_ids=list(self._stop_ids),
+                )
+                self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+            return self._compiler
+
+    def compile(self, spec: StructuredOutputsParams, field: str = "structured_outputs") -> Grammar:
+        """The compiled grammar of `spec` (validated); ValueError naming `field.<kind>` when
+        the engine cannot compile it. Compiled grammars are cached by their text."""
+        kind, value = spec.kind()
+        compiler = self._get_compiler()
+        try:
+            if kind == "json":
+                text = value if isinstance(value, str) else json.dumps(value)
+                compiled = compiler.compile_json_schema(text, any_whitespace=False)
+            elif kind == "json_object":  # any JSON object
+                compiled = compiler.compile_json_schema(
+                    '{"type": "object"}', any_whitespace=False, strict_mode=False
+                )
+            elif kind == "regex":
+                compiled = compiler.compile_regex(value)
+            elif kind == "choice":
+                alts = " | ".join(json.dumps(c) for c in value)
+                compiled = compiler.compile_grammar(f"root ::= {alts}")
+            elif kind == "grammar":
+                compiled = compiler.compile_grammar(value)
+            else:  # structural_tag
+                text = value if isinstance(value, str) else json.dumps(value)
+                compiled = compiler.compile_structural_tag(text)
+        except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own errors
+            raise ValueError(f"{field}.{kind}: cannot compile: {_error_text(e)}") from None
+        return Grammar(compiled, self._think)
+
+
+class Grammar:
+    """A compiled grammar; `start` makes a request's matcher (any thread)."""
+
+    __slots__ = ("_compiled", "_think")
+
+    def __init__(self, compiled, think: tuple[int, int] | None) -> None:
+        self._compiled = compiled
+        self._think = think
+
+    def start(self, prompt: list[int]) -> Matcher:
+        """A fresh matcher for a request with this prompt: it waits for `</think>` when the
+        prompt leaves a `<think>` block open."""
+        import xgrammar as xgr
+
+        waiting = None
+        if self._think is not None:
+            opened, closed = (
+                _last_index(prompt, self._think[0]),
+                _last_index(prompt, self._think[1]),
+            )
+            if opened > closed:
+                waiting = self._think[1]
+        return Matcher(xgr.GrammarMatcher(self._compiled), waiting)
+
+
+def _last_index(tokens: list[int], token: int) -> int:
+    for i in range(len(tokens) - 1, -1, -1):
+        if tokens[i] == token:
+            return i
+    return -1
+
+
+class Matcher:
+    """One request's grammar state, advanced by each committed token (engine thread)."""
+
+    __slots__ = ("_m", "_waiting")
+
+    def __init__(self, matcher, waiting_for: int | None) -> None:
+        self._m = matcher
+        self._waiting = waiting_for  # the `</think>` id while the reasoning runs, else None
+
+    @property
+    def active(self) -> bool:
+        """Whether the grammar constrains the next token."""
+        return self._waiting is None and not self._m.is_terminated()
+
+    def accept(self, token: int) -> None:
+        """Advance by a committed token; ValueError when the grammar rejects it."""
+        if self._waiting is not None:
+            if token == self._waiting:
+                self._waiting = None
+            return
+        if self._m.is_terminated():
+            return
+        if not self._m.accept_token(token):
+            raise ValueError(f"structured output: the grammar rejects token {token}")
+
+    def fill(self, bits: torch.Tensor, row: int) -> None:
+        self._m.fill_next_token_bitmask(bits, row)
+
+
+def token_mask(matchers: list[Matcher | None], vocab_size: int, pin: bool) -> TokenMask | None:
+    """The bitmask of the sampling rows whose grammar constrains their next token (None: no
+    row is constrained). `pin`: page-locked, for a non-blocking copy to the GPU."""
+    rows = [i for i, m in enumerate(matchers) if m is not None and m.active]
+    if not rows:
+        return None
+    bits = torch.empty((len(rows), (vocab_size + 31) // 32), dtype=torch.int32, pin_memory=pin)
+    for k, i in enumerate(rows):
+        matchers[i].fill(bits, k)
+    return TokenMask(rows, bits)
