@@ -84,8 +84,8 @@ class Grammars:
         compiler = self._get_compiler()
         try:
             if kind == "json":
-                text = value if isinstance(value, str) else json.dumps(value)
-                compiled = compiler.compile_json_schema(text, any_whitespace=False)
+                schema = enforceable_schema(json.loads(value) if isinstance(value, str) else value)
+                compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
             elif kind == "json_object":  # any JSON object
                 compiled = compiler.compile_json_schema(
                     '{"type": "object"}', any_whitespace=False, strict_mode=False
@@ -100,9 +100,70 @@ class Grammars:
             else:  # structural_tag
                 text = value if isinstance(value, str) else json.dumps(value)
                 compiled = compiler.compile_structural_tag(text)
+        except Unenforceable as e:
+            raise ValueError(f"{field}.{kind}: not supported: {e}") from None
         except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own errors
             raise ValueError(f"{field}.{kind}: cannot compile: {_error_text(e)}") from None
         return Grammar(compiled, self._think)
+
+
+class Unenforceable(ValueError):
+    """A JSON schema keyword the grammar would not enforce."""
+
+
+# Keywords xgrammar accepts but does not enforce (it would let invalid documents through):
+# refused, as OpenAI's strict mode refuses them.
+_UNENFORCED = (
+    *("not", "if", "then", "else", "contains", "minContains", "maxContains"),
+    *("dependentSchemas", "unevaluatedProperties", "unevaluatedItems", "oneOf"),
+)
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties", "propertyNames")
+
+
+def enforceable_schema(schema, where: str = "") -> object:
+    """`schema` rewritten into what the grammar enforces exactly, or `Unenforceable` naming
+    the keyword and where it is (a JSON pointer). A one-element `allOf` is inlined; a string's
+    `minLength` / `maxLength` becomes the pattern `^.{min,max}$` (xgrammar's own length rule
+    lets raw control characters into the string, which JSON forbids); the pattern then admits
+    no escapes, a subset of the valid strings."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _UNENFORCED:
+        if key in out:
+            raise Unenforceable(
+                f"{key!r} at {where or '/'}" + (" (use anyOf)" if key == "oneOf" else "")
+            )
+    if out.get("uniqueItems"):
+        raise Unenforceable(f"'uniqueItems' at {where or '/'}")
+    if "allOf" in out:
+        parts = out.pop("allOf")
+        if not isinstance(parts, list) or len(parts) != 1 or not isinstance(parts[0], dict):
+            raise Unenforceable(f"'allOf' with more than one schema at {where or '/'}")
+        inner = enforceable_schema(parts[0], f"{where}/allOf/0")
+        clash = set(inner) & set(out) - {"description", "title"}
+        if clash:
+            raise Unenforceable(f"'allOf' beside {sorted(clash)} at {where or '/'}")
+        out.update(inner)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: enforceable_schema(v, f"{where}/{key}/{k}") for k, v in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [enforceable_schema(v, f"{where}/{key}/{i}") for i, v in enumerate(out[key])]
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = enforceable_schema(out[key], f"{where}/{key}")
+    if "minLength" in out or "maxLength" in out:
+        if "pattern" in out or "format" in out:
+            raise Unenforceable(f"'pattern' or 'format' with a length bound at {where or '/'}")
+        lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
+        if not isinstance(lo, int) or (hi is not None and not isinstance(hi, int)):
+            raise Unenforceable(f"a length bound that is not an integer at {where or '/'}")
+        out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
+    return out
 
 
 class Grammar:
