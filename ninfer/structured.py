@@ -166,6 +166,45 @@ def enforceable_schema(schema, where: str = "") -> object:
     return out
 
 
+def tool_call_tag(tools: list[dict], choice: str, parallel: bool = True) -> dict:
+    """The structural tag (JSON data) that makes a reply a tool call in Qwen3.5's XML format
+    (`<tool_call>`, `<function=NAME>`, `<parameter=KEY>` VALUE `</parameter>` ...) whose
+    arguments follow the tool's parameters schema. `tools`: OpenAI-form function tools;
+    `choice`: "required" (calls of any of them, nothing else; one when not `parallel`) or a
+    tool's name (one call of that tool). The reasoning before it is left to
+    `Grammar.start` (free until `</think>`).
+    ValueError naming `tools[j]` for a parameters schema the grammar would not enforce."""
+    import xgrammar as xgr
+
+    checked = []
+    for j, tool in enumerate(tools):
+        fn = dict(tool["function"])
+        try:
+            fn["parameters"] = enforceable_schema(fn.get("parameters") or {"type": "object"})
+        except Unenforceable as e:
+            raise ValueError(f"tools[{j}]: parameters not supported: {e}") from None
+        checked.append({"type": "function", "function": fn})
+
+    def forced(name: str) -> dict:
+        tag = xgr.get_builtin_structural_tag(
+            "qwen_3_5",
+            tools=checked,
+            tool_choice={"type": "function", "function": {"name": name}},
+            reasoning=False,
+            max_whitespace_cnt=2,
+        )
+        return json.loads(tag.model_dump_json())["format"]
+
+    if choice != "required":
+        return {"type": "structural_tag", "format": forced(choice)}
+    # "required": the reply is tool calls only (one, or several separated by a newline as the
+    # template renders them), not text that may or may not lead to one
+    names = [t["function"]["name"] for t in checked]
+    calls = {"type": "tags_with_separator", "tags": [forced(n) for n in names], "separator": "\n"}
+    calls.update(at_least_one=True, stop_after_first=not parallel)
+    return {"type": "structural_tag", "format": calls}
+
+
 class Grammar:
     """A compiled grammar; `start` makes a request's matcher (any thread)."""
 
