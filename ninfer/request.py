@@ -65,6 +65,35 @@ class StructuredOutputsParams:
             )
         return set_[0], getattr(self, set_[0])
 
+    @classmethod
+    def from_response_format(cls, fmt: object) -> StructuredOutputsParams | None:
+        """OpenAI's `response_format` ({type: text | json_object | json_schema, json_schema:
+        {name, schema, strict}}) as a spec (None for text); ValueError naming the field."""
+        if not isinstance(fmt, dict) or fmt.get("type") not in (
+            "text",
+            "json_object",
+            "json_schema",
+        ):
+            raise ValueError("response_format.type must be text, json_object or json_schema")
+        if fmt["type"] == "text":
+            return None
+        if fmt["type"] == "json_object":
+            return cls(json_object=True)
+        inner = fmt.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else None
+        if not isinstance(schema, dict):
+            raise ValueError("response_format.json_schema.schema must be a JSON schema object")
+        return cls(json=schema)
+
+    @classmethod
+    def from_dict(cls, data: object) -> StructuredOutputsParams:
+        """vLLM's `structured_outputs` object ({"json": ...} and so on); ValueError naming it."""
+        if not isinstance(data, dict) or not set(data) <= set(_STRUCTURED_KINDS):
+            raise ValueError(
+                f"structured_outputs must be an object with one of {', '.join(_STRUCTURED_KINDS)}"
+            )
+        return cls(**data)
+
     def validated(self) -> StructuredOutputsParams:
         """A checked copy (ValueError naming the field); the grammar is compiled later, where
         the tokenizer is known (`ninfer.structured`)."""

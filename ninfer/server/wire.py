@@ -140,37 +140,17 @@ def openai_structured(extra: dict) -> Structured | None:
     found: list[Structured] = []
     fmt = extra.get("response_format")
     if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") not in (
-            "text",
-            "json_object",
-            "json_schema",
-        ):
-            raise ApiError(
-                "response_format.type must be text, json_object or json_schema",
-                "response_format.type",
-            )
-        if fmt["type"] == "json_object":
-            found.append(Structured(StructuredOutputsParams(json_object=True), "response_format"))
-        elif fmt["type"] == "json_schema":
-            inner = fmt.get("json_schema")
-            schema = inner.get("schema") if isinstance(inner, dict) else None
-            if not isinstance(schema, dict):
-                raise ApiError(
-                    "response_format.json_schema.schema must be a JSON schema object",
-                    "response_format.json_schema.schema",
-                )
-            spec = StructuredOutputsParams(json=schema)
-            found.append(Structured(spec, "response_format.json_schema.schema"))
+        try:
+            spec = StructuredOutputsParams.from_response_format(fmt)
+        except ValueError as e:
+            raise ApiError(str(e), str(e).split(" ", 1)[0]) from None
+        if spec is not None:
+            field = "response_format" if spec.json_object else "response_format.json_schema.schema"
+            found.append(Structured(spec, field))
     so = extra.get("structured_outputs")
     if so not in (None, {}):
-        kinds = StructuredOutputsParams.__dataclass_fields__
-        if not isinstance(so, dict) or not set(so) <= set(kinds):
-            raise ApiError(
-                f"structured_outputs must be an object with one of {', '.join(kinds)}",
-                "structured_outputs",
-            )
-        spec = StructuredOutputsParams(**so)
         try:
+            spec = StructuredOutputsParams.from_dict(so)
             kind, _ = spec.kind()
         except ValueError as e:
             raise ApiError(str(e), "structured_outputs") from None
