@@ -124,10 +124,11 @@ _SUBSCHEMAS = ("items", "additionalProperties", "propertyNames")
 
 def enforceable_schema(schema, where: str = "") -> object:
     """`schema` rewritten into what the grammar enforces exactly, or `Unenforceable` naming
-    the keyword and where it is (a JSON pointer). A one-element `allOf` is inlined; a string's
-    `minLength` / `maxLength` becomes the pattern `^.{min,max}$` (xgrammar's own length rule
-    lets raw control characters into the string, which JSON forbids); the pattern then admits
-    no escapes, a subset of the valid strings."""
+    the keyword and where it is (a JSON pointer). A one-element `allOf` is inlined. A string's
+    `minLength` / `maxLength` becomes the pattern `^[\\u0020-\\U0010FFFF]{min,max}$`:
+    xgrammar's own length rule lets raw control characters into the string (JSON forbids
+    them), and its `.` lets a byte-level vocabulary build invalid UTF-8; the code-point class
+    does neither. The pattern admits no escapes: a subset of the valid strings."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
@@ -162,7 +163,7 @@ def enforceable_schema(schema, where: str = "") -> object:
         lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
         if not isinstance(lo, int) or (hi is not None and not isinstance(hi, int)):
             raise Unenforceable(f"a length bound that is not an integer at {where or '/'}")
-        out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
+        out["pattern"] = f"^[\\u0020-\\U0010FFFF]{{{lo},{'' if hi is None else hi}}}$"
     return out
 
 
