@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from ninfer.request import EngineError, Metrics, RequestOutput, SamplingParams, Usage
+from ninfer.request import (
+    EngineError,
+    Metrics,
+    RequestOutput,
+    SamplingParams,
+    StructuredOutputsParams,
+    Usage,
+)
 from ninfer.version import __version__
 
 __all__ = [
@@ -11,6 +18,7 @@ __all__ = [
     "Metrics",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
     "Usage",
     "__version__",
 ]

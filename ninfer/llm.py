@@ -159,6 +159,11 @@ class LLM:
             if self._persist is not None:
                 self._persist.release()
             raise
+        from ninfer.structured import Grammars
+
+        self._grammars = (  # structured outputs: compiled for the tokenizer on first use
+            None if tokenizer is None else Grammars(tokenizer, config.vocab_size, self._engine.eos)
+        )
         if self._persist is not None:  # a process that exits without close() still saves
             atexit.register(_close_at_exit, weakref.ref(self))
         self.startup_s = time.perf_counter() - t_start  # weights, pools, warm-up, graphs
@@ -214,8 +219,9 @@ class LLM:
 
     # ---- requests ---------------------------------------------------------------------------
     def _job(
-        self, prompt: forms.PromptInput | None, params, error: str | None, stream=False, sink=None
-    ) -> Job:
+        self, prompt: forms.PromptInput | None, params, error: str | None, stream=False, sink=None,
+        grammar=None,
+    ) -> Job:  # fmt: skip
         ids = prompt.token_ids if prompt is not None else []
         hints = prompt.hints if prompt is not None else forms.PromptHints()
         return Job(
@@ -226,6 +232,7 @@ class LLM:
             sink=queue.Queue() if sink is None else sink,
             stream=stream,
             error=error,
+            grammar=grammar,
         )
 
     def _prepare(self, make_input, params, single: bool, stream=False, field="prompt") -> Job:
@@ -242,11 +249,22 @@ class LLM:
             except Exception as e:  # a malformed value of the wrong type (TypeError, ...)
                 raise ValueError(f"{field}: malformed input ({type(e).__name__}: {e})") from e
             self._check_prompt(prompt, field)
+            grammar = self._compile(frozen)
         except ValueError as e:
             if single:
                 raise
             return self._job(None, SamplingParams(), _error_text(e), stream)
-        return self._job(prompt, frozen, None, stream)
+        return self._job(prompt, frozen, None, stream, grammar=grammar)
+
+    def _compile(self, params: SamplingParams):
+        """The compiled grammar of `params.structured_outputs` (None without one); ValueError
+        naming the field when it cannot be compiled (compiled grammars are cached)."""
+        spec = params.structured_outputs
+        if spec is None:
+            return None
+        if self._grammars is None:
+            raise ValueError("structured_outputs: needs a tokenizer (this model has none)")
+        return self._grammars.compile(spec)
 
     def _check_prompt(self, prompt: forms.PromptInput, field: str) -> None:
         forms.validate(prompt, self._model_config.vocab_size, self._cfg.max_model_len)
@@ -378,6 +396,7 @@ class LLM:
         with; ValueError naming the field when the request cannot be served."""
         frozen = _checked_params(sampling_params)
         self._check_prompt(prompt, "prompt")
+        self._compile(frozen)
         return frozen
 
     def submit(
@@ -395,7 +414,7 @@ class LLM:
         (`check`); nothing is submitted then."""
         frozen = self.check(prompt, sampling_params)
         sink = _CallbackSink(on_event)
-        job = self._job(prompt, frozen, None, stream, sink=sink)
+        job = self._job(prompt, frozen, None, stream, sink=sink, grammar=self._compile(frozen))
         sink.on_final = lambda: self._forget(job)
         sink.on_raise = lambda: self._engine.cancel(job)
         self._submit(job)

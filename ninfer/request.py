@@ -6,6 +6,7 @@ above the engine and by the CLI.
 
 from __future__ import annotations
 
+import json as _json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -21,6 +22,8 @@ MAX_TEMPERATURE = 100.0  # logits / T stay finite and meaningful in fp32
 MIN_TEMPERATURE = 1e-5
 MAX_STOP_STRINGS = 64
 MAX_STOP_TOKEN_IDS = 1024
+MAX_CHOICES = 1024  # StructuredOutputsParams.choice
+_STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
 class EngineError(RuntimeError):
@@ -30,11 +33,106 @@ class EngineError(RuntimeError):
 
 
 @dataclass(slots=True)
+class StructuredOutputsParams:
+    """A constraint on the generated text (vLLM's name and fields); exactly one is set:
+
+    json: a JSON schema (dict or JSON text): the reply is one JSON document valid against it.
+    json_object: True: the reply is one JSON object.
+    regex: the reply matches this regular expression, whole.
+    choice: the reply is exactly one of these strings.
+    grammar: an EBNF grammar (GBNF-style, `root ::= ...`) the reply derives from.
+    structural_tag: an xgrammar structural tag (dict or JSON text), e.g. tool-call formats.
+
+    The reply may stop early on max_tokens (finish_reason "length"); a stop string or stop
+    token ends it where it matches.
+    """
+
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    structural_tag: dict | str | None = None
+
+    def kind(self) -> tuple[str, object]:
+        """(field name, value) of the one constraint set; ValueError naming the fields when
+        none or several are."""
+        set_ = [k for k in _STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        if len(set_) != 1:
+            got = ", ".join(set_) or "none"
+            raise ValueError(
+                f"structured_outputs: set exactly one of {', '.join(_STRUCTURED_KINDS)} (got {got})"
+            )
+        return set_[0], getattr(self, set_[0])
+
+    @classmethod
+    def from_response_format(cls, fmt: object) -> StructuredOutputsParams | None:
+        """OpenAI's `response_format` ({type: text | json_object | json_schema, json_schema:
+        {name, schema, strict}}) as a spec (None for text); ValueError naming the field."""
+        if not isinstance(fmt, dict) or fmt.get("type") not in (
+            "text",
+            "json_object",
+            "json_schema",
+        ):
+            raise ValueError("response_format.type must be text, json_object or json_schema")
+        if fmt["type"] == "text":
+            return None
+        if fmt["type"] == "json_object":
+            return cls(json_object=True)
+        inner = fmt.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else None
+        if not isinstance(schema, dict):
+            raise ValueError("response_format.json_schema.schema must be a JSON schema object")
+        return cls(json=schema)
+
+    @classmethod
+    def from_dict(cls, data: object) -> StructuredOutputsParams:
+        """vLLM's `structured_outputs` object ({"json": ...} and so on); ValueError naming it."""
+        if not isinstance(data, dict) or not set(data) <= set(_STRUCTURED_KINDS):
+            raise ValueError(
+                f"structured_outputs must be an object with one of {', '.join(_STRUCTURED_KINDS)}"
+            )
+        return cls(**data)
+
+    def validated(self) -> StructuredOutputsParams:
+        """A checked copy (ValueError naming the field); the grammar is compiled later, where
+        the tokenizer is known (`ninfer.structured`)."""
+        kind, value = self.kind()
+        where = f"structured_outputs.{kind}"
+        if kind in ("json", "structural_tag"):
+            if isinstance(value, str):
+                try:
+                    value = _json.loads(value)
+                except ValueError as e:
+                    raise ValueError(f"{where}: not valid JSON ({e})") from None
+            if not isinstance(value, dict):
+                raise ValueError(f"{where} must be a JSON object, got {_show(value)}")
+            try:
+                value = _json.loads(_json.dumps(value))  # a private, plain copy
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{where}: not JSON data ({e})") from None
+        elif kind == "json_object":
+            if value is not True:
+                raise ValueError(f"{where} must be True or False, got {_show(value)}")
+        elif kind == "choice":
+            if not isinstance(value, (list, tuple)) or not value or len(value) > MAX_CHOICES:
+                raise ValueError(f"{where} must be a list of 1 to {MAX_CHOICES} strings")
+            if not all(isinstance(c, str) and c and _text_ok(c) for c in value):
+                raise ValueError(f"{where} must hold non-empty strings, got {_show(value)}")
+            value = list(value)
+        elif not isinstance(value, str) or not value or not _text_ok(value):
+            raise ValueError(f"{where} must be a non-empty string, got {_show(value)}")
+        return StructuredOutputsParams(**{kind: value})
+
+
+@dataclass(slots=True)
 class SamplingParams:
     """How one request samples. `temperature=0` is greedy.
 
     `logprobs=k` returns, for every generated position, the top-k natural-log probabilities over
-    the full vocabulary (before the sampling filters) plus the chosen token's.
+    the full vocabulary (before the sampling filters) plus the chosen token's. With
+    `structured_outputs` they are those of the constrained distribution (tokens the grammar
+    forbids have -inf), as vLLM and SGLang report them.
     """
 
     max_tokens: int = 256
@@ -47,6 +145,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -76,6 +175,14 @@ class SamplingParams:
             logprobs = _int_field("logprobs", self.logprobs, 0, MAX_LOGPROBS, rng)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {_show(self.ignore_eos)}")
+        structured = self.structured_outputs
+        if structured is not None:
+            if not isinstance(structured, StructuredOutputsParams):
+                raise ValueError(
+                    "structured_outputs must be a StructuredOutputsParams, got "
+                    f"{type(structured).__name__}"
+                )
+            structured = structured.validated()
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=0.0 if temperature < MIN_TEMPERATURE else temperature,
@@ -87,6 +194,7 @@ class SamplingParams:
             stop_token_ids=_stop_ids_field(self.stop_token_ids),
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            structured_outputs=structured,
         )
 
     @property

@@ -141,6 +141,25 @@ def _logprobs(
     return _LogprobTensors(wanted, top_lp, top_ids, chosen_lp, chosen)
 
 
+def apply_token_mask(logits: torch.Tensor, rows: list[int], bits: torch.Tensor) -> None:
+    """In place: -inf on the tokens row `rows[i]` of `logits` [R, V] may not sample, bit t % 32
+    of `bits[i, t // 32]` (int32, on the host) clear. A structured output's grammar: applied
+    before the temperature and the filters, and seen by the logprobs."""
+    vocab = logits.shape[1]
+    dev = logits.device
+    words = bits.to(dev, non_blocking=True)
+    shifts = torch.arange(32, dtype=torch.int32, device=dev)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :vocab].bool()
+    if allowed.shape[1] < vocab:  # a mask narrower than the logits: the rest is forbidden
+        pad = torch.zeros(len(rows), vocab - allowed.shape[1], dtype=torch.bool, device=dev)
+        allowed = torch.cat([allowed, pad], dim=1)
+    if rows == list(range(logits.shape[0])):
+        logits.masked_fill_(~allowed, float("-inf"))
+        return
+    index = torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],

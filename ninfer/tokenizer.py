@@ -117,6 +117,24 @@ class _HFBackend:
     def id_to_token(self, token_id: int) -> str | None:
         return self.tok.id_to_token(token_id)
 
+    def token_bytes(self) -> list[bytes]:
+        added = {i: t.content for i, t in self.tok.get_added_tokens_decoder().items()}
+        decoder = json.loads(self.tok.to_str()).get("decoder") or {}
+        byte_level = "ByteLevel" in json.dumps(decoder)
+        unbyte = {c: b for b, c in _bytes_to_unicode().items()}
+        out: list[bytes] = []
+        for i in range(self.vocab_size()):
+            piece = self.tok.id_to_token(i)
+            if i in added:
+                out.append(added[i].encode())
+            elif piece is None:
+                out.append(b"")
+            elif byte_level:
+                out.append(bytes(unbyte.get(c, 0) for c in piece))
+            else:
+                out.append(_sp_piece_bytes(piece))
+        return out
+
 
 class _SPBackend:
     """A sentencepiece model. Text is split on the control pieces and the added tokens of
@@ -211,6 +229,41 @@ class _SPBackend:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.sp.id_to_piece(token_id) if 0 <= token_id < self.vocab_size() else None
+
+    def token_bytes(self) -> list[bytes]:
+        sp = self.sp
+        out: list[bytes] = []
+        for i in range(sp.get_piece_size()):
+            if sp.is_unknown(i) or sp.is_unused(i):
+                out.append(b"")
+            elif sp.is_control(i) or i in self.atomic.values():
+                out.append(sp.id_to_piece(i).encode())
+            else:
+                out.append(_sp_piece_bytes(sp.id_to_piece(i)))
+        return out
+
+
+def _sp_piece_bytes(piece: str) -> bytes:
+    """A sentencepiece-style piece's bytes: `<0xNN>` is one byte, `▁` a space."""
+    m = _BYTE_PIECE.fullmatch(piece)
+    if m is not None:
+        return bytes([int(m.group(1), 16)])
+    return piece.replace("\u2581", " ").encode()
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: byte -> the printable character standing for it."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
 
 
 class Tokenizer:
@@ -309,6 +362,12 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._b.id_to_token(token_id)
+
+    @cached_property
+    def token_bytes(self) -> tuple[bytes, ...]:
+        """Each token id's bytes as it stands in generated text (added tokens: their text;
+        unknown and unused pieces: empty). What a grammar engine matches tokens against."""
+        return tuple(self._b.token_bytes())
 
     @cached_property
     def _token_chars(self) -> int:

@@ -4,7 +4,10 @@ Input line: an object with exactly one of `prompt` (str), `prompt_token_ids` (li
 `messages` (list of {"role", "content", ...}); optional `id` (a string or an integer; default:
 the 1-based line number), `cache_breakpoints` (prompts), `tools` and `enable_thinking`
 (messages), and any SamplingParams field (max_tokens, temperature, top_p, top_k, min_p, seed,
-stop, stop_token_ids, ignore_eos, logprobs). A key outside these is an error on that line (a
+stop, stop_token_ids, ignore_eos, logprobs, structured_outputs as vLLM's object: {"json":
+schema} | {"regex": ...} | {"choice": [...]} | {"grammar": ...} | {"json_object": true}), or
+OpenAI's `response_format` ({"type": "json_schema", "json_schema": {"schema": ...}} |
+{"type": "json_object"}). A key outside these is an error on that line (a
 misspelled field must not be ignored), and so is a value of the wrong type, named with the type
 it needs. A line that cannot become a request gets an `error` instead of a request; nothing
 here raises on bad input.
@@ -21,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ninfer.request import RequestOutput, SamplingParams
+from ninfer.request import RequestOutput, SamplingParams, StructuredOutputsParams
 
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 INPUT_KINDS = ("prompt", "prompt_token_ids", "messages")
-OTHER_FIELDS = ("id", "cache_breakpoints", "tools", "enable_thinking")
+OTHER_FIELDS = ("id", "cache_breakpoints", "tools", "enable_thinking", "response_format")
 KNOWN_FIELDS = (*INPUT_KINDS, *OTHER_FIELDS, *SAMPLING_FIELDS)
 SEED_LIMIT = 1 << 64  # what a torch.Generator takes
 
@@ -164,6 +167,15 @@ def _fill(job: LineJob, obj: dict, defaults: dict[str, Any]) -> str | None:
         return '"cache_breakpoints" applies to "prompt" and "prompt_token_ids" lines only'
     sampling = {**defaults, **{k: v for k, v in obj.items() if k in SAMPLING_FIELDS}}
     try:
+        if "response_format" in obj and "structured_outputs" in obj:
+            return 'set "response_format" or "structured_outputs", not both'
+        if "response_format" in obj:
+            sampling["structured_outputs"] = StructuredOutputsParams.from_response_format(
+                obj["response_format"]
+            )
+        elif sampling.get("structured_outputs") is not None:
+            so = StructuredOutputsParams.from_dict(sampling["structured_outputs"])
+            sampling["structured_outputs"] = so
         job.params = SamplingParams(**sampling)
         job.params.validate()
     except (TypeError, ValueError) as exc:

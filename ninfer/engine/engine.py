@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer import structured
 from ninfer.cache.keys import prepare_prompt
 from ninfer.config import EngineConfig
 from ninfer.engine import faults, outputs
@@ -87,6 +88,7 @@ class Engine:
             getattr(tokenizer, "eos_token_ids", ()) or ()
         )
         self.make_gen = make_gen
+        self.vocab_size = model_config.vocab_size  # the logits' width (structured outputs' masks)
         self.device = torch.device(cfg.device)
         self.kv_state = KVState(cfg, model_config, self.device)
         mem = self.kv_state
@@ -336,10 +338,10 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _launch(self, rows: list[Row], lanes: list[Lane], feed=None) -> Launched:
+    def _launch(self, rows: list[Row], lanes: list[Lane], feed=None, mask=None) -> Launched:
         """runner.launch; a non-fatal fault becomes a StepFault naming the step's lanes."""
         try:
-            return self.runner.launch(rows, feed)
+            return self.runner.launch(rows, feed, mask)
         except Exception as e:
             if faults.is_fatal(e):
                 raise
@@ -414,6 +416,8 @@ class Engine:
                 else:
                     lane.detok = outputs.new_detokenizer(self.tokenizer, job)
                     lane.generator = self._generator(job)
+                    if job.grammar is not None:
+                        lane.grammar = job.grammar.start(job.prompt)
                     if job.params.logprobs is not None:
                         lane.logprobs = []
             except Exception as e:  # its own state cannot be built: this request alone fails
@@ -475,7 +479,10 @@ class Engine:
                 self.kv_state.counters.prefill_tokens += s.end - s.start
         if suspended:
             self._suspend(suspended)
-        launched = self._launch(rows, [s.lane for s in runnable]) if rows else None
+        launched = None
+        if rows:
+            mask = self._token_mask([s.lane for s in runnable if s.samples])
+            launched = self._launch(rows, [s.lane for s in runnable], mask=mask)
         for s in runnable:
             s.lane.computed = s.end
         flight = InFlight(runnable, launched)
@@ -540,7 +547,13 @@ class Engine:
         ]
         if not self.runner.can_overlap(rows):
             return False
-        launched = self._launch(rows, lanes, flight.launched.feed(list(range(len(rows)))))
+        # A structured output's mask for this step needs the token of the step in flight: the
+        # forward is launched now and its sampling once that step is settled, the mask computed
+        # on the host while the GPU runs the forward. A step without one samples at once.
+        constrained = any(lane.grammar is not None for lane in lanes)
+        mask = (lambda: self._token_mask(lanes)) if constrained else None
+        feed = flight.launched.feed(list(range(len(rows))))
+        launched = self._launch(rows, lanes, feed, mask=mask)
         slices = []
         for lane in lanes:
             slices.append(Slice(lane, lane.computed, lane.computed + 1))
@@ -548,7 +561,28 @@ class Engine:
         self.inflight = InFlight(slices, launched)
         self.overlapped_steps += 1
         self._settle(flight)
+        if constrained:
+            self._sample_deferred(launched, lanes)
         return True
+
+    def _token_mask(self, lanes: list[Lane]):
+        """The structured outputs' allowed tokens for the sampling rows of `lanes` (None when
+        no lane's grammar constrains its next token: a free batch computes nothing)."""
+        grammars = [lane.grammar for lane in lanes]
+        if all(g is None for g in grammars):
+            return None
+        pin = self.device.type == "cuda"
+        return structured.token_mask(grammars, self.vocab_size, pin)
+
+    def _sample_deferred(self, launched: Launched, lanes: list[Lane]) -> None:
+        """Queue the sampling of a step launched with a deferred mask (a fault fails the
+        step's lanes, as the launch's would)."""
+        try:
+            launched.sample()
+        except Exception as e:
+            if faults.is_fatal(e):
+                raise
+            raise StepFault(lanes, e) from e
 
     def _sure_to_stop(self, lane: Lane) -> bool:
         """The lane finishes on its pending token whatever it is (max_tokens, model length)."""
@@ -605,6 +639,8 @@ class Engine:
     def _append(self, lane: Lane, token: int, logprobs, now: float) -> None:
         if not lane.t_first:
             lane.t_first = now
+        if lane.grammar is not None:
+            lane.grammar.accept(token)  # raises for a token the grammar rejects: the lane fails
         lane.tokens.append(token)
         if lane.logprobs is not None:
             lane.logprobs.append(logprobs or {})

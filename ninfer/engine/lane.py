@@ -69,6 +69,7 @@ class Job:
     error: str | None = None  # set before submission: finish at once with this error
     blocks: Any = None  # ninfer.cache.keys.PromptBlocks, built by Engine.submit (None: no cache)
     coalesced: bool = False  # waited at least once for a prefilling sibling (§12.2)
+    grammar: Any = None  # ninfer.structured.Grammar of params.structured_outputs, or None
     # suspended (§9.5): the lane it resumes (tokens, sampler and detokenizer state, metrics);
     # `blocks` then describe resume.tokens
     resume: Lane | None = None
@@ -121,6 +122,7 @@ class Lane:
     last_snapshot: int = 0  # frontier of the deepest snapshot on the lane's path
     detok: Any = None  # incremental detokenizer state (ninfer.detokenizer)
     generator: torch.Generator | None = None
+    grammar: Any = None  # ninfer.structured.Matcher: the structured output's state, or None
     logprobs: list[dict[int, float]] | None = None
     text: str = ""  # detokenized text not yet streamed
     streamed_tokens: int = 0
@@ -141,13 +143,14 @@ class Lane:
         return self.usage_cached or (self.cached_tokens, self.cached_prefix_tokens)
 
     def carry(self, old: Lane) -> None:
-        """A resumed admission takes over the suspended lane's request state: sampler and
-        detokenizer state, stream position, logprobs, timings and usage, so the client sees
+        """A resumed admission takes over the suspended lane's request state: sampler, grammar
+        and detokenizer state, stream position, logprobs, timings and usage, so the client sees
         one uninterrupted request. Its own resume frontier (`cached_tokens`) stays: the KV
         decisions of this admission read it; usage reports the first admission's."""
         self.gen_start = old.gen_start
         self.suspensions = old.suspensions
         self.detok, self.generator, self.logprobs = old.detok, old.generator, old.logprobs
+        self.grammar = old.grammar
         self.text, self.streamed_tokens = old.text, old.streamed_tokens
         self.t_admit, self.t_first = old.t_admit, old.t_first
         self.prefill_done_t = old.prefill_done_t

@@ -17,9 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ninfer.request import RequestOutput, Usage
+from ninfer.request import RequestOutput, StructuredOutputsParams, Usage
 from ninfer.server.errors import ApiError
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolEnd, ToolStart
+from ninfer.server.wire import Structured, tool_structured
 
 
 class MessagesRequest(BaseModel):
@@ -244,6 +245,44 @@ def convert_messages(req: MessagesRequest) -> list[dict]:
     if req.cache_control and out:
         out[-1]["cache_control"] = {"type": "ephemeral"}
     return out
+
+
+def output_structured(req: MessagesRequest) -> Structured | None:
+    """`output_config.format` (or the beta's `output_format`): {type: json_schema, schema}."""
+    extra = req.model_extra or {}
+    found = []
+    config = extra.get("output_config")
+    if config not in (None, {}):
+        if not isinstance(config, dict) or set(config) - {"format"}:
+            raise ApiError("output_config: only format is supported", "output_config")
+        if config.get("format") is not None:
+            found.append((config["format"], "output_config.format"))
+    if extra.get("output_format") is not None:
+        found.append((extra["output_format"], "output_format"))
+    if len(found) > 1:
+        raise ApiError("output_format: set output_config.format or output_format", "output_format")
+    if not found:
+        return None
+    fmt, field = found[0]
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise ApiError(f"{field}.type must be json_schema", f"{field}.type")
+    if not isinstance(fmt.get("schema"), dict):
+        raise ApiError(f"{field}.schema must be a JSON schema object", f"{field}.schema")
+    return Structured(StructuredOutputsParams(json=fmt["schema"]), f"{field}.schema")
+
+
+def forced_tool(req: MessagesRequest, tools: list[dict] | None) -> Structured | None:
+    """tool_choice {type: any} / {type: tool, name}: the reply is a call (Qwen3.5's format)."""
+    choice = req.tool_choice or {}
+    parallel = not choice.get("disable_parallel_tool_use", False)
+    if choice.get("type") == "any":
+        return tool_structured(tools, "required", parallel)
+    if choice.get("type") == "tool":
+        name = choice.get("name")
+        if not tools or name not in {t["function"]["name"] for t in tools}:
+            raise ApiError(f"tool_choice.name: no tool is named {name!r}", "tool_choice.name")
+        return tool_structured(tools, {"function": {"name": name}}, parallel)
+    return None
 
 
 def convert_tools(req: MessagesRequest) -> tuple[list[dict] | None, bool]:

@@ -31,7 +31,7 @@ from ninfer.server.context import (
 from ninfer.server.driver import Rendered
 from ninfer.server.errors import ApiError, anthropic_body, from_value_error
 from ninfer.server.tool_calls import OutputParser, Text, parse_text, tool_schemas
-from ninfer.server.wire import new_id, sampling_params
+from ninfer.server.wire import new_id, one_structured, sampling_params
 
 router = APIRouter()
 Srv = Annotated[Serving, Depends(serving)]
@@ -67,6 +67,7 @@ async def count_tokens(request: Request, srv: Srv):
 async def messages(request: Request, srv: Srv):
     req = await srv.parse(request, anth.MessagesRequest)
     rendered, tools = await srv.offload(_render, srv, req)
+    structured = one_structured(anth.output_structured(req), anth.forced_tool(req, tools))
     params = sampling_params(
         max_tokens=req.max_tokens,
         max_tokens_field="max_tokens",
@@ -75,8 +76,10 @@ async def messages(request: Request, srv: Srv):
         top_p=req.top_p,
         top_k=req.top_k,
         stop=req.stop_sequences,
+        structured=None if structured is None else structured.spec,
     )
-    params = srv.validate(rendered, params, "messages")
+    sfield = None if structured is None else structured.field
+    params = await srv.offload(srv.validate, rendered, params, "messages", sfield)
     schemas = tool_schemas(tools) if tools else None
     mid = new_id("msg_")
 

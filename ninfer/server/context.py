@@ -97,10 +97,18 @@ class Serving:
             kwargs = {**kwargs, "enable_thinking": self.thinking_default}
         return kwargs
 
-    def validate(self, rendered: Rendered, params: SamplingParams, field: str) -> SamplingParams:
+    def validate(
+        self, rendered: Rendered, params: SamplingParams, field: str, structured: str | None = None
+    ) -> SamplingParams:
+        """The engine's checked copy of `params`; an ApiError naming the field otherwise (a
+        structured output's compile error names `structured`, the wire field it came from)."""
         try:
             return self.driver.validate(rendered, params)
         except ValueError as e:
+            text = str(e)
+            if structured is not None and text.startswith("structured_outputs"):
+                head, _, rest = text.partition(": ")
+                raise ApiError(f"{structured}: {rest}", structured) from None
             raise from_value_error(e, field) from None
 
     async def _collect(self, rendered: Rendered, params: SamplingParams) -> RequestOutput:
@@ -134,17 +142,10 @@ class Serving:
 # (as the APIs themselves ignore unknown fields: `user`, `store`, `metadata`, `service_tier`,
 # ...). The fields below change the output; a request that sets one to anything but its no-op
 # value is refused with a 400 naming it, never served as if it were absent. The one table: the
-# route's kind -> {field: (its no-op values, why)}.
-_SOON = "not supported yet (structured outputs)"
+# route's kind -> {field: (its no-op values, why)}. (Structured outputs: `wire.py`.)
 _NO = "not supported by this server"
 _SAMPLING_EXTRAS: dict[str, tuple[tuple, str]] = {  # vLLM's extensions over both OpenAI routes
     "logit_bias": ((None, {}), _NO),
-    "response_format": ((None, {"type": "text"}), _SOON),
-    "structured_outputs": ((None, {}), _SOON),
-    "guided_json": ((None,), _SOON),
-    "guided_regex": ((None,), _SOON),
-    "guided_choice": ((None, []), _SOON),
-    "guided_grammar": ((None,), _SOON),
     "best_of": ((None, 1), _NO),
     "use_beam_search": ((None, False), _NO),
     "length_penalty": ((None, 1, 1.0), _NO),
@@ -181,8 +182,6 @@ REFUSED_FIELDS: dict[str, dict[str, tuple[tuple, str]]] = {
         "suffix": ((None, ""), _NO),
     },
     "messages": {
-        "output_format": ((None,), _SOON),
-        "output_config": ((None, {}), _SOON),
         "mcp_servers": ((None, []), _NO),
         "container": ((None,), _NO),
         "context_management": ((None,), _NO),

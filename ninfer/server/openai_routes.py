@@ -32,7 +32,18 @@ from ninfer.server.context import (
 from ninfer.server.driver import Rendered
 from ninfer.server.errors import ApiError, from_value_error, openai_body
 from ninfer.server.tool_calls import OutputParser, parse_text, tool_schemas
-from ninfer.server.wire import check_n, check_room, new_id, now, sampling_params, siblings
+from ninfer.server.wire import (
+    Structured,
+    check_n,
+    check_room,
+    new_id,
+    now,
+    one_structured,
+    openai_structured,
+    sampling_params,
+    siblings,
+    tool_structured,
+)
 
 router = APIRouter()
 Srv = Annotated[Serving, Depends(serving)]
@@ -95,8 +106,18 @@ def _chat_prepare(srv: Serving, req: oai.ChatRequest) -> _Prepared:
     k = oai.chat_logprobs_k(req)
     max_tokens = req.max_completion_tokens or req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-    params = _params(srv, req, rendered, max_tokens, field, k, n)
-    return _Prepared(rendered, _siblings(srv, rendered, params, n, field, "messages"), k, tools)
+    parallel = req.parallel_tool_calls is not False
+    structured = one_structured(
+        openai_structured(_fields(req)), tool_structured(tools, req.tool_choice, parallel)
+    )
+    params = _params(srv, req, rendered, max_tokens, field, k, n, structured)
+    plist = _siblings(srv, rendered, params, n, field, "messages", structured)
+    return _Prepared(rendered, plist, k, tools)
+
+
+def _fields(req) -> dict:
+    """A request's fields by name, the undeclared (vLLM's extensions) included."""
+    return {**(req.model_extra or {}), **{k: getattr(req, k) for k in type(req).model_fields}}
 
 
 def _chat_body(srv: Serving, req: oai.ChatRequest, prep: _Prepared, outs: list) -> bytes:
@@ -255,8 +276,10 @@ def _completion_one(srv: Serving, req: oai.CompletionRequest, one, max_tokens, k
     except ValueError as e:
         raise from_value_error(e, "prompt") from None
     rendered.text = one if isinstance(one, str) else ""
-    params = _params(srv, req, rendered, max_tokens, "max_tokens", k, n)
-    return _Prepared(rendered, _siblings(srv, rendered, params, n, "max_tokens", "prompt"), k)
+    structured = openai_structured(_fields(req))
+    params = _params(srv, req, rendered, max_tokens, "max_tokens", k, n, structured)
+    plist = _siblings(srv, rendered, params, n, "max_tokens", "prompt", structured)
+    return _Prepared(rendered, plist, k)
 
 
 def _completion_body(srv: Serving, req: oai.CompletionRequest, batch: _Batch, outs) -> bytes:
@@ -358,11 +381,14 @@ async def _completion_events(
 
 
 def _siblings(
-    srv: Serving, rendered: Rendered, params: SamplingParams, n: int, field: str, prompt_field: str
-) -> list[SamplingParams]:
-    """The n choices' parameters, once the engine has checked the prompt and `params` and the
-    choices' replies fit in the KV pages beside the prompt."""
-    checked = srv.validate(rendered, params, prompt_field)
+    srv: Serving, rendered: Rendered, params: SamplingParams, n: int, field: str, prompt_field: str,
+    structured: Structured | None = None,
+) -> list[SamplingParams]:  # fmt: skip
+    """The n choices' parameters, once the engine has checked the prompt and `params` (its
+    structured output compiled) and the choices' replies fit in the KV pages beside the
+    prompt."""
+    sfield = structured.field if structured is not None else None
+    checked = srv.validate(rendered, params, prompt_field, sfield)
     check_room(n, checked.max_tokens, field, _room(srv, rendered))
     return siblings(checked, n)
 
@@ -372,7 +398,7 @@ def _room(srv: Serving, rendered: Rendered) -> int:
     return srv.driver.kv_capacity_tokens - len(rendered.prompt.token_ids)
 
 
-def _params(srv, req, rendered, max_tokens, field: str, k, n: int):
+def _params(srv, req, rendered, max_tokens, field: str, k, n: int, structured=None):
     """The sampling parameters both OpenAI endpoints read from their request, checked by the
     wire rules (`sampling_params`) against the room left after the rendered prompt (with n
     choices, a reply's default length is its share of the KV pages)."""
@@ -396,4 +422,5 @@ def _params(srv, req, rendered, max_tokens, field: str, k, n: int):
         stop=req.stop,
         logprobs=k,
         ignore_eos=req.ignore_eos,
+        structured=None if structured is None else structured.spec,
     )

@@ -90,7 +90,18 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, dict]:
 
 def convert_value(raw: str, schema: dict | None) -> object:
     """A parameter's text as the schema types it: strings stay text; other declared types
-    are JSON-parsed when they parse; an undeclared parameter stays text."""
+    are JSON-parsed when they parse; an enum or const value is read without the whitespace
+    around it; an undeclared parameter stays text."""
+    if isinstance(schema, dict) and ("enum" in schema or "const" in schema):
+        # a constrained reply may pad the value with whitespace (the format's, not the value's)
+        value = raw.strip()
+        choices = schema.get("enum") if "enum" in schema else [schema["const"]]
+        if value in [c for c in choices or [] if isinstance(c, str)]:
+            return value
+        try:
+            return json.loads(value)
+        except ValueError:
+            return raw
     kind = schema.get("type") if isinstance(schema, dict) else None
     if kind is None or kind == "string" or (isinstance(kind, list) and "string" in kind):
         return raw

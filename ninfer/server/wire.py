@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from dataclasses import dataclass
 
-from ninfer.request import SamplingParams
+from ninfer.request import SamplingParams, StructuredOutputsParams
 from ninfer.server.errors import ApiError
 
 MAX_N = 16
@@ -44,6 +45,7 @@ def sampling_params(
     stop=None,
     logprobs: int | None = None,
     ignore_eos: bool = False,
+    structured: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """SamplingParams from wire fields, every bad value an ApiError naming its field.
     `remaining`: context left after the prompt (the default and the cap of max_tokens)."""
@@ -78,6 +80,7 @@ def sampling_params(
         stop=stop or None,
         logprobs=logprobs,
         ignore_eos=ignore_eos,
+        structured_outputs=structured,
     )
     try:
         params.validate()
@@ -115,3 +118,75 @@ def check_n(n) -> int:
 
 def token_text(tokenizer, token_id: int) -> str:
     return tokenizer.token_text(token_id) if tokenizer is not None else ""
+
+
+# ---- structured outputs -----------------------------------------------------------------------
+# vLLM's extra fields over both OpenAI routes, each one StructuredOutputsParams kind
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+           "guided_grammar": "grammar"}  # fmt: skip
+
+
+@dataclass(slots=True)
+class Structured:
+    """A request's structured output: the spec, and the wire field its errors name."""
+
+    spec: StructuredOutputsParams
+    field: str
+
+
+def openai_structured(extra: dict) -> Structured | None:
+    """`response_format` (text | json_object | json_schema) or vLLM's `structured_outputs` /
+    `guided_*` fields of an OpenAI request (`extra`: its fields by name); at most one."""
+    found: list[Structured] = []
+    fmt = extra.get("response_format")
+    if fmt is not None:
+        try:
+            spec = StructuredOutputsParams.from_response_format(fmt)
+        except ValueError as e:
+            raise ApiError(str(e), str(e).split(" ", 1)[0]) from None
+        if spec is not None:
+            field = "response_format" if spec.json_object else "response_format.json_schema.schema"
+            found.append(Structured(spec, field))
+    so = extra.get("structured_outputs")
+    if so not in (None, {}):
+        try:
+            spec = StructuredOutputsParams.from_dict(so)
+            kind, _ = spec.kind()
+        except ValueError as e:
+            raise ApiError(str(e), "structured_outputs") from None
+        found.append(Structured(spec, f"structured_outputs.{kind}"))
+    for name, kind in _GUIDED.items():
+        if extra.get(name) not in (None, [], ""):
+            found.append(Structured(StructuredOutputsParams(**{kind: extra[name]}), name))
+    if len(found) > 1:
+        names = " and ".join(f.field.split(".")[0] for f in found)
+        raise ApiError(f"{names}: set one structured output, not several", found[1].field)
+    return found[0] if found else None
+
+
+def tool_structured(tools: list[dict] | None, choice, parallel: bool = True) -> Structured | None:
+    """A tool choice that forces a call ("required" / a named function, OpenAI-form `choice`)
+    as the structured output of Qwen3.5's tool-call format (None for auto / none)."""
+    if not tools or choice in (None, "auto", "none"):
+        return None
+    from ninfer.structured import tool_call_tag
+
+    name = "required" if choice == "required" else choice["function"]["name"]
+    try:
+        tag = tool_call_tag(tools, name, parallel)
+    except ValueError as e:
+        field = str(e).split(":", 1)[0]
+        raise ApiError(str(e), field) from None
+    return Structured(StructuredOutputsParams(structural_tag=tag), "tools")
+
+
+def one_structured(*found: Structured | None) -> Structured | None:
+    """The request's one structured output; ApiError when two fields ask for one."""
+    given = [f for f in found if f is not None]
+    if len(given) > 1:
+        raise ApiError(
+            f"{given[1].field}: a forced tool call and {given[0].field} cannot both constrain "
+            "the reply",
+            given[1].field,
+        )
+    return given[0] if given else None

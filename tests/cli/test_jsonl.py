@@ -93,3 +93,16 @@ def test_any_value_of_any_field_is_accepted_or_an_error_naming_that_field(field,
         job.params.validate()  # what was accepted is a valid request
     else:
         assert f'"{field}"' in job.error or field in job.error, job.error
+
+
+def test_response_format_and_structured_outputs_lines():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    job = parse_line(1, json.dumps({"prompt": "hi", "response_format": fmt}), {})
+    assert job.error is None and job.params.structured_outputs.json == schema
+    job = parse_line(2, json.dumps({"prompt": "hi", "structured_outputs": {"regex": "a+"}}), {})
+    assert job.error is None and job.params.structured_outputs.regex == "a+"
+    job = parse_line(3, json.dumps({"prompt": "hi", "response_format": {"type": "yaml"}}), {})
+    assert "response_format.type" in job.error
+    both = {"prompt": "hi", "response_format": fmt, "structured_outputs": {"regex": "a"}}
+    assert "not both" in parse_line(4, json.dumps(both), {}).error

@@ -173,7 +173,7 @@ def test_unknown_route_and_method_in_api_shape(served):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("response_format", {"type": "json_object"}),
+        ("use_beam_search", True),
         ("logit_bias", {"5": 10}),
         ("best_of", 3),
         ("repetition_penalty", 1.2),
@@ -190,9 +190,9 @@ def test_chat_refuses_unimplemented_fields(oai, field, value):
 def test_refusals_say_why_and_noops_pass(oai, anth):
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(
-            model=MODEL, max_tokens=2, messages=HELLO, response_format={"type": "json_object"}
+            model=MODEL, max_tokens=2, messages=HELLO, extra_body={"min_tokens": 3}
         )
-    assert "not supported yet" in e.value.message
+    assert "not supported by this server" in e.value.message
     for field, value in (("suffix", "end"), ("best_of", 2), ("logit_bias", {"5": 1})):
         with pytest.raises(openai.BadRequestError) as e:
             oai.completions.create(model=MODEL, prompt="x", max_tokens=2, **{field: value})

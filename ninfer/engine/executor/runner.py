@@ -35,6 +35,7 @@ from ninfer.engine.faults import is_fatal
 from ninfer.forward import ForwardBatch, ModelCache, split_last_row
 from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
+from ninfer.sampling import apply_token_mask
 
 
 @dataclass(slots=True)
@@ -73,24 +74,41 @@ class StepResult:
 
 
 class Launched:
-    """A launched step: its sampled ids are being copied to pinned host memory."""
+    """A launched step: its sampled ids are being copied to pinned host memory.
 
-    def __init__(self, rows: list[Row], sampled) -> None:
+    A step launched with a deferred token mask (`Runner.launch(..., mask=callable)`) has run
+    its forward only; its rows are sampled at `sample()` (or at the first `feed` / `result`),
+    with the mask the callable returns then: the host computes it while the GPU runs the
+    forward."""
+
+    def __init__(self, rows: list[Row], sampled, deferred: Callable[[], object] | None = None):
         self.rows = rows
-        self.sampled = sampled  # the sampler's result (`ninfer.sampling.SampleResult`) or None
+        self.sampled = None  # the sampler's result (`ninfer.sampling.SampleResult`) or None
         self.tokens: torch.Tensor | None = None  # sampled ids on the device, for a `Feed`
         self._host: torch.Tensor | None = None
         self._event = None
+        self._deferred = deferred  # () -> the sampler's result, run once by `sample`
         if sampled is not None:
-            self.tokens = sampled.token_ids
-            if self.tokens.is_cuda:
-                self._host = torch.empty(self.tokens.shape, dtype=torch.int64, pin_memory=True)
-                self._host.copy_(self.tokens, non_blocking=True)
-                self._event = torch.cuda.Event()
-                self._event.record()
+            self._copy(sampled)
         self._result: StepResult | None = None
 
+    def _copy(self, sampled) -> None:
+        self.sampled = sampled
+        self.tokens = sampled.token_ids
+        if self.tokens.is_cuda:
+            self._host = torch.empty(self.tokens.shape, dtype=torch.int64, pin_memory=True)
+            self._host.copy_(self.tokens, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def sample(self) -> None:
+        """Sample a step launched with a deferred mask (nothing for any other step)."""
+        if self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            self._copy(deferred())
+
     def feed(self, index: list[int]) -> Feed:
+        self.sample()
         if self.tokens is None:
             raise ValueError("feed: the launched step sampled nothing")
         return Feed(self.tokens, index)
@@ -99,6 +117,7 @@ class Launched:
         """Waits for the step's sampled ids (the host sync) and maps them to rows."""
         if self._result is not None:
             return self._result
+        self.sample()
         rows = self.rows
         n = len(rows)
         out = StepResult(tokens=[None] * n, logprobs=[None] * n, errors=[None] * n)
@@ -243,19 +262,26 @@ class Runner:
             return True
         return self.graphs is not None and self.graphs.can_run(rows)
 
-    def launch(self, rows: list[Row], feed: Feed | None = None) -> Launched:
+    def launch(self, rows: list[Row], feed: Feed | None = None, mask=None) -> Launched:
         """Queue one ragged forward pass and the sampling of every row that asks for it; no
         host sync. `feed`: every row is one sampled token whose id comes from an earlier
-        launch (`Launched.feed`), not from `Row.token_ids`."""
+        launch (`Launched.feed`), not from `Row.token_ids`. `mask`: the structured outputs'
+        allowed tokens (`ninfer.structured.TokenMask`, its rows indexing the sampling rows),
+        or a callable returning one (or None) that `Launched.sample` calls: the sampling is
+        then queued after the forward, once the host has the mask."""
         logits = self.forward(rows, feed)
         want = [r for r in rows if r.sample is not None]
         if not want:
             return Launched(rows, None)
-        return Launched(rows, self._sample(logits, want))
+        if callable(mask):
+            return Launched(rows, None, deferred=lambda: self._sample(logits, want, mask()))
+        return Launched(rows, self._sample(logits, want, mask))
 
-    def _sample(self, logits: torch.Tensor, want: list[Row]):
+    def _sample(self, logits: torch.Tensor, want: list[Row], mask=None):
         """Sample every row at once; if that raises, row by row, so that a row whose sampling
         fails fails alone (`RowSamples.errors`) and the others get their tokens."""
+        if mask is not None:
+            apply_token_mask(logits, mask.rows, mask.bits)
         params, gens = [r.sample for r in want], [r.generator for r in want]
         # A fault can strike after the batch call advanced some seeded generators: the row-by-row
         # retry starts each from where it stood before the step, so a neighbour draws as in a

@@ -1,0 +1,279 @@
+"""Structured outputs: a request's grammar (JSON schema, regex, choice, EBNF grammar, structural
+tag) compiled for the tokenizer, and per request the matcher that says which tokens may come
+next, as a bitmask over the vocabulary (xgrammar, the engine vLLM and SGLang use by default).
+
+    Grammars (one per LLM)  --compile(spec)-->  Grammar (shared, thread-safe)
+    Grammar.start(prompt)   -->  Matcher (one per request: accept(token), the next mask)
+    token_mask(matchers)    -->  TokenMask (the sampling rows it constrains + their bitmask)
+
+Reasoning: when the prompt opens a `<think>` block it does not close (Qwen3.5's generation
+prompt with thinking on), the grammar applies from the token after the generated `</think>`;
+the reasoning stays free (as vLLM's reasoning parser does). EOS is allowed only where the
+grammar accepts; once the grammar has accepted EOS it constrains nothing more.
+
+xgrammar is imported at the first compile: an engine that serves no structured request never
+loads it. This module knows nothing about the engine; `ninfer.sampling.apply_token_mask`
+applies a `TokenMask` to the logits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.request import StructuredOutputsParams
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+# xgrammar's C++ errors start with "[time] file.cc:line: " and sometimes a failed check's text
+_ERROR_HEAD = re.compile(r"^\[[\d:. ]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+
+
+@dataclass(slots=True)
+class TokenMask:
+    """Allowed tokens of some sampling rows: `rows[i]` (an index among the step's sampling
+    rows) may sample token t iff bit t % 32 of `bits[i, t // 32]` is set (int32, CPU)."""
+
+    rows: list[int]
+    bits: torch.Tensor
+
+
+def _error_text(e: Exception) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return _ERROR_HEAD.sub("", text)
+
+
+class Grammars:
+    """Compiles `StructuredOutputsParams` for one tokenizer and one logits width."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_ids: tuple[int, ...]) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._stop_ids = tuple(stop_ids)
+        self._compiler = None
+        self._lock = threading.Lock()
+        think = tokenizer.token_to_id(THINK_OPEN), tokenizer.token_to_id(THINK_CLOSE)
+        self._think = think if None not in think else None
+
+    def _get_compiler(self):
+        with self._lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+
+                special = self._tokenizer.special_ids
+                vocab = [
+                    b"" if i in special else b for i, b in enumerate(self._tokenizer.token_bytes)
+                ]
+                info = xgr.TokenizerInfo(
+                    vocab,
+                    xgr.VocabType.RAW,
+                    vocab_size=self._vocab_size,
+                    stop_token_ids=list(self._stop_ids),
+                )
+                self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+            return self._compiler
+
+    def compile(self, spec: StructuredOutputsParams, field: str = "structured_outputs") -> Grammar:
+        """The compiled grammar of `spec` (validated); ValueError naming `field.<kind>` when
+        the engine cannot compile it. Compiled grammars are cached by their text."""
+        kind, value = spec.kind()
+        compiler = self._get_compiler()
+        try:
+            if kind == "json":
+                schema = enforceable_schema(json.loads(value) if isinstance(value, str) else value)
+                compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+            elif kind == "json_object":  # any JSON object
+                compiled = compiler.compile_json_schema(
+                    '{"type": "object"}', any_whitespace=False, strict_mode=False
+                )
+            elif kind == "regex":
+                compiled = compiler.compile_regex(value)
+            elif kind == "choice":
+                alts = " | ".join(json.dumps(c) for c in value)
+                compiled = compiler.compile_grammar(f"root ::= {alts}")
+            elif kind == "grammar":
+                compiled = compiler.compile_grammar(value)
+            else:  # structural_tag
+                text = value if isinstance(value, str) else json.dumps(value)
+                compiled = compiler.compile_structural_tag(text)
+        except Unenforceable as e:
+            raise ValueError(f"{field}.{kind}: not supported: {e}") from None
+        except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own errors
+            raise ValueError(f"{field}.{kind}: cannot compile: {_error_text(e)}") from None
+        return Grammar(compiled, self._think)
+
+
+class Unenforceable(ValueError):
+    """A JSON schema keyword the grammar would not enforce."""
+
+
+# Keywords xgrammar accepts but does not enforce (it would let invalid documents through):
+# refused, as OpenAI's strict mode refuses them.
+_UNENFORCED = (
+    *("not", "if", "then", "else", "contains", "minContains", "maxContains"),
+    *("dependentSchemas", "unevaluatedProperties", "unevaluatedItems", "oneOf"),
+)
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties", "propertyNames")
+
+
+def enforceable_schema(schema, where: str = "") -> object:
+    """`schema` rewritten into what the grammar enforces exactly, or `Unenforceable` naming
+    the keyword and where it is (a JSON pointer). A one-element `allOf` is inlined. A string's
+    `minLength` / `maxLength` becomes the pattern `^[\\u0020-\\U0010FFFF]{min,max}$`:
+    xgrammar's own length rule lets raw control characters into the string (JSON forbids
+    them), and its `.` lets a byte-level vocabulary build invalid UTF-8; the code-point class
+    does neither. The pattern admits no escapes: a subset of the valid strings."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _UNENFORCED:
+        if key in out:
+            raise Unenforceable(
+                f"{key!r} at {where or '/'}" + (" (use anyOf)" if key == "oneOf" else "")
+            )
+    if out.get("uniqueItems"):
+        raise Unenforceable(f"'uniqueItems' at {where or '/'}")
+    if "allOf" in out:
+        parts = out.pop("allOf")
+        if not isinstance(parts, list) or len(parts) != 1 or not isinstance(parts[0], dict):
+            raise Unenforceable(f"'allOf' with more than one schema at {where or '/'}")
+        inner = enforceable_schema(parts[0], f"{where}/allOf/0")
+        clash = set(inner) & set(out) - {"description", "title"}
+        if clash:
+            raise Unenforceable(f"'allOf' beside {sorted(clash)} at {where or '/'}")
+        out.update(inner)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: enforceable_schema(v, f"{where}/{key}/{k}") for k, v in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [enforceable_schema(v, f"{where}/{key}/{i}") for i, v in enumerate(out[key])]
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = enforceable_schema(out[key], f"{where}/{key}")
+    if "minLength" in out or "maxLength" in out:
+        if "pattern" in out or "format" in out:
+            raise Unenforceable(f"'pattern' or 'format' with a length bound at {where or '/'}")
+        lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
+        if not isinstance(lo, int) or (hi is not None and not isinstance(hi, int)):
+            raise Unenforceable(f"a length bound that is not an integer at {where or '/'}")
+        out["pattern"] = f"^[\\u0020-\\U0010FFFF]{{{lo},{'' if hi is None else hi}}}$"
+    return out
+
+
+def tool_call_tag(tools: list[dict], choice: str, parallel: bool = True) -> dict:
+    """The structural tag (JSON data) that makes a reply a tool call in Qwen3.5's XML format
+    (`<tool_call>`, `<function=NAME>`, `<parameter=KEY>` VALUE `</parameter>` ...) whose
+    arguments follow the tool's parameters schema. `tools`: OpenAI-form function tools;
+    `choice`: "required" (calls of any of them, nothing else; one when not `parallel`) or a
+    tool's name (one call of that tool). The reasoning before it is left to
+    `Grammar.start` (free until `</think>`).
+    ValueError naming `tools[j]` for a parameters schema the grammar would not enforce."""
+    import xgrammar as xgr
+
+    checked = []
+    for j, tool in enumerate(tools):
+        fn = dict(tool["function"])
+        try:
+            fn["parameters"] = enforceable_schema(fn.get("parameters") or {"type": "object"})
+        except Unenforceable as e:
+            raise ValueError(f"tools[{j}]: parameters not supported: {e}") from None
+        checked.append({"type": "function", "function": fn})
+
+    def forced(name: str) -> dict:
+        tag = xgr.get_builtin_structural_tag(
+            "qwen_3_5",
+            tools=checked,
+            tool_choice={"type": "function", "function": {"name": name}},
+            reasoning=False,
+            max_whitespace_cnt=2,
+        )
+        return json.loads(tag.model_dump_json())["format"]
+
+    if choice != "required":
+        return {"type": "structural_tag", "format": forced(choice)}
+    # "required": the reply is tool calls only (one, or several separated by a newline as the
+    # template renders them), not text that may or may not lead to one
+    names = [t["function"]["name"] for t in checked]
+    calls = {"type": "tags_with_separator", "tags": [forced(n) for n in names], "separator": "\n"}
+    calls.update(at_least_one=True, stop_after_first=not parallel)
+    return {"type": "structural_tag", "format": calls}
+
+
+class Grammar:
+    """A compiled grammar; `start` makes a request's matcher (any thread)."""
+
+    __slots__ = ("_compiled", "_think")
+
+    def __init__(self, compiled, think: tuple[int, int] | None) -> None:
+        self._compiled = compiled
+        self._think = think
+
+    def start(self, prompt: list[int]) -> Matcher:
+        """A fresh matcher for a request with this prompt: it waits for `</think>` when the
+        prompt leaves a `<think>` block open."""
+        import xgrammar as xgr
+
+        waiting = None
+        if self._think is not None:
+            opened, closed = (
+                _last_index(prompt, self._think[0]),
+                _last_index(prompt, self._think[1]),
+            )
+            if opened > closed:
+                waiting = self._think[1]
+        return Matcher(xgr.GrammarMatcher(self._compiled), waiting)
+
+
+def _last_index(tokens: list[int], token: int) -> int:
+    for i in range(len(tokens) - 1, -1, -1):
+        if tokens[i] == token:
+            return i
+    return -1
+
+
+class Matcher:
+    """One request's grammar state, advanced by each committed token (engine thread)."""
+
+    __slots__ = ("_m", "_waiting")
+
+    def __init__(self, matcher, waiting_for: int | None) -> None:
+        self._m = matcher
+        self._waiting = waiting_for  # the `</think>` id while the reasoning runs, else None
+
+    @property
+    def active(self) -> bool:
+        """Whether the grammar constrains the next token."""
+        return self._waiting is None and not self._m.is_terminated()
+
+    def accept(self, token: int) -> None:
+        """Advance by a committed token; ValueError when the grammar rejects it."""
+        if self._waiting is not None:
+            if token == self._waiting:
+                self._waiting = None
+            return
+        if self._m.is_terminated():
+            return
+        if not self._m.accept_token(token):
+            raise ValueError(f"structured output: the grammar rejects token {token}")
+
+    def fill(self, bits: torch.Tensor, row: int) -> None:
+        self._m.fill_next_token_bitmask(bits, row)
+
+
+def token_mask(matchers: list[Matcher | None], vocab_size: int, pin: bool) -> TokenMask | None:
+    """The bitmask of the sampling rows whose grammar constrains their next token (None: no
+    row is constrained). `pin`: page-locked, for a non-blocking copy to the GPU."""
+    rows = [i for i, m in enumerate(matchers) if m is not None and m.active]
+    if not rows:
+        return None
+    bits = torch.empty((len(rows), (vocab_size + 31) // 32), dtype=torch.int32, pin_memory=pin)
+    for k, i in enumerate(rows):
+        matchers[i].fill(bits, k)
+    return TokenMask(rows, bits)
