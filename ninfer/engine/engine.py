@@ -39,7 +39,7 @@ from ninfer.engine import faults, outputs
 from ninfer.engine.executor import warmup
 from ninfer.engine.executor.runner import Launched, Row, Runner
 from ninfer.engine.kv.state import KVState
-from ninfer.engine.lane import Job, Lane
+from ninfer.engine.lane import Lane, Request
 from ninfer.engine.scheduler import Slice, may_admit, plan_step
 from ninfer.forward import ModelCache
 from ninfer.request import EngineError
@@ -93,7 +93,7 @@ class Engine:
         cache = ModelCache(kv=mem.kv.kv, conv=mem.states.conv, ssm=mem.states.ssm)
         self.runner = Runner(model, ops, cache, self.device, sampler)
         self.startup = warmup.prepare_runner(self.runner, cfg, mem.kv, mem.states)  # CUDA only
-        self.waiting: deque[Job] = deque()
+        self.waiting: deque[Request] = deque()
         self.lanes: list[Lane] = []
         self.inflight: InFlight | None = None  # a decode step launched, tokens not yet read
         self.overlapped_steps = 0  # steps launched before the previous one's tokens were read
@@ -115,7 +115,7 @@ class Engine:
         self._thread.start()
 
     # ---- the thread-safe surface --------------------------------------------------------------
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Request) -> None:
         if self._failure is not None:
             raise EngineError(self._failure_text) from self._failure
         if not self._thread.is_alive():
@@ -129,7 +129,7 @@ class Engine:
         the first caller is told), and when its thread is gone."""
         return self._failure is None and not self._stopping and self._thread.is_alive()
 
-    def cancel(self, job: Job) -> None:
+    def cancel(self, job: Request) -> None:
         job.cancelled.set()
         self._inbox.put(("wake", None))
 
@@ -146,7 +146,7 @@ class Engine:
                         raise EngineError(self._failure_text) from None
                     raise RuntimeError("the engine is closed") from None
 
-    def next_event(self, job: Job):
+    def next_event(self, job: Request):
         """The job's next StreamDelta or final RequestOutput (blocking). If the engine thread
         is gone without answering, an "abort" output instead of waiting forever."""
         while True:
@@ -373,7 +373,7 @@ class Engine:
                 continue
             self.lanes.append(lane)
 
-    def _generator(self, job: Job) -> torch.Generator | None:
+    def _generator(self, job: Request) -> torch.Generator | None:
         if job.params.greedy:
             return None
         self._gen_counter += 1

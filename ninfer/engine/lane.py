@@ -1,12 +1,12 @@
-"""A submitted request (`Job`) and an active request (`Lane`): plain data, no tensors.
+"""A submitted request (`Request`) and an active request (`Lane`): plain data, no tensors.
 
-A Lane is what admission builds from a Job: a physical state slot, a block table (`pages`),
+A Lane is what admission builds from a Request: a physical state slot, a block table (`pages`),
 and the frontier `computed` (tokens whose KV is in the pages and whose state is in the slot).
 
     tokens     |<------------- prompt (prompt_len) ------------->|<- generated ->|
     computed   0 ........ resumed ........ F ..... prefilled .... ^ frontier
 
-A suspended request (§9.5: the pool could not extend it) comes back as its Job with `resume`,
+A suspended request (§9.5: the pool could not extend it) comes back as its Request with `resume`,
 the suspended Lane: its next admission prefills what the lane knew, tokens[:len(tokens)], so
 the new lane's `prompt_len` is that length while `gen_start` stays where the request's own
 prompt ended (outputs, usage and max_tokens count from there):
@@ -50,7 +50,7 @@ class PromptHints:
 
 
 @dataclass(slots=True)
-class Job:
+class Request:
     """A request as submitted to the engine. `sink` receives StreamDelta events (when
     `stream`) and then exactly one final RequestOutput."""
 
@@ -92,7 +92,7 @@ class PendingTap:
 
 @dataclass(slots=True)
 class Lane:
-    job: Job
+    job: Request
     lane_id: int  # the prefix index's lane handle (unique per admission)
     slot: int  # physical state slot
     tokens: list[int]  # prompt + generated

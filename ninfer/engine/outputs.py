@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 
 from ninfer.detokenizer import Detokenizer
-from ninfer.engine.lane import Job, Lane
+from ninfer.engine.lane import Lane, Request
 from ninfer.request import Metrics, RequestOutput, StreamDelta, Usage
 
 
-def new_detokenizer(tokenizer, job: Job):
+def new_detokenizer(tokenizer, job: Request):
     """The lane's incremental detokenizer (None without a tokenizer: ids only, no text)."""
     if tokenizer is None:
         return None
@@ -144,7 +144,7 @@ def fault_output(lane: Lane, message: str, now: float) -> RequestOutput:
     return out
 
 
-def error_output(job: Job, message: str, reason: str = "error") -> RequestOutput:
+def error_output(job: Request, message: str, reason: str = "error") -> RequestOutput:
     return RequestOutput(
         request_id=job.request_id,
         prompt_token_ids=list(job.prompt),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from engine_helpers import greedy
 
 from ninfer.cache.cost import CacheCostModel
-from ninfer.engine.lane import Job, Lane, PromptHints
+from ninfer.engine.lane import Lane, PromptHints, Request
 
 # 1 ms per token and 10 ms per chunk of 512: prefill_seconds(b, k) = 0.001 k + 0.01 ceil(k/512)
 COST = CacheCostModel(1e-3, 0.0, 0.01, 512, 1e9, 0.0)
@@ -19,9 +19,9 @@ class _Blocks:
         self.hashes = hashes
 
 
-def keyed_job(rid: str, hashes: list[int], n: int) -> Job:
+def keyed_job(rid: str, hashes: list[int], n: int) -> Request:
     """A job of `n` tokens whose prepared blocks carry `hashes`."""
-    job = Job(rid, [0] * n, greedy(1), PromptHints(), sink=None)
+    job = Request(rid, [0] * n, greedy(1), PromptHints(), sink=None)
     job.blocks = _Blocks(hashes)
     return job
 

@@ -10,7 +10,7 @@ from engine_helpers import greedy
 from ninfer.cache.records import CommitKind, SlotGrant
 from ninfer.engine.kv.counters import EngineCounters
 from ninfer.engine.kv.publisher import Publisher
-from ninfer.engine.lane import Job, Lane, PromptHints
+from ninfer.engine.lane import Lane, PromptHints, Request
 
 LANE = 7
 SNAP_PHYS = [10, 11, 12, 13]  # physical state slot of each logical snapshot slot
@@ -71,7 +71,7 @@ class PublisherParts:
 def prefilled_lane(n: int, taps, computed: int) -> Lane:
     """A lane of an n-token prompt, prefilled to `computed` (its full blocks committed), state
     slot 3, pages 50, 51, ... (private until committed)."""
-    job = Job("r", list(range(1000, 1000 + n)), greedy(4), PromptHints(), sink=None)
+    job = Request("r", list(range(1000, 1000 + n)), greedy(4), PromptHints(), sink=None)
     lane = Lane(job, LANE, 3, list(job.prompt), n, computed)
     lane.pages = [50 + i for i in range(6)]
     lane.private = [True] * 6

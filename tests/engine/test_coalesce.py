@@ -115,17 +115,17 @@ class _Blocks:
 
 
 def _lane(hashes, computed, prompt_len):
-    from ninfer.engine.lane import Job, Lane, PromptHints
+    from ninfer.engine.lane import Lane, PromptHints, Request
 
-    job = Job("sib", [0] * prompt_len, greedy(1), PromptHints(), sink=None)
+    job = Request("sib", [0] * prompt_len, greedy(1), PromptHints(), sink=None)
     job.blocks = _Blocks(hashes)
     return Lane(job, 1, 0, list(job.prompt), prompt_len, computed)
 
 
 def _head(hashes, n):
-    from ninfer.engine.lane import Job, PromptHints
+    from ninfer.engine.lane import PromptHints, Request
 
-    job = Job("head", [0] * n, greedy(1), PromptHints(), sink=None)
+    job = Request("head", [0] * n, greedy(1), PromptHints(), sink=None)
     job.blocks = _Blocks(hashes)
     return job
 

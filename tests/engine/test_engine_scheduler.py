@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ninfer.engine.lane import Job, Lane, PromptHints
+from ninfer.engine.lane import Lane, PromptHints, Request
 from ninfer.engine.scheduler import chunk_end, final_tap, may_admit, plan_step
 from ninfer.request import SamplingParams
 
 
 def _lane(n: int, computed: int, taps=(), generated: int = 0) -> Lane:
-    job = Job("r", list(range(n)), SamplingParams(), PromptHints(), queue.Queue())
+    job = Request("r", list(range(n)), SamplingParams(), PromptHints(), queue.Queue())
     tokens = list(range(n + generated))
     return Lane(job, 1, 0, tokens, n, computed, taps=list(taps))
 

@@ -27,7 +27,7 @@ from ninfer.cache.records import QuoteParams, Readiness
 from ninfer.cache.taps import HintKind, Placement, Tap, TapHint
 from ninfer.engine.kv.admitter import Admitter
 from ninfer.engine.kv.counters import EngineCounters
-from ninfer.engine.lane import Job, Lane, PromptHints
+from ninfer.engine.lane import Lane, PromptHints, Request
 
 
 def _admitter(index, pool_pages: int, entitlement: int) -> Admitter:
@@ -41,7 +41,7 @@ def _admitter(index, pool_pages: int, entitlement: int) -> Admitter:
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_request_larger_than_the_pool_fails_naming_need_and_pool(cached):
-    job = Job("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
+    job = Request("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
     index = None
     if cached:
         quote = SimpleNamespace(readiness=Readiness.PERMANENTLY_INFEASIBLE, need_pages=13)
@@ -55,7 +55,7 @@ def test_a_request_larger_than_the_pool_fails_naming_need_and_pool(cached):
 
 
 def test_a_request_that_fits_the_pool_but_not_the_free_pages_waits():
-    job = Job("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
+    job = Request("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
     admitter = _admitter(None, pool_pages=16, entitlement=13)
     admitter.budget = SimpleNamespace(quote=lambda job: QuoteParams(13, 12, 16))
     verdict = admitter.try_admit(job, 0.0, [])
@@ -75,7 +75,7 @@ class _Planner:
 
 
 def _lane_for_taps(hints: PromptHints, n: int, cached: int, cached_prefix: int, endpoint=False):
-    job = Job("r", list(range(n)), greedy(4), hints, sink=None)
+    job = Request("r", list(range(n)), greedy(4), hints, sink=None)
     lane = Lane(job, 5, 0, list(job.prompt), n, cached)
     lane.cached_tokens, lane.cached_prefix_tokens = cached, cached_prefix
     lane.resumed_endpoint = endpoint
@@ -176,7 +176,7 @@ def _plain_admitter(params: QuoteParams) -> Admitter:
 def test_an_entitlement_equal_to_the_pool_or_the_free_pages_is_admitted(free, total):
     """Admission needs entitlement <= total pages (else infeasible) and <= free pages (else it
     waits): equality admits, reserving the whole entitlement, and the lane records when."""
-    job = Job("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
+    job = Request("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
     admitter = _plain_admitter(QuoteParams(13, free, total))
     verdict = admitter.try_admit(job, 12.5, [])
     lane = verdict.lane
@@ -191,7 +191,7 @@ def test_a_resumed_request_prefills_what_it_knew_and_generates_from_its_own_prom
     lane's prompt is all 340, its generated tokens still start at 300 (§9.5): outputs, usage
     and max_tokens count from there."""
     prompt = list(range(10, 310))
-    job = Job("r", prompt, greedy(100), PromptHints(), sink=None)
+    job = Request("r", prompt, greedy(100), PromptHints(), sink=None)
     old = Lane(job, 9, 2, prompt + list(range(500, 540)), 300, 339)
     job.resume = old
     lane = _plain_admitter(QuoteParams(8, 16, 16)).try_admit(job, 3.0, []).lane
@@ -309,8 +309,8 @@ class _CachedParts:
         )
 
 
-def _job(n: int = 400) -> Job:
-    return Job("r", list(range(n)), greedy(100), PromptHints(), sink=None)
+def _job(n: int = 400) -> Request:
+    return Request("r", list(range(n)), greedy(100), PromptHints(), sink=None)
 
 
 @pytest.mark.parametrize("kind", [SnapshotKind.ENDPOINT, SnapshotKind.TAP, SnapshotKind.BOUNDARY])

@@ -22,7 +22,7 @@ from ninfer.cache.common import SnapshotKind
 from ninfer.cache.records import CommitKind, SlotGrant
 from ninfer.engine.kv.counters import EngineCounters
 from ninfer.engine.kv.publisher import Publisher
-from ninfer.engine.lane import Job, Lane, PendingTap, PromptHints
+from ninfer.engine.lane import Lane, PendingTap, PromptHints, Request
 
 SNAP_PHYS = [10, 11, 12, 13]  # physical state slot of each logical snapshot slot
 
@@ -46,7 +46,7 @@ def _publisher(grant: SlotGrant | None):
 
 
 def _lane(n: int, taps: list[tuple[int, bool]], computed: int) -> Lane:
-    job = Job("r", list(range(n)), greedy(4), PromptHints(), sink=None)
+    job = Request("r", list(range(n)), greedy(4), PromptHints(), sink=None)
     lane = Lane(job, 7, 0, list(job.prompt), n, computed)
     lane.taps = list(taps)
     return lane

@@ -21,7 +21,7 @@ from ninfer.cache.common import SnapshotKind
 from ninfer.cache.records import PublishResult, ReleaseResult, SlotGrant
 from ninfer.engine.kv.counters import EngineCounters
 from ninfer.engine.kv.publisher import Publisher
-from ninfer.engine.lane import Job, Lane, PendingTap, PromptHints
+from ninfer.engine.lane import Lane, PendingTap, PromptHints, Request
 
 LANE_ID = 7
 LANE_SLOT = 3  # the lane's physical state slot
@@ -109,7 +109,7 @@ def _lane(
 ) -> Lane:
     """A lane whose tokens are 0, 1, ... (the last sampled one not computed), pages 50, 51, ...
     of which the first `committed` blocks are the index's and the rest the lane's own."""
-    job = Job("r", list(range(prompt_len)), greedy(64), PromptHints(), sink=None)
+    job = Request("r", list(range(prompt_len)), greedy(64), PromptHints(), sink=None)
     lane = Lane(job, LANE_ID, LANE_SLOT, list(range(computed + 1)), prompt_len, computed)
     lane.pages = [50 + i for i in range(pages)]
     lane.private = [i >= committed for i in range(pages)]

@@ -11,12 +11,12 @@ from engine_helpers import greedy
 from publisher_helpers import PublisherParts, prefilled_lane
 
 from ninfer.cache.common import SnapshotKind
-from ninfer.engine.lane import Job, Lane, PendingTap, PromptHints
+from ninfer.engine.lane import Lane, PendingTap, PromptHints, Request
 from ninfer.engine.outputs import final_output
 
 
 def _suspended(cached: int, prefix: int) -> Lane:
-    job = Job("r", list(range(1000, 1300)), greedy(4), PromptHints(), sink=None)
+    job = Request("r", list(range(1000, 1300)), greedy(4), PromptHints(), sink=None)
     old = Lane(job, 1, 0, list(job.prompt), 300, 300)
     old.cached_tokens, old.cached_prefix_tokens = cached, prefix
     return old

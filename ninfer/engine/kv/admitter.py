@@ -32,7 +32,7 @@ from ninfer.cache.taps import HintKind, Placement, TapHint
 from ninfer.engine.kv.coalesce import wait_for_sibling
 from ninfer.engine.kv.counters import EngineCounters
 from ninfer.engine.kv.pages import PageBudget
-from ninfer.engine.lane import Job, Lane
+from ninfer.engine.lane import Lane, Request
 from ninfer.forward import PAGE_SIZE
 from ninfer.memory.kv_pool import KVPool
 from ninfer.memory.state_pool import StatePool
@@ -77,7 +77,7 @@ class Admitter:
         self.lane_ids = lane_ids
         self.pending_timeout_s = pending_timeout_s
 
-    def try_admit(self, job: Job, now: float, lanes: list[Lane]) -> Verdict:
+    def try_admit(self, job: Request, now: float, lanes: list[Lane]) -> Verdict:
         """Quote, stage and activate the FIFO head, or report why not. A free active state
         slot is guaranteed by the scheduler (fewer lanes than max_concurrency). `lanes` are the
         active lanes, for in-flight coalescing (§12.2). Raises HostRestoreFault (host_faults.py)
@@ -94,7 +94,7 @@ class Admitter:
             return Verdict(lane=lane)
         return self._admit_cached(job, now, params, lanes)
 
-    def _infeasible(self, job: Job, need: int) -> str:
+    def _infeasible(self, job: Request, need: int) -> str:
         pages = self.kv.num_pages
         return (
             f"kv_capacity: the request needs {need} KV pages ({len(job.known_tokens())} prompt "
@@ -102,7 +102,7 @@ class Admitter:
             f"({pages * PAGE_SIZE} tokens); raise kv_capacity or shorten the request"
         )
 
-    def _new_lane(self, job: Job, now: float, slot: int) -> Lane:
+    def _new_lane(self, job: Request, now: float, slot: int) -> Lane:
         known = job.known_tokens()  # a suspended request resumes with what it generated
         return Lane(
             job=job,
@@ -115,7 +115,7 @@ class Admitter:
             gen_start=len(job.prompt),
         )
 
-    def _admit_cached(self, job: Job, now: float, params: QuoteParams, lanes: list[Lane]):
+    def _admit_cached(self, job: Request, now: float, params: QuoteParams, lanes: list[Lane]):
         index, kv = self.index, self.kv
         quote = index.quote(job.blocks, params)
         if quote.readiness == Readiness.PERMANENTLY_INFEASIBLE:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ninfer.cache.cost import CacheCostModel
-from ninfer.engine.lane import Job, Lane
+from ninfer.engine.lane import Lane, Request
 from ninfer.forward import PAGE_SIZE
 
 
@@ -67,7 +67,7 @@ def _target(lane: Lane, frontier: int, d: int, cost: CacheCostModel) -> _Target 
 
 
 def wait_for_sibling(
-    job: Job, frontier: int, lanes: list[Lane], cost: CacheCostModel, timeout_s: float
+    job: Request, frontier: int, lanes: list[Lane], cost: CacheCostModel, timeout_s: float
 ) -> bool:
     """True when the head should wait for a prefilling sibling; plants the sibling's tap.
 

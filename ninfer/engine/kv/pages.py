@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ninfer.cache.records import QuoteParams
-from ninfer.engine.lane import Job, Lane
+from ninfer.engine.lane import Lane, Request
 from ninfer.forward import PAGE_SIZE
 from ninfer.memory.kv_pool import KVPool
 
@@ -67,7 +67,7 @@ class PageBudget:
         total = min(prompt_len + min(max_tokens, OUTPUT_WINDOW), self.max_model_len)
         return max(pages_for(total) - mapped_pages, 1)
 
-    def quote(self, job: Job) -> QuoteParams:
+    def quote(self, job: Request) -> QuoteParams:
         """What `job` asks of the Device pool now: its whole entitlement, the free pages less the
         active lanes' reservations and the pool size (admission and the prefetcher quote alike).
 

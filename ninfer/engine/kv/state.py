@@ -32,7 +32,7 @@ from ninfer.engine.kv.counters import EngineCounters
 from ninfer.engine.kv.pages import PageBudget
 from ninfer.engine.kv.prefetcher import Prefetcher
 from ninfer.engine.kv.publisher import Publisher
-from ninfer.engine.lane import Job, Lane
+from ninfer.engine.lane import Lane, Request
 from ninfer.memory.kv_pool import KVPool
 from ninfer.memory.state_pool import StatePool
 from ninfer.memory.streams import Streams
@@ -216,7 +216,7 @@ class KVState:
             self.states.release(fault.lane_slot)
 
     # ---- the engine's calls ----------------------------------------------------------------
-    def try_admit(self, job: Job, now: float, lanes: list[Lane]) -> Verdict:
+    def try_admit(self, job: Request, now: float, lanes: list[Lane]) -> Verdict:
         """Admit the FIFO head `job` or say why not (admitter.py). A prefetch in flight lands
         first, so the quote sees its blocks; a Host restore that raised is rolled back and the
         head quoted again, without those Host entries (it prefills what they held)."""
@@ -324,7 +324,7 @@ class KVState:
         if brute != index.evictable_pages():
             raise AssertionError(f"evictable pages {index.evictable_pages()} != {brute}")
 
-    def prefetch_head(self, job: Job) -> int:
+    def prefetch_head(self, job: Request) -> int:
         """The FIFO head stays blocked: prefetch its Host-only path (§6.6); blocks copied. A
         restore that raised is rolled back (its entries are dropped from the Host tier)."""
         try:
