@@ -37,8 +37,8 @@ from ninfer.engine import prompts as forms
 from ninfer.engine.engine import Engine
 from ninfer.engine.executor.backend import select_ops
 from ninfer.engine.kv.state import torch_dtype
-from ninfer.engine.lane import Request
 from ninfer.engine.outputs import is_engine_error
+from ninfer.engine.request import Request
 from ninfer.request import EngineError, RequestOutput, SamplingParams, StreamDelta
 
 logger = logging.getLogger(__name__)

@@ -71,7 +71,7 @@ def _trace(make_llm, **kwargs):
 
     def on_step(engine):
         for lane in engine.lanes:
-            rid = lane.job.request_id
+            rid = lane.request.request_id
             ids.setdefault(rid, len(ids))
             if len(lane.tokens) > lane.prompt_len:
                 first_token.setdefault(rid, engine.steps)
@@ -115,15 +115,16 @@ class _Blocks:
 
 
 def _lane(hashes, computed, prompt_len):
-    from ninfer.engine.lane import Lane, PromptHints, Request
+    from ninfer.engine.kv.lane import KVLane
+    from ninfer.engine.request import PromptHints, Request
 
     job = Request("sib", [0] * prompt_len, greedy(1), PromptHints(), sink=None)
     job.blocks = _Blocks(hashes)
-    return Lane(job, 1, 0, list(job.prompt), prompt_len, computed)
+    return KVLane(job, 1, 0, prompt_len, computed)
 
 
 def _head(hashes, n):
-    from ninfer.engine.lane import PromptHints, Request
+    from ninfer.engine.request import PromptHints, Request
 
     job = Request("head", [0] * n, greedy(1), PromptHints(), sink=None)
     job.blocks = _Blocks(hashes)

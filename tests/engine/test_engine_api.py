@@ -191,8 +191,8 @@ def test_a_blocked_head_with_no_lane_is_retried_without_spinning(make_llm):
     hold_s = 0.2
     until = time.perf_counter() + hold_s
 
-    def gate(job, now, lanes):
-        return Verdict() if time.perf_counter() < until else real(job, now, lanes)
+    def gate(job, lanes):
+        return Verdict() if time.perf_counter() < until else real(job, lanes)
 
     engine.kv_state.try_admit = gate
     before = engine.steps

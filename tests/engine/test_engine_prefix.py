@@ -140,7 +140,7 @@ def test_cancel_mid_prefill_publishes_and_next_request_reuses(make_llm, cold):
     job = llm._prepare(lambda: prompts.from_prompt(prompt, None), greedy(5), single=False)
 
     def cancel_at_320(eng):
-        if any(lane.job is job and lane.computed >= 320 for lane in eng.lanes):
+        if any(lane.request is job and lane.computed >= 320 for lane in eng.lanes):
             eng.cancel(job)
 
     engine.on_step = cancel_at_320

@@ -36,7 +36,7 @@ from ninfer.memory.transfer import Transfer
 
 if TYPE_CHECKING:
     from ninfer.cache.index import PrefixIndex
-    from ninfer.engine.lane import Request
+    from ninfer.engine.request import Request
 
 MAX_PREFETCH_BLOCKS = 256  # one batch (design §6.6: ~550 MB for 27B INT8 KV)
 
