@@ -36,8 +36,8 @@ from ninfer.dtypes import torch_dtype
 from ninfer.engine import prompts as forms
 from ninfer.engine.engine import Engine
 from ninfer.engine.executor.backend import select_ops
-from ninfer.engine.lane import Job
 from ninfer.engine.outputs import is_engine_error
+from ninfer.engine.request import Request
 from ninfer.request import EngineError, RequestOutput, SamplingParams, StreamDelta
 
 logger = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class LLM:
         self.startup_s = time.perf_counter() - t_start  # weights, pools, warm-up, graphs
         logger.info("ninfer: engine ready in %.2f s", self.startup_s)
         self._ids = itertools.count()
-        self._live: dict[str, Job] = {}  # submitted, final output not yet read (for cancel)
+        self._live: dict[str, Request] = {}  # submitted, final output not yet read (for cancel)
         self._live_lock = threading.Lock()
 
     # ---- properties -------------------------------------------------------------------------
@@ -221,10 +221,10 @@ class LLM:
     def _job(
         self, prompt: forms.PromptInput | None, params, error: str | None, stream=False, sink=None,
         grammar=None,
-    ) -> Job:  # fmt: skip
+    ) -> Request:  # fmt: skip
         ids = prompt.token_ids if prompt is not None else []
         hints = prompt.hints if prompt is not None else forms.PromptHints()
-        return Job(
+        return Request(
             request_id=f"req-{next(self._ids)}",
             prompt=ids,
             params=params,
@@ -235,9 +235,9 @@ class LLM:
             grammar=grammar,
         )
 
-    def _prepare(self, make_input, params, single: bool, stream=False, field="prompt") -> Job:
-        """Validate one request into a Job: ValueError naming the field when `single`, else a
-        Job that finishes at once with that error. `params` are copied (frozen) here."""
+    def _prepare(self, make_input, params, single: bool, stream=False, field="prompt") -> Request:
+        """Validate one request into a `Request`: ValueError naming the field when `single`, else
+        one that finishes at once with that error. `params` are copied (frozen) here."""
         try:
             frozen = _checked_params(params)
             try:
@@ -273,7 +273,7 @@ class LLM:
         ):
             raise ValueError(f"{field}: rendered to token ids that are not integers")
 
-    def _submit(self, job: Job) -> None:
+    def _submit(self, job: Request) -> None:
         with self._live_lock:
             self._live[job.request_id] = job
         try:
@@ -282,7 +282,7 @@ class LLM:
             self._forget(job)
             raise
 
-    def _forget(self, job: Job) -> None:
+    def _forget(self, job: Request) -> None:
         with self._live_lock:
             if self._live.get(job.request_id) is job:
                 del self._live[job.request_id]
@@ -297,8 +297,8 @@ class LLM:
         self._engine.cancel(job)
         return True
 
-    def _run_batch(self, jobs: list[Job], single: bool) -> list[RequestOutput]:
-        submitted: list[Job] = []
+    def _run_batch(self, jobs: list[Request], single: bool) -> list[RequestOutput]:
+        submitted: list[Request] = []
         try:
             for job in jobs:
                 self._submit(job)
@@ -456,7 +456,7 @@ class LLM:
         self._submit(job)
         return RequestStream(self, job)
 
-    def _wait_final(self, job: Job) -> RequestOutput:
+    def _wait_final(self, job: Request) -> RequestOutput:
         while True:
             event = self._engine.next_event(job)
             if isinstance(event, RequestOutput):
@@ -637,7 +637,7 @@ class RequestStream:
     from another thread while `next()` blocks it cancels, and the iterating thread then gets
     the final "abort" output and the iteration ends."""
 
-    def __init__(self, llm: LLM, job: Job) -> None:
+    def __init__(self, llm: LLM, job: Request) -> None:
         self._llm = llm
         self._job = job
         self._lock = threading.Lock()  # held by whoever reads the job's events

@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ninfer.request import RequestOutput, SamplingParams, StructuredOutputsParams
+from ninfer.request import MAX_SEED, RequestOutput, SamplingParams, StructuredOutputsParams
 
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 INPUT_KINDS = ("prompt", "prompt_token_ids", "messages")
 OTHER_FIELDS = ("id", "cache_breakpoints", "tools", "enable_thinking", "response_format")
 KNOWN_FIELDS = (*INPUT_KINDS, *OTHER_FIELDS, *SAMPLING_FIELDS)
-SEED_LIMIT = 1 << 64  # what a torch.Generator takes
 
 
 def _int(v: Any) -> bool:
@@ -60,7 +59,7 @@ FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "top_k": (_int, "an integer"),
     "min_p": (_number, "a finite number"),
     "seed": (
-        lambda v: v is None or (_int(v) and 0 <= v < SEED_LIMIT),
+        lambda v: v is None or (_int(v) and 0 <= v <= MAX_SEED),
         "an integer from 0 to 2**64-1, or null",
     ),  # fmt: skip
     "stop": (

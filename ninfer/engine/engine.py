@@ -1,7 +1,9 @@
 """The engine: one loop, on one background thread, owns every cache and memory object.
 
-Other threads only `submit` jobs, flag cancellations and read each job's sink queue; `call`
-runs a function on the loop (for stats and ledgers). One step is
+Other threads only `submit` requests, flag cancellations and read each request's sink queue;
+`call` runs a function on the loop (for stats and ledgers). A queued `Request`
+(engine/request.py) runs once admission gives it a `KVLane` (engine/kv/lane.py); the loop keeps
+the lanes, in admission order, each naming its request. One step is
 
     reap cancelled -> admit (FIFO, quote/stage/activate) -> plan rows -> launch forward + sample
     -> read the sampled tokens -> append them, advance frontiers (commit blocks, taps,
@@ -16,7 +18,8 @@ hold in stream order. A lane that stops on a token (EOS, stop string) has run on
 step on that token: its output is discarded, and its state and KV remain a valid image of
 `tokens[:computed]`, the stop token included. Outputs are the same as without the overlap.
 
-The engine knows nothing about text beyond feeding generated ids to each lane's Detokenizer.
+The engine knows nothing about text beyond feeding generated ids to each request's
+Detokenizer.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ from ninfer.config import EngineConfig
 from ninfer.engine import faults, outputs
 from ninfer.engine.executor import warmup
 from ninfer.engine.executor.runner import Launched, Row, Runner
+from ninfer.engine.kv.lane import KVLane
 from ninfer.engine.kv.state import KVState
-from ninfer.engine.lane import Job, Lane
+from ninfer.engine.request import Request
 from ninfer.engine.scheduler import Slice, may_admit, plan_step
 from ninfer.forward import ModelCache
 from ninfer.request import EngineError
@@ -56,7 +60,7 @@ logger = logging.getLogger(__name__)
 class StepFault(Exception):
     """A step's forward or copy raised: its lanes fail (engine/faults.py)."""
 
-    def __init__(self, lanes: list[Lane], cause: BaseException) -> None:
+    def __init__(self, lanes: list[KVLane], cause: BaseException) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.lanes = lanes
         self.cause = cause
@@ -95,8 +99,8 @@ class Engine:
         cache = ModelCache(kv=mem.kv.kv, conv=mem.states.conv, ssm=mem.states.ssm)
         self.runner = Runner(model, ops, cache, self.device, sampler)
         self.startup = warmup.prepare_runner(self.runner, cfg, mem.kv, mem.states)  # CUDA only
-        self.waiting: deque[Job] = deque()
-        self.lanes: list[Lane] = []
+        self.waiting: deque[Request] = deque()
+        self.lanes: list[KVLane] = []  # the running requests' lanes, in admission order
         self.inflight: InFlight | None = None  # a decode step launched, tokens not yet read
         self.overlapped_steps = 0  # steps launched before the previous one's tokens were read
         self.steps = 0
@@ -117,7 +121,7 @@ class Engine:
         self._thread.start()
 
     # ---- the thread-safe surface --------------------------------------------------------------
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Request) -> None:
         """Queue `job`. Its prompt's block keys (`cache/keys.prepare_prompt`) are built here,
         on the caller's thread, when the prefix cache is on and the job carries no error."""
         if self._failure is not None:
@@ -146,7 +150,7 @@ class Engine:
         self._thread.join(timeout)
         return self.stopped
 
-    def cancel(self, job: Job) -> None:
+    def cancel(self, job: Request) -> None:
         job.cancelled.set()
         self._inbox.put(("wake", None))
 
@@ -202,7 +206,7 @@ class Engine:
             self.kv_state.revalue_host()
         self.kv_state.check_invariants(self.lanes)
 
-    def next_event(self, job: Job):
+    def next_event(self, job: Request):
         """The job's next StreamDelta or final RequestOutput (blocking). If the engine thread
         is gone without answering, an "abort" output instead of waiting forever."""
         while True:
@@ -261,7 +265,8 @@ class Engine:
             for job in self.waiting:
                 job.sink.put(outputs.error_output(job, text))
             for lane in self.lanes:  # nothing is released: the device state is not trusted
-                lane.job.sink.put(outputs.fault_output(lane, text, time.perf_counter()))
+                req = lane.request
+                req.sink.put(outputs.fault_output(req, text, time.perf_counter()))
             self.waiting.clear()
             self.lanes.clear()
             self._answer_inbox(text, reason="error")
@@ -271,7 +276,7 @@ class Engine:
             job.sink.put(outputs.error_output(job, "engine closed", reason="abort"))
         self.waiting.clear()
         for lane in list(self.lanes):
-            lane.finish_reason = "abort"
+            lane.request.finish_reason = "abort"
             self._finish(lane)
         self.kv_state.poll(wait=True)
         self._answer_inbox("engine closed")
@@ -315,16 +320,17 @@ class Engine:
             self._fail(lane, message)
         self._vouch(exc)
 
-    def _fail(self, lane: Lane, message: str) -> None:
-        """End one lane with finish_reason "error": release it (no endpoint snapshot: its state
-        may be half-written), answer with what it generated and the message."""
+    def _fail(self, lane: KVLane, message: str) -> None:
+        """End one lane's request with finish_reason "error": release the lane (no endpoint
+        snapshot: its state may be half-written), answer with what it generated and the message."""
         if lane not in self.lanes:
             return
         self.faults_contained += 1
-        lane.finish_reason = "error"
+        req = lane.request
+        req.finish_reason = "error"
         self.lanes.remove(lane)
         self.kv_state.release(lane)
-        lane.job.sink.put(outputs.fault_output(lane, message, time.perf_counter()))
+        req.sink.put(outputs.fault_output(req, message, time.perf_counter()))
 
     def _vouch(self, exc: BaseException) -> None:
         """After a contained fault the cache must be consistent; if not, the engine cannot
@@ -338,7 +344,7 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _launch(self, rows: list[Row], lanes: list[Lane], feed=None, mask=None) -> Launched:
+    def _launch(self, rows: list[Row], lanes: list[KVLane], feed=None, mask=None) -> Launched:
         """runner.launch; a non-fatal fault becomes a StepFault naming the step's lanes."""
         try:
             return self.runner.launch(rows, feed, mask)
@@ -388,7 +394,8 @@ class Engine:
                 cfg = self.cfg
                 self._run(plan_step(self.lanes, cfg.prefill_chunk, cfg.solo_prefill_chunk))
         if self.inflight is not None and not any(
-            s.lane.finish_reason is None and s.lane in self.lanes for s in self.inflight.slices
+            s.lane.request.finish_reason is None and s.lane in self.lanes
+            for s in self.inflight.slices
         ):
             self._settle_inflight()  # every lane of it has finished: nothing to wait for
         self.kv_state.poll()
@@ -400,38 +407,37 @@ class Engine:
         while self.waiting and may_admit(
             self.lanes, self.cfg.max_concurrency, self.cfg.concurrent_prefill
         ):
-            job = self.waiting[0]
-            verdict = self.kv_state.try_admit(job, time.perf_counter(), self.lanes)
+            req = self.waiting[0]
+            now = time.perf_counter()
+            verdict = self.kv_state.try_admit(req, self.lanes)
             if verdict.lane is None and verdict.error is None:
                 return  # TemporarilyBlocked: the FIFO head is never overtaken
             self.waiting.popleft()
             if verdict.error is not None:
-                job.sink.put(outputs.error_output(job, verdict.error))
+                req.sink.put(outputs.error_output(req, verdict.error))
                 continue
             lane = verdict.lane
-            try:
-                if job.resume is not None:  # a suspended request: same sampler, text, metrics
-                    lane.carry(job.resume)
-                    job.resume = None
-                else:
-                    lane.detok = outputs.new_detokenizer(self.tokenizer, job)
-                    lane.generator = self._generator(job)
-                    if job.grammar is not None:
-                        lane.grammar = job.grammar.start(job.prompt)
-                    if job.params.logprobs is not None:
-                        lane.logprobs = []
+            try:  # a resumed request keeps its sampler, grammar, text and metrics
+                if not req.suspensions:
+                    req.t_admit = now
+                    req.detok = outputs.new_detokenizer(self.tokenizer, req)
+                    req.generator = self._generator(req)
+                    if req.grammar is not None:
+                        req.matcher = req.grammar.start(req.prompt)
+                    if req.params.logprobs is not None:
+                        req.logprobs = []
             except Exception as e:  # its own state cannot be built: this request alone fails
                 if faults.is_fatal(e):
                     raise
                 self.faults_contained += 1
-                lane.finish_reason = "error"
+                req.finish_reason = "error"
                 self.kv_state.release(lane)
                 text = outputs.engine_error_text(f"{type(e).__name__}: {e}")
-                job.sink.put(outputs.error_output(job, text))
+                req.sink.put(outputs.error_output(req, text))
                 continue
             self.lanes.append(lane)
 
-    def _generator(self, job: Job) -> torch.Generator | None:
+    def _generator(self, job: Request) -> torch.Generator | None:
         if job.params.greedy:
             return None
         self._gen_counter += 1
@@ -441,21 +447,21 @@ class Engine:
         return self.make_gen(seed, self.device)
 
     def _reap_cancelled(self) -> None:
-        for job in [j for j in self.waiting if j.cancelled.is_set()]:
-            self.waiting.remove(job)
-            if job.resume is not None:  # suspended: it ends with what it generated
-                job.sink.put(outputs.suspended_output(job.resume, "abort", time.perf_counter()))
+        for req in [r for r in self.waiting if r.cancelled.is_set()]:
+            self.waiting.remove(req)
+            if req.suspensions:  # suspended: it ends with what it generated
+                req.sink.put(outputs.suspended_output(req, "abort", time.perf_counter()))
             else:
-                job.sink.put(outputs.error_output(job, "cancelled", reason="abort"))
-        for lane in [ln for ln in self.lanes if ln.job.cancelled.is_set()]:
-            lane.finish_reason = "abort"
+                req.sink.put(outputs.error_output(req, "cancelled", reason="abort"))
+        for lane in [ln for ln in self.lanes if ln.request.cancelled.is_set()]:
+            lane.request.finish_reason = "abort"
             self._finish(lane)
 
     # ---- one forward step ---------------------------------------------------------------------
     def _run(self, slices: list[Slice]) -> None:
         rows: list[Row] = []
         runnable: list[Slice] = []
-        suspended: list[Lane] = []
+        suspended: list[KVLane] = []
         for s in slices:
             if not self.kv_state.budget.grow(s.lane, s.end):
                 suspended.append(s.lane)  # the pool cannot extend it: suspend, never cut short
@@ -468,8 +474,8 @@ class Engine:
                     ctx_len=s.start,
                     slot=lane.slot,
                     pages=lane.pages,
-                    sample=lane.job.params if s.samples else None,
-                    generator=lane.generator,
+                    sample=lane.request.params if s.samples else None,
+                    generator=lane.request.generator,
                     before_layer=self.kv_state.first_pass_hook(lane),
                     tap=None if dst is None else (s.tap_at - s.start, dst),
                 )
@@ -491,24 +497,24 @@ class Engine:
         else:
             self._settle(flight)
 
-    def _suspend(self, lanes: list[Lane]) -> None:
+    def _suspend(self, lanes: list[KVLane]) -> None:
         """§9.5: the pool cannot extend these lanes (their steps are settled). Each is released
         through its endpoint snapshot (§7.7: image and tail published, pins released, blocks
-        written through to the Host tier) and its job goes back to the head of the queue, in
-        admission order, carrying the lane: the next admission resumes from that snapshot with
-        every generated token and the lane's sampler, detokenizer and metrics, as soon as pages
-        allow. Without a prefix cache the lane's tokens are recomputed from the start."""
-        jobs = []
+        written through to the Host tier) and its request goes back to the head of the queue,
+        in admission order, as it is: the next admission builds a lane that resumes from that
+        snapshot with every generated token, the request keeping its sampler, detokenizer and
+        metrics, as soon as pages allow. Without a prefix cache its tokens are recomputed from
+        the start."""
+        reqs = []
         for lane in lanes:
             self.lanes.remove(lane)
             self.kv_state.suspend(lane)
-            lane.suspensions += 1
-            job = lane.job
-            job.resume = lane
-            if job.blocks is not None:
-                job.blocks = prepare_prompt(lane.tokens)
-            jobs.append(job)
-        self.waiting.extendleft(reversed(jobs))
+            req = lane.request
+            req.suspensions += 1
+            if req.blocks is not None:
+                req.blocks = prepare_prompt(req.tokens)
+            reqs.append(req)
+        self.waiting.extendleft(reversed(reqs))
 
     def _decode_only(self, flight: InFlight, rows: list[Row]) -> bool:
         """Whether every row decodes one sampled token and the runner can run ahead of it."""
@@ -531,26 +537,27 @@ class Engine:
         ):
             return False
         lanes = [s.lane for s in flight.slices]
-        if len(lanes) != len(self.lanes) or any(j.cancelled.is_set() for j in self.waiting):
+        if len(lanes) != len(self.lanes) or any(r.cancelled.is_set() for r in self.waiting):
             return False
         for lane in lanes:
-            if lane.job.cancelled.is_set() or lane.finish_reason is not None:
+            req = lane.request
+            if req.cancelled.is_set() or req.finish_reason is not None:
                 return False
-            if self._sure_to_stop(lane):
-                return False
+            if req.length_reached(self.cfg.max_model_len, pending=1):
+                return False  # sure to stop on its pending token whatever it is
         for lane in lanes:
             if not self.kv_state.budget.grow(lane, lane.computed + 1):
                 return False  # settled first; the plain step then suspends it (§9.5)
         rows = [
-            Row([0], lane.computed, lane.slot, lane.pages, lane.job.params, lane.generator)
-            for lane in lanes
+            Row([0], ln.computed, ln.slot, ln.pages, ln.request.params, ln.request.generator)
+            for ln in lanes
         ]
         if not self.runner.can_overlap(rows):
             return False
         # A structured output's mask for this step needs the token of the step in flight: the
         # forward is launched now and its sampling once that step is settled, the mask computed
         # on the host while the GPU runs the forward. A step without one samples at once.
-        constrained = any(lane.grammar is not None for lane in lanes)
+        constrained = any(lane.request.matcher is not None for lane in lanes)
         mask = (lambda: self._token_mask(lanes)) if constrained else None
         feed = flight.launched.feed(list(range(len(rows))))
         launched = self._launch(rows, lanes, feed, mask=mask)
@@ -565,16 +572,16 @@ class Engine:
             self._sample_deferred(launched, lanes)
         return True
 
-    def _token_mask(self, lanes: list[Lane]):
+    def _token_mask(self, lanes: list[KVLane]):
         """The structured outputs' allowed tokens for the sampling rows of `lanes` (None when
-        no lane's grammar constrains its next token: a free batch computes nothing)."""
-        grammars = [lane.grammar for lane in lanes]
-        if all(g is None for g in grammars):
+        no request's grammar constrains its next token: a free batch computes nothing)."""
+        matchers = [lane.request.matcher for lane in lanes]
+        if all(m is None for m in matchers):
             return None
         pin = self.device.type == "cuda"
-        return structured.token_mask(grammars, self.vocab_size, pin)
+        return structured.token_mask(matchers, self.vocab_size, pin)
 
-    def _sample_deferred(self, launched: Launched, lanes: list[Lane]) -> None:
+    def _sample_deferred(self, launched: Launched, lanes: list[KVLane]) -> None:
         """Queue the sampling of a step launched with a deferred mask (a fault fails the
         step's lanes, as the launch's would)."""
         try:
@@ -583,11 +590,6 @@ class Engine:
             if faults.is_fatal(e):
                 raise
             raise StepFault(lanes, e) from e
-
-    def _sure_to_stop(self, lane: Lane) -> bool:
-        """The lane finishes on its pending token whatever it is (max_tokens, model length)."""
-        n = len(lane.tokens) + 1
-        return n - lane.gen_start >= lane.job.params.max_tokens or n >= self.cfg.max_model_len
 
     def _settle_inflight(self) -> None:
         if self.inflight is not None:
@@ -605,19 +607,19 @@ class Engine:
                 raise
             raise StepFault([s.lane for s in flight.slices], e) from e
         now = time.perf_counter()
-        failed: list[tuple[Lane, str]] = []
+        failed: list[tuple[KVLane, str]] = []
         for i, s in enumerate(flight.slices):
-            lane = s.lane
-            if lane.finish_reason is not None or lane not in self.lanes:
+            lane, req = s.lane, s.lane.request
+            if req.finish_reason is not None or lane not in self.lanes:
                 continue
             try:  # a fault in this lane's sampling or detokenization fails it alone
                 if result.errors[i] is not None:
                     raise RuntimeError(f"sampling failed: {result.errors[i]}")
                 token = result.tokens[i]
                 if token is not None:
-                    if not lane.prefilling and not lane.prefill_done_t:
-                        lane.prefill_done_t = now
-                    self._append(lane, token, result.logprobs[i], now)
+                    if not lane.prefilling and not req.prefill_done_t:
+                        req.prefill_done_t = now
+                    self._append(req, token, result.logprobs[i], now)
             except Exception as e:
                 if faults.is_fatal(e):
                     raise
@@ -628,43 +630,45 @@ class Engine:
             self._fail(lane, message)
         if failed:
             self._vouch(RuntimeError(failed[0][1]))
-        for lane in [ln for ln in self.lanes if ln.finish_reason is not None]:
+        for lane in [ln for ln in self.lanes if ln.request.finish_reason is not None]:
             self._finish(lane)
         for lane in self.lanes:
-            if lane.job.stream:
-                delta = outputs.stream_delta(lane)
+            req = lane.request
+            if req.stream:
+                delta = outputs.stream_delta(req)
                 if delta is not None:
-                    lane.job.sink.put(delta)
+                    req.sink.put(delta)
 
-    def _append(self, lane: Lane, token: int, logprobs, now: float) -> None:
-        if not lane.t_first:
-            lane.t_first = now
-        if lane.grammar is not None:
-            lane.grammar.accept(token)  # raises for a token the grammar rejects: the lane fails
-        lane.tokens.append(token)
-        if lane.logprobs is not None:
-            lane.logprobs.append(logprobs or {})
-        stopped = outputs.add_text(lane, token)
+    def _append(self, req: Request, token: int, logprobs, now: float) -> None:
+        if not req.t_first:
+            req.t_first = now
+        if req.matcher is not None:
+            req.matcher.accept(token)  # raises for a token the grammar rejects: the lane fails
+        req.tokens.append(token)
+        if req.logprobs is not None:
+            req.logprobs.append(logprobs or {})
+        stopped = outputs.add_text(req, token)
         reason = "stop" if stopped else None
-        reason = reason or outputs.check_finish(lane, token, self.eos, self.cfg.max_model_len)
-        lane.finish_reason = reason
+        reason = reason or outputs.check_finish(req, token, self.eos, self.cfg.max_model_len)
+        req.finish_reason = reason
 
-    def _finish(self, lane: Lane) -> None:
+    def _finish(self, lane: KVLane) -> None:
         """Terminal settlement: publish (endpoint), release, answer. Idempotent per lane."""
         if lane not in self.lanes:
             return
         self.lanes.remove(lane)
         self.kv_state.release(lane)
+        req = lane.request
         try:
-            outputs.flush_text(lane)
-            if lane.job.stream:
-                delta = outputs.stream_delta(lane)
+            outputs.flush_text(req)
+            if req.stream:
+                delta = outputs.stream_delta(req)
                 if delta is not None:
-                    lane.job.sink.put(delta)
-            out = outputs.final_output(lane, time.perf_counter())
+                    req.sink.put(delta)
+            out = outputs.final_output(req, time.perf_counter())
         except Exception as e:  # its detokenization failed: this request alone fails
             if faults.is_fatal(e):
                 raise
             self.faults_contained += 1
-            out = outputs.fault_output(lane, f"{type(e).__name__}: {e}", time.perf_counter())
-        lane.job.sink.put(out)
+            out = outputs.fault_output(req, f"{type(e).__name__}: {e}", time.perf_counter())
+        req.sink.put(out)

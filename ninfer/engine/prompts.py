@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ninfer.engine.lane import PromptHints
+from ninfer.engine.request import PromptHints
 
 
 @dataclass(slots=True)

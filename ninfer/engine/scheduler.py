@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ninfer.engine.lane import Lane
+from ninfer.engine.kv.lane import KVLane
 from ninfer.page import PAGE_SIZE
 
 
@@ -41,7 +41,7 @@ from ninfer.page import PAGE_SIZE
 class Slice:
     """Tokens [start, end) of `lane` in this step; `tap_at`: a snapshot position inside them."""
 
-    lane: Lane
+    lane: KVLane
     start: int
     end: int
     tap_at: int | None = None
@@ -52,7 +52,7 @@ class Slice:
         return self.end == len(self.lane.tokens)
 
 
-def chunk_end(lane: Lane, budget: int, final_cap: int | None = None) -> int:
+def chunk_end(lane: KVLane, budget: int, final_cap: int | None = None) -> int:
     """End of the next prefill chunk of `lane` with `budget` tokens available (see above),
     cut at `final_tap` when the final chunk would exceed `final_cap`."""
     s, n = lane.computed, lane.prompt_len
@@ -71,7 +71,7 @@ def chunk_end(lane: Lane, budget: int, final_cap: int | None = None) -> int:
     return end
 
 
-def final_tap(lane: Lane, start: int, end: int, final_cap: int) -> int | None:
+def final_tap(lane: KVLane, start: int, end: int, final_cap: int) -> int | None:
     """The snapshot position c = ceil64(n - final_cap) of a final chunk [start, n) longer than
     `final_cap` that holds a flexible tap, or None."""
     n = lane.prompt_len
@@ -81,12 +81,12 @@ def final_tap(lane: Lane, start: int, end: int, final_cap: int) -> int | None:
     return cut if start < cut < n else None
 
 
-def _flexible_tap_in(lane: Lane, s: int, n: int) -> bool:
+def _flexible_tap_in(lane: KVLane, s: int, n: int) -> bool:
     return any(not exact and s < pos <= n for pos, exact in lane.taps)
 
 
 def plan_step(
-    lanes: list[Lane], prefill_chunk: int, solo_chunk: int | None = None, in_pass: bool = True
+    lanes: list[KVLane], prefill_chunk: int, solo_chunk: int | None = None, in_pass: bool = True
 ) -> list[Slice]:
     """Rows of the next step: decode rows first (one token each), then prefill chunks of
     `prefill_chunk` tokens in all, or of `solo_chunk` when there is no decode row; a chunk
@@ -116,7 +116,7 @@ def plan_step(
     return rows
 
 
-def may_admit(lanes: list[Lane], max_concurrency: int, concurrent_prefill: bool) -> bool:
+def may_admit(lanes: list[KVLane], max_concurrency: int, concurrent_prefill: bool) -> bool:
     """Whether the FIFO head may be considered for admission now."""
     if len(lanes) >= max_concurrency:
         return False

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from ninfer.request import RequestOutput, StructuredOutputsParams, Usage
 from ninfer.server.errors import ApiError
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolEnd, ToolStart
-from ninfer.server.wire import Structured, tool_structured
+from ninfer.server.wire import Structured, check_max_tokens, tool_structured
 
 
 class MessagesRequest(BaseModel):
@@ -48,12 +48,7 @@ def check_sampling(req: MessagesRequest, max_model_len: int) -> None:
     t = req.temperature
     if t is not None and not 0.0 <= t <= 1.0:
         raise ApiError(f"temperature: must be in [0, 1], got {t!r}", "temperature")
-    if req.max_tokens > max_model_len:
-        raise ApiError(
-            f"max_tokens: {req.max_tokens} is more than the model's context length "
-            f"(max_model_len={max_model_len})",
-            "max_tokens",
-        )
+    check_max_tokens(req.max_tokens, "max_tokens", max_model_len)
 
 
 def check_conversation(messages: list) -> None:

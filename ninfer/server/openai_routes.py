@@ -34,6 +34,7 @@ from ninfer.server.errors import ApiError, from_value_error, openai_body
 from ninfer.server.tool_calls import OutputParser, parse_text, tool_schemas
 from ninfer.server.wire import (
     Structured,
+    check_max_tokens,
     check_n,
     check_room,
     new_id,
@@ -403,12 +404,7 @@ def _params(srv, req, rendered, max_tokens, field: str, k, n: int, structured=No
     wire rules (`sampling_params`) against the room left after the rendered prompt (with n
     choices, a reply's default length is its share of the KV pages)."""
     limit = srv.driver.max_model_len
-    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > limit:
-        raise ApiError(
-            f"{field}: {max_tokens} is more than the model's context length "
-            f"(max_model_len={limit})",
-            field,
-        )
+    check_max_tokens(max_tokens, field, limit)
     context_left = limit - len(rendered.prompt.token_ids)
     return sampling_params(
         max_tokens=max_tokens,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -22,14 +21,12 @@ def now() -> int:
     return int(time.time())
 
 
-def _number(name: str, value, lo: float | None = None, hi: float | None = None):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(f"{name} must be a finite number, got {value!r}", name)
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ApiError(f"{name} must be in [{lo}, {hi}], got {value!r}", name)
-    return value
+MAX_WIRE_TEMPERATURE = 2.0  # OpenAI's range is [0, 2] (Anthropic's [0, 1]: anthropic_api.py)
+SEED_MASK = 0x7FFF_FFFF_FFFF_FFFF  # any integer seed is taken, folded into 63 bits
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def sampling_params(
@@ -47,46 +44,42 @@ def sampling_params(
     ignore_eos: bool = False,
     structured: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
-    """SamplingParams from wire fields, every bad value an ApiError naming its field.
-    `remaining`: context left after the prompt (the default and the cap of max_tokens)."""
+    """The checked SamplingParams (`SamplingParams.validated`, the one set of rules) of wire
+    fields, every bad value an ApiError naming its field. The wire adds only its defaults (a
+    field left out takes the engine's default; max_tokens `remaining`, the context left after
+    the prompt), its aliases (top_k 0 is off; any integer seed, folded into 63 bits) and
+    OpenAI's temperature range."""
     if max_tokens is None:
         max_tokens = max(remaining, 1)
-    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ApiError(f"{max_tokens_field} must be an integer >= 1", max_tokens_field)
-    _number("temperature", temperature, 0.0, 2.0)
-    _number("top_p", top_p, 0.0, 1.0)
-    _number("min_p", min_p, 0.0, 1.0)
-    if top_p is not None and top_p <= 0:
-        raise ApiError("top_p must be in (0, 1]", "top_p")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
-        raise ApiError("top_k must be an integer", "top_k")
-    if top_k is not None and top_k < 1 and top_k not in (0, -1):
-        raise ApiError("top_k must be -1 or 0 (off) or >= 1", "top_k")
+    if _is_int(top_k) and top_k == 0:
+        top_k = -1
+    if _is_int(seed):
+        seed &= SEED_MASK
     if isinstance(stop, str):
         stop = [stop]
-    if stop is not None and (
-        not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)
-    ):
-        raise ApiError("stop must be a non-empty string or a list of non-empty strings", "stop")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ApiError("seed must be an integer", "seed")
+    given = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
     params = SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if temperature is None else float(temperature),
-        top_p=1.0 if top_p is None else float(top_p),
-        top_k=-1 if top_k in (None, 0) else top_k,
-        min_p=0.0 if min_p is None else float(min_p),
-        seed=None if seed is None else seed & 0x7FFF_FFFF_FFFF_FFFF,
         stop=stop or None,
         logprobs=logprobs,
         ignore_eos=ignore_eos,
         structured_outputs=structured,
+        **{name: value for name, value in given.items() if value is not None},
     )
     try:
-        params.validate()
+        checked = params.validated()
     except ValueError as e:
-        raise ApiError(str(e), str(e).split(" ", 1)[0]) from None
-    return params
+        text = str(e)
+        name = text.split(" ", 1)[0]
+        if name == "max_tokens":  # named as the client sent it (max_completion_tokens)
+            name, text = max_tokens_field, max_tokens_field + text[len(name) :]
+        raise ApiError(text, name) from None
+    if checked.temperature > MAX_WIRE_TEMPERATURE:
+        raise ApiError(
+            f"temperature must be in [0.0, {MAX_WIRE_TEMPERATURE}], got {temperature!r}",
+            "temperature",
+        )
+    return checked
 
 
 def siblings(params: SamplingParams, n: int) -> list[SamplingParams]:
@@ -97,6 +90,16 @@ def siblings(params: SamplingParams, n: int) -> list[SamplingParams]:
         return [params]
     seeds = [None if params.seed is None else params.seed + i for i in range(n)]
     return [replace(params, seed=s) for s in seeds]
+
+
+def check_max_tokens(max_tokens, field: str, max_model_len: int) -> None:
+    """A reply may not ask for more tokens than the model's context length."""
+    if _is_int(max_tokens) and max_tokens > max_model_len:
+        raise ApiError(
+            f"{field}: {max_tokens} is more than the model's context length "
+            f"(max_model_len={max_model_len})",
+            field,
+        )
 
 
 def check_room(n: int, max_tokens: int, field: str, room: int) -> None:

@@ -9,8 +9,9 @@ from engine_helpers import greedy
 
 from ninfer.cache.records import CommitKind, SlotGrant
 from ninfer.engine.kv.counters import EngineCounters
+from ninfer.engine.kv.lane import KVLane
 from ninfer.engine.kv.publisher import Publisher
-from ninfer.engine.lane import Job, Lane, PromptHints
+from ninfer.engine.request import PromptHints, Request
 
 LANE = 7
 SNAP_PHYS = [10, 11, 12, 13]  # physical state slot of each logical snapshot slot
@@ -68,11 +69,11 @@ class PublisherParts:
         self.pub = Publisher(self.cache, kv, states, budget, None, self.counters)
 
 
-def prefilled_lane(n: int, taps, computed: int) -> Lane:
+def prefilled_lane(n: int, taps, computed: int) -> KVLane:
     """A lane of an n-token prompt, prefilled to `computed` (its full blocks committed), state
     slot 3, pages 50, 51, ... (private until committed)."""
-    job = Job("r", list(range(1000, 1000 + n)), greedy(4), PromptHints(), sink=None)
-    lane = Lane(job, LANE, 3, list(job.prompt), n, computed)
+    job = Request("r", list(range(1000, 1000 + n)), greedy(4), PromptHints(), sink=None)
+    lane = KVLane(job, LANE, 3, n, computed)
     lane.pages = [50 + i for i in range(6)]
     lane.private = [True] * 6
     lane.committed_blocks = computed // 64

@@ -71,7 +71,7 @@ def _trace(make_llm, **kwargs):
 
     def on_step(engine):
         for lane in engine.lanes:
-            rid = lane.job.request_id
+            rid = lane.request.request_id
             ids.setdefault(rid, len(ids))
             if len(lane.tokens) > lane.prompt_len:
                 first_token.setdefault(rid, engine.steps)
@@ -115,17 +115,18 @@ class _Blocks:
 
 
 def _lane(hashes, computed, prompt_len):
-    from ninfer.engine.lane import Job, Lane, PromptHints
+    from ninfer.engine.kv.lane import KVLane
+    from ninfer.engine.request import PromptHints, Request
 
-    job = Job("sib", [0] * prompt_len, greedy(1), PromptHints(), sink=None)
+    job = Request("sib", [0] * prompt_len, greedy(1), PromptHints(), sink=None)
     job.blocks = _Blocks(hashes)
-    return Lane(job, 1, 0, list(job.prompt), prompt_len, computed)
+    return KVLane(job, 1, 0, prompt_len, computed)
 
 
 def _head(hashes, n):
-    from ninfer.engine.lane import Job, PromptHints
+    from ninfer.engine.request import PromptHints, Request
 
-    job = Job("head", [0] * n, greedy(1), PromptHints(), sink=None)
+    job = Request("head", [0] * n, greedy(1), PromptHints(), sink=None)
     job.blocks = _Blocks(hashes)
     return job
 

@@ -191,8 +191,8 @@ def test_a_blocked_head_with_no_lane_is_retried_without_spinning(make_llm):
     hold_s = 0.2
     until = time.perf_counter() + hold_s
 
-    def gate(job, now, lanes):
-        return Verdict() if time.perf_counter() < until else real(job, now, lanes)
+    def gate(job, lanes):
+        return Verdict() if time.perf_counter() < until else real(job, lanes)
 
     engine.kv_state.try_admit = gate
     before = engine.steps
@@ -207,19 +207,19 @@ def test_the_engine_builds_a_submitted_prompts_block_keys(make_llm):
     import queue
 
     from ninfer.cache.keys import prepare_prompt
-    from ninfer.engine.lane import Job, PromptHints
+    from ninfer.engine.request import PromptHints, Request
 
     llm = make_llm()
     prompt = rand_tokens(random.Random(11), 200)
     first = llm.generate([prompt], greedy(4))[0]
-    job = Job("direct", prompt, greedy(4).validated(), PromptHints(), queue.Queue())
+    job = Request("direct", prompt, greedy(4).validated(), PromptHints(), queue.Queue())
     llm.engine.submit(job)
     assert job.blocks is not None and job.blocks.hashes == prepare_prompt(prompt).hashes
     while not isinstance(out := llm.engine.next_event(job), RequestOutput):
         pass
     assert out.token_ids == first.token_ids and out.usage.cached_tokens >= 128
     off = make_llm(prefix_reuse=False, host_cache_mib=0)
-    job = Job("direct", prompt, greedy(4).validated(), PromptHints(), queue.Queue())
+    job = Request("direct", prompt, greedy(4).validated(), PromptHints(), queue.Queue())
     off.engine.submit(job)
     assert job.blocks is None and off.engine.next_event(job).token_ids == first.token_ids
     assert_idle(llm)

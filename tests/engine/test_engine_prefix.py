@@ -141,7 +141,7 @@ def test_cancel_mid_prefill_publishes_and_next_request_reuses(make_llm, cold):
     def cancel_at_320(eng):  # the one request's lane (max_concurrency=1)
         for lane in eng.lanes:
             if lane.computed >= 320:
-                llm.cancel(lane.job.request_id)
+                llm.cancel(lane.request.request_id)
 
     finals: queue.Queue = queue.Queue()
     engine.on_step = cancel_at_320

@@ -121,8 +121,8 @@ def test_cancel_while_suspended_returns_what_it_generated(make_llm, monkeypatch)
 
     def cancel_suspended(eng):
         for job in eng.waiting:
-            if job.resume is not None and not job.cancelled.is_set():
-                seen.append(len(job.resume.generated))
+            if job.suspensions and not job.cancelled.is_set():
+                seen.append(len(job.generated))
                 job.cancelled.set()
 
     engine.on_step = cancel_suspended

@@ -8,15 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ninfer.engine.lane import Job, Lane, PromptHints
+from ninfer.engine.kv.lane import KVLane
+from ninfer.engine.request import PromptHints, Request
 from ninfer.engine.scheduler import chunk_end, final_tap, may_admit, plan_step
 from ninfer.request import SamplingParams
 
 
-def _lane(n: int, computed: int, taps=(), generated: int = 0) -> Lane:
-    job = Job("r", list(range(n)), SamplingParams(), PromptHints(), queue.Queue())
-    tokens = list(range(n + generated))
-    return Lane(job, 1, 0, tokens, n, computed, taps=list(taps))
+def _lane(n: int, computed: int, taps=(), generated: int = 0) -> KVLane:
+    job = Request("r", list(range(n)), SamplingParams(), PromptHints(), queue.Queue())
+    job.tokens = list(range(n + generated))
+    return KVLane(job, 1, 0, n, computed, taps=list(taps))
 
 
 def test_chunk_end_aligns_after_a_non_aligned_resume():

@@ -27,7 +27,8 @@ from ninfer.cache.records import QuoteParams, Readiness
 from ninfer.cache.taps import HintKind, Placement, Tap, TapHint
 from ninfer.engine.kv.admitter import Admitter
 from ninfer.engine.kv.counters import EngineCounters
-from ninfer.engine.lane import Job, Lane, PromptHints
+from ninfer.engine.kv.lane import KVLane
+from ninfer.engine.request import PromptHints, Request
 
 
 def _admitter(index, pool_pages: int, entitlement: int) -> Admitter:
@@ -41,12 +42,12 @@ def _admitter(index, pool_pages: int, entitlement: int) -> Admitter:
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_request_larger_than_the_pool_fails_naming_need_and_pool(cached):
-    job = Job("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
+    job = Request("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
     index = None
     if cached:
         quote = SimpleNamespace(readiness=Readiness.PERMANENTLY_INFEASIBLE, need_pages=13)
         index = SimpleNamespace(quote=lambda blocks, params: quote)
-    verdict = _admitter(index, pool_pages=6, entitlement=13).try_admit(job, 0.0, [])
+    verdict = _admitter(index, pool_pages=6, entitlement=13).try_admit(job, [])
     assert verdict.lane is None
     assert verdict.error == (
         "kv_capacity: the request needs 13 KV pages (300 prompt tokens plus its output window) "
@@ -55,10 +56,10 @@ def test_a_request_larger_than_the_pool_fails_naming_need_and_pool(cached):
 
 
 def test_a_request_that_fits_the_pool_but_not_the_free_pages_waits():
-    job = Job("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
+    job = Request("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
     admitter = _admitter(None, pool_pages=16, entitlement=13)
     admitter.budget = SimpleNamespace(quote=lambda job: QuoteParams(13, 12, 16))
-    verdict = admitter.try_admit(job, 0.0, [])
+    verdict = admitter.try_admit(job, [])
     assert verdict.lane is None and verdict.error is None
 
 
@@ -75,8 +76,8 @@ class _Planner:
 
 
 def _lane_for_taps(hints: PromptHints, n: int, cached: int, cached_prefix: int, endpoint=False):
-    job = Job("r", list(range(n)), greedy(4), hints, sink=None)
-    lane = Lane(job, 5, 0, list(job.prompt), n, cached)
+    job = Request("r", list(range(n)), greedy(4), hints, sink=None)
+    lane = KVLane(job, 5, 0, n, cached)
     lane.cached_tokens, lane.cached_prefix_tokens = cached, cached_prefix
     lane.resumed_endpoint = endpoint
     return lane
@@ -175,30 +176,30 @@ def _plain_admitter(params: QuoteParams) -> Admitter:
 @pytest.mark.parametrize(("free", "total"), [(13, 13), (13, 16), (20, 13)])
 def test_an_entitlement_equal_to_the_pool_or_the_free_pages_is_admitted(free, total):
     """Admission needs entitlement <= total pages (else infeasible) and <= free pages (else it
-    waits): equality admits, reserving the whole entitlement, and the lane records when."""
-    job = Job("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
+    waits): equality admits, reserving the whole entitlement; the lane prefills the prompt."""
+    job = Request("r", list(range(10, 310)), greedy(500), PromptHints(), sink=None)
     admitter = _plain_admitter(QuoteParams(13, free, total))
-    verdict = admitter.try_admit(job, 12.5, [])
+    verdict = admitter.try_admit(job, [])
     lane = verdict.lane
     assert verdict.error is None and lane is not None
     assert admitter.budget.reserved == [(1, 13)]
     assert (lane.lane_id, lane.slot, lane.computed, lane.prompt_len) == (1, 4, 0, 300)
-    assert lane.t_admit == 12.5 and lane.gen_start == 300 and lane.tokens == job.prompt
+    assert lane.request is job and lane.tokens == job.prompt
 
 
 def test_a_resumed_request_prefills_what_it_knew_and_generates_from_its_own_prompt_end():
-    """A suspended request comes back with its lane's 300 prompt + 40 generated tokens: the new
+    """A suspended request comes back with its 300 prompt + 40 generated tokens: the new
     lane's prompt is all 340, its generated tokens still start at 300 (§9.5): outputs, usage
     and max_tokens count from there."""
     prompt = list(range(10, 310))
-    job = Job("r", prompt, greedy(100), PromptHints(), sink=None)
-    old = Lane(job, 9, 2, prompt + list(range(500, 540)), 300, 339)
-    job.resume = old
-    lane = _plain_admitter(QuoteParams(8, 16, 16)).try_admit(job, 3.0, []).lane
-    assert lane.tokens == old.tokens and lane.tokens is not old.tokens
-    assert (lane.prompt_len, lane.gen_start, lane.computed) == (340, 300, 0)
+    job = Request("r", prompt, greedy(100), PromptHints(), sink=None)
+    job.tokens += range(500, 540)
+    job.suspensions = 1
+    lane = _plain_admitter(QuoteParams(8, 16, 16)).try_admit(job, []).lane
+    assert lane.tokens is job.tokens
+    assert (lane.prompt_len, job.gen_start, lane.computed) == (340, 300, 0)
     # the reply so far counts from the request's own prompt: the 40 tokens generated before
-    assert lane.generated == list(range(500, 540)) and lane.t_admit == 3.0
+    assert job.generated == list(range(500, 540)) and job.tokens_left() == 60
 
 
 # ---- cached admission (stand-in index) -------------------------------------------------------
@@ -309,8 +310,8 @@ class _CachedParts:
         )
 
 
-def _job(n: int = 400) -> Job:
-    return Job("r", list(range(n)), greedy(100), PromptHints(), sink=None)
+def _job(n: int = 400) -> Request:
+    return Request("r", list(range(n)), greedy(100), PromptHints(), sink=None)
 
 
 @pytest.mark.parametrize("kind", [SnapshotKind.ENDPOINT, SnapshotKind.TAP, SnapshotKind.BOUNDARY])
@@ -319,32 +320,35 @@ def test_a_cached_admission_resumes_the_source_with_a_private_copy_of_its_tail(k
     source's tail page into a private page; the state comes from the source's image; the tap
     planner is told whether the lane resumed from an endpoint."""
     parts = _CachedParts(_CachedIndex(150, kind=kind), entitlement=8)
-    lane = parts.admitter.try_admit(_job(), 2.0, []).lane
+    job = _job()
+    lane = parts.admitter.try_admit(job, []).lane
     assert parts.freed == [30, 31]  # pages the staging evicted
     assert lane.pages == [40, 41, 60] and lane.private == [False, False, True]
     assert parts.copies == [(77, 60, 22)]
     assert parts.resumes == [(6, 4)]  # source image into the lane's slot
     assert (lane.computed, lane.cached_tokens, lane.last_snapshot) == (150, 150, 150)
-    assert lane.committed_blocks == 2 and lane.t_admit == 2.0
+    assert lane.committed_blocks == 2
     endpoint = kind == SnapshotKind.ENDPOINT
     assert lane.resumed_endpoint is endpoint
     assert parts.index.planned == [(1, 400, endpoint)]
     assert parts.budget.reserved == [(1, 5)]  # entitlement 8 less the 3 pages it holds
     assert parts.index.calls == [("stage", 1), ("activate", 1)]
-    assert lane.restore_ticket is None and lane.restore_timing is None
+    assert lane.restore_ticket is None and job.usage.restore_timing is None
+    assert (job.usage.cached_tokens, job.usage.cached_prefix_tokens) == (150, 150)
 
 
 def test_a_host_hit_restores_without_waiting_and_keeps_the_ticket_for_timing():
     """Host-only parts are restored into 2 fresh pages; the lane's first pass waits on the
-    ticket, which the lane also keeps for metrics; only the tail's prelude is waited for, as
-    the tail copy reads the restored page 88."""
+    ticket, which the request also keeps for metrics; only the tail's prelude is waited for,
+    as the tail copy reads the restored page 88."""
     parts = _CachedParts(_CachedIndex(150, host=True), entitlement=8)
-    lane = parts.admitter.try_admit(_job(), 2.0, []).lane
+    job = _job()
+    lane = parts.admitter.try_admit(job, []).lane
     assert parts.index.calls[1] == ("begin_restore", 1, [60, 61])
     [(slot, ticket)] = parts.transfer.tickets
     assert slot == 4 and ticket.preludes == 1
-    assert lane.restore_ticket is ticket and lane.restore_timing is ticket
-    assert lane.restored_host_bytes == 4096
+    assert lane.restore_ticket is ticket and job.usage.restore_timing is ticket
+    assert job.usage.restored_host_bytes == 4096
     assert parts.copies == [(88, 62, 22)] and lane.pages == [40, 41, 62]
 
 
@@ -355,7 +359,7 @@ def test_a_cached_admission_reserves_what_its_entitlement_leaves_beyond_its_page
     """The lane holds 3 pages at F_s = 150 (two path pages and the tail copy): it reserves the
     rest of its entitlement, never less than nothing."""
     parts = _CachedParts(_CachedIndex(150), entitlement=entitlement)
-    lane = parts.admitter.try_admit(_job(), 0.0, []).lane
+    lane = parts.admitter.try_admit(_job(), []).lane
     assert len(lane.pages) == 3 and parts.budget.reserved == [(1, reserved)]
 
 
@@ -366,11 +370,11 @@ def test_a_head_waiting_for_a_prefilling_sibling_is_counted_once_per_request():
     parts = _CachedParts(_CachedIndex(128), entitlement=8)
     first = keyed_job("a", [1, 2, 3, 4, 5, -1], 400)
     for _ in range(2):
-        verdict = parts.admitter.try_admit(first, 0.0, [sib])
+        verdict = parts.admitter.try_admit(first, [sib])
         assert verdict.lane is None and verdict.error is None
     assert first.coalesced and parts.counters.coalesced_waits == 1
     second = keyed_job("b", [1, 2, 3, 4, 5, -3], 400)
-    assert parts.admitter.try_admit(second, 0.0, [sib]).lane is None
+    assert parts.admitter.try_admit(second, [sib]).lane is None
     assert parts.counters.coalesced_waits == 2
     assert parts.acquired == 0 and parts.index.calls == []
 
@@ -379,7 +383,23 @@ def test_a_resumed_request_never_waits_for_a_sibling():
     sib = sibling([1, 2, 3, 4, 5, -2], 130, 400)
     parts = _CachedParts(_CachedIndex(128), entitlement=8)
     job = keyed_job("a", [1, 2, 3, 4, 5, -1], 400)
-    job.resume = Lane(job, 9, 2, list(job.prompt) + [7] * 20, 400, 419)
-    lane = parts.admitter.try_admit(job, 0.0, [sib]).lane
+    job.tokens += [7] * 20
+    job.suspensions = 1
+    lane = parts.admitter.try_admit(job, [sib]).lane
     assert lane is not None and lane.prompt_len == 420 and lane.computed == 128
     assert not job.coalesced and parts.counters.coalesced_waits == 0
+
+
+def test_a_resumed_admission_keeps_its_own_frontier_and_adds_to_the_requests_usage():
+    """A suspended request's usage reports its first admission's cached figures and the Host
+    bytes of every admission; the KV decisions of each admission read its own frontier."""
+    job = _job()
+    first = _CachedParts(_CachedIndex(256, host=True), entitlement=8)
+    assert first.admitter.try_admit(job, []).lane.cached_tokens == 256
+    job.suspensions = 1
+    again = _CachedParts(_CachedIndex(64, host=True), entitlement=8)
+    lane = again.admitter.try_admit(job, []).lane
+    assert (lane.cached_tokens, lane.cached_prefix_tokens, lane.last_snapshot) == (64, 64, 64)
+    assert (job.usage.cached_tokens, job.usage.cached_prefix_tokens) == (256, 256)
+    assert job.usage.restored_host_bytes == 2 * 4096
+    assert job.usage.restore_timing is lane.restore_ticket  # the latest restore's

@@ -12,7 +12,7 @@ from coalesce_helpers import CHUNKS_ONLY, COST, keyed_job, sibling
 
 from ninfer.cache.cost import CacheCostModel
 from ninfer.engine.kv.coalesce import _target, wait_for_sibling
-from ninfer.engine.lane import Lane, PendingTap
+from ninfer.engine.kv.lane import KVLane, PendingTap
 
 
 def test_a_captured_snapshot_at_the_cache_frontier_is_nothing_to_wait_for():
@@ -71,7 +71,7 @@ def test_a_decoding_lane_is_no_sibling_even_with_a_snapshot_pending():
     does not make the head wait."""
     head = keyed_job("head", [1, 2, 3, 4, 5, -1], 400)
     sib = sibling([1, 2, 3, 4, 5, -2], 400, 400)
-    sib.tokens += [7] * 20
+    sib.request.tokens += [7] * 20
     sib.computed = 420
     sib.pending = [PendingTap(320, 0, "tap")]
     assert not wait_for_sibling(head, 0, [sib], COST, timeout_s=60.0)
@@ -79,8 +79,8 @@ def test_a_decoding_lane_is_no_sibling_even_with_a_snapshot_pending():
     assert wait_for_sibling(head, 0, [sib], COST, timeout_s=60.0)
 
 
-def _unkeyed(lane: Lane) -> Lane:
-    lane.job.blocks = None
+def _unkeyed(lane: KVLane) -> KVLane:
+    lane.request.blocks = None
     return lane
 
 

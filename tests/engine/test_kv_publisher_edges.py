@@ -21,8 +21,9 @@ from engine_helpers import greedy, rand_tokens
 from ninfer.cache.common import SnapshotKind
 from ninfer.cache.records import CommitKind, SlotGrant
 from ninfer.engine.kv.counters import EngineCounters
+from ninfer.engine.kv.lane import KVLane, PendingTap
 from ninfer.engine.kv.publisher import Publisher
-from ninfer.engine.lane import Job, Lane, PendingTap, PromptHints
+from ninfer.engine.request import PromptHints, Request
 
 SNAP_PHYS = [10, 11, 12, 13]  # physical state slot of each logical snapshot slot
 
@@ -45,9 +46,9 @@ def _publisher(grant: SlotGrant | None):
     return Publisher(index, kv, states, None, None, None), index, freed
 
 
-def _lane(n: int, taps: list[tuple[int, bool]], computed: int) -> Lane:
-    job = Job("r", list(range(n)), greedy(4), PromptHints(), sink=None)
-    lane = Lane(job, 7, 0, list(job.prompt), n, computed)
+def _lane(n: int, taps: list[tuple[int, bool]], computed: int) -> KVLane:
+    job = Request("r", list(range(n)), greedy(4), PromptHints(), sink=None)
+    lane = KVLane(job, 7, 0, n, computed)
     lane.taps = list(taps)
     return lane
 
@@ -192,7 +193,7 @@ class _Parts:
         self.pub = Publisher(self.cache, kv, states, budget, None, self.counters)
 
 
-def _prefilling(n: int, taps, pages: int = 6) -> Lane:
+def _prefilling(n: int, taps, pages: int = 6) -> KVLane:
     lane = _lane(n, taps, 0)
     lane.pages = [50 + i for i in range(pages)]
     lane.private = [True] * pages
@@ -295,7 +296,7 @@ def test_no_prompt_end_where_the_cache_holds_one_or_past_a_chat_opener():
     for opener, taken in ((290, False), (237, False), (236, True)):
         parts = _Parts(headroom=1)
         lane = _prefilling(300, [])
-        lane.job.hints.opener = opener
+        lane.request.hints.opener = opener
         lane.computed = 300
         parts.pub.after_advance(lane)
         assert (lane.last_snapshot == 300) == taken, opener

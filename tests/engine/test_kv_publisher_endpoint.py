@@ -20,8 +20,9 @@ from engine_helpers import greedy
 from ninfer.cache.common import SnapshotKind
 from ninfer.cache.records import PublishResult, ReleaseResult, SlotGrant
 from ninfer.engine.kv.counters import EngineCounters
+from ninfer.engine.kv.lane import KVLane, PendingTap
 from ninfer.engine.kv.publisher import Publisher
-from ninfer.engine.lane import Job, Lane, PendingTap, PromptHints
+from ninfer.engine.request import PromptHints, Request
 
 LANE_ID = 7
 LANE_SLOT = 3  # the lane's physical state slot
@@ -106,16 +107,17 @@ def _lane(
     reason: str = "stop",
     prompt_len: int = 140,
     cached: int = 0,
-) -> Lane:
+) -> KVLane:
     """A lane whose tokens are 0, 1, ... (the last sampled one not computed), pages 50, 51, ...
     of which the first `committed` blocks are the index's and the rest the lane's own."""
-    job = Job("r", list(range(prompt_len)), greedy(64), PromptHints(), sink=None)
-    lane = Lane(job, LANE_ID, LANE_SLOT, list(range(computed + 1)), prompt_len, computed)
+    job = Request("r", list(range(prompt_len)), greedy(64), PromptHints(), sink=None)
+    job.tokens = list(range(computed + 1))
+    lane = KVLane(job, LANE_ID, LANE_SLOT, prompt_len, computed)
     lane.pages = [50 + i for i in range(pages)]
     lane.private = [i >= committed for i in range(pages)]
     lane.committed_blocks = committed
     lane.cached_tokens = cached
-    lane.finish_reason = reason
+    job.finish_reason = reason
     return lane
 
 
@@ -219,7 +221,7 @@ def test_a_suspended_lane_publishes_its_endpoint_at_any_frontier_past_its_last_s
         ]
     else:
         assert parts.log == [("worthwhile", 150), *_settled([52], slot=LANE_SLOT)]
-    assert lane.last_snapshot == 150  # the suspended lane (job.resume) records its endpoint
+    assert lane.last_snapshot == 150  # the suspended lane records its endpoint
 
 
 def test_a_suspended_lane_still_publishes_when_the_index_finds_it_worthwhile():
@@ -273,7 +275,7 @@ def test_a_lane_that_ended_normally_publishes_its_endpoint_at_its_resume_frontie
 # ---- a failed lane; pending taps from the last page ---------------------------------------
 
 
-def _with_pending_tail_tap(reason: str) -> Lane:
+def _with_pending_tail_tap(reason: str) -> KVLane:
     """Tokens 0..160 computed, blocks 0-1 committed; a tap at 150 (snapshot slot 1, its tail
     copied to page 90) waits for block 2, which the finished reply never filled."""
     lane = _lane(160, pages=3, committed=2, reason=reason)

@@ -19,7 +19,7 @@ import pytest
 from publisher_helpers import PublisherParts, prefilled_lane
 
 from ninfer.cache.common import SnapshotKind
-from ninfer.engine.lane import PendingTap
+from ninfer.engine.kv.lane import PendingTap
 
 # ---- before_chunk: flexible taps of the final chunk are taken at its start -------------------
 

@@ -8,7 +8,7 @@ from coalesce_helpers import CHUNKS_ONLY, COST, keyed_job, sibling
 
 from ninfer.cache.cost import CacheCostModel
 from ninfer.engine.kv.coalesce import _shared_blocks, _target, wait_for_sibling
-from ninfer.engine.lane import Lane, PendingTap
+from ninfer.engine.kv.lane import KVLane, PendingTap
 
 
 def test_shared_blocks_counts_the_equal_leading_hashes():
@@ -77,8 +77,8 @@ def test_siblings_that_cannot_serve_are_skipped():
     head = keyed_job("head", [1, 2, 3, 4, 5, -1], 400)
     done = sibling([1, 2, 3, 4, 5, -2], 400, 400, "done")  # not prefilling
     unkeyed = sibling([1, 2, 3, 4, 5, -2], 0, 400, "unkeyed")
-    unkeyed.job.blocks = None
-    itself = Lane(head, 1, 0, list(head.prompt), 400, 0)
+    unkeyed.request.blocks = None
+    itself = KVLane(head, 1, 0, 400, 0)
     assert not wait_for_sibling(head, 0, [done, unkeyed, itself], COST, timeout_s=60.0)
     assert not wait_for_sibling(keyed_job("x", [], 400), 0, [], COST, 60.0)
     plain = keyed_job("plain", [1], 400)

@@ -31,8 +31,8 @@ from ninfer.cache.records import QuoteParams, Readiness
 from ninfer.cache.taps import HintKind, Placement, TapHint
 from ninfer.engine.kv.coalesce import wait_for_sibling
 from ninfer.engine.kv.counters import EngineCounters
+from ninfer.engine.kv.lane import KVLane
 from ninfer.engine.kv.pages import PageBudget
-from ninfer.engine.lane import Job, Lane
 from ninfer.memory.kv_pool import KVPool
 from ninfer.memory.state_pool import StatePool
 from ninfer.memory.transfer import Transfer
@@ -40,6 +40,7 @@ from ninfer.page import PAGE_SIZE
 
 if TYPE_CHECKING:
     from ninfer.cache.index import PrefixIndex
+    from ninfer.engine.request import Request
 
 FORK_MIN_TOKENS = PAGE_SIZE  # cached prefix past the resume frontier that proves a fork
 
@@ -48,7 +49,7 @@ FORK_MIN_TOKENS = PAGE_SIZE  # cached prefix past the resume frontier that prove
 class Verdict:
     """lane: admitted; error: failed (PermanentlyInfeasible); neither: TemporarilyBlocked."""
 
-    lane: Lane | None = None
+    lane: KVLane | None = None
     error: str | None = None
 
 
@@ -77,7 +78,7 @@ class Admitter:
         self.lane_ids = lane_ids
         self.pending_timeout_s = pending_timeout_s
 
-    def try_admit(self, job: Job, now: float, lanes: list[Lane]) -> Verdict:
+    def try_admit(self, job: Request, lanes: list[KVLane]) -> Verdict:
         """Quote, stage and activate the FIFO head, or report why not. A free active state
         slot is guaranteed by the scheduler (fewer lanes than max_concurrency). `lanes` are the
         active lanes, for in-flight coalescing (§12.2). Raises HostRestoreFault (host_faults.py)
@@ -89,40 +90,32 @@ class Admitter:
                 return Verdict(error=self._infeasible(job, entitlement))
             if entitlement > params.free_pages:
                 return Verdict()
-            lane = self._new_lane(job, now, self.states.acquire())
+            lane = self._new_lane(job, self.states.acquire())
             self.budget.reserve(lane, entitlement)
             return Verdict(lane=lane)
-        return self._admit_cached(job, now, params, lanes)
+        return self._admit_cached(job, params, lanes)
 
-    def _infeasible(self, job: Job, need: int) -> str:
+    def _infeasible(self, job: Request, need: int) -> str:
         pages = self.kv.num_pages
         return (
-            f"kv_capacity: the request needs {need} KV pages ({len(job.known_tokens())} prompt "
+            f"kv_capacity: the request needs {need} KV pages ({len(job.tokens)} prompt "
             f"tokens plus its output window) but the pool holds {pages} pages "
             f"({pages * PAGE_SIZE} tokens); raise kv_capacity or shorten the request"
         )
 
-    def _new_lane(self, job: Job, now: float, slot: int) -> Lane:
-        known = job.known_tokens()  # a suspended request resumes with what it generated
-        return Lane(
-            job=job,
-            lane_id=next(self.lane_ids),
-            slot=slot,
-            tokens=list(known),
-            prompt_len=len(known),
-            computed=0,
-            t_admit=now,
-            gen_start=len(job.prompt),
-        )
+    def _new_lane(self, job: Request, slot: int) -> KVLane:
+        """The lane prefills every token the request knows: a suspended request resumes with
+        what it generated."""
+        return KVLane(job, next(self.lane_ids), slot, prompt_len=len(job.tokens), computed=0)
 
-    def _admit_cached(self, job: Job, now: float, params: QuoteParams, lanes: list[Lane]):
+    def _admit_cached(self, job: Request, params: QuoteParams, lanes: list[KVLane]):
         index, kv = self.index, self.kv
         quote = index.quote(job.blocks, params)
         if quote.readiness == Readiness.PERMANENTLY_INFEASIBLE:
             return Verdict(error=self._infeasible(job, quote.need_pages))
         if quote.readiness != Readiness.READY:
             return Verdict()
-        resumed = job.resume is not None  # a suspended request never waits for a sibling
+        resumed = job.suspensions > 0  # a suspended request never waits for a sibling
         if not resumed and wait_for_sibling(
             job, quote.frontier, lanes, index.cost, self.pending_timeout_s
         ):
@@ -130,7 +123,7 @@ class Admitter:
                 job.coalesced = True
                 self.counters.coalesced_waits += 1
             return Verdict()
-        lane = self._new_lane(job, now, self.states.acquire())
+        lane = self._new_lane(job, self.states.acquire())
         staged = index.stage(quote, lane.lane_id, params.free_pages)
         kv.free(staged.evicted_pages)
         tail_src = staged.source_tail_page
@@ -140,8 +133,8 @@ class Admitter:
             if batch is not None:
                 # Never waited for here: the lane's first pass waits per layer (§6.5).
                 lane.restore_ticket = self.transfer.restore(batch, lane.slot)
-                lane.restore_timing = lane.restore_ticket
-                lane.restored_host_bytes = batch.bytes
+                job.usage.restore_timing = lane.restore_ticket
+                job.usage.restored_host_bytes += batch.bytes
                 if batch.tail is not None:
                     lane.restore_ticket.wait_prelude()  # the tail COW below reads it
                     tail_src = batch.tail.page
@@ -153,6 +146,9 @@ class Admitter:
         lane.computed = f
         lane.cached_tokens = f
         lane.cached_prefix_tokens = quote.cached_prefix_tokens
+        if not resumed:  # usage reports the first admission's figures
+            job.usage.cached_tokens = f
+            job.usage.cached_prefix_tokens = quote.cached_prefix_tokens
         lane.last_snapshot = f
         if staged.source is not None:
             if staged.source_slot >= 0:
@@ -168,8 +164,8 @@ class Admitter:
         self._plan_taps(lane)
         return Verdict(lane=lane)
 
-    def _plan_taps(self, lane: Lane) -> None:
-        h = lane.job.hints
+    def _plan_taps(self, lane: KVLane) -> None:
+        h = lane.request.hints
         hints = [TapHint(p, HintKind.EXPLICIT) for p in h.explicit]
         hints += [TapHint(p, HintKind.STRUCTURAL) for p in h.structural]
         hints += [TapHint(p, HintKind.MESSAGE) for p in h.message_starts]

@@ -31,7 +31,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ninfer.cache.cost import CacheCostModel
-from ninfer.engine.lane import Job, Lane
+from ninfer.engine.kv.lane import KVLane
+from ninfer.engine.request import Request
 from ninfer.page import PAGE_SIZE
 
 
@@ -50,7 +51,7 @@ def _shared_blocks(a: list[int], b: list[int]) -> int:
     return k
 
 
-def _target(lane: Lane, frontier: int, d: int, cost: CacheCostModel) -> _Target | None:
+def _target(lane: KVLane, frontier: int, d: int, cost: CacheCostModel) -> _Target | None:
     """The sibling snapshot the head would resume from (see the module docstring), or None."""
     captured = [p.frontier for p in lane.pending if frontier < p.frontier <= d]
     if captured:
@@ -67,7 +68,7 @@ def _target(lane: Lane, frontier: int, d: int, cost: CacheCostModel) -> _Target 
 
 
 def wait_for_sibling(
-    job: Job, frontier: int, lanes: list[Lane], cost: CacheCostModel, timeout_s: float
+    job: Request, frontier: int, lanes: list[KVLane], cost: CacheCostModel, timeout_s: float
 ) -> bool:
     """True when the head should wait for a prefilling sibling; plants the sibling's tap.
 
@@ -77,11 +78,11 @@ def wait_for_sibling(
     if timeout_s <= 0 or job.blocks is None:
         return False
     n = len(job.prompt)
-    best: tuple[int, Lane, _Target] | None = None
+    best: tuple[int, KVLane, _Target] | None = None
     for lane in lanes:
-        if not lane.prefilling or lane.job.blocks is None or lane.job is job:
+        if not lane.prefilling or lane.request.blocks is None or lane.request is job:
             continue
-        d = _shared_blocks(job.blocks.hashes, lane.job.blocks.hashes) * PAGE_SIZE
+        d = _shared_blocks(job.blocks.hashes, lane.request.blocks.hashes) * PAGE_SIZE
         d = min(d, n - 1, lane.prompt_len - 1)
         target = _target(lane, frontier, d, cost) if d > frontier else None
         if target is None or target.position <= frontier:

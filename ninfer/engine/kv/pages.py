@@ -25,12 +25,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ninfer.cache.records import QuoteParams
-from ninfer.engine.lane import Job, Lane
+from ninfer.engine.kv.lane import KVLane
 from ninfer.memory.kv_pool import KVPool
 from ninfer.page import PAGE_SIZE
 
 if TYPE_CHECKING:
     from ninfer.cache.index import PrefixIndex
+    from ninfer.engine.request import Request
 
 OUTPUT_WINDOW = 512  # tokens of output an admission reserves pages for
 
@@ -67,14 +68,14 @@ class PageBudget:
         total = min(prompt_len + min(max_tokens, OUTPUT_WINDOW), self.max_model_len)
         return max(pages_for(total) - mapped_pages, 1)
 
-    def quote(self, job: Job) -> QuoteParams:
+    def quote(self, job: Request) -> QuoteParams:
         """What `job` asks of the Device pool now: its whole entitlement, the free pages less the
         active lanes' reservations and the pool size (admission and the prefetcher quote alike).
 
         Not clamped at 0: the index's quote then checks the rule above,
         need <= free + evictable - reserved, so an admitted lane can always draw its entitlement.
         Reads only."""
-        entitlement = self.entitlement(len(job.known_tokens()), job.tokens_left(), 0)
+        entitlement = self.entitlement(len(job.tokens), job.tokens_left(), 0)
         return QuoteParams(entitlement, self.pool.num_free - self.reserved, self.pool.num_pages)
 
     def headroom(self) -> int:
@@ -91,15 +92,15 @@ class PageBudget:
             return None
         return self.pool.alloc(n)
 
-    def reserve(self, lane: Lane, pages: int) -> None:
+    def reserve(self, lane: KVLane, pages: int) -> None:
         lane.entitled_pages += pages
         self.reserved += pages
 
-    def unreserve(self, lane: Lane) -> None:
+    def unreserve(self, lane: KVLane) -> None:
         self.reserved -= lane.entitled_pages
         lane.entitled_pages = 0
 
-    def grow(self, lane: Lane, upto: int) -> bool:
+    def grow(self, lane: KVLane, upto: int) -> bool:
         """Map pages so that `lane.pages` covers positions [0, upto). Returns False (mapping
         nothing new) when the pool cannot extend the lane: the engine suspends it."""
         need = pages_for(upto) - len(lane.pages)

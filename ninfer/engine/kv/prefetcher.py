@@ -36,7 +36,7 @@ from ninfer.memory.transfer import Transfer
 
 if TYPE_CHECKING:
     from ninfer.cache.index import PrefixIndex
-    from ninfer.engine.lane import Job
+    from ninfer.engine.request import Request
 
 MAX_PREFETCH_BLOCKS = 256  # one batch (design §6.6: ~550 MB for 27B INT8 KV)
 
@@ -71,7 +71,7 @@ class Prefetcher:
         """Pages a prefetch may fill now without touching any lane's reservation."""
         return max(0, min(self.budget.headroom(), self.kv.num_free + self.index.prefetch_room()))
 
-    def maybe_prefetch(self, job: Job) -> int:
+    def maybe_prefetch(self, job: Request) -> int:
         """Prefetch for the blocked head `job` if the rules above allow; blocks copied."""
         if not self.enabled() or job.blocks is None or self.batch_id is not None:
             return 0
@@ -86,7 +86,7 @@ class Prefetcher:
         self._last = _Attempt(job.request_id, copied, room)
         return copied
 
-    def _prefetch(self, job: Job, room: int) -> int:
+    def _prefetch(self, job: Request, room: int) -> int:
         index, kv = self.index, self.kv
         quote = index.quote(job.blocks, self.budget.quote(job))
         if quote.readiness == Readiness.PERMANENTLY_INFEASIBLE:

@@ -35,8 +35,8 @@ from ninfer.cache.common import SnapshotKind
 from ninfer.cache.keys import pack_tokens
 from ninfer.cache.records import CommitKind
 from ninfer.engine.kv.counters import EngineCounters
+from ninfer.engine.kv.lane import KVLane, PendingTap
 from ninfer.engine.kv.pages import PageBudget
-from ninfer.engine.lane import Lane, PendingTap
 from ninfer.memory.kv_pool import KVPool
 from ninfer.memory.state_pool import StatePool
 from ninfer.memory.transfer import Transfer
@@ -68,7 +68,7 @@ class Publisher:
         self.counters = counters
 
     def before_chunk(
-        self, lane: Lane, start: int, end: int, tap_at: int | None = None
+        self, lane: KVLane, start: int, end: int, tap_at: int | None = None
     ) -> int | None:
         """Flexible taps inside the prompt's final chunk are taken at its start, or at `tap_at`
         inside the pass: then returns the physical slot the pass copies the state into (None when
@@ -85,7 +85,7 @@ class Publisher:
             self._capture(lane, start, SnapshotKind.TAP)
         return None
 
-    def _reserve_in_pass(self, lane: Lane, start: int, f: int) -> int | None:
+    def _reserve_in_pass(self, lane: KVLane, start: int, f: int) -> int | None:
         """A pending tap at page boundary f whose image the next pass writes (no copy here)."""
         if not (start < f < lane.prompt_len and f % PAGE_SIZE == 0):
             raise ValueError(f"in-pass tap at {f}: not a page boundary inside ({start}, n)")
@@ -99,7 +99,7 @@ class Publisher:
         lane.last_snapshot = f
         return self.states.snap_phys[grant.slot]
 
-    def after_advance(self, lane: Lane) -> None:
+    def after_advance(self, lane: KVLane) -> None:
         """After a pass moved `lane.computed`: commit full blocks, realize taps, publish."""
         if self.index is None:
             return
@@ -118,20 +118,20 @@ class Publisher:
             self._capture(lane, f, SnapshotKind.OUTPUT)
         self._publish_ready(lane)
 
-    def _prompt_end_pays(self, lane: Lane) -> bool:
+    def _prompt_end_pays(self, lane: KVLane) -> bool:
         """The prompt's end, reached by this pass: a later prompt that extends it without the
-        reply resumes there. Not for a resumed suspension (its endpoint is that frontier), not
-        where a snapshot exists (a retry), and not within a block past a chat's generation
-        opener: a chat that drops the reply diverges at the opener, which is tapped."""
-        if lane.job.resume is not None or lane.prompt_len <= lane.last_snapshot:
+        reply resumes there. Not where a snapshot exists (a retry), and not within a block past
+        a chat's generation opener: a chat that drops the reply diverges at the opener, which
+        is tapped."""
+        if lane.prompt_len <= lane.last_snapshot:
             return False
-        opener = lane.job.hints.opener
+        opener = lane.request.hints.opener
         if opener is not None and lane.prompt_len - opener < PAGE_SIZE:
             return False
         f = lane.prompt_len
         return not self.index.has_snapshot(lane.lane_id, f, lane.tokens[f - f % PAGE_SIZE : f])
 
-    def _output_boundary_pays(self, lane: Lane) -> bool:
+    def _output_boundary_pays(self, lane: KVLane) -> bool:
         """An output boundary at f = computed (§7.7): the token just computed is one the chat
         template re-renders the reply after (`</think>`: f is right after it), or the token
         just sampled one it re-renders before (`<tool_call>`: f is right before it; a step run
@@ -139,7 +139,7 @@ class Publisher:
         may diverge there, past every snapshot of the prompt. Only a block or more past the
         lane's deepest snapshot (nearer, that one serves nearly as well), and not where the
         cache holds a snapshot of the same tokens (a regenerated reply)."""
-        hints, tokens, f = lane.job.hints, lane.tokens, lane.computed
+        hints, tokens, f = lane.request.hints, lane.tokens, lane.computed
         if not (hints.output_after or hints.output_before) or f - lane.last_snapshot < PAGE_SIZE:
             return False
         last = tokens[f - 1] if f > lane.prompt_len else None  # generated and computed
@@ -149,7 +149,7 @@ class Publisher:
             return False
         return not self.index.has_snapshot(lane.lane_id, f, tokens[f - f % PAGE_SIZE : f])
 
-    def _commit_blocks(self, lane: Lane) -> None:
+    def _commit_blocks(self, lane: KVLane) -> None:
         index = self.index
         while (lane.committed_blocks + 1) * PAGE_SIZE <= lane.computed:
             b = lane.committed_blocks
@@ -158,10 +158,10 @@ class Publisher:
             if result.kind != CommitKind.DUPLICATE:
                 lane.private[b] = False  # the node owns the page from now on
             if result.kind == CommitKind.INSERTED and (b + 1) * PAGE_SIZE <= lane.prompt_len:
-                lane.created_prompt_tokens += PAGE_SIZE
+                lane.request.usage.created_prompt_tokens += PAGE_SIZE
             lane.committed_blocks += 1
 
-    def _capture(self, lane: Lane, f: int, kind: int) -> None:
+    def _capture(self, lane: KVLane, f: int, kind: int) -> None:
         """Stage a snapshot of the lane's state at frontier f (= lane.computed now)."""
         if f <= lane.last_snapshot:
             return
@@ -183,7 +183,7 @@ class Publisher:
         lane.last_snapshot = f
 
     @staticmethod
-    def _publishable(lane: Lane, tap: PendingTap) -> bool:
+    def _publishable(lane: KVLane, tap: PendingTap) -> bool:
         """A tap waits for its anchor blocks and the block holding its tail (§7.4); a prompt
         end or an output boundary, whose tail tokens the lane knows, only for its anchor
         blocks."""
@@ -194,7 +194,7 @@ class Publisher:
 
     def _publish(
         self,
-        lane: Lane,
+        lane: KVLane,
         f: int,
         slot: int,
         kind: int,
@@ -218,7 +218,7 @@ class Publisher:
             self.transfer.write_snapshot(result.write, self.states.snap_phys[slot])
         return not result.duplicate
 
-    def _publish_ready(self, lane: Lane) -> None:
+    def _publish_ready(self, lane: KVLane) -> None:
         keep: list[PendingTap] = []
         for tap in lane.pending:
             if not self._publishable(lane, tap):
@@ -229,7 +229,7 @@ class Publisher:
                 self.kv.free([tap.tail_page])
         lane.pending = keep
 
-    def _publish_finishing(self, lane: Lane) -> None:
+    def _publish_finishing(self, lane: KVLane) -> None:
         """§7.4: a finishing lane publishes its pending taps from its own last page. A tap whose
         tail block never filled (a short reply ended inside it) has its tail tokens and tail page
         already; only its anchor blocks must be committed, as for an endpoint."""
@@ -245,7 +245,7 @@ class Publisher:
                 self.kv.free([tap.tail_page])
         lane.pending = keep
 
-    def _drop_pending(self, lane: Lane) -> None:
+    def _drop_pending(self, lane: KVLane) -> None:
         self.counters.taps_dropped += len(lane.pending)
         for tap in lane.pending:
             self.index.free_snapshot_slot(lane.lane_id, tap.snap_slot)
@@ -253,7 +253,7 @@ class Publisher:
                 self.kv.free([tap.tail_page])
         lane.pending = []
 
-    def _endpoint(self, lane: Lane, suspend: bool = False) -> None:
+    def _endpoint(self, lane: KVLane, suspend: bool = False) -> None:
         f = lane.computed
         # Measured against the deepest *published* snapshot on the path (a dropped tap is none).
         # A suspended lane resumes here whatever the gap: from an earlier snapshot it would
@@ -261,7 +261,7 @@ class Publisher:
         worth = suspend and f > lane.last_snapshot
         if not worth and not self.index.endpoint_worthwhile(lane.lane_id, f):
             return
-        if lane.finish_reason == "abort" and f <= lane.cached_tokens:
+        if lane.request.finish_reason == "abort" and f <= lane.cached_tokens:
             return  # cancelled before any committed unit
         grant = self.index.allocate_snapshot_slot(lane.lane_id, f, SnapshotKind.ENDPOINT)
         if grant is None:
@@ -278,7 +278,7 @@ class Publisher:
             lane.private[b] = True
         lane.last_snapshot = f
 
-    def release(self, lane: Lane, suspend: bool = False) -> None:
+    def release(self, lane: KVLane, suspend: bool = False) -> None:
         """Terminal settlement (§7.7): endpoint snapshot, path release with write-through, free the
         lane's private pages, its reservation and its state slot. `suspend`: the lane will resume
         from its endpoint (§9.5), which is then published even less than 64 tokens past the
@@ -289,10 +289,10 @@ class Publisher:
             lane.restore_ticket = None
         if index is not None:
             self._publish_ready(lane)
-            if lane.finish_reason != "error":
+            if lane.request.finish_reason != "error":
                 self._publish_finishing(lane)
             self._drop_pending(lane)
-            if lane.finish_reason != "error":
+            if lane.request.finish_reason != "error":
                 self._endpoint(lane, suspend)
             result = index.release(lane.lane_id)
             self.kv.free(result.freed_pages)

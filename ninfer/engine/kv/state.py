@@ -4,7 +4,7 @@
 budget, the engine's cache counters and (unless `prefix_reuse=False`) the `PrefixIndex`. It
 builds its collaborators and hands each only the parts it uses; none holds a reference back:
 
-    Admitter    (admitter.py)   quote / stage / activate the FIFO head into a Lane
+    Admitter    (admitter.py)   quote / stage / activate the FIFO head into a KVLane
     Publisher   (publisher.py)  block commit, taps, publication, release / suspension of a lane
     Prefetcher  (prefetcher.py) the blocked head's Host-only path into spare Device pages
     PageBudget  (pages.py)      entitlements and growth of active lanes' pages
@@ -30,10 +30,11 @@ from ninfer.dtypes import torch_dtype
 from ninfer.engine.kv import host_faults
 from ninfer.engine.kv.admitter import Admitter, Verdict
 from ninfer.engine.kv.counters import EngineCounters
+from ninfer.engine.kv.lane import KVLane
 from ninfer.engine.kv.pages import PageBudget
 from ninfer.engine.kv.prefetcher import Prefetcher
 from ninfer.engine.kv.publisher import Publisher
-from ninfer.engine.lane import Job, Lane
+from ninfer.engine.request import Request
 from ninfer.memory.kv_pool import KVPool
 from ninfer.memory.state_pool import StatePool
 from ninfer.memory.streams import Streams
@@ -212,7 +213,7 @@ class KVState:
             self.states.release(fault.lane_slot)
 
     # ---- the engine's calls ----------------------------------------------------------------
-    def try_admit(self, job: Job, now: float, lanes: list[Lane]) -> Verdict:
+    def try_admit(self, job: Request, lanes: list[KVLane]) -> Verdict:
         """Admit the FIFO head `job` or say why not (admitter.py). A prefetch in flight lands
         first, so the quote sees its blocks; a Host restore that raised is rolled back and the
         head quoted again, without those Host entries (it prefills what they held)."""
@@ -220,32 +221,32 @@ class KVState:
             if self.prefetcher.settle():
                 self.poll()
             try:
-                return self.admitter.try_admit(job, now, lanes)
+                return self.admitter.try_admit(job, lanes)
             except host_faults.HostRestoreFault as fault:
                 self.restore_failed(fault)
 
     def before_chunk(
-        self, lane: Lane, start: int, end: int, tap_at: int | None = None
+        self, lane: KVLane, start: int, end: int, tap_at: int | None = None
     ) -> int | None:
         """Taps due before the chunk runs; the physical slot of an in-pass tap at `tap_at`."""
         return self.publisher.before_chunk(lane, start, end, tap_at)
 
-    def first_pass_hook(self, lane: Lane):
+    def first_pass_hook(self, lane: KVLane):
         """The layer-by-layer wait of the lane's Host restore for the pass about to launch (None
         without a restore in flight). The restore is then the pass's: later passes are
         stream-ordered behind it, so the lane's ticket is dropped here."""
         ticket, lane.restore_ticket = lane.restore_ticket, None
         return ticket.hook() if ticket else None
 
-    def after_advance(self, lane: Lane) -> None:
+    def after_advance(self, lane: KVLane) -> None:
         """After a pass moved `lane.computed`: commit blocks, realize taps, publish."""
         self.publisher.after_advance(lane)
 
-    def release(self, lane: Lane) -> None:
+    def release(self, lane: KVLane) -> None:
         """Terminal settlement of a finished, cancelled or failed lane (§7.7)."""
         self.publisher.release(lane)
 
-    def suspend(self, lane: Lane) -> None:
+    def suspend(self, lane: KVLane) -> None:
         """Release a lane the pool cannot extend so that it can resume (§9.5): its endpoint
         snapshot is published at its frontier (when a snapshot slot is granted)."""
         self.publisher.release(lane, suspend=True)
@@ -277,7 +278,7 @@ class KVState:
         snaps = self.index.snapshots.by_id.values()
         return pages + [s.tail_page for s in snaps if s.tail_page >= 0]
 
-    def check_invariants(self, lanes: list[Lane]) -> None:
+    def check_invariants(self, lanes: list[KVLane]) -> None:
         """Cache §10 invariants plus the memory partition: every page exactly one of free /
         active (a lane's private page or a pending tap tail) / cached (index-owned); every
         state slot exactly one of free / a lane's / a snapshot slot's image."""
@@ -350,7 +351,7 @@ class KVState:
         if brute != index.evictable_pages():
             raise AssertionError(f"evictable pages {index.evictable_pages()} != {brute}")
 
-    def prefetch_head(self, job: Job) -> int:
+    def prefetch_head(self, job: Request) -> int:
         """The FIFO head stays blocked: prefetch its Host-only path (§6.6); blocks copied. A
         restore that raised is rolled back (its entries are dropped from the Host tier)."""
         try:
