@@ -6,6 +6,11 @@
 set -uo pipefail
 source tools/device/env.sh
 t0=$(date +%s); lap() { echo "[$(($(date +%s) - t0)) s] $*"; }
+warm() { timeout 200 python3 tools/device/bench_ops.py --warm "$1" >"$OUT/warm-$1.log" 2>&1; echo "warm $1 rc=$?"; }
+for w in prefill-bf16 decode-bf16; do warm "$w" & done  # FlashInfer's JIT (nvcc), in parallel
+warm gdn-9B
+wait
+lap warm
 timeout 200 python3 -m ninfer bench prefill,decode --device cuda --preset 9B \
   --prompt-tokens 1024,8192 --batch-sizes 1,4,8 --json $OUT/bench_9b.json >$OUT/bench_9b.log 2>&1
 lap "bench rc=$?"; grep -E "^│ (1024|8192|1|4|8) |steady|bound" $OUT/bench_9b.log | head -14
