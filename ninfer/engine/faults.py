@@ -1,6 +1,6 @@
 """Fault containment: which faults end the engine, and which each level contains.
 
-The engine's rule (engine.py):
+The engine's rule (applied by `containment.py`, and per request where the fault is met):
 
     per request   its sampling, its detokenization, its state  -> that request fails alone
     per step      a forward / copy that raised                 -> the step's lanes fail; their
@@ -13,10 +13,16 @@ The engine's rule (engine.py):
 
 A fault is contained only while the cache stays consistent: the engine re-checks the invariants
 after containing one and ends (fatal) when they do not hold. Host-tier faults are contained by
-the KV-state owner (`kv/host_faults.py`); this module only says which faults are fatal.
+the KV-state owner (`kv/host_faults.py`); this module says which faults are fatal, and
+`StepFault` names the lanes a step's fault hits.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ninfer.engine.kv.lane import KVLane
 
 # Texts of CUDA errors that leave the context unusable (torch raises them as RuntimeError, or
 # torch.AcceleratorError): every later kernel launch fails the same way.
@@ -46,3 +52,12 @@ def is_fatal(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(marker in text for marker in _STICKY)
+
+
+class StepFault(Exception):
+    """A step's forward or copy raised: its lanes fail (the table above)."""
+
+    def __init__(self, lanes: list[KVLane], cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.lanes = lanes
+        self.cause = cause

@@ -1,0 +1,272 @@
+"""One forward step, and the step in flight (overlapped decode); engine thread only.
+
+`run` turns a plan's slices into rows (suspending the lanes the pool cannot extend), launches
+the forward and its sampling, moves each lane's `computed` at launch, then settles the step:
+its tokens are appended to the requests (stop checks), the frontiers' bookkeeping advances
+(commits, taps, publication), finished lanes end and stream deltas go out.
+
+Overlapped decode (`overlap_decode`): a pure-decode step the runner can overlap is left in
+flight, and the next step, when it is again decode-only over the same lanes (no admission, no
+cancellation, no page shortage, no lane sure to finish), is launched first (`overlap_next`), its
+input tokens fed on the device from the step in flight; only then are the earlier step's tokens
+read and settled. A lane's `computed` moves at launch, so it always says what its pages and
+state slot hold in stream order. A lane that stops on a token (EOS, stop string) has run one
+extra decode step on that token: its output is discarded, and its state and KV remain a valid
+image of `tokens[:computed]`, the stop token included. Outputs are the same as without the
+overlap.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ninfer import structured
+from ninfer.cache.keys import prepare_prompt
+from ninfer.config import EngineConfig
+from ninfer.engine import faults, outputs
+from ninfer.engine.executor.runner import Launched, Row, Runner
+from ninfer.engine.faults import StepFault
+from ninfer.engine.kv.lane import KVLane
+from ninfer.engine.kv.state import KVState
+from ninfer.engine.request import Request
+from ninfer.engine.roster import Roster
+from ninfer.engine.scheduler import Slice, may_admit
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A launched step whose tokens are not read yet: its slices (frontiers already moved)."""
+
+    slices: list[Slice]
+    launched: Launched
+
+
+class Stepper:
+    """Launches steps over the roster's lanes and settles their tokens into the requests; owns
+    the step in flight (`inflight`) and the count of steps launched before the previous one's
+    tokens were read (`overlapped_steps`)."""
+
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        runner: Runner,
+        kv_state: KVState,
+        roster: Roster,
+        eos: tuple[int, ...],
+        vocab_size: int,
+    ) -> None:
+        self.cfg = cfg
+        self.runner = runner
+        self.kv_state = kv_state
+        self.roster = roster
+        self.eos = eos
+        self.vocab_size = vocab_size  # the logits' width (structured outputs' masks)
+        self.device = runner.device
+        self.inflight: InFlight | None = None  # a decode step launched, tokens not yet read
+        self.overlapped_steps = 0  # steps launched before the previous one's tokens were read
+
+    def _launch(self, rows: list[Row], lanes: list[KVLane], feed=None, mask=None) -> Launched:
+        """runner.launch; a non-fatal fault becomes a StepFault naming the step's lanes."""
+        try:
+            return self.runner.launch(rows, feed, mask)
+        except Exception as e:
+            if faults.is_fatal(e):
+                raise
+            raise StepFault(lanes, e) from e
+
+    def run(self, slices: list[Slice]) -> None:
+        rows: list[Row] = []
+        runnable: list[Slice] = []
+        suspended: list[KVLane] = []
+        for s in slices:
+            if not self.kv_state.budget.grow(s.lane, s.end):
+                suspended.append(s.lane)  # the pool cannot extend it: suspend, never cut short
+                continue
+            dst = self.kv_state.before_chunk(s.lane, s.start, s.end, s.tap_at)
+            lane = s.lane
+            rows.append(
+                Row(
+                    token_ids=lane.tokens[s.start : s.end],
+                    ctx_len=s.start,
+                    slot=lane.slot,
+                    pages=lane.pages,
+                    sample=lane.request.params if s.samples else None,
+                    generator=lane.request.generator,
+                    before_layer=self.kv_state.first_pass_hook(lane),
+                    tap=None if dst is None else (s.tap_at - s.start, dst),
+                )
+            )
+            runnable.append(s)
+            if s.start < lane.prompt_len:
+                self.kv_state.counters.prefill_tokens += s.end - s.start
+        if suspended:
+            self._suspend(suspended)
+        launched = None
+        if rows:
+            mask = self._token_mask([s.lane for s in runnable if s.samples])
+            launched = self._launch(rows, [s.lane for s in runnable], mask=mask)
+        for s in runnable:
+            s.lane.computed = s.end
+        flight = InFlight(runnable, launched)
+        if launched is not None and self.cfg.overlap_decode and self._decode_only(flight, rows):
+            self.inflight = flight  # settled after the next step is launched
+        else:
+            self.settle(flight)
+
+    def _suspend(self, lanes: list[KVLane]) -> None:
+        """§9.5: the pool cannot extend these lanes (their steps are settled). Each is released
+        through its endpoint snapshot (§7.7: image and tail published, pins released, blocks
+        written through to the Host tier) and its request goes back to the head of the queue,
+        in admission order, as it is: the next admission builds a lane that resumes from that
+        snapshot with every generated token, the request keeping its sampler, detokenizer and
+        metrics, as soon as pages allow. Without a prefix cache its tokens are recomputed from
+        the start."""
+        reqs = []
+        for lane in lanes:
+            self.roster.lanes.remove(lane)
+            self.kv_state.suspend(lane)
+            req = lane.request
+            req.suspensions += 1
+            if req.blocks is not None:
+                req.blocks = prepare_prompt(req.tokens)
+            reqs.append(req)
+        self.roster.waiting.extendleft(reversed(reqs))
+
+    def _decode_only(self, flight: InFlight, rows: list[Row]) -> bool:
+        """Whether every row decodes one sampled token and the runner can run ahead of it."""
+        return all(
+            s.end - s.start == 1 and s.start >= s.lane.prompt_len and r.sample is not None
+            for s, r in zip(flight.slices, rows, strict=True)
+        ) and self.runner.can_overlap(rows)
+
+    def overlap_next(self) -> bool:
+        """With a decode step in flight: launch the next decode step over the same lanes,
+        tokens fed on the device, then settle the one in flight. False (nothing done) when the
+        next step must see the settled state first: a cancellation, an admission that may
+        happen, a new or finished lane, a lane sure to stop on its pending token, or a page
+        it cannot get."""
+        flight = self.inflight
+        if flight is None:
+            return False
+        waiting = self.roster.waiting
+        if waiting and may_admit(
+            self.roster.lanes, self.cfg.max_concurrency, self.cfg.concurrent_prefill
+        ):
+            return False
+        lanes = [s.lane for s in flight.slices]
+        if len(lanes) != len(self.roster.lanes) or any(r.cancelled.is_set() for r in waiting):
+            return False
+        for lane in lanes:
+            req = lane.request
+            if req.cancelled.is_set() or req.finish_reason is not None:
+                return False
+            if req.length_reached(self.cfg.max_model_len, pending=1):
+                return False  # sure to stop on its pending token whatever it is
+        for lane in lanes:
+            if not self.kv_state.budget.grow(lane, lane.computed + 1):
+                return False  # settled first; the plain step then suspends it (§9.5)
+        rows = [
+            Row([0], ln.computed, ln.slot, ln.pages, ln.request.params, ln.request.generator)
+            for ln in lanes
+        ]
+        if not self.runner.can_overlap(rows):
+            return False
+        # A structured output's mask for this step needs the token of the step in flight: the
+        # forward is launched now and its sampling once that step is settled, the mask computed
+        # on the host while the GPU runs the forward. A step without one samples at once.
+        constrained = any(lane.request.matcher is not None for lane in lanes)
+        mask = (lambda: self._token_mask(lanes)) if constrained else None
+        feed = flight.launched.feed(list(range(len(rows))))
+        launched = self._launch(rows, lanes, feed, mask=mask)
+        slices = []
+        for lane in lanes:
+            slices.append(Slice(lane, lane.computed, lane.computed + 1))
+            lane.computed += 1
+        self.inflight = InFlight(slices, launched)
+        self.overlapped_steps += 1
+        self.settle(flight)
+        if constrained:
+            self._sample_deferred(launched, lanes)
+        return True
+
+    def _token_mask(self, lanes: list[KVLane]):
+        """The structured outputs' allowed tokens for the sampling rows of `lanes` (None when
+        no request's grammar constrains its next token: a free batch computes nothing)."""
+        matchers = [lane.request.matcher for lane in lanes]
+        if all(m is None for m in matchers):
+            return None
+        pin = self.device.type == "cuda"
+        return structured.token_mask(matchers, self.vocab_size, pin)
+
+    def _sample_deferred(self, launched: Launched, lanes: list[KVLane]) -> None:
+        """Queue the sampling of a step launched with a deferred mask (a fault fails the
+        step's lanes, as the launch's would)."""
+        try:
+            launched.sample()
+        except Exception as e:
+            if faults.is_fatal(e):
+                raise
+            raise StepFault(lanes, e) from e
+
+    def settle_inflight(self) -> None:
+        if self.inflight is not None:
+            flight, self.inflight = self.inflight, None
+            self.settle(flight)
+
+    def settle(self, flight: InFlight) -> None:
+        """Read a launched step's tokens: append them (stop checks), advance the frontiers'
+        bookkeeping (commits, taps, publication), finish lanes, stream deltas. A lane that
+        finished after the step was launched is skipped (its token is discarded)."""
+        try:
+            result = flight.launched.result() if flight.launched is not None else None
+        except Exception as e:  # reading the step's tokens failed: the step's lanes fail
+            if faults.is_fatal(e):
+                raise
+            raise StepFault([s.lane for s in flight.slices], e) from e
+        now = time.perf_counter()
+        roster = self.roster
+        failed: list[tuple[KVLane, str]] = []
+        for i, s in enumerate(flight.slices):
+            lane, req = s.lane, s.lane.request
+            if req.finish_reason is not None or lane not in roster.lanes:
+                continue
+            try:  # a fault in this lane's sampling or detokenization fails it alone
+                if result.errors[i] is not None:
+                    raise RuntimeError(f"sampling failed: {result.errors[i]}")
+                token = result.tokens[i]
+                if token is not None:
+                    if not lane.prefilling and not req.prefill_done_t:
+                        req.prefill_done_t = now
+                    self._append(req, token, result.logprobs[i], now)
+            except Exception as e:
+                if faults.is_fatal(e):
+                    raise
+                failed.append((lane, f"{type(e).__name__}: {e}"))
+                continue
+            self.kv_state.after_advance(lane)
+        for lane, message in failed:
+            roster.fail(lane, message)
+        if failed:
+            roster.vouch(RuntimeError(failed[0][1]))
+        for lane in [ln for ln in roster.lanes if ln.request.finish_reason is not None]:
+            roster.finish(lane)
+        for lane in roster.lanes:
+            req = lane.request
+            if req.stream:
+                delta = outputs.stream_delta(req)
+                if delta is not None:
+                    req.sink.put(delta)
+
+    def _append(self, req: Request, token: int, logprobs, now: float) -> None:
+        if not req.t_first:
+            req.t_first = now
+        if req.matcher is not None:
+            req.matcher.accept(token)  # raises for a token the grammar rejects: the lane fails
+        req.tokens.append(token)
+        if req.logprobs is not None:
+            req.logprobs.append(logprobs or {})
+        stopped = outputs.add_text(req, token)
+        reason = "stop" if stopped else None
+        reason = reason or outputs.check_finish(req, token, self.eos, self.cfg.max_model_len)
+        req.finish_reason = reason
