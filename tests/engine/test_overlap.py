@@ -1,4 +1,4 @@
-"""Overlapped decode (`overlap_decode`, ninfer/engine/engine.py): the next decode step is launched
+"""Overlapped decode (`overlap_decode`, ninfer/engine/stepper.py): the next decode step is launched
 before the previous one's tokens are read, its input ids fed on the device. The plain engine
 (`overlap_decode=False`) is the oracle: same tokens, texts, finish reasons, logprobs, streams
 and cache hits, on a workload with every way a lane can stop (EOS, stop token, stop string,

@@ -12,7 +12,7 @@ free (`PrefixIndex.evictable_pages`), and the index's quote checks this same rul
 passes free - reserved unclamped). Beyond its entitlement a lane grows one page at a time while
 `free + evictable - reserved > 0`. When that fails the engine suspends the lane instead of
 cutting it short: it is released through its endpoint snapshot and resumes from there, with
-everything it generated, when pages allow (engine.py `_suspend`). A request therefore ends
+everything it generated, when pages allow (stepper.py `Stepper._suspend`). A request therefore ends
 "length" only at max_tokens or the model length (`resolve()` makes the pool hold one
 max-length request).
 
