@@ -83,30 +83,29 @@ class KVState:
         """Pools sized by `memory`; the index (unless `cache.prefix_reuse` is off) following
         `cache` and pricing with `cost` (`engine_cost_model`)."""
         self.memory, self.cache = memory, cache
-        cfg = memory
         mc = model_config
         self.streams = Streams(device)
         self.kv = KVPool(
-            cfg.kv_pages,
+            memory.kv_pages,
             len(mc.full_layer_ids),
             mc.num_key_value_heads,
             mc.head_dim,
-            torch_dtype(cfg.kv_dtype),
+            torch_dtype(memory.kv_dtype),
             device,
-            scratch=cfg.scratch_entries,
+            scratch=memory.scratch_entries,
         )
         self.states = StatePool(
-            cfg.max_concurrency,
-            cfg.device_snapshot_slots,
+            memory.max_concurrency,
+            memory.device_snapshot_slots,
             len(mc.gdn_layer_ids),
             mc.conv_dim,
             mc.linear_conv_kernel_dim,
             mc.linear_num_value_heads,
             mc.linear_key_head_dim,
             mc.linear_value_head_dim,
-            torch_dtype(cfg.dtype),
+            torch_dtype(memory.dtype),
             device,
-            scratch=cfg.scratch_entries,
+            scratch=memory.scratch_entries,
         )
         self.transfer: Transfer = DeviceOnlyTransfer()
         self.host_slabs = None  # the Host tier's HostSlabs (read by the cache file's load/save)
@@ -159,7 +158,7 @@ class KVState:
         from ninfer.cache.records import CacheConfig
         from ninfer.cache.taps import TapConfig
 
-        cfg, policy = self.memory, self.cache
+        memory, policy = self.memory, self.cache
         taps = TapConfig(
             max_new_taps=policy.cache_taps_per_request,
             ladder_tokens=policy.cache_tap_ladder,
@@ -168,29 +167,29 @@ class KVState:
         )
         if self.host_slabs is None:
             config = CacheConfig(
-                slab_bytes=slab_bytes(cfg.kv_page_bytes),
-                image_bytes=cfg.state_image_bytes,
+                slab_bytes=slab_bytes(memory.kv_page_bytes),
+                image_bytes=memory.state_image_bytes,
                 host_cache_bytes=0,
-                device_snapshot_slots=cfg.device_snapshot_slots,
+                device_snapshot_slots=memory.device_snapshot_slots,
                 taps=taps,
             )
             return PrefixIndex(config, cost)
-        config = CacheConfig.for_host(cfg.host_geometry, cfg.device_snapshot_slots, taps)
+        config = CacheConfig.for_host(memory.host_geometry, memory.device_snapshot_slots, taps)
         return PrefixIndex(config, cost, host_pool=self._guarded_pool)
 
     def _guarded_pool(self, geometry) -> host_faults.GuardedHostPool:
         return host_faults.GuardedHostPool(geometry, self._host_alloc_failed)
 
-    def _build_host_tier(self, cfg: MemoryGeometry, model_config, device: torch.device) -> None:
-        """With a Host tier: the pinned slabs over `cfg.host_geometry` and their Transfer, whose
+    def _build_host_tier(self, memory: MemoryGeometry, model_config, device: torch.device) -> None:
+        """With a Host tier: the pinned slabs over `memory.host_geometry` and their Transfer, whose
         raising copies are contained (a Host fault degrades the entries it hit to Device-only,
         host_faults.py)."""
-        if not cfg.host_tier:
+        if not memory.host_tier:
             return
         from ninfer.memory.host_slabs import HostSlabs
         from ninfer.memory.transfer import HostTransfer
 
-        self.host_slabs = slabs = HostSlabs(cfg.host_geometry, pin=device.type == "cuda")
+        self.host_slabs = slabs = HostSlabs(memory.host_geometry, pin=device.type == "cuda")
         host = HostTransfer(
             slabs,
             self.kv.kv,
