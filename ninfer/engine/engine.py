@@ -43,7 +43,7 @@ from ninfer.engine import faults, outputs
 from ninfer.engine.executor import warmup
 from ninfer.engine.executor.runner import Launched, Row, Runner
 from ninfer.engine.kv.lane import KVLane
-from ninfer.engine.kv.state import KVState
+from ninfer.engine.kv.state import KVState, engine_cost_model
 from ninfer.engine.request import Request
 from ninfer.engine.scheduler import Slice, may_admit, plan_step
 from ninfer.forward import ModelCache
@@ -86,19 +86,24 @@ class Engine:
         make_gen,
         persistence=None,
     ):
-        self.cfg = cfg
+        # the parts the loop reads; the others are handed out below
+        self.memory, self.scheduling = cfg.memory, cfg.scheduling
+        self.prefix_reuse = cfg.cache.prefix_reuse
         self.tokenizer = tokenizer
         self.eos = tuple(model_config.eos_token_ids) + tuple(
             getattr(tokenizer, "eos_token_ids", ()) or ()
         )
         self.make_gen = make_gen
         self.vocab_size = model_config.vocab_size  # the logits' width (structured outputs' masks)
-        self.device = torch.device(cfg.device)
-        self.kv_state = KVState(cfg, model_config, self.device)
+        self.device = torch.device(cfg.memory.device)
+        cost = engine_cost_model(cfg.cache, cfg.scheduling.prefill_chunk, model_config)
+        self.kv_state = KVState(cfg.memory, cfg.cache, model_config, self.device, cost)
         mem = self.kv_state
         cache = ModelCache(kv=mem.kv.kv, conv=mem.states.conv, ssm=mem.states.ssm)
         self.runner = Runner(model, ops, cache, self.device, sampler)
-        self.startup = warmup.prepare_runner(self.runner, cfg, mem.kv, mem.states)  # CUDA only
+        self.startup = warmup.prepare_runner(  # CUDA only
+            self.runner, cfg.ops, cfg.memory, cfg.scheduling.solo_prefill_chunk, mem.kv, mem.states
+        )
         self.waiting: deque[Request] = deque()
         self.lanes: list[KVLane] = []  # the running requests' lanes, in admission order
         self.inflight: InFlight | None = None  # a decode step launched, tokens not yet read
@@ -128,7 +133,7 @@ class Engine:
             raise EngineError(self._failure_text) from self._failure
         if not self._thread.is_alive():
             raise RuntimeError("the engine is closed")
-        reuse = job.error is None and self.cfg.prefix_reuse
+        reuse = job.error is None and self.prefix_reuse
         job.blocks = prepare_prompt(job.prompt) if reuse else None
         job.t_submit = time.perf_counter()
         self._inbox.put(("job", job))
@@ -391,21 +396,21 @@ class Engine:
             if self.waiting:  # the FIFO head stays blocked: prefetch its Host-only path (§6.6)
                 self.kv_state.prefetch_head(self.waiting[0])
             if self.lanes:
-                cfg = self.cfg
-                self._run(plan_step(self.lanes, cfg.prefill_chunk, cfg.solo_prefill_chunk))
+                sched = self.scheduling
+                self._run(plan_step(self.lanes, sched.prefill_chunk, sched.solo_prefill_chunk))
         if self.inflight is not None and not any(
             s.lane.request.finish_reason is None and s.lane in self.lanes
             for s in self.inflight.slices
         ):
             self._settle_inflight()  # every lane of it has finished: nothing to wait for
         self.kv_state.poll()
-        if self.cfg.check_invariants:
+        if self.scheduling.check_invariants:
             self.kv_state.check_invariants(self.lanes)
 
     # ---- admission ----------------------------------------------------------------------------
     def _admit(self) -> None:
         while self.waiting and may_admit(
-            self.lanes, self.cfg.max_concurrency, self.cfg.concurrent_prefill
+            self.lanes, self.memory.max_concurrency, self.scheduling.concurrent_prefill
         ):
             req = self.waiting[0]
             now = time.perf_counter()
@@ -443,7 +448,7 @@ class Engine:
         self._gen_counter += 1
         seed = job.params.seed
         if seed is None:
-            seed = (self.cfg.seed * 1_000_003 + self._gen_counter) & 0x7FFF_FFFF_FFFF_FFFF
+            seed = (self.scheduling.seed * 1_000_003 + self._gen_counter) & 0x7FFF_FFFF_FFFF_FFFF
         return self.make_gen(seed, self.device)
 
     def _reap_cancelled(self) -> None:
@@ -492,7 +497,8 @@ class Engine:
         for s in runnable:
             s.lane.computed = s.end
         flight = InFlight(runnable, launched)
-        if launched is not None and self.cfg.overlap_decode and self._decode_only(flight, rows):
+        overlap = self.scheduling.overlap_decode
+        if launched is not None and overlap and self._decode_only(flight, rows):
             self.inflight = flight  # settled after the next step is launched
         else:
             self._settle(flight)
@@ -533,7 +539,7 @@ class Engine:
         if flight is None:
             return False
         if self.waiting and may_admit(
-            self.lanes, self.cfg.max_concurrency, self.cfg.concurrent_prefill
+            self.lanes, self.memory.max_concurrency, self.scheduling.concurrent_prefill
         ):
             return False
         lanes = [s.lane for s in flight.slices]
@@ -543,7 +549,7 @@ class Engine:
             req = lane.request
             if req.cancelled.is_set() or req.finish_reason is not None:
                 return False
-            if req.length_reached(self.cfg.max_model_len, pending=1):
+            if req.length_reached(self.memory.max_model_len, pending=1):
                 return False  # sure to stop on its pending token whatever it is
         for lane in lanes:
             if not self.kv_state.budget.grow(lane, lane.computed + 1):
@@ -649,7 +655,7 @@ class Engine:
             req.logprobs.append(logprobs or {})
         stopped = outputs.add_text(req, token)
         reason = "stop" if stopped else None
-        reason = reason or outputs.check_finish(req, token, self.eos, self.cfg.max_model_len)
+        reason = reason or outputs.check_finish(req, token, self.eos, self.memory.max_model_len)
         req.finish_reason = reason
 
     def _finish(self, lane: KVLane) -> None:
