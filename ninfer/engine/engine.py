@@ -40,7 +40,7 @@ from ninfer.engine.executor import warmup
 from ninfer.engine.executor.runner import Launched, Row, Runner
 from ninfer.engine.kv.state import KVState
 from ninfer.engine.lane import Job, Lane
-from ninfer.engine.scheduler import Slice, may_admit, plan_step
+from ninfer.engine.scheduler import InPass, Slice, may_admit, plan_step
 from ninfer.forward import ModelCache
 from ninfer.request import EngineError
 
@@ -93,6 +93,8 @@ class Engine:
         cache = ModelCache(kv=mem.kv.kv, conv=mem.states.conv, ssm=mem.states.ssm)
         self.runner = Runner(model, ops, cache, self.device, sampler)
         self.startup = warmup.prepare_runner(self.runner, cfg, mem.kv, mem.states)  # CUDA only
+        # rows that snapshot inside their pass: those no prefill graph replays, on the ops' grid
+        self.in_pass = InPass(cfg.prefill_graph_tokens, ops.tap_stride)
         self.waiting: deque[Job] = deque()
         self.lanes: list[Lane] = []
         self.inflight: InFlight | None = None  # a decode step launched, tokens not yet read
@@ -384,7 +386,8 @@ class Engine:
                 self.kv_state.prefetch_head(self.waiting[0])
             if self.lanes:
                 cfg = self.cfg
-                self._run(plan_step(self.lanes, cfg.prefill_chunk, cfg.solo_prefill_chunk))
+                chunks = (cfg.prefill_chunk, cfg.solo_prefill_chunk)
+                self._run(plan_step(self.lanes, *chunks, self.in_pass))
         if self.inflight is not None and not any(
             s.lane.finish_reason is None and s.lane in self.lanes for s in self.inflight.slices
         ):
@@ -456,7 +459,7 @@ class Engine:
             if not self.kv_state.budget.grow(s.lane, s.end):
                 suspended.append(s.lane)  # the pool cannot extend it: suspend, never cut short
                 continue
-            dst = self.kv_state.before_chunk(s.lane, s.start, s.end, s.tap_at)
+            taps = self.kv_state.before_chunk(s.lane, s.start, s.end, s.in_pass)
             lane = s.lane
             rows.append(
                 Row(
@@ -467,7 +470,7 @@ class Engine:
                     sample=lane.job.params if s.samples else None,
                     generator=lane.generator,
                     before_layer=self.kv_state.first_pass_hook(lane),
-                    tap=None if dst is None else (s.tap_at - s.start, dst),
+                    taps=tuple((p - s.start, phys) for p, phys in taps),
                 )
             )
             runnable.append(s)
