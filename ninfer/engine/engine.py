@@ -459,7 +459,7 @@ class Engine:
             if not self.kv_state.budget.grow(s.lane, s.end):
                 suspended.append(s.lane)  # the pool cannot extend it: suspend, never cut short
                 continue
-            taps = self.kv_state.before_chunk(s.lane, s.start, s.end, s.in_pass)
+            taps = self.kv_state.before_chunk(s.lane, s.start, s.end, s.in_pass, s.tail_at)
             lane = s.lane
             rows.append(
                 Row(

@@ -18,15 +18,17 @@ Chunk ends, for a lane at frontier s with prompt length n (planned exact tap e_x
     after a non-aligned resume every later chunk boundary is page-aligned and flexible taps,
     which land on chunk boundaries, are aligned too.
 
+A final chunk (end = n) longer than `final_cap` (= prefill_chunk) that holds a flexible tap
+takes its tail snapshot at the page boundary c = ceil64(n - final_cap), so that a retry resumes
+within prefill_chunk of the end whatever the budget (flexible taps in the prompt's last page
+inside a shorter final chunk are taken at its start, design §7.1; the prompt tail always is
+one; a snapshot nearer the end would leave the endpoint of a short reply unpublished, §7.7).
+
 Snapshots inside a pass (`InPass.allows`; `forward.StateTap`): a row longer than the
 CUDA-graph bucket (such a pass runs eagerly anyway) whose start lies on the op set's tap grid
 takes its flexible taps strictly inside it at their own positions, in the pass, without a
-split (`Slice.in_pass`; `Publisher.before_chunk` reserves the slots). Any rows of a step may.
-
-A final chunk (end = n) that cannot, longer than `final_cap` (= prefill_chunk), holding a
-flexible tap, is cut at the page boundary c = ceil64(n - final_cap), so that a retry resumes
-within prefill_chunk of the end whatever the budget (flexible taps inside a final chunk are
-otherwise taken at its start, design §7.1; the prompt tail always is one).
+split, and the tail snapshot at c (`Slice.in_pass`, `Slice.tail_at`; `Publisher.before_chunk`
+reserves the slots). Any rows of a step may. A final chunk that cannot is cut at c.
 """
 
 from __future__ import annotations
@@ -53,12 +55,13 @@ class InPass:
 @dataclass(slots=True)
 class Slice:
     """Tokens [start, end) of `lane` in this step; `in_pass`: its flexible taps inside them are
-    taken inside the pass."""
+    taken inside the pass, the prompt tail's at `tail_at` (c, above) when not None."""
 
     lane: Lane
     start: int
     end: int
     in_pass: bool = False
+    tail_at: int | None = None
 
     @property
     def samples(self) -> bool:
@@ -120,7 +123,8 @@ def plan_step(
             inside = in_pass is not None and in_pass.allows(s, end)
             if not inside:
                 end = chunk_end(lane, budget, prefill_chunk)
-            rows.append(Slice(lane, s, end, inside))
+            tail = final_tap(lane, s, end, prefill_chunk) if inside else None
+            rows.append(Slice(lane, s, end, inside, tail))
             budget -= end - s
     return rows
 

@@ -86,7 +86,7 @@ def test_long_chunks_snapshot_inside_their_pass_others_are_cut():
     assert final_tap(tail, 0, 8192, 2048) == 6144 and final_tap(tail, 0, 6144, 2048) is None
     assert final_tap(tail, 6144, 8192, 2048) is None  # within the cap: taken at its start
     rows = plan_step([tail], 2048, 8192)
-    assert [(r.start, r.end, r.in_pass) for r in rows] == [(0, 8192, True)]
+    assert [(r.start, r.end, r.in_pass, r.tail_at) for r in rows] == [(0, 8192, True, 6144)]
     rows = plan_step([tail], 2048, 8192, in_pass=None)
     assert [(r.start, r.end, r.in_pass) for r in rows] == [(0, 6144, False)]
     graphs = InPass(above=2048, stride=64)  # CUDA: rows a prefill graph replays take none

@@ -55,7 +55,7 @@ def _lane(n: int, taps: list[tuple[int, bool]], computed: int) -> Lane:
 
 def test_in_pass_tap_reserves_a_tap_slot_and_records_the_pending_tap():
     pub, index, freed = _publisher(SlotGrant(2, None, False, [40, 41]))
-    lane = _lane(700, [(300, True), (640, False)], 512)
+    lane = _lane(1000, [(300, True), (640, False)], 512)
     lane.last_snapshot = 512
     assert pub.before_chunk(lane, 512, 700, in_pass=True) == [(640, 12)]
     assert index.asked == [(7, 640, SnapshotKind.TAP)]
@@ -93,7 +93,7 @@ def test_in_pass_tap_at_or_behind_the_deepest_snapshot_is_skipped(last):
 
 def test_in_pass_tap_just_past_the_deepest_snapshot_is_reserved():
     pub, index, _ = _publisher(SlotGrant(0, None, False, []))
-    lane = _lane(700, [(640, False)], 512)
+    lane = _lane(1000, [(640, False)], 512)
     lane.last_snapshot = 639
     assert pub.before_chunk(lane, 512, 700, in_pass=True) == [(640, 10)]
     assert lane.pending == [PendingTap(640, 0, SnapshotKind.TAP, None)]
@@ -102,23 +102,32 @@ def test_in_pass_tap_just_past_the_deepest_snapshot_is_reserved():
 
 def test_in_pass_tap_without_a_free_slot_is_skipped():
     pub, index, freed = _publisher(None)
-    lane = _lane(700, [(640, False)], 512)
+    lane = _lane(1000, [(640, False)], 512)
     assert pub.before_chunk(lane, 512, 700, in_pass=True) == []
     assert index.asked == [(7, 640, SnapshotKind.TAP)]
     assert lane.pending == [] and lane.last_snapshot == 0 and freed == []
 
 
+def test_in_pass_taps_in_the_prompts_last_page_go_to_the_tail_position():
+    """The prompt tail (n - 64 < p < n) is taken at the scheduler's `tail_at`, not at p (a
+    snapshot within a page of the end would leave a short reply's endpoint unpublished)."""
+    pub, index, _ = _publisher(SlotGrant(1, None, False, []))
+    lane = _lane(3000, [(1024, False), (2944, False)], 0)
+    assert pub.before_chunk(lane, 0, 3000, in_pass=True, tail_at=960) == [(960, 11), (1024, 11)]
+    assert [a[1] for a in index.asked] == [960, 1024] and lane.taps == []
+
+
 @pytest.mark.parametrize(("tap", "end"), [(512, 700), (448, 700), (768, 700), (640, 640)])
 def test_taps_at_or_outside_the_chunks_ends_are_left_planned(tap, end):
     pub, index, _ = _publisher(SlotGrant(1, None, False, []))
-    lane = _lane(704, [(tap, False)], 512)
+    lane = _lane(1000, [(tap, False)], 512)
     assert pub.before_chunk(lane, 512, end, in_pass=True) == []
     assert index.asked == [] and lane.pending == [] and lane.taps == [(tap, False)]
 
 
 def test_in_pass_tap_off_a_page_boundary_is_an_error():
     pub, index, _ = _publisher(SlotGrant(1, None, False, []))
-    lane = _lane(700, [(600, False)], 512)
+    lane = _lane(1000, [(600, False)], 512)
     with pytest.raises(ValueError) as err:
         pub.before_chunk(lane, 512, 700, in_pass=True)
     assert str(err.value) == "in-pass tap at 600: not a page boundary inside (512, n)"

@@ -138,9 +138,9 @@ def test_every_tap_a_finishing_lane_cannot_publish_stays_pending_to_be_dropped()
 
 
 def test_an_in_pass_tap_whose_pass_never_ran_stays_pending():
-    """A tap reserved for the final pass at 640: the lane ends before that pass, at 512."""
+    """A tap reserved at 640 inside the pass (512, 700): the lane ends before that pass runs."""
     parts = PublisherParts()
-    lane = prefilled_lane(700, [(640, False)], 512)
+    lane = prefilled_lane(1000, [(640, False)], 512)
     assert parts.pub.before_chunk(lane, 512, 700, in_pass=True) == [(640, 10)]
     parts.pub._publish_finishing(lane)
     assert lane.pending == [PendingTap(640, 0, SnapshotKind.TAP, None)]
