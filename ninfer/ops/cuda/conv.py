@@ -273,14 +273,10 @@ def _prefill(x, weight, conv_state, out, batch, meta, qkv: tuple[int, int] | Non
     )  # fmt: skip
 
 
-def write_taps(
-    x: torch.Tensor, width: int, conv_state: torch.Tensor, taps: TapIndex | None
-) -> None:
+def write_taps(x: torch.Tensor, width: int, conv_state: torch.Tensor, taps: TapIndex) -> None:
     """The conv state at each state tap (`forward.StateTap`): the K-1 inputs before it, taken
     from the pass's own inputs x [T, C] (a tap's offset is at least one chunk, >= K-1), into
     conv_state[slot] [C, K-1]. One gather; no host sync."""
-    if taps is None:
-        return
     w = width - 1
     index = taps.cut[:, None] + torch.arange(-w, 0, device=x.device)  # [n, K-1]
     conv_state[taps.slot] = x[index].transpose(1, 2).to(conv_state.dtype)

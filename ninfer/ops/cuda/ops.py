@@ -259,7 +259,8 @@ class CudaOps(ReferenceOps):
             return self._conv.causal_conv(x, weight, conv_state, batch)
         meta = self.pass_meta(batch)
         y = self._conv.causal_conv(x, weight, conv_state, batch, meta, self.conv_tile)
-        self._conv.write_taps(x, weight.shape[1], conv_state, meta.taps)
+        if meta.taps is not None:
+            self._conv.write_taps(x, weight.shape[1], conv_state, meta.taps)
         return y
 
     def pass_meta(self, batch: ForwardBatch):
@@ -325,7 +326,8 @@ class CudaOps(ReferenceOps):
         q, k, v = self._conv.causal_conv_qkv(
             x, conv_weight, conv_state, batch, meta, key_dim, dk, self.conv_tile
         )
-        self._conv.write_taps(x, conv_weight.shape[1], conv_state, meta.taps)
+        if meta.taps is not None:
+            self._conv.write_taps(x, conv_weight.shape[1], conv_state, meta.taps)
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         slots = batch.state_slots
         return self._gdn.gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=True)
