@@ -5,9 +5,11 @@ field carries its `Option` metadata (help text, command-line type, accepted rang
 command line's flags are generated from it (`ninfer.cli.main`), and constructing it checks every
 value against it. `resolve()` is a pure function of the options, the model configuration and the
 device facts: it computes every derived value of design §14.2 and ADAPTATION.md once, checks what
-depends on the model and the device, and returns the frozen `EngineConfig` that every component
-reads its part from. Nothing here touches tensors or estimates time (`ninfer.costs` does); the
-only impure helper, `probe_device()`, gathers the device facts that `resolve()` consumes.
+depends on the model and the device, and returns the frozen `EngineConfig`, a record of parts
+(`MemoryGeometry`, `Scheduling`, `CachePolicy`, `OpsConfig`, `Persistence`): the engine hands
+each component the part(s) it reads. Nothing here touches tensors or estimates time
+(`ninfer.costs` does); the only impure helper, `probe_device()`, gathers the device facts that
+`resolve()` consumes.
 """
 
 from __future__ import annotations
@@ -207,62 +209,32 @@ class DeviceFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """Every resolved engine value. Frozen; components receive the fields they need."""
+class MemoryGeometry:
+    """What the pools are built of: the device, the dtypes, and the size of every Device and
+    Host entry (the KV state's pools, the warm-up's borrowed entries, the file's fingerprint)."""
 
-    model: str | None
     device: str
     dtype: str
     kv_dtype: str
-    max_concurrency: int
-    prefill_chunk: int
-    solo_prefill_chunk: int  # >= prefill_chunk; the budget of a step without decode rows
+    max_concurrency: int  # lanes: the active state slots, the most requests decoded together
     max_model_len: int
     kv_pages: int  # Device KV page pool size (pages of 64 tokens, shared by all FA layers)
     kv_page_bytes: int  # one page over every full-attention layer, K + V
     state_image_bytes: int  # one state slot over every GDN layer
+    device_snapshot_slots: int
+    # KV pages and state slots held outside the pools, each: the prefill graphs' padding row
+    # writes its K/V and state there (1 with prefill graphs, else 0)
+    scratch_entries: int
     host_cache_bytes: int  # requested Host tier budget (0 = Device only)
     host_tier: bool  # a Host tier is built: host_cache_bytes > 0 and prefix_reuse
     # the Host tier's one slab geometry (None without one): the index's slab pool, the pinned
     # slabs, copy planning and the prefix cache file all take this object
     host_geometry: SlabGeometry | None
-    device_snapshot_slots: int
-    cache_taps_per_request: int
-    cache_tap_ladder: int
-    cache_tap_min_gap: int
-    # R of the forward tap ladder base + R*2^k (`cache.taps`): the least multiple of
-    # prefill_chunk >= FORWARD_TAP_MIN, so every rung lies on a chunk boundary (no pass split)
-    cache_tap_forward: int
-    prefix_cache_file: str | None
-    prefix_reuse: bool
-    concurrent_prefill: bool
-    pending_timeout_s: float
-    compile: bool
-    cuda_graphs: bool
-    overlap_decode: bool
-    prefill_graph_tokens: int  # 0 when off (no CUDA graphs); else a multiple of 64
-    seed: int
-    check_invariants: bool
-    op_choices: OpChoices  # handed to the op set when it is built (`select_ops`)
-    # the rates every time estimate uses (`ninfer.costs`): the scheduler's pass sizing and the
-    # cache's cost model (design §6.2, §9.4)
-    prefill_flops_per_s: float = CPU_RATES.prefill_flops_per_s("float32")
-    h2d_bytes_per_s: float = CPU_RATES.h2d_bytes_per_s
-    d2h_bytes_per_s: float = CPU_RATES.d2h_bytes_per_s
-    pass_overhead_s: float = CPU_RATES.pass_overhead_s
-    copy_latency_s: float = CPU_RATES.copy_latency_s
-    device_rates: str = CPU_RATES.source  # where the rates come from: probe | nominal | cpu
 
     @property
     def state_slots(self) -> int:
         """Physical state slots: C active + D snapshot (any slot may play either role)."""
         return self.max_concurrency + self.device_snapshot_slots
-
-    @property
-    def scratch_entries(self) -> int:
-        """KV pages and state slots held outside the pools, each: the prefill graphs' padding
-        row writes its K/V and state there (1 with prefill graphs, else 0)."""
-        return int(self.prefill_graph_tokens > 0)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -272,14 +244,84 @@ class EngineConfig:
     def max_pages_per_lane(self) -> int:
         return -(-self.max_model_len // PAGE_SIZE)
 
+
+@dataclass(frozen=True, slots=True)
+class Scheduling:
+    """What the loop reads: step budgets, admission, the sampling seed, per-step checks."""
+
+    prefill_chunk: int
+    solo_prefill_chunk: int  # >= prefill_chunk; the budget of a step without decode rows
+    concurrent_prefill: bool
+    overlap_decode: bool
+    seed: int
+    check_invariants: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    """The prefix cache's policy: on or off, the taps a prompt takes, how long a request waits
+    for a sibling's prefix, and the rates its cost model prices with (design §6.2, §9.4)."""
+
+    prefix_reuse: bool
+    cache_taps_per_request: int
+    cache_tap_ladder: int
+    cache_tap_min_gap: int
+    # R of the forward tap ladder base + R*2^k (`cache.taps`): the least multiple of
+    # prefill_chunk >= FORWARD_TAP_MIN, so every rung lies on a chunk boundary (no pass split)
+    cache_tap_forward: int
+    pending_timeout_s: float
+    # the rates every time estimate uses (`ninfer.costs`)
+    prefill_flops_per_s: float
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    pass_overhead_s: float
+    copy_latency_s: float
+    device_rates: str  # where the rates come from: probe | nominal | cpu
+
+
+@dataclass(frozen=True, slots=True)
+class OpsConfig:
+    """How the model runs: the op set's build and choices, compilation, captured graphs."""
+
+    compile: bool
+    cuda_graphs: bool
+    prefill_graph_tokens: int  # 0 when off (no CUDA graphs); else a multiple of 64
+    op_choices: OpChoices  # handed to the op set when it is built (`select_ops`)
+
+
+@dataclass(frozen=True, slots=True)
+class Persistence:
+    """Where the Host tier is kept across runs (None: nowhere)."""
+
+    prefix_cache_file: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Every resolved engine value, in parts. Frozen; the engine (the composition root) hands
+    each component the part(s) it reads, never the whole record."""
+
+    model: str | None  # the checkpoint folder (None: the demo model)
+    memory: MemoryGeometry
+    scheduling: Scheduling
+    cache: CachePolicy
+    ops: OpsConfig
+    persistence: Persistence
+
     def describe(self) -> dict:
-        """Every resolved value plus the derived byte sizes, for `ninfer info` and logs."""
-        d = asdict(self)
+        """Every resolved value, flat, plus the derived byte sizes, for `ninfer info` and
+        logs."""
+        m = self.memory
+        d = {"model": self.model}
+        for part in (m, self.scheduling, self.cache, self.ops, self.persistence):
+            d.update({f.name: getattr(part, f.name) for f in fields(part)})
+        d["op_choices"] = asdict(self.ops.op_choices)
         del d["host_geometry"]  # the byte sizes say it (the ledger counts the slabs)
-        d["state_slots"] = self.state_slots
-        d["kv_capacity_tokens"] = self.kv_capacity_tokens
-        d["kv_pool_bytes"] = self.kv_pages * self.kv_page_bytes
-        d["state_pool_bytes"] = (self.state_slots + self.scratch_entries) * self.state_image_bytes
+        del d["scratch_entries"]  # the pool bytes count them
+        d["state_slots"] = m.state_slots
+        d["kv_capacity_tokens"] = m.kv_capacity_tokens
+        d["kv_pool_bytes"] = m.kv_pages * m.kv_page_bytes
+        d["state_pool_bytes"] = (m.state_slots + m.scratch_entries) * m.state_image_bytes
         return d
 
 
@@ -414,7 +456,7 @@ def _kv_short(pages: int, max_model_len: int) -> None:
 
 
 def _tap_settings(opts: EngineOptions, host_tier: bool, chunk: int) -> dict:
-    """The `cache_tap*` fields of `EngineConfig`: the options, or their defaults (more taps
+    """The `cache_tap*` fields of `CachePolicy`: the options, or their defaults (more taps
     with a Host tier to keep them; the ladder and gap scale with the prefill chunk)."""
     taps = opts.cache_taps_per_request
     ladder, gap = opts.cache_tap_ladder, opts.cache_tap_min_gap
@@ -463,47 +505,47 @@ def resolve(
     max_len = min(len_cfg, pages * PAGE_SIZE)
     if opts.max_model_len is not None and max_len < opts.max_model_len:
         _kv_short(pages, opts.max_model_len)  # "auto" KV: the memory left after the weights
-    return EngineConfig(
-        model=opts.model,
+    memory = MemoryGeometry(
         device=facts.device,
         dtype=dtype,
         kv_dtype=kv_dtype,
         max_concurrency=c,
-        prefill_chunk=chunk,
-        solo_prefill_chunk=solo,
         max_model_len=max_len,
         kv_pages=pages,
         kv_page_bytes=page_bytes,
         state_image_bytes=state_bytes,
+        device_snapshot_slots=slots,
+        scratch_entries=scratch,
         host_cache_bytes=host_bytes,
         host_tier=host_tier,
         host_geometry=host_geometry,
-        device_snapshot_slots=slots,
+    )
+    scheduling = Scheduling(
+        prefill_chunk=chunk,
+        solo_prefill_chunk=solo,
+        concurrent_prefill=bool(opts.concurrent_prefill),
+        overlap_decode=bool(opts.overlap_decode),
+        seed=int(opts.seed),
+        check_invariants=bool(opts.check_invariants),
+    )
+    cache = CachePolicy(
+        prefix_reuse=bool(opts.prefix_reuse),
         **_tap_settings(opts, host_tier, chunk),
-        **_passed_through(opts),
+        pending_timeout_s=float(opts.pending_timeout_s),
+        **_rate_fields(rates, rate),
+    )
+    ops = OpsConfig(
         compile=bool(opts.compile) and on_cuda,
         cuda_graphs=graphs,
         prefill_graph_tokens=graph_tokens,
-        **_rate_fields(rates, rate),
+        op_choices=op_choices(opts),
     )
-
-
-def _passed_through(opts: EngineOptions) -> dict:
-    """The `EngineConfig` fields that are their option as given."""
-    return {
-        "prefix_cache_file": opts.prefix_cache_file,
-        "prefix_reuse": bool(opts.prefix_reuse),
-        "concurrent_prefill": bool(opts.concurrent_prefill),
-        "pending_timeout_s": float(opts.pending_timeout_s),
-        "overlap_decode": bool(opts.overlap_decode),
-        "seed": int(opts.seed),
-        "check_invariants": bool(opts.check_invariants),
-        "op_choices": op_choices(opts),
-    }
+    persistence = Persistence(prefix_cache_file=opts.prefix_cache_file)
+    return EngineConfig(opts.model, memory, scheduling, cache, ops, persistence)
 
 
 def _rate_fields(rates: DeviceRates, prefill_rate: float) -> dict:
-    """The `EngineConfig` fields every time estimate reads (`ninfer.costs`)."""
+    """The `CachePolicy` fields every time estimate reads (`ninfer.costs`)."""
     return {
         "prefill_flops_per_s": prefill_rate,
         "h2d_bytes_per_s": rates.h2d_bytes_per_s,

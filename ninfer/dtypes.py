@@ -1,7 +1,7 @@
 """The dtypes by name: the names the options take, their element sizes and torch dtypes.
 
 `EngineOptions` takes these names and `resolve()` turns "auto" into one of them once
-(`EngineConfig.dtype` / `kv_dtype`); every other module reads the resolved name through this
+(`MemoryGeometry.dtype` / `kv_dtype`); every other module reads the resolved name through this
 table. Imports no torch until `torch_dtype` is called (the command line reads the names).
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
@@ -138,12 +139,16 @@ class LLM:
         self._model_config = config
         self._tokenizer = tokenizer
         self._template = template
-        device = torch.device(self._cfg.device)
+        cfg = self._cfg
+        device = torch.device(cfg.memory.device)
         from ninfer.persist.cache_file import for_engine
+        from ninfer.persist.fingerprint import path_identity
         from ninfer.sampling import make_generator
 
-        ops = select_ops(device, self._cfg.compile, self._cfg.op_choices)
-        self._persist = for_engine(self._cfg, config, ops, identity)  # design §5.5, or None
+        ops = select_ops(device, cfg.ops.compile, cfg.ops.op_choices)
+        identity = identity or functools.partial(path_identity, cfg.model)
+        # design §5.5, or None
+        self._persist = for_engine(cfg.persistence, cfg.memory, config, ops, identity)
         try:
             self._engine = Engine(
                 self._cfg,
@@ -267,7 +272,7 @@ class LLM:
         return self._grammars.compile(spec)
 
     def _check_prompt(self, prompt: forms.PromptInput, field: str) -> None:
-        forms.validate(prompt, self._model_config.vocab_size, self._cfg.max_model_len)
+        forms.validate(prompt, self._model_config.vocab_size, self._cfg.memory.max_model_len)
         if prompt.token_ids and any(  # a tokenizer or template returned non-int ids
             isinstance(t, bool) or not isinstance(t, int) for t in prompt.token_ids
         ):
@@ -363,7 +368,7 @@ class LLM:
 
         if self._template is None:
             raise ValueError("messages: this model has no chat template")
-        max_len = self._cfg.max_model_len
+        max_len = self._cfg.memory.max_model_len
         max_chars = self._template.tokenizer.max_text_chars(max_len)
         try:  # a conversation no tokenization could fit is refused before it is encoded
             r = self._template.render(messages, tools, max_chars=max_chars, **template_kwargs)

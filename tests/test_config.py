@@ -182,7 +182,10 @@ def test_resolve_runs_once_per_engine(monkeypatch):
     monkeypatch.setattr(llm, "resolve", spy)
     with LLM(device="cpu", kv_capacity=4096, host_cache_mib=0, max_concurrency=2) as engine:
         assert len(seen) == 1 and engine.engine_config is seen[0]
-        assert engine.engine_config.kv_pages == 64 and engine.engine_config.max_concurrency == 2
+        assert (
+            engine.engine_config.memory.kv_pages == 64
+            and engine.engine_config.memory.max_concurrency == 2
+        )
 
 
 def test_the_flags_are_built_without_importing_torch():

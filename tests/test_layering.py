@@ -199,3 +199,69 @@ def test_the_page_size_has_one_owner():
         if isinstance(t, ast.Name) and t.id in ("PAGE_SIZE", "BLOCK_TOKENS")
     )
     assert owners == ["page.py"]
+
+
+# The composition roots: they hold the whole `EngineConfig` and hand out its parts (`cli/info.py`
+# prints every value, `EngineConfig.describe`).
+CONFIG_ROOTS = ["cli/info.py", "engine/engine.py", "llm.py"]
+# receiver -> {parameter: the part it is annotated with}: each takes the part(s) it reads
+RECEIVERS = {
+    ("engine/kv/state.py", "KVState.__init__"): {
+        "memory": "MemoryGeometry", "cache": "CachePolicy",
+    },
+    ("engine/kv/state.py", "engine_cost_model"): {"cache": "CachePolicy"},
+    ("engine/executor/warmup.py", "prepare_runner"): {
+        "op_cfg": "OpsConfig", "memory": "MemoryGeometry",
+    },
+    ("persist/cache_file.py", "for_engine"): {
+        "persistence": "Persistence", "memory": "MemoryGeometry",
+    },
+    ("persist/fingerprint.py", "fingerprint"): {"memory": "MemoryGeometry"},
+    ("engine/engine.py", "Engine.__init__"): {"cfg": "EngineConfig"},
+}  # fmt: skip
+
+
+def _signatures(path: Path) -> dict[str, dict[str, str | None]]:
+    """{qualified name: {parameter: its annotation's source, or None}} of every function and
+    method of `path` (one class level deep)."""
+    out = {}
+    tree = ast.parse(path.read_text(), str(path))
+    scopes = [("", tree.body)] + [
+        (f"{n.name}.", n.body) for n in tree.body if isinstance(n, ast.ClassDef)
+    ]
+    for prefix, body in scopes:
+        for fn in body:
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+                out[prefix + fn.name] = {
+                    a.arg: None if a.annotation is None else ast.unparse(a.annotation) for a in args
+                }
+    return out
+
+
+def test_only_the_composition_roots_import_the_whole_engine_config():
+    """Every other module is handed a part (`MemoryGeometry`, `Scheduling`, `CachePolicy`,
+    `OpsConfig`, `Persistence`), never the record of all of them."""
+    files = [f for f in sorted(ROOT.rglob("*.py")) if f != ROOT / "config.py"]
+    importers = [
+        str(f.relative_to(ROOT)) for f in files if "ninfer.config.EngineConfig" in _imports(f)
+    ]
+    assert importers == CONFIG_ROOTS
+
+
+def test_each_receiver_takes_its_parts_of_the_config():
+    for (rel, qualname), parts in RECEIVERS.items():
+        params = _signatures(ROOT / rel).get(qualname)
+        assert params is not None, f"{rel}: no {qualname}"
+        for param, part in parts.items():
+            assert params.get(param) == part, (rel, qualname, param, params.get(param))
+    # and no function outside the roots takes the whole record
+    whole = [
+        (str(f.relative_to(ROOT)), fn, p)
+        for f in sorted(ROOT.rglob("*.py"))
+        if str(f.relative_to(ROOT)) not in CONFIG_ROOTS
+        for fn, params in _signatures(f).items()
+        for p, ann in params.items()
+        if ann is not None and "EngineConfig" in ann
+    ]
+    assert whole == []

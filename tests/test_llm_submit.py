@@ -80,7 +80,7 @@ def test_cancel_by_the_submitted_id_ends_the_request_abort(llm):
 
 def test_a_request_that_cannot_be_served_is_refused_before_submission(llm):
     calls = []
-    too_long = llm.render_prompt([5] * (llm.engine_config.max_model_len + 1))
+    too_long = llm.render_prompt([5] * (llm.engine_config.memory.max_model_len + 1))
     with pytest.raises(ValueError, match="longer than max_model_len"):
         llm.submit(too_long, None, on_event=calls.append)
     with pytest.raises(ValueError, match="max_tokens"):

@@ -62,9 +62,9 @@ def main() -> None:
         cached.append(out.usage.cached_tokens)
     ttft_resumed, ttft_cold = statistics.median(resumed), statistics.median(recomputed)
     result = {
-        "device": warm.engine_config.device,
+        "device": warm.engine_config.memory.device,
         "model": engine.get("model") or "demo",
-        "prefill_chunk": warm.engine_config.prefill_chunk,
+        "prefill_chunk": warm.engine_config.scheduling.prefill_chunk,
         "prompt_tokens_last_turn": len(prompt),
         "cached_tokens": cached,
         "ttft_resumed_s": round(ttft_resumed, 4),

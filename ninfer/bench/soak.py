@@ -60,7 +60,7 @@ def rss_bytes() -> int:
 
 
 def memory_sample(llm) -> dict:
-    cuda = llm.engine_config.device.startswith("cuda")
+    cuda = llm.engine_config.memory.device.startswith("cuda")
     sample = {"t": time.perf_counter(), "rss": rss_bytes(), "device": 0, "pinned": 0}
     if cuda:
         sample["device"] = torch.cuda.memory_allocated()

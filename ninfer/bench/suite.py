@@ -83,7 +83,8 @@ def load(spec: BenchSpec) -> Loaded:
         cfg, tok_dir, label = demo_config(), DEMO_DIR, "demo model (random)"
     engine = {k: v for k, v in spec.engine.items() if k != "model"}
     resolved = resolve(EngineOptions(**engine), cfg, probe_device(engine.get("device", "auto")))
-    device, dtype = torch.device(resolved.device), torch_dtype(resolved.dtype)
+    memory = resolved.memory
+    device, dtype = torch.device(memory.device), torch_dtype(memory.dtype)
     if spec.model is not None:
         model = load_model(spec.model, dtype, device)
     else:
@@ -91,7 +92,7 @@ def load(spec: BenchSpec) -> Loaded:
         model = build_random_model(cfg, dtype, device, seed=seed)
     tokenizer = Tokenizer.from_dir(tok_dir)
     template = ChatTemplate(tokenizer) if tokenizer.chat_template is not None else None
-    return Loaded(label, model, tokenizer, template, device, dtype, torch_dtype(resolved.kv_dtype))
+    return Loaded(label, model, tokenizer, template, device, dtype, torch_dtype(memory.kv_dtype))
 
 
 def run_suite(spec: BenchSpec, log=print) -> dict:

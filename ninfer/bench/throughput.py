@@ -171,6 +171,7 @@ def bench_decode(
     # step's traffic is its bytes read (writes are negligible), so that rate is the bound.
     read_bw = bounds["copy_bytes_per_s"]
     engine = llm.engine_config
+    chunk, lanes = engine.scheduling.prefill_chunk, engine.memory.max_concurrency
     rows = []
     for batch in batch_sizes:
         # End to end, as before: generate(), the staggered start included.
@@ -181,13 +182,13 @@ def bench_decode(
         e2e_tps = tokens / e2e_s if e2e_s > 0 else 0.0
         errors = [o.error for o in outs if o.error]
         # Steady state: streamed, long enough for about decode_tokens all-decoding steps.
-        steady_max = decode_tokens + 1 + staggered_steps(batch, prompt_tokens, engine.prefill_chunk)
+        steady_max = decode_tokens + 1 + staggered_steps(batch, prompt_tokens, chunk)
         prompts = random_prompts(rng, cfg.vocab_size, batch, prompt_tokens)
         times, stream_errors = stream_batch(llm, prompts, greedy(steady_max))
         errors += stream_errors
         window = decode_window(times)
-        if batch > engine.max_concurrency:
-            note = f"batch > max_concurrency {engine.max_concurrency}: never all decoding"
+        if batch > lanes:
+            note = f"batch > max_concurrency {lanes}: never all decoding"
             window.update(step_seconds=None, note=note)
         step_s = window["step_seconds"]
         steady_tps = batch / step_s if step_s else None

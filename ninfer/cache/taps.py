@@ -70,7 +70,7 @@ class Tap(NamedTuple):
 class TapConfig:
     """Design §14.2 defaults with a Host tier: 8 taps, G = max(4096, 2*chunk),
     min gap max(1024, chunk); `forward_tokens` R of the forward ladder (0 = none; the engine
-    derives it, `EngineConfig.cache_tap_forward`)."""
+    derives it, `CachePolicy.cache_tap_forward`)."""
 
     max_new_taps: int = 8
     ladder_tokens: int = 4096

@@ -67,7 +67,7 @@ class Chat:
     def __init__(self, console: Console, llm, args: argparse.Namespace) -> None:
         self.console, self.llm, self.args = console, llm, args
         self.thinking, self.max_tokens, self.system = settings(args)
-        self.cache_on = llm.engine_config.prefix_reuse
+        self.cache_on = llm.engine_config.cache.prefix_reuse
         self.reset()
 
     def reset(self) -> None:
@@ -135,14 +135,14 @@ def run(args: argparse.Namespace) -> int:
     with err_console().status("loading the model..."):  # the log lines print above it
         llm = open_llm(args)
     chat = Chat(console, llm, args)
-    cfg = llm.engine_config
+    cfg = llm.engine_config.memory
     if getattr(args, "model", None) is None:
         console.print(DEMO_BANNER)
     else:
         console.print(f"[bold]{escape(args.model)}[/]")
     console.print(
         f"[dim]{cfg.device}, {cfg.dtype}, up to {cfg.max_model_len} tokens, "
-        f"prefix cache {'on' if cfg.prefix_reuse else 'off'}, "
+        f"prefix cache {'on' if chat.cache_on else 'off'}, "
         f"thinking {'on' if chat.thinking else 'off'}, replies up to {chat.max_tokens} tokens"
         f"{', system prompt set (/system to change)' if chat.system else ''}[/]"
     )

@@ -17,6 +17,7 @@ from ninfer.cli.bench_view import flatten
 from ninfer.cli.chat_view import human_bytes
 from ninfer.cli.main import engine_kwargs, open_llm
 from ninfer.cli.terminal import output_console
+from ninfer.config import EngineConfig
 from ninfer.page import PAGE_SIZE
 
 # describe() key -> (LLM keyword it comes from, design §14.2 name)
@@ -54,15 +55,15 @@ def run(args: argparse.Namespace) -> int:
 COST_TOKENS = (1024, 8192, 32768)
 
 
-def cost_estimates(cfg, model_config) -> dict[str, dict[str, float]]:
+def cost_estimates(cfg: EngineConfig, model_config) -> dict[str, dict[str, float]]:
     """The cache's cost model on this device (design §6.2, `ninfer.costs`): seconds to prefill
     a cold prompt of n tokens and to restore its blocks and one state image from Host."""
     from ninfer.engine.kv.state import engine_cost_model
 
-    cost = engine_cost_model(cfg, model_config)
+    cost = engine_cost_model(cfg.cache, cfg.scheduling.prefill_chunk, model_config)
     out = {}
     for n in COST_TOKENS:
-        nbytes = -(-n // PAGE_SIZE) * cfg.kv_page_bytes + cfg.state_image_bytes
+        nbytes = -(-n // PAGE_SIZE) * cfg.memory.kv_page_bytes + cfg.memory.state_image_bytes
         out[str(n)] = {
             "prefill_s": cost.prefill_seconds(0, n),
             "restore_s": cost.restore_seconds(nbytes),

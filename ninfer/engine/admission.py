@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from ninfer.config import EngineConfig
+from ninfer.config import MemoryGeometry, Scheduling
 from ninfer.engine import faults, outputs
 from ninfer.engine.kv.state import KVState
 from ninfer.engine.request import Request
@@ -18,12 +18,20 @@ from ninfer.engine.scheduler import may_admit
 
 class Admission:
     """Moves the roster's FIFO head into its lanes; `make_gen(seed, device)` builds a sampled
-    request's generator (seeded from `cfg.seed` and a counter when the request names none)."""
+    request's generator (seeded from `Scheduling.seed` and a counter when the request names
+    none)."""
 
     def __init__(
-        self, cfg: EngineConfig, kv_state: KVState, roster: Roster, tokenizer, make_gen, device
+        self,
+        memory: MemoryGeometry,
+        scheduling: Scheduling,
+        kv_state: KVState,
+        roster: Roster,
+        tokenizer,
+        make_gen,
+        device,
     ) -> None:
-        self.cfg = cfg
+        self.memory, self.scheduling = memory, scheduling
         self.kv_state = kv_state
         self.roster = roster
         self.tokenizer = tokenizer
@@ -33,7 +41,9 @@ class Admission:
 
     def admit(self) -> None:
         waiting, lanes = self.roster.waiting, self.roster.lanes
-        while waiting and may_admit(lanes, self.cfg.max_concurrency, self.cfg.concurrent_prefill):
+        while waiting and may_admit(
+            lanes, self.memory.max_concurrency, self.scheduling.concurrent_prefill
+        ):
             req = waiting[0]
             now = time.perf_counter()
             verdict = self.kv_state.try_admit(req, lanes)
@@ -70,5 +80,5 @@ class Admission:
         self._gen_counter += 1
         seed = job.params.seed
         if seed is None:
-            seed = (self.cfg.seed * 1_000_003 + self._gen_counter) & 0x7FFF_FFFF_FFFF_FFFF
+            seed = (self.scheduling.seed * 1_000_003 + self._gen_counter) & 0x7FFF_FFFF_FFFF_FFFF
         return self.make_gen(seed, self.device)

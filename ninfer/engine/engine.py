@@ -42,7 +42,7 @@ from ninfer.engine.executor import warmup
 from ninfer.engine.executor.runner import Runner
 from ninfer.engine.inbox import Inbox
 from ninfer.engine.kv.lane import KVLane
-from ninfer.engine.kv.state import KVState
+from ninfer.engine.kv.state import KVState, engine_cost_model
 from ninfer.engine.request import Request
 from ninfer.engine.roster import Roster
 from ninfer.engine.scheduler import plan_step
@@ -67,21 +67,30 @@ class Engine:
         make_gen,
         persistence=None,
     ):
-        self.cfg = cfg
+        # the parts the loop reads; the others are handed out below
+        self.memory, self.scheduling = cfg.memory, cfg.scheduling
+        self.prefix_reuse = cfg.cache.prefix_reuse
         self.tokenizer = tokenizer
         self.eos = tuple(model_config.eos_token_ids) + tuple(
             getattr(tokenizer, "eos_token_ids", ()) or ()
         )
         self.vocab_size = model_config.vocab_size  # the logits' width (structured outputs' masks)
-        self.device = torch.device(cfg.device)
-        self.kv_state = KVState(cfg, model_config, self.device)
+        self.device = torch.device(cfg.memory.device)
+        cost = engine_cost_model(cfg.cache, cfg.scheduling.prefill_chunk, model_config)
+        self.kv_state = KVState(cfg.memory, cfg.cache, model_config, self.device, cost)
         mem = self.kv_state
         cache = ModelCache(kv=mem.kv.kv, conv=mem.states.conv, ssm=mem.states.ssm)
         self.runner = Runner(model, ops, cache, self.device, sampler)
-        self.startup = warmup.prepare_runner(self.runner, cfg, mem.kv, mem.states)  # CUDA only
+        self.startup = warmup.prepare_runner(  # CUDA only
+            self.runner, cfg.ops, cfg.memory, cfg.scheduling.solo_prefill_chunk, mem.kv, mem.states
+        )
         self._roster = Roster(mem)
-        self._admission = Admission(cfg, mem, self._roster, tokenizer, make_gen, self.device)
-        self._stepper = Stepper(cfg, self.runner, mem, self._roster, self.eos, self.vocab_size)
+        self._admission = Admission(
+            cfg.memory, cfg.scheduling, mem, self._roster, tokenizer, make_gen, self.device
+        )
+        self._stepper = Stepper(
+            cfg.memory, cfg.scheduling, self.runner, mem, self._roster, self.eos, self.vocab_size
+        )
         self._containment = Containment(self._roster, self._stepper, self.device)
         self.steps = 0
         self.on_step = None  # test hook: called with the engine at the start of every step
@@ -139,7 +148,7 @@ class Engine:
             raise EngineError(self._failure_text) from self._failure
         if not self._thread.is_alive():
             raise RuntimeError("the engine is closed")
-        reuse = job.error is None and self.cfg.prefix_reuse
+        reuse = job.error is None and self.prefix_reuse
         job.blocks = prepare_prompt(job.prompt) if reuse else None
         job.t_submit = time.perf_counter()
         self._inbox.put("job", job)
@@ -298,13 +307,15 @@ class Engine:
             if self.waiting:  # the FIFO head stays blocked: prefetch its Host-only path (§6.6)
                 self.kv_state.prefetch_head(self.waiting[0])
             if self.lanes:
-                cfg = self.cfg
-                self._stepper.run(plan_step(self.lanes, cfg.prefill_chunk, cfg.solo_prefill_chunk))
+                sched = self.scheduling
+                self._stepper.run(
+                    plan_step(self.lanes, sched.prefill_chunk, sched.solo_prefill_chunk)
+                )
         if self.inflight is not None and not any(
             s.lane.request.finish_reason is None and s.lane in self.lanes
             for s in self.inflight.slices
         ):
             self._stepper.settle_inflight()  # every lane of it has finished: nothing to wait for
         self.kv_state.poll()
-        if self.cfg.check_invariants:
+        if self.scheduling.check_invariants:
             self.kv_state.check_invariants(self.lanes)

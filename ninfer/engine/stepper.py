@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ninfer import structured
 from ninfer.cache.keys import prepare_prompt
-from ninfer.config import EngineConfig
+from ninfer.config import MemoryGeometry, Scheduling
 from ninfer.engine import faults, outputs
 from ninfer.engine.executor.runner import Launched, Row, Runner
 from ninfer.engine.faults import StepFault
@@ -49,14 +49,15 @@ class Stepper:
 
     def __init__(
         self,
-        cfg: EngineConfig,
+        memory: MemoryGeometry,
+        scheduling: Scheduling,
         runner: Runner,
         kv_state: KVState,
         roster: Roster,
         eos: tuple[int, ...],
         vocab_size: int,
     ) -> None:
-        self.cfg = cfg
+        self.memory, self.scheduling = memory, scheduling
         self.runner = runner
         self.kv_state = kv_state
         self.roster = roster
@@ -109,7 +110,11 @@ class Stepper:
         for s in runnable:
             s.lane.computed = s.end
         flight = InFlight(runnable, launched)
-        if launched is not None and self.cfg.overlap_decode and self._decode_only(flight, rows):
+        if (
+            launched is not None
+            and self.scheduling.overlap_decode
+            and self._decode_only(flight, rows)
+        ):
             self.inflight = flight  # settled after the next step is launched
         else:
             self.settle(flight)
@@ -151,7 +156,7 @@ class Stepper:
             return False
         waiting = self.roster.waiting
         if waiting and may_admit(
-            self.roster.lanes, self.cfg.max_concurrency, self.cfg.concurrent_prefill
+            self.roster.lanes, self.memory.max_concurrency, self.scheduling.concurrent_prefill
         ):
             return False
         lanes = [s.lane for s in flight.slices]
@@ -161,7 +166,7 @@ class Stepper:
             req = lane.request
             if req.cancelled.is_set() or req.finish_reason is not None:
                 return False
-            if req.length_reached(self.cfg.max_model_len, pending=1):
+            if req.length_reached(self.memory.max_model_len, pending=1):
                 return False  # sure to stop on its pending token whatever it is
         for lane in lanes:
             if not self.kv_state.budget.grow(lane, lane.computed + 1):
@@ -268,5 +273,5 @@ class Stepper:
             req.logprobs.append(logprobs or {})
         stopped = outputs.add_text(req, token)
         reason = "stop" if stopped else None
-        reason = reason or outputs.check_finish(req, token, self.eos, self.cfg.max_model_len)
+        reason = reason or outputs.check_finish(req, token, self.eos, self.memory.max_model_len)
         req.finish_reason = reason

@@ -1,5 +1,5 @@
 """The op set's choices: which path or kernel variant serves an op where the CUDA op set has more
-than one. Fixed when the op set is built (`CudaOps(choices=...)`, from `EngineConfig.op_choices`
+than one. Fixed when the op set is built (`CudaOps(choices=...)`, from `OpsConfig.op_choices`
 through `ninfer.engine.executor.backend.select_ops`); the reference ops have one path per op and
 take none. Plain data, no torch: `ninfer.config` declares the matching engine options (no
 command-line flag: experiments and tests set them).

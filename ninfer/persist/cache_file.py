@@ -32,9 +32,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from ninfer.persist.fingerprint import checkpoint_identity, demo_identity, fingerprint
+from ninfer.config import MemoryGeometry, Persistence
+from ninfer.persist.fingerprint import fingerprint
 from ninfer.persist.identify import foreign
 from ninfer.persist.lock import drop_lock, take_lock
 from ninfer.persist.payload import (
@@ -283,19 +285,17 @@ class PrefixCacheFile:
         return result
 
 
-def for_engine(cfg, model_config, ops, identity=None) -> PrefixCacheFile | None:
-    """The engine's PrefixCacheFile, or None without `prefix_cache_file`. `identity`: a callable
-    returning the model's identity (`LLM.from_model`); None = `cfg.model`'s checkpoint folder,
-    or the demo model when that is None."""
-    if cfg.prefix_cache_file is None:
+def for_engine(
+    persistence: Persistence,
+    memory: MemoryGeometry,
+    model_config,
+    ops,
+    identity: Callable[[], dict],
+) -> PrefixCacheFile | None:
+    """The engine's PrefixCacheFile, or None without `persistence.prefix_cache_file`.
+    `identity`: a callable returning the model's identity (`path_identity` of the checkpoint
+    folder, `model_identity` of an in-memory model), called only when there is a file."""
+    if persistence.prefix_cache_file is None:
         return None
-    if identity is not None:
-        ident = identity()
-    elif cfg.model is None:
-        from ninfer.demo import DEMO_DIR, demo_weights_seed
-
-        ident = demo_identity(DEMO_DIR / "config.json", demo_weights_seed)
-    else:
-        ident = checkpoint_identity(cfg.model)
-    fp = fingerprint(ident, cfg, model_config, type(ops).__name__)
-    return PrefixCacheFile(resolve_path(cfg.prefix_cache_file), fp).acquire()
+    fp = fingerprint(identity(), memory, model_config, type(ops).__name__)
+    return PrefixCacheFile(resolve_path(persistence.prefix_cache_file), fp).acquire()

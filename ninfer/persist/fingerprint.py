@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+from ninfer.config import MemoryGeometry
 from ninfer.persist.tables import FORMAT_VERSION
 from ninfer.version import __version__
 
@@ -34,6 +35,16 @@ def demo_identity(config_path: Path, seed: int) -> dict:
     return {"checkpoint": "ninfer-demo", "config_sha256": digest, "weights_seed": seed}
 
 
+def path_identity(model: str | None) -> dict:
+    """The identity of `EngineConfig.model`: its checkpoint folder's, or the demo model's
+    when that is None."""
+    if model is not None:
+        return checkpoint_identity(model)
+    from ninfer.demo import DEMO_DIR, demo_weights_seed
+
+    return demo_identity(DEMO_DIR / "config.json", demo_weights_seed)
+
+
 def model_identity(model) -> dict:
     """An in-memory model (`LLM.from_model`): parameter names, shapes, dtypes and a hash of each
     parameter's first and last 64 KiB (cheap, and tells random seeds apart)."""
@@ -49,16 +60,17 @@ def model_identity(model) -> dict:
     return {"checkpoint": "in-memory model", "params_xxh3": h.hexdigest()}
 
 
-def fingerprint(identity: dict, cfg, model_config, ops_name: str) -> dict:
-    """What a file must share with the running engine to be used (design §5.5)."""
+def fingerprint(identity: dict, memory: MemoryGeometry, model_config, ops_name: str) -> dict:
+    """What a file must share with the running engine to be used (design §5.5): `memory`
+    gives the dtypes and the device."""
     config = json.dumps(model_config.to_dict(), sort_keys=True, default=str)
     return {
         "model": identity,
         "model_config_sha256": hashlib.sha256(config.encode()).hexdigest(),
-        "dtype": cfg.dtype,
-        "kv_dtype": cfg.kv_dtype,
+        "dtype": memory.dtype,
+        "kv_dtype": memory.kv_dtype,
         "rope": [model_config.rope_theta, model_config.partial_rotary_factor],
-        "device_type": cfg.device.split(":")[0],
+        "device_type": memory.device.split(":")[0],
         "ops": ops_name,
         "ninfer_version": __version__,
         "format_version": FORMAT_VERSION,

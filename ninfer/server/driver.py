@@ -149,12 +149,12 @@ class EngineDriver:
     # ---- prompts ------------------------------------------------------------------------------
     @property
     def max_model_len(self) -> int:
-        return self.llm.engine_config.max_model_len
+        return self.llm.engine_config.memory.max_model_len
 
     @property
     def kv_capacity_tokens(self) -> int:
         """Tokens the engine's KV pages hold: every reply of a request together must fit."""
-        return self.llm.engine_config.kv_capacity_tokens
+        return self.llm.engine_config.memory.kv_capacity_tokens
 
     @property
     def tokenizer(self):

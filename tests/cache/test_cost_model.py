@@ -36,7 +36,7 @@ MEASURED_S = {("9B", 32768): 0.90, ("27B", 8192): 0.71, ("9B", 8192): 0.21, ("27
 def _cost(name: str, facts: DeviceFacts = H200, **opts):
     model = PRESETS[name] if name in PRESETS else demo_config()
     cfg = resolve(EngineOptions(kv_capacity=65536, host_cache_mib=0, **opts), model, facts)
-    return cfg, model, engine_cost_model(cfg, model)
+    return cfg, model, engine_cost_model(cfg.cache, cfg.scheduling.prefill_chunk, model)
 
 
 @pytest.mark.parametrize(("name", "tokens"), list(MEASURED_S))
@@ -62,8 +62,8 @@ def test_one_prefill_model_for_the_scheduler_and_the_cache():
         cfg, model, cost = _cost(name)
         for tokens in (64, 8192, 16384):
             compute = cost.prefill_seconds(0, tokens) - cost.chunk_s * -(-tokens // 2048)
-            head = PrefillShape.of(model).head_flops / cfg.prefill_flops_per_s
-            got = pass_seconds(model, tokens, cfg.prefill_flops_per_s)
+            head = PrefillShape.of(model).head_flops / cfg.cache.prefill_flops_per_s
+            got = pass_seconds(model, tokens, cfg.cache.prefill_flops_per_s)
             assert got == pytest.approx(compute + head, rel=1e-9)
 
 
@@ -111,8 +111,8 @@ def test_prefill_cost_is_monotone_in_length_and_base(name, base, tokens, more):
 def test_cpu_path_uses_cpu_rates():
     cfg, model, cost = _cost("demo", CPU, prefill_chunk=256)
     assert rates_for("cpu") is CPU_RATES
-    assert cfg.device_rates == "cpu"
-    assert cfg.prefill_flops_per_s == CPU_RATES.prefill_flops_per_s("float32")
+    assert cfg.cache.device_rates == "cpu"
+    assert cfg.cache.prefill_flops_per_s == CPU_RATES.prefill_flops_per_s("float32")
     assert cost.h2d_bytes_per_s == CPU_RATES.h2d_bytes_per_s and cost.chunk_tokens == 256
     # the demo's 1024-token prompt on the CPU reference path: ~0.2-2 s, not milliseconds
     assert 0.2 < cost.prefill_seconds(0, 1024) < 2.0
@@ -125,10 +125,10 @@ def test_rates_in_the_facts_reach_the_config_and_the_cost_model():
     )
     cfg, _, cost = _cost("9B", dataclasses.replace(H200, rates=slow))
     _, _, nominal = _cost("9B")
-    assert cfg.h2d_bytes_per_s == 5e9 and cost.h2d_bytes_per_s == 5e9
+    assert cfg.cache.h2d_bytes_per_s == 5e9 and cost.h2d_bytes_per_s == 5e9
     assert cost.token_s == pytest.approx(2 * nominal.token_s)
     fp32, _, _ = _cost("9B", dtype="float32")
-    assert fp32.prefill_flops_per_s == CUDA_NOMINAL.prefill_flops_per_s("float32")
+    assert fp32.cache.prefill_flops_per_s == CUDA_NOMINAL.prefill_flops_per_s("float32")
 
 
 def _index(model, cost) -> PrefixIndex:
@@ -167,7 +167,11 @@ def test_cache_decides_restore_or_recompute_by_the_derived_costs():
     cfg, _, cost = _cost("9B")
     assert _host_resume_choice(model, cost) == (1, 3000)
     crawl = cache_cost_model(
-        model, cfg.prefill_flops_per_s, cfg.h2d_bytes_per_s / 1e5, cfg.pass_overhead_s, 2048
+        model,
+        cfg.cache.prefill_flops_per_s,
+        cfg.cache.h2d_bytes_per_s / 1e5,
+        cfg.cache.pass_overhead_s,
+        2048,
     )
     assert _host_resume_choice(model, crawl) == (None, 0)
 
@@ -181,7 +185,7 @@ def test_engine_index_uses_the_derived_cost_model():
     with LLM(host_cache_mib=0) as llm:
         cfg, model = llm.engine_config, llm.model_config
         got = llm.engine.kv_state.index.cost
-    assert got == engine_cost_model(cfg, model)
-    assert got != CacheCostModel.cpu(cfg.prefill_chunk)
-    per_token = PrefillShape.of(model).token_flops / cfg.prefill_flops_per_s
+    assert got == engine_cost_model(cfg.cache, cfg.scheduling.prefill_chunk, model)
+    assert got != CacheCostModel.cpu(cfg.scheduling.prefill_chunk)
+    per_token = PrefillShape.of(model).token_flops / cfg.cache.prefill_flops_per_s
     assert got.token_s == pytest.approx(per_token)

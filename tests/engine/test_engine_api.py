@@ -167,7 +167,7 @@ def test_engine_failure_answers_everyone(make_llm):
 def test_ledger_and_config(llm):
     ledger = llm.memory_ledger()
     cfg = llm.engine_config
-    assert ledger["kv_pages"] == cfg.kv_pages == 256
+    assert ledger["kv_pages"] == cfg.memory.kv_pages == 256
     # with a Host tier (the fixture's 16 MiB): D = C + 1, 8 taps (spec §14.2)
     assert ledger["state_slots_active"] == 4 and ledger["state_slots_snapshot"] == 5
     assert ledger["host_tier"] is True and ledger["host_bytes"] == 16 << 20

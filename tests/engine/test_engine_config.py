@@ -15,63 +15,78 @@ CUDA = DeviceFacts("cuda", 100 << 30, 140 << 30)
 
 def test_cpu_defaults():
     cfg = resolve(EngineOptions(host_cache_mib=0), TINY, CPU)
-    assert (cfg.dtype, cfg.kv_dtype, cfg.prefill_chunk) == ("float32", "float32", 256)
-    assert cfg.device_snapshot_slots == 8 + 2 and cfg.cache_taps_per_request == 2
-    assert cfg.cache_tap_ladder == 4096 and cfg.cache_tap_min_gap == 1024
-    assert cfg.max_model_len == TINY.max_position_embeddings
-    assert cfg.kv_pages * 64 >= 9 * TINY.max_position_embeddings  # C lanes + cache
-    assert not cfg.compile and not cfg.cuda_graphs and not cfg.host_tier
-    assert cfg.state_slots == 18 and cfg.describe()["state_slots"] == 18
+    assert (cfg.memory.dtype, cfg.memory.kv_dtype, cfg.scheduling.prefill_chunk) == (
+        "float32",
+        "float32",
+        256,
+    )
+    assert cfg.memory.device_snapshot_slots == 8 + 2 and cfg.cache.cache_taps_per_request == 2
+    assert cfg.cache.cache_tap_ladder == 4096 and cfg.cache.cache_tap_min_gap == 1024
+    assert cfg.memory.max_model_len == TINY.max_position_embeddings
+    assert cfg.memory.kv_pages * 64 >= 9 * TINY.max_position_embeddings  # C lanes + cache
+    assert not cfg.ops.compile and not cfg.ops.cuda_graphs and not cfg.memory.host_tier
+    assert cfg.memory.state_slots == 18 and cfg.describe()["state_slots"] == 18
 
 
 def test_cuda_defaults_and_derived_ladder():
     cfg = resolve(EngineOptions(prefill_chunk=4096), TINY, CUDA)
-    assert (cfg.dtype, cfg.kv_dtype) == ("bfloat16", "bfloat16")
-    assert cfg.cache_tap_ladder == 8192 and cfg.cache_tap_min_gap == 4096
-    assert cfg.kv_pages * cfg.kv_page_bytes <= CUDA.free_bytes
-    assert cfg.compile and cfg.cuda_graphs
-    assert resolve(EngineOptions(kv_dtype="fp8_e4m3"), TINY, CUDA).kv_dtype == "fp8_e4m3"
+    assert (cfg.memory.dtype, cfg.memory.kv_dtype) == ("bfloat16", "bfloat16")
+    assert cfg.cache.cache_tap_ladder == 8192 and cfg.cache.cache_tap_min_gap == 4096
+    assert cfg.memory.kv_pages * cfg.memory.kv_page_bytes <= CUDA.free_bytes
+    assert cfg.ops.compile and cfg.ops.cuda_graphs
+    assert resolve(EngineOptions(kv_dtype="fp8_e4m3"), TINY, CUDA).memory.kv_dtype == "fp8_e4m3"
 
 
 def test_prefill_graphs_need_cuda_graphs_and_own_one_scratch_entry():
     cfg = resolve(EngineOptions(), TINY, CUDA)
-    assert cfg.prefill_graph_tokens == 2048 == cfg.prefill_chunk and cfg.scratch_entries == 1
+    assert (
+        cfg.ops.prefill_graph_tokens == 2048 == cfg.scheduling.prefill_chunk
+        and cfg.memory.scratch_entries == 1
+    )
     capped = resolve(EngineOptions(prefill_chunk=1000, prefill_graph_tokens=4096), TINY, CUDA)
-    assert capped.prefill_graph_tokens == 1024  # the chunk, rounded up to a 64-token bucket
-    image = cfg.state_image_bytes
-    assert cfg.describe()["state_pool_bytes"] == (cfg.state_slots + 1) * image
-    assert resolve(EngineOptions(prefill_graph_tokens=100), TINY, CUDA).prefill_graph_tokens == 128
+    assert capped.ops.prefill_graph_tokens == 1024  # the chunk, rounded up to a 64-token bucket
+    image = cfg.memory.state_image_bytes
+    assert cfg.describe()["state_pool_bytes"] == (cfg.memory.state_slots + 1) * image
+    assert (
+        resolve(EngineOptions(prefill_graph_tokens=100), TINY, CUDA).ops.prefill_graph_tokens == 128
+    )
     for opts in (EngineOptions(cuda_graphs=False), EngineOptions(prefill_graph_tokens=0)):
         cfg = resolve(opts, TINY, CUDA)
-        assert cfg.prefill_graph_tokens == 0 and cfg.scratch_entries == 0
+        assert cfg.ops.prefill_graph_tokens == 0 and cfg.memory.scratch_entries == 0
     cpu = resolve(EngineOptions(host_cache_mib=0), TINY, CPU)
-    assert cpu.prefill_graph_tokens == 0 and cpu.scratch_entries == 0
+    assert cpu.ops.prefill_graph_tokens == 0 and cpu.memory.scratch_entries == 0
 
 
 def test_solo_chunk_derived_only_for_models_whose_long_eager_pass_pays():
     from ninfer.models.presets import PRESETS
 
     big, small = dataclasses.replace(PRESETS["9B"], max_position_embeddings=8192), PRESETS["4B"]
-    assert resolve(EngineOptions(kv_capacity=65536), big, CUDA).solo_prefill_chunk == 8192
+    assert (
+        resolve(EngineOptions(kv_capacity=65536), big, CUDA).scheduling.solo_prefill_chunk == 8192
+    )
     # doubled while a pass stays within SOLO_PASS_S (estimated): the 9B's 16384, the 27B's 8192
     for name, solo in (("9B", 16384), ("27B", 8192)):
         assert (
-            resolve(EngineOptions(kv_capacity=65536), PRESETS[name], CUDA).solo_prefill_chunk
+            resolve(
+                EngineOptions(kv_capacity=65536), PRESETS[name], CUDA
+            ).scheduling.solo_prefill_chunk
             == solo
         )
-    assert resolve(EngineOptions(kv_capacity=65536), small, CUDA).solo_prefill_chunk == 2048
-    assert resolve(EngineOptions(), TINY, CUDA).solo_prefill_chunk == 2048
-    assert resolve(EngineOptions(host_cache_mib=0), TINY, CPU).solo_prefill_chunk == 256
+    assert (
+        resolve(EngineOptions(kv_capacity=65536), small, CUDA).scheduling.solo_prefill_chunk == 2048
+    )
+    assert resolve(EngineOptions(), TINY, CUDA).scheduling.solo_prefill_chunk == 2048
+    assert resolve(EngineOptions(host_cache_mib=0), TINY, CPU).scheduling.solo_prefill_chunk == 256
     # a chunk the user chose is the pass size unless the solo one is given too
     chosen = EngineOptions(prefill_chunk=1024, kv_capacity=65536)
-    assert resolve(chosen, big, CUDA).solo_prefill_chunk == 1024
+    assert resolve(chosen, big, CUDA).scheduling.solo_prefill_chunk == 1024
     both = dataclasses.replace(chosen, solo_prefill_chunk=4096)
-    assert resolve(both, big, CUDA).solo_prefill_chunk == 4096
+    assert resolve(both, big, CUDA).scheduling.solo_prefill_chunk == 4096
 
 
 def test_int_kv_capacity_caps_max_model_len():
     cfg = resolve(EngineOptions(kv_capacity=1000), TINY, CPU)
-    assert cfg.kv_pages == 15 and cfg.max_model_len == 960
+    assert cfg.memory.kv_pages == 15 and cfg.memory.max_model_len == 960
 
 
 @pytest.mark.parametrize(
@@ -102,14 +117,18 @@ def test_bad_options_name_the_field(options, field):
 
 def test_host_tier_is_on_by_default():
     cfg = resolve(EngineOptions(), TINY, CPU)
-    assert cfg.host_tier and cfg.host_cache_bytes == 8192 << 20
-    assert cfg.host_geometry.num_slabs == (8192 << 20) // cfg.kv_page_bytes
-    assert cfg.device_snapshot_slots == 8 + 1 and cfg.cache_taps_per_request == 8
-    assert cfg.pending_timeout_s == 60.0
+    assert cfg.memory.host_tier and cfg.memory.host_cache_bytes == 8192 << 20
+    assert cfg.memory.host_geometry.num_slabs == (8192 << 20) // cfg.memory.kv_page_bytes
+    assert cfg.memory.device_snapshot_slots == 8 + 1 and cfg.cache.cache_taps_per_request == 8
+    assert cfg.cache.pending_timeout_s == 60.0
     off = resolve(EngineOptions(host_cache_mib=0), TINY, CPU)
-    assert not off.host_tier and off.host_geometry is None and off.device_snapshot_slots == 8 + 2
+    assert (
+        not off.memory.host_tier
+        and off.memory.host_geometry is None
+        and off.memory.device_snapshot_slots == 8 + 2
+    )
     disabled = resolve(EngineOptions(prefix_reuse=False), TINY, CPU)
-    assert not disabled.host_tier and disabled.host_geometry is None
+    assert not disabled.memory.host_tier and disabled.memory.host_geometry is None
 
 
 def test_host_budget_below_one_snapshot_plus_one_block_is_rejected():
@@ -117,10 +136,10 @@ def test_host_budget_below_one_snapshot_plus_one_block_is_rejected():
     wide = dataclasses.replace(TINY, num_key_value_heads=64, head_dim=256)  # 8 MiB pages
     with pytest.raises(ValueError, match="host_cache_mib=16 holds 2 slabs"):
         resolve(EngineOptions(host_cache_mib=16), wide, CPU)
-    assert resolve(EngineOptions(host_cache_mib=24), wide, CPU).host_geometry.num_slabs == 3
+    assert resolve(EngineOptions(host_cache_mib=24), wide, CPU).memory.host_geometry.num_slabs == 3
     # no prefix cache, no Host tier: its budget is not checked (nothing would be built)
     off = resolve(EngineOptions(host_cache_mib=16, prefix_reuse=False), wide, CPU)
-    assert not off.host_tier and off.host_geometry is None
+    assert not off.memory.host_tier and off.memory.host_geometry is None
 
 
 def test_an_engine_resolves_its_dtypes_once(make_llm, monkeypatch):
@@ -138,7 +157,7 @@ def test_an_engine_resolves_its_dtypes_once(make_llm, monkeypatch):
     monkeypatch.setattr(ninfer.config, "resolve_dtypes", counted)
     monkeypatch.setattr(ninfer.llm, "resolve_dtypes", counted)
     llm = make_llm(host_cache_mib=0)
-    assert calls == ["auto"] and llm.engine_config.kv_dtype == "float32"
+    assert calls == ["auto"] and llm.engine_config.memory.kv_dtype == "float32"
 
 
 def test_the_dtype_table_agrees_with_torch():

@@ -154,7 +154,7 @@ def test_engine_cached_resume_equals_cold(model):
         prefill_chunk=128, check_invariants=True,
     )  # fmt: skip
     try:
-        assert llm.engine_config.cuda_graphs and llm.startup_s > 0
+        assert llm.engine_config.ops.cuda_graphs and llm.startup_s > 0
         assert llm.engine.runner.graphs is not None
         params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=2, ignore_eos=True)
         prompt = {"prompt_token_ids": [(13 * i) % 2500 + 4 for i in range(400)]}

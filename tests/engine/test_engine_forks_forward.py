@@ -24,7 +24,7 @@ def cold(make_llm):
 def test_r_is_the_least_multiple_of_the_chunk_from_512():
     def forward(chunk: int) -> int:
         opts = EngineOptions(prefill_chunk=chunk)
-        return resolve(opts, TINY, DeviceFacts("cpu", 64 << 30, 64 << 30)).cache_tap_forward
+        return resolve(opts, TINY, DeviceFacts("cpu", 64 << 30, 64 << 30)).cache.cache_tap_forward
 
     assert [forward(c) for c in (64, 256, 384, 511, 512, 513, 2048)] == [
         512, 512, 768, 1022, 512, 513, 2048,

@@ -109,8 +109,8 @@ def test_host_cache_zero_is_device_only(make_llm):
     llm = make_llm(host_cache_mib=0, kv_capacity=24 * 64, max_concurrency=2)
     cold = make_llm(prefix_reuse=False, max_concurrency=2)
     cfg, ledger = llm.engine_config, llm.memory_ledger()
-    assert not cfg.host_tier and cfg.device_snapshot_slots == 2 + 2
-    assert cfg.cache_taps_per_request == 2
+    assert not cfg.memory.host_tier and cfg.memory.device_snapshot_slots == 2 + 2
+    assert cfg.cache.cache_taps_per_request == 2
     assert ledger["host_tier"] is False and ledger["host_bytes"] == ledger["host_slabs"] == 0
     prompt = rand_tokens(rng, 200)
     first = run(llm, prompt, 80)
@@ -141,12 +141,12 @@ def test_cache_stats_fields(make_llm):
     prompts.append(follow)
     st = llm.cache_stats()
     cfg = llm.engine_config
-    assert st.pages_total == cfg.kv_pages
+    assert st.pages_total == cfg.memory.kv_pages
     assert st.pages_free + st.pages_active + st.pages_cached == st.pages_total
     assert st.pages_active == 0 and st.pages_cached == st.device_cached_pages  # idle
-    assert st.device_block_bytes == st.nodes_device * cfg.kv_page_bytes
+    assert st.device_block_bytes == st.nodes_device * cfg.memory.kv_page_bytes
     assert st.device_snapshot_bytes == (
-        st.snapshots_device * IMAGE + st.snapshot_tails_device * cfg.kv_page_bytes
+        st.snapshots_device * IMAGE + st.snapshot_tails_device * cfg.memory.kv_page_bytes
     )
     assert st.host_block_bytes == st.nodes_host * BUNDLE
     assert st.host_slabs_total == 256

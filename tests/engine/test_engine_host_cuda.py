@@ -59,7 +59,7 @@ def test_cuda_host_restore_is_bit_identical_and_matches_cold(model):
     llm = _llm(model)
     cold = _llm(model, prefix_reuse=False, host_cache_mib=0)
     try:
-        assert llm.memory_ledger()["host_tier"] and llm.engine_config.cuda_graphs
+        assert llm.memory_ledger()["host_tier"] and llm.engine_config.ops.cuda_graphs
         engine, kv_state = llm.engine, llm.engine.kv_state
         assert kv_state.host_slabs.pinned  # page-locked: the copies run asynchronously
         prompt = rand_tokens(rng, 200)

@@ -181,7 +181,7 @@ def test_no_request_is_ever_cut_short(
         host_cache_mib=16 if host else 0,
         prefix_reuse=reuse,
     )
-    max_len = llm.engine_config.max_model_len
+    max_len = llm.engine_config.memory.max_model_len
     outs = llm.generate(prompts, params)
     for out, prompt, sp in zip(outs, prompts, params, strict=True):
         assert out.error is None and out.finish_reason == "length", out

@@ -17,7 +17,7 @@ def nbytes(t) -> int:
 def test_one_geometry_from_resolve_to_the_slabs(make_llm):
     llm = make_llm(host_cache_mib=4, device_snapshot_slots=2, kv_capacity=24 * 64)
     cfg, kv_state = llm.engine_config, llm.engine.kv_state
-    g = cfg.host_geometry
+    g = cfg.memory.host_geometry
     assert kv_state.index.host.geometry is g
     assert kv_state.host_slabs.geometry is g
     assert kv_state.transfer.inner.slabs.geometry is g
@@ -33,7 +33,7 @@ def test_one_geometry_from_resolve_to_the_slabs(make_llm):
 def test_without_a_host_tier_there_is_no_geometry(make_llm):
     llm = make_llm(host_cache_mib=0, kv_capacity=24 * 64)
     kv_state = llm.engine.kv_state
-    assert llm.engine_config.host_geometry is None
+    assert llm.engine_config.memory.host_geometry is None
     assert kv_state.index.host is None and kv_state.host_slabs is None
     out = run(llm, rand_tokens(random.Random(3), 100), 4)
     assert len(out.token_ids) == 4

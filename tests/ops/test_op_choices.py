@@ -1,5 +1,5 @@
 """The op choices (`ninfer.ops.choices.OpChoices`) are engine options, checked when the options are
-built, resolved into `EngineConfig.op_choices` and handed to the op set when it is built: `LLM` ->
+built, resolved into `OpsConfig.op_choices` and handed to the op set when it is built: `LLM` ->
 `select_ops` -> `CudaOps(choices=...)` -> its attention planner and its conv and GDN kernels. On
 the CPU: the kernel modules and FlashInfer are stood in for by recorders, so what reaches them
 is what a CUDA run would pass; the reference ops (the CPU's) ignore the choices."""
@@ -77,7 +77,7 @@ def test_llm_hands_its_choices_to_the_op_set(monkeypatch):
         with LLM(
             device="cpu", kv_capacity=4096, host_cache_mib=0, max_concurrency=2, **kwargs
         ) as e:
-            assert e.engine_config.op_choices == handed[-1]
+            assert e.engine_config.ops.op_choices == handed[-1]
             assert type(e.engine.runner.ops) is ReferenceOps
             tokens.append(e.generate(prompt, params)[0].token_ids)
     assert handed == [OpChoices(), CHOSEN]

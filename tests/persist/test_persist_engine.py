@@ -73,7 +73,7 @@ def test_unusable_locations_fail_at_construction(make, tmp_path):
 def test_path_is_resolved_and_the_save_round_trips(make, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     llm = make(prefix_cache_file="c.hpc")
-    assert llm.engine_config.prefix_cache_file == str(tmp_path / "c.hpc")
+    assert llm.engine_config.persistence.prefix_cache_file == str(tmp_path / "c.hpc")
     first = turn(llm)
     llm.close()
     assert (tmp_path / "c.hpc").is_file()

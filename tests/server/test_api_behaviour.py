@@ -258,7 +258,7 @@ def test_anthropic_temperature_range(anth):
 
 
 def test_max_tokens_beyond_model_length(served, oai, anth):
-    too_many = served.llm.engine_config.max_model_len + 1
+    too_many = served.llm.engine_config.memory.max_model_len + 1
     with pytest.raises(anthropic.BadRequestError) as e:
         anth.messages.create(model=MODEL, max_tokens=too_many, messages=HELLO)
     assert "max_tokens" in e.value.body["error"]["message"]

@@ -65,7 +65,7 @@ def test_unknown_routes_and_methods_are_api_errors(served):
 
 
 def test_choices_that_cannot_fit_are_refused(served):
-    room = served.llm.engine_config.kv_capacity_tokens
+    room = served.llm.engine_config.memory.kv_capacity_tokens
     body = {**CHAT, "n": 16, "max_tokens": room // 16 + 1}
     r = httpx.post(served.base + "/chat/completions", json=body, timeout=30)
     assert "n x max_tokens" in _openai_error(r, 400, "max_tokens")

@@ -2,7 +2,7 @@
 
     CPU                                   -> ReferenceOps
     CUDA, flashinfer + fla + triton import -> CudaOps (norms, RoPE, glue compiled if compile;
-                                             built with the op choices, `EngineConfig.op_choices`)
+                                             built with the op choices, `OpsConfig.op_choices`)
     CUDA, a kernel library missing        -> ReferenceOps, with one warning saying which
 (ReferenceOps has one path per op: it takes no choices.)
 

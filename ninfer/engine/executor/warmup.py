@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from ninfer.config import MemoryGeometry, OpsConfig
 from ninfer.engine.executor.runner import Row, Runner
 from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
@@ -30,10 +31,19 @@ WARM_CACHED_TAIL = 576
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def prepare_runner(runner: Runner, cfg, kv_pool, state_pool) -> dict[str, float]:
-    """Warm-up (and graph capture) of `runner` before the engine serves. Borrows 3 free pages
-    of `kv_pool` and max_concurrency free active slots of `state_pool` and returns them (and
-    writes a scratch or unused snapshot slot, and the pools' scratch entries).
+def prepare_runner(
+    runner: Runner,
+    op_cfg: OpsConfig,
+    memory: MemoryGeometry,
+    tune_tokens: int,
+    kv_pool,
+    state_pool,
+) -> dict[str, float]:
+    """Warm-up (and graph capture, as `op_cfg` says) of `runner` before the engine serves, for
+    the pools `memory` describes; `tune_tokens`: the longest pass the engine runs (its solo
+    prefill chunk, `warm_up`). Borrows 3 free pages of `kv_pool` and max_concurrency free
+    active slots of `state_pool` and returns them (and writes a scratch or unused snapshot
+    slot, and the pools' scratch entries).
     Returns the startup figures (seconds), also kept in `runner.startup`; nothing on the CPU
     (no kernel to build)."""
     if runner.device.type != "cuda":
@@ -42,24 +52,24 @@ def prepare_runner(runner: Runner, cfg, kv_pool, state_pool) -> dict[str, float]
     runner.model.fuse_projections()
     ops = runner.ops
     if hasattr(ops, "configure"):  # CudaOps: which fast paths take this model (warns per op)
-        ops.configure(runner.model.config.head_dims, cfg.dtype, cfg.kv_dtype)
-    capture = bool(cfg.cuda_graphs) and getattr(ops, "name", "") == "cuda"
+        ops.configure(runner.model.config.head_dims, memory.dtype, memory.kv_dtype)
+    capture = bool(op_cfg.cuda_graphs) and getattr(ops, "name", "") == "cuda"
     if capture and not ops.capturable:
         logger.warning("ninfer: CUDA graphs off: a reference op cannot be captured")
         capture = False
     pages = kv_pool.alloc(3)
-    slots = [state_pool.acquire() for _ in range(cfg.max_concurrency)]
+    slots = [state_pool.acquire() for _ in range(memory.max_concurrency)]
     # the warm-up's in-pass snapshot (a cached turn's final chunk): a slot no lane holds and
     # no snapshot uses yet (the index is empty until the engine serves or loads a cache file)
     spare = (state_pool.scratch_slots or state_pool.snap_phys or [None])[0]
     prefill_graph = None
-    if capture and cfg.prefill_graph_tokens > 0 and ops.prefill_capturable:
+    if capture and op_cfg.prefill_graph_tokens > 0 and ops.prefill_capturable:
         scratch = (kv_pool.scratch_pages[0], state_pool.scratch_slots[0])
-        prefill_graph = (cfg.prefill_graph_tokens, *scratch)
+        prefill_graph = (op_cfg.prefill_graph_tokens, *scratch)
     try:
         figures = warm_up(
-            runner, pages, slots, capture, cfg.max_pages_per_lane, prefill_graph,
-            cfg.solo_prefill_chunk, spare,
+            runner, pages, slots, capture, memory.max_pages_per_lane, prefill_graph,
+            tune_tokens, spare,
         )  # fmt: skip
     finally:  # in reverse, so the free lists end as they were
         for s in reversed(slots):
@@ -79,7 +89,7 @@ def prepare_runner(runner: Runner, cfg, kv_pool, state_pool) -> dict[str, float]
         figures["warm_prefill_s"],
         figures["warm_decode_s"],
         figures["capture_s"],
-        f"batch 1..{cfg.max_concurrency}" if runner.graphs is not None else "off",
+        f"batch 1..{memory.max_concurrency}" if runner.graphs is not None else "off",
         figures.get("prefill_capture_s", 0.0),
         f"{len(prefill.buckets)} sizes to {prefill.max_tokens} tokens" if prefill else "off",
     )

@@ -25,7 +25,7 @@ import logging
 
 import torch
 
-from ninfer.config import EngineConfig
+from ninfer.config import CachePolicy, MemoryGeometry
 from ninfer.dtypes import torch_dtype
 from ninfer.engine.kv import host_faults
 from ninfer.engine.kv.admitter import Admitter, Verdict
@@ -46,11 +46,11 @@ logger = logging.getLogger(__name__)
 def slab_bytes(page_bytes: int) -> int:
     """The index's slab size without a Host tier (no slab exists; it sizes GDSF scores): one
     block bundle (every FA layer's page) rounded up to 4 KiB. A Host tier's slabs are exactly
-    one block bundle (`EngineConfig.host_geometry.slab_bytes`)."""
+    one block bundle (`MemoryGeometry.host_geometry.slab_bytes`)."""
     return -(-page_bytes // 4096) * 4096
 
 
-def engine_cost_model(cfg: EngineConfig, model_config):
+def engine_cost_model(cache: CachePolicy, prefill_chunk: int, model_config):
     """The cache's cost model for this model on this device: the prefill FLOPs of the model's
     shape and the rates `resolve()` recorded (`ninfer.costs`; the scheduler's pass sizing uses
     the same), passes of `prefill_chunk` tokens."""
@@ -58,11 +58,11 @@ def engine_cost_model(cfg: EngineConfig, model_config):
 
     return cache_cost_model(
         model_config,
-        cfg.prefill_flops_per_s,
-        cfg.h2d_bytes_per_s,
-        cfg.pass_overhead_s,
-        cfg.prefill_chunk,
-        cfg.copy_latency_s,
+        cache.prefill_flops_per_s,
+        cache.h2d_bytes_per_s,
+        cache.pass_overhead_s,
+        prefill_chunk,
+        cache.copy_latency_s,
     )
 
 
@@ -73,38 +73,47 @@ class KVState:
     lane's / a snapshot slot's image; the page reservations equal the lanes' outstanding
     entitlements and never exceed free + evictable pages."""
 
-    def __init__(self, cfg: EngineConfig, model_config, device: torch.device) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        memory: MemoryGeometry,
+        cache: CachePolicy,
+        model_config,
+        device: torch.device,
+        cost,
+    ) -> None:
+        """Pools sized by `memory`; the index (unless `cache.prefix_reuse` is off) following
+        `cache` and pricing with `cost` (`engine_cost_model`)."""
+        self.memory, self.cache = memory, cache
         mc = model_config
         self.streams = Streams(device)
         self.kv = KVPool(
-            cfg.kv_pages,
+            memory.kv_pages,
             len(mc.full_layer_ids),
             mc.num_key_value_heads,
             mc.head_dim,
-            torch_dtype(cfg.kv_dtype),
+            torch_dtype(memory.kv_dtype),
             device,
-            scratch=cfg.scratch_entries,
+            scratch=memory.scratch_entries,
         )
         self.states = StatePool(
-            cfg.max_concurrency,
-            cfg.device_snapshot_slots,
+            memory.max_concurrency,
+            memory.device_snapshot_slots,
             len(mc.gdn_layer_ids),
             mc.conv_dim,
             mc.linear_conv_kernel_dim,
             mc.linear_num_value_heads,
             mc.linear_key_head_dim,
             mc.linear_value_head_dim,
-            torch_dtype(cfg.dtype),
+            torch_dtype(memory.dtype),
             device,
-            scratch=cfg.scratch_entries,
+            scratch=memory.scratch_entries,
         )
         self.transfer: Transfer = DeviceOnlyTransfer()
         self.host_slabs = None  # the Host tier's HostSlabs (read by the cache file's load/save)
         self._index = None
-        if cfg.prefix_reuse:
-            self._build_host_tier(cfg, model_config, device)
-            self._index = self._new_index(engine_cost_model(cfg, model_config))
+        if cache.prefix_reuse:
+            self._build_host_tier(memory, model_config, device)
+            self._index = self._new_index(cost)
         self._lane_ids = itertools.count(1)
         self.counters = EngineCounters()
         self._build_collaborators()
@@ -113,7 +122,7 @@ class KVState:
         """Hand each collaborator the parts it uses (again after the index is replaced)."""
         index, kv, states = self.index, self.kv, self.states
         transfer, counters = self.transfer, self.counters
-        self.budget = budget = PageBudget(kv, index, self.cfg.max_model_len)
+        self.budget = budget = PageBudget(kv, index, self.memory.max_model_len)
         self.admitter = Admitter(
             index,
             kv,
@@ -122,7 +131,7 @@ class KVState:
             transfer,
             counters,
             self._lane_ids,
-            self.cfg.pending_timeout_s,
+            self.cache.pending_timeout_s,
         )
         self.publisher = Publisher(index, kv, states, budget, transfer, counters)
         self.prefetcher = Prefetcher(index, kv, budget, transfer)
@@ -143,45 +152,45 @@ class KVState:
         self._build_collaborators()
 
     def _new_index(self, cost):
-        """An empty PrefixIndex pricing with `cost`; with a Host tier over `cfg.host_geometry`
+        """An empty PrefixIndex pricing with `cost`; with a Host tier over `memory.host_geometry`
         (the slabs' object: slab ids mean the same in the index, the slabs and the transfer),
         its slab pool containing its allocation faults (host_faults.py)."""
         from ninfer.cache.index import PrefixIndex
         from ninfer.cache.records import CacheConfig
         from ninfer.cache.taps import TapConfig
 
-        cfg = self.cfg
+        memory, policy = self.memory, self.cache
         taps = TapConfig(
-            max_new_taps=cfg.cache_taps_per_request,
-            ladder_tokens=cfg.cache_tap_ladder,
-            min_gap_tokens=cfg.cache_tap_min_gap,
-            forward_tokens=cfg.cache_tap_forward,
+            max_new_taps=policy.cache_taps_per_request,
+            ladder_tokens=policy.cache_tap_ladder,
+            min_gap_tokens=policy.cache_tap_min_gap,
+            forward_tokens=policy.cache_tap_forward,
         )
         if self.host_slabs is None:
             config = CacheConfig(
-                slab_bytes=slab_bytes(cfg.kv_page_bytes),
-                image_bytes=cfg.state_image_bytes,
+                slab_bytes=slab_bytes(memory.kv_page_bytes),
+                image_bytes=memory.state_image_bytes,
                 host_cache_bytes=0,
-                device_snapshot_slots=cfg.device_snapshot_slots,
+                device_snapshot_slots=memory.device_snapshot_slots,
                 taps=taps,
             )
             return PrefixIndex(config, cost)
-        config = CacheConfig.for_host(cfg.host_geometry, cfg.device_snapshot_slots, taps)
+        config = CacheConfig.for_host(memory.host_geometry, memory.device_snapshot_slots, taps)
         return PrefixIndex(config, cost, host_pool=self._guarded_pool)
 
     def _guarded_pool(self, geometry) -> host_faults.GuardedHostPool:
         return host_faults.GuardedHostPool(geometry, self._host_alloc_failed)
 
-    def _build_host_tier(self, cfg: EngineConfig, model_config, device: torch.device) -> None:
-        """With a Host tier: the pinned slabs over `cfg.host_geometry` and their Transfer, whose
+    def _build_host_tier(self, memory: MemoryGeometry, model_config, device: torch.device) -> None:
+        """With a Host tier: the pinned slabs over `memory.host_geometry` and their Transfer, whose
         raising copies are contained (a Host fault degrades the entries it hit to Device-only,
         host_faults.py)."""
-        if not cfg.host_tier:
+        if not memory.host_tier:
             return
         from ninfer.memory.host_slabs import HostSlabs
         from ninfer.memory.transfer import HostTransfer
 
-        self.host_slabs = slabs = HostSlabs(cfg.host_geometry, pin=device.type == "cuda")
+        self.host_slabs = slabs = HostSlabs(memory.host_geometry, pin=device.type == "cuda")
         host = HostTransfer(
             slabs,
             self.kv.kv,
@@ -369,7 +378,7 @@ class KVState:
         from ninfer.cache.stats import CacheStats
 
         st = CacheStats() if self.index is None else copy.copy(self.index.stats())
-        page, image = self.cfg.kv_page_bytes, self.states.image_bytes
+        page, image = self.memory.kv_page_bytes, self.states.image_bytes
         st.device_block_bytes = st.nodes_device * page
         st.device_snapshot_bytes = st.snapshots_device * image + st.snapshot_tails_device * page
         st.pages_total = self.kv.num_pages
@@ -389,7 +398,7 @@ class KVState:
     def ledger(self) -> dict:
         return {
             "kv_pages": self.kv.num_pages,
-            "kv_page_bytes": self.cfg.kv_page_bytes,
+            "kv_page_bytes": self.memory.kv_page_bytes,
             "kv_bytes": self.kv.bytes,
             "kv_pages_free": self.kv.num_free,
             "kv_pages_cached": self.stats().pages_cached,
@@ -397,12 +406,12 @@ class KVState:
             "state_slots_snapshot": self.states.snapshot_slots,
             "state_image_bytes": self.states.image_bytes,
             "state_bytes": self.states.total_slots * self.states.image_bytes,
-            "host_tier": self.cfg.host_tier,
-            "host_cache_bytes_requested": self.cfg.host_cache_bytes,
+            "host_tier": self.memory.host_tier,
+            "host_cache_bytes_requested": self.memory.host_cache_bytes,
             "host_bytes": self.transfer.host_bytes,
             "host_slabs": 0
             if self.index is None or self.index.host is None
             else self.index.host.n_slabs,
-            "prefix_reuse": self.cfg.prefix_reuse,
+            "prefix_reuse": self.cache.prefix_reuse,
             "coalesced_waits": self.counters.coalesced_waits,
         }

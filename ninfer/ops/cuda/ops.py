@@ -118,7 +118,7 @@ class CudaOps(ReferenceOps):
 
     def configure(self, dims: HeadDims, dtype: str, kv_dtype: str) -> OpPlan:
         """Decides the fast paths for a model with head dims `dims` in `dtype` / `kv_dtype`
-        (names, as EngineConfig's) and warns once per op that falls back. Returns the plan."""
+        (names, as MemoryGeometry's) and warns once per op that falls back. Returns the plan."""
         self.plan = plan_ops(dims, dtype, kv_dtype)
         for line in self.plan.warnings():
             logger.warning(line)

@@ -67,7 +67,7 @@ class OpPlan:
 
 def plan_ops(dims: HeadDims, dtype: str, kv_dtype: str) -> OpPlan:
     """The `OpPlan` of a model with head dims `dims` run in `dtype` ("bfloat16" | "float16" |
-    "float32") with a KV cache in `kv_dtype` (resolved names, as `EngineConfig`'s)."""
+    "float32") with a KV cache in `kv_dtype` (resolved names, as `MemoryGeometry`'s)."""
     out: dict[str, str] = {}
     hd, rot = dims.head_dim, dims.rotary_dim
     dk, dv = dims.gdn_key_dim, dims.gdn_value_dim
