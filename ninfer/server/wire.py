@@ -56,7 +56,7 @@ def sampling_params(
     if _is_int(seed):
         seed &= SEED_MASK
     if isinstance(stop, str):
-        stop = [stop]
+        stop = [stop] if stop else None  # "" names no stop string, as [] does
     given = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
     params = SamplingParams(
         max_tokens=max_tokens,

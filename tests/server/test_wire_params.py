@@ -5,7 +5,7 @@ into 63 bits, OpenAI's temperature is at most 2), and a refusal names its field.
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ninfer.request import SamplingParams
@@ -36,6 +36,7 @@ def _engine_params(fields: dict) -> SamplingParams:
 
 
 @settings(max_examples=300, deadline=None)
+@example(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None, seed=None, stop="")
 @given(
     max_tokens=st.one_of(st.none(), INT),
     temperature=NUMBER,
