@@ -24,6 +24,18 @@ settings.register_profile(
 if os.environ.get("NINFER_HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["NINFER_HYPOTHESIS_PROFILE"])
 
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """pyproject's addopts run the suite on two pytest-xdist workers (`-n 2`; `-n 0` for one
+    process). Mutation runs stay in one process: mutmut records in its own process which tests
+    reach which function, and a worker's calls would not reach it."""
+    if os.environ.get("NINFER_HYPOTHESIS_PROFILE") == "mutation" and hasattr(
+        config.option, "numprocesses"
+    ):
+        config.option.numprocesses = 0
+
+
 # A mutant that blocks (waits without using CPU) escapes mutmut's CPU-time limit. Mutation runs
 # set NINFER_MUTATION_TEST_WALL_S: a test running longer ends its process with SIGXCPU, which
 # mutmut records as a timeout.
