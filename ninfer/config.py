@@ -266,8 +266,8 @@ class CachePolicy:
     cache_taps_per_request: int
     cache_tap_ladder: int
     cache_tap_min_gap: int
-    # R of the forward tap ladder base + R*2^k (`cache.taps`): the least multiple of
-    # prefill_chunk >= FORWARD_TAP_MIN, so every rung lies on a chunk boundary (no pass split)
+    # R of the forward tap ladder base + R*2^k (`cache.taps`): FORWARD_TAP_MIN. A long pass
+    # takes its rungs inside itself (`scheduler.InPass`), so they need not lie on the chunk grid
     cache_tap_forward: int
     pending_timeout_s: float
     # the rates every time estimate uses (`ninfer.costs`)
@@ -464,7 +464,7 @@ def _tap_settings(opts: EngineOptions, host_tier: bool, chunk: int) -> dict:
         "cache_taps_per_request": (8 if host_tier else 2) if taps is None else taps,
         "cache_tap_ladder": max(4096, 2 * chunk) if ladder is None else ladder,
         "cache_tap_min_gap": max(1024, chunk) if gap is None else gap,
-        "cache_tap_forward": -(-FORWARD_TAP_MIN // chunk) * chunk,
+        "cache_tap_forward": FORWARD_TAP_MIN,
     }
 
 

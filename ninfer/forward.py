@@ -21,19 +21,23 @@ A row with ctx_lens[r] == 0 starts from a zero recurrent and conv state, whateve
 holds; a row with ctx_lens[r] > 0 continues from the state in its slot (the engine resumed or
 restored it there). After the pass each row's slot holds the state after its last token.
 
-A snapshot inside the pass (`gdn_split`, the prompt-tail tap of a long final chunk without a
-second pass): the GDN layers run the last row in two parts and copy its conv and recurrent state
-between them into a snapshot slot; attention, the dense parts and the pages see the whole pass.
+Snapshots inside the pass (`state_taps`): each `StateTap` asks the GDN layers to write a row's
+conv and recurrent state after its first `offset` tokens into another slot, without splitting
+the row; attention, the dense parts and the pages never see them. Several taps per row, in
+several rows, may share a pass. The ops honour them (`ninfer.ops.base.Ops.causal_conv`, `gdn`);
+an op set may only serve offsets that are multiples of its `tap_stride`.
 
-    flat tokens  |<- rows 0 .. R-2 ->|<- last row: head ->|<- tail ->|
-                                                          cut
-    GDN layer    conv_gated_delta(head batch) ; state[dst] = state[src] ; (tail batch)
+    row r        |<------------------ q_lens[r] tokens ------------------>|
+    taps         |---- offset a ---->|              |
+                 |---------- offset b ------------->|
+    slot a holds the state after tokens [0, a) of the row, slot b after [0, b)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -52,7 +56,7 @@ class ForwardBatch:
     # Called with the layer index just before that layer runs (Host restores overlapped with
     # the first prefill pass wait there on the layer's copy event). None: nothing to wait for.
     before_layer: Callable[[int], None] | None = None
-    gdn_split: GdnSplit | None = None  # see the module docstring
+    state_taps: tuple[StateTap, ...] = ()  # see the module docstring
 
     @property
     def num_rows(self) -> int:
@@ -68,56 +72,29 @@ class ForwardBatch:
         return all(q == 1 for q in self.q_lens) and all(c > 0 for c in self.ctx_lens)
 
 
-@dataclass(frozen=True, slots=True)
-class GdnSplit:
-    """The two GDN sub-batches of a pass that snapshots its last row's state at `cut`."""
+class StateTap(NamedTuple):
+    """Write row `row`'s GDN state after its first `offset` tokens into state slot `slot`."""
 
-    cut: int  # flat index of the last row's first token after the snapshot
-    head: ForwardBatch  # every row, the last one ending at `cut`
-    tail: ForwardBatch  # the last row from `cut` on, continuing from its slot
-    src: int  # the last row's state slot
-    dst: int  # the snapshot slot that receives the state at `cut`
+    row: int
+    offset: int
+    slot: int
 
 
-def split_last_row(batch: ForwardBatch, offset: int, src: int, dst: int) -> GdnSplit:
-    """The `GdnSplit` snapshotting the last row's state after its first `offset` tokens into
-    slot `dst` (`src` = that row's slot). Device tensors of the sub-batches are views of the
-    batch's or made by fills on the device (no host sync); only the GDN fields are meaningful
-    (the sub-batches sample nothing and are never given to attention)."""
-    q_last, ctx_last = batch.q_lens[-1], batch.ctx_lens[-1]
-    if not 0 < offset < q_last:
-        raise ValueError(f"gdn_split: offset {offset} not inside the last row ({q_last} tokens)")
-    if src == dst:
-        raise ValueError(f"gdn_split: the snapshot slot {dst} is the row's own slot")
-    cut = batch.num_tokens - q_last + offset
-    head_cu = batch.cu_q.clone()
-    head_cu[-1] = cut
-    tail_cu = batch.cu_q.new_zeros(2)
-    tail_cu[1] = q_last - offset
-    none = batch.logits_indices[:0]
-    head = ForwardBatch(
-        input_ids=batch.input_ids[:cut],
-        positions=batch.positions[:cut],
-        q_lens=[*batch.q_lens[:-1], offset],
-        ctx_lens=list(batch.ctx_lens),
-        cu_q=head_cu,
-        state_slots=batch.state_slots,
-        block_table=batch.block_table,
-        slot_mapping=batch.slot_mapping[:cut],
-        logits_indices=none,
-    )
-    tail = ForwardBatch(
-        input_ids=batch.input_ids[cut:],
-        positions=batch.positions[cut:],
-        q_lens=[q_last - offset],
-        ctx_lens=[ctx_last + offset],
-        cu_q=tail_cu,
-        state_slots=batch.state_slots[-1:],
-        block_table=batch.block_table[-1:],
-        slot_mapping=batch.slot_mapping[cut:],
-        logits_indices=none,
-    )
-    return GdnSplit(cut, head, tail, src, dst)
+def check_state_taps(taps: Sequence[StateTap], q_lens: list[int], slots: list[int]) -> None:
+    """Raises ValueError unless every tap lies strictly inside its row, writes a slot no row of
+    the pass owns, and no two taps write one slot."""
+    for t in taps:
+        if not 0 <= t.row < len(q_lens) or not 0 < t.offset < q_lens[t.row]:
+            raise ValueError(f"state tap {t}: offset not inside its row")
+        if t.slot in slots:
+            raise ValueError(f"state tap {t}: slot {t.slot} is a row's own slot")
+    if len({t.slot for t in taps}) != len(taps):
+        raise ValueError("state taps: two taps write one slot")
+
+
+def row_taps(taps: Sequence[StateTap], row: int) -> list[tuple[int, int]]:
+    """(offset, slot) of the taps of `row`, by offset."""
+    return sorted((t.offset, t.slot) for t in taps if t.row == row)
 
 
 @dataclass(slots=True)

@@ -18,15 +18,16 @@ p >= base + R finds a rung at or below it at least halfway from the base to p (l
 to a block), before any sibling proved the fork (the admission's fork tap serves the siblings
 after that). Rungs are Tap kind, and each tap of
 a prompt supersedes the previous one (§9.3), so unused rungs are the first snapshots evicted.
-Like every flexible tap a rung never splits a pass: the engine takes it at the end of the pass
-that reaches it (with R a multiple of a 64-aligned prefill chunk, at the rung itself when
-passes are one chunk long), and the rungs a single pass covers make one snapshot (all of a
-final chunk's flexible taps make its one snapshot, §7.1).
+Like every flexible tap a rung never splits a pass: a pass that snapshots inside itself (a long
+eager pass, `scheduler.InPass`) takes it at the rung itself; any other takes it at the end of
+the pass that reaches it, and the rungs such a pass covers make one snapshot (all of a final
+chunk's flexible taps make its one snapshot, §7.1).
 
 Every tap lies in (base, n-1] and never strictly inside a Vision span (a candidate inside one
 moves to the span start). Exact taps keep their token position (a tail snapshot when p % 64 !=
-0, §7.4); flexible taps are 64-aligned targets the engine realizes at a chunk boundary, so they
-are floored to a block boundary here. The plan is a pure function of its inputs.
+0, §7.4); flexible taps are 64-aligned targets the engine realizes inside a pass or at a chunk
+boundary, so they are floored to a block boundary here. The plan is a pure function of its
+inputs.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from ninfer.engine.kv.lane import KVLane
 from ninfer.engine.kv.state import KVState, engine_cost_model
 from ninfer.engine.request import Request
 from ninfer.engine.roster import Roster
-from ninfer.engine.scheduler import plan_step
+from ninfer.engine.scheduler import InPass, plan_step
 from ninfer.engine.stepper import InFlight, Stepper
 from ninfer.forward import ModelCache
 from ninfer.request import EngineError
@@ -92,6 +92,8 @@ class Engine:
             cfg.memory, cfg.scheduling, self.runner, mem, self._roster, self.eos, self.vocab_size
         )
         self._containment = Containment(self._roster, self._stepper, self.device)
+        # rows that snapshot inside their pass: those no prefill graph replays, on the ops' grid
+        self.in_pass: InPass | None = InPass(cfg.ops.prefill_graph_tokens, ops.tap_stride)
         self.steps = 0
         self.on_step = None  # test hook: called with the engine at the start of every step
         self._inbox = Inbox()
@@ -307,10 +309,8 @@ class Engine:
             if self.waiting:  # the FIFO head stays blocked: prefetch its Host-only path (§6.6)
                 self.kv_state.prefetch_head(self.waiting[0])
             if self.lanes:
-                sched = self.scheduling
-                self._stepper.run(
-                    plan_step(self.lanes, sched.prefill_chunk, sched.solo_prefill_chunk)
-                )
+                chunks = (self.scheduling.prefill_chunk, self.scheduling.solo_prefill_chunk)
+                self._stepper.run(plan_step(self.lanes, *chunks, self.in_pass))
         if self.inflight is not None and not any(
             s.lane.request.finish_reason is None and s.lane in self.lanes
             for s in self.inflight.slices

@@ -19,14 +19,16 @@ Chunk ends, for a lane at frontier s with prompt length n (planned exact tap e_x
     which land on chunk boundaries, are aligned too.
 
 A final chunk (end = n) longer than `final_cap` (= prefill_chunk) that holds a flexible tap
-takes its snapshot at the page boundary c = ceil64(n - final_cap), so that a retry resumes
-within prefill_chunk of the end whatever the budget (flexible taps inside a final chunk are
-otherwise taken at its start, design §7.1; the prompt tail always is one). The snapshot is taken
-inside the pass (`Slice.tap_at` = c: the GDN layers run the row in two parts, see
-`forward.GdnSplit`), one such row per step, moved to the step's end; a second one in the
-same step is cut at c instead (two passes). With budget = final_cap neither happens: a final
-chunk is at most the budget. The tap inside the pass costs less than cutting the chunk in two
-(measured: docs/results-h200.md, "the prompt-tail snapshot inside the pass").
+takes its tail snapshot at the page boundary c = ceil64(n - final_cap), so that a retry resumes
+within prefill_chunk of the end whatever the budget (flexible taps in the prompt's last page
+inside a shorter final chunk are taken at its start, design §7.1; the prompt tail always is
+one; a snapshot nearer the end would leave the endpoint of a short reply unpublished, §7.7).
+
+Snapshots inside a pass (`InPass.allows`; `forward.StateTap`): a row longer than the
+CUDA-graph bucket (such a pass runs eagerly anyway) whose start lies on the op set's tap grid
+takes its flexible taps strictly inside it at their own positions, in the pass, without a
+split, and the tail snapshot at c (`Slice.in_pass`, `Slice.tail_at`; `Publisher.before_chunk`
+reserves the slots). Any rows of a step may. A final chunk that cannot is cut at c.
 """
 
 from __future__ import annotations
@@ -37,14 +39,29 @@ from ninfer.engine.kv.lane import KVLane
 from ninfer.page import PAGE_SIZE
 
 
+@dataclass(frozen=True, slots=True)
+class InPass:
+    """Which rows may snapshot inside their pass: longer than `above` tokens (shorter ones may
+    replay a CUDA graph, which takes no taps) and starting on the tap grid of the op set
+    (`Ops.tap_stride`, a divisor of the page: flexible taps are page boundaries)."""
+
+    above: int = 0
+    stride: int = 1
+
+    def allows(self, start: int, end: int) -> bool:
+        return end - start > self.above and start % self.stride == 0
+
+
 @dataclass(slots=True)
 class Slice:
-    """Tokens [start, end) of `lane` in this step; `tap_at`: a snapshot position inside them."""
+    """Tokens [start, end) of `lane` in this step; `in_pass`: its flexible taps inside them are
+    taken inside the pass, the prompt tail's at `tail_at` (c, above) when not None."""
 
     lane: KVLane
     start: int
     end: int
-    tap_at: int | None = None
+    in_pass: bool = False
+    tail_at: int | None = None
 
     @property
     def samples(self) -> bool:
@@ -86,33 +103,29 @@ def _flexible_tap_in(lane: KVLane, s: int, n: int) -> bool:
 
 
 def plan_step(
-    lanes: list[KVLane], prefill_chunk: int, solo_chunk: int | None = None, in_pass: bool = True
+    lanes: list[KVLane],
+    prefill_chunk: int,
+    solo_chunk: int | None = None,
+    in_pass: InPass | None = InPass(),
 ) -> list[Slice]:
     """Rows of the next step: decode rows first (one token each), then prefill chunks of
-    `prefill_chunk` tokens in all, or of `solo_chunk` when there is no decode row; a chunk
-    with an in-pass snapshot (`in_pass`) last."""
+    `prefill_chunk` tokens in all, or of `solo_chunk` when there is no decode row; `in_pass`:
+    which chunks snapshot inside their pass (None: none)."""
     rows: list[Slice] = []
     for lane in lanes:
         if not lane.prefilling:
             rows.append(Slice(lane, lane.computed, lane.computed + 1))
     budget = prefill_chunk if rows or solo_chunk is None else max(solo_chunk, prefill_chunk)
-    tapped: Slice | None = None
     for lane in lanes:
         if lane.prefilling and budget > 0:
             s = lane.computed
-            if in_pass and tapped is None:
-                end = chunk_end(lane, budget)
-                tap = final_tap(lane, s, end, prefill_chunk)
-            else:
-                end, tap = chunk_end(lane, budget, prefill_chunk), None
-            row = Slice(lane, s, end, tap)
-            if tap is None:
-                rows.append(row)
-            else:
-                tapped = row
+            end = chunk_end(lane, budget)
+            inside = in_pass is not None and in_pass.allows(s, end)
+            if not inside:
+                end = chunk_end(lane, budget, prefill_chunk)
+            tail = final_tap(lane, s, end, prefill_chunk) if inside else None
+            rows.append(Slice(lane, s, end, inside, tail))
             budget -= end - s
-    if tapped is not None:
-        rows.append(tapped)
     return rows
 
 

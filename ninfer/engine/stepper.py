@@ -84,7 +84,7 @@ class Stepper:
             if not self.kv_state.budget.grow(s.lane, s.end):
                 suspended.append(s.lane)  # the pool cannot extend it: suspend, never cut short
                 continue
-            dst = self.kv_state.before_chunk(s.lane, s.start, s.end, s.tap_at)
+            taps = self.kv_state.before_chunk(s.lane, s.start, s.end, s.in_pass, s.tail_at)
             lane = s.lane
             rows.append(
                 Row(
@@ -95,7 +95,7 @@ class Stepper:
                     sample=lane.request.params if s.samples else None,
                     generator=lane.request.generator,
                     before_layer=self.kv_state.first_pass_hook(lane),
-                    tap=None if dst is None else (s.tap_at - s.start, dst),
+                    taps=tuple((p - s.start, phys) for p, phys in taps),
                 )
             )
             runnable.append(s)

@@ -120,25 +120,10 @@ class GatedDeltaNet(nn.Module):
 
         conv_weight = self.conv1d.weight.squeeze(1)  # [C, K]
         conv_state, state = cache.conv[:, self.state_index], cache.ssm[:, self.state_index]
-        split = batch.gdn_split
-        if split is None:
-            o = ops.conv_gated_delta(
-                mixed, conv_weight, conv_state, a, b, self.A_log, self.dt_bias, state, batch,
-                dk**-0.5,
-            )  # fmt: skip
-        else:  # a snapshot inside the pass (batch.py): two parts, the state copied between
-            c = split.cut
-            head = ops.conv_gated_delta(
-                mixed[:c], conv_weight, conv_state, a[:c], b[:c], self.A_log, self.dt_bias,
-                state, split.head, dk**-0.5,
-            )  # fmt: skip
-            conv_state[split.dst].copy_(conv_state[split.src])
-            state[split.dst].copy_(state[split.src])
-            tail = ops.conv_gated_delta(
-                mixed[c:], conv_weight, conv_state, a[c:], b[c:], self.A_log, self.dt_bias,
-                state, split.tail, dk**-0.5,
-            )  # fmt: skip
-            o = torch.cat((head, tail))
+        o = ops.conv_gated_delta(
+            mixed, conv_weight, conv_state, a, b, self.A_log, self.dt_bias, state, batch,
+            dk**-0.5,
+        )  # fmt: skip
         o = ops.gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
         return ops.linear(o.reshape(t, cfg.value_dim), self.out_proj.weight)
 

@@ -11,6 +11,11 @@ Ops that take `batch` may read its host lists (q_lens, ctx_lens) and device tens
 state_slots, block_table, slot_mapping). Ops that update state write in place into the pool
 tensors they are given, at the rows' slots; they never allocate per-slot copies that outlive
 the call.
+
+In-pass snapshots (`batch.state_taps`, `ninfer.forward.StateTap`): `causal_conv` writes each
+tap's conv state and `gdn` its recurrent state (so `gated_delta` and `conv_gated_delta` both)
+into the tap's slot: the state a pass ending after the row's first `offset` tokens would leave
+in the row's slot. An op set serves offsets that are multiples of its `tap_stride`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from ninfer.forward import ForwardBatch
 
 class Ops(Protocol):
     name: str
+    # `batch.state_taps` offsets this op set serves: multiples of it (1: any offset)
+    tap_stride: int
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x [T, K] @ weight[N, K]^T -> [T, N] in x.dtype (F.linear without bias)."""

@@ -98,9 +98,9 @@ def test_shared_new_prefix_is_prefilled_once(make_llm):
     # without coalescing every sharer prefills the whole prefix (7 are admitted at once; the
     # 8th takes the lane other_first frees, before any sharer has published the prefix) but
     # for the 8th, which resumes at a sharer's forward-ladder rung 1024 (`cache.taps`),
-    # taken at the end of the pass that reached it (1216: the 512-token budget is shared)
-    assert [o.usage.cached_tokens for o in base_outs[1:9]] == [0] * 7 + [1216]
-    assert base.prefill_tokens == others + 8 * (SHARED + SUFFIX) - 1216
+    # taken inside the pass that covered it (`scheduler.InPass`)
+    assert [o.usage.cached_tokens for o in base_outs[1:9]] == [0] * 7 + [1024]
+    assert base.prefill_tokens == others + 8 * (SHARED + SUFFIX) - 1024
     assert [o.token_ids for o in outs] == [o.token_ids for o in base_outs]
     # no TTFT regression for the requests that share nothing: FIFO admission order is the
     # same, and their first tokens come no later (in engine steps) than without coalescing

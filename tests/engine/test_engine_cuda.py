@@ -350,16 +350,16 @@ def test_mixed_step_split_into_two_replays_on_cuda(model):
 
 
 def test_in_pass_snapshot_on_cuda(model):
-    """A pass whose last row snapshots its state inside (`Row.tap`, CudaOps eager): its logits
-    and final states are the plain pass's (bf16: two GDN calls chunk the row differently), and
-    the snapshot slot holds what a pass ending at the cut leaves there."""
+    """A pass whose last row snapshots its state inside (`Row.taps`, CudaOps eager): its logits
+    and final states are the plain pass's, and the snapshot slot holds what a pass ending at
+    the tap leaves there (bf16: the recurrent state comes from fla's bf16 chunk states)."""
     prompts = [[(11 * i) % 2400 + 4 for i in range(90)], [(17 * i) % 2400 + 4 for i in range(700)]]
     pages = [list(range(0, 2)), list(range(2, 13))]
     caches = []
     for tap in (None, (576, 6)):
         runner = Runner(model, CudaOps(DEV), new_cache(), DEV, sampler=_greedy)
         rows = [Row(prompts[0], 0, 5, pages[0], GREEDY), Row(prompts[1], 0, 1, pages[1], GREEDY)]
-        rows[1].tap = tap
+        rows[1].taps = () if tap is None else (tap,)
         caches.append((runner.forward(rows).float(), runner.cache))
     (plain, c0), (cut, c1) = caches
     assert_close([cut.cpu()], [plain.cpu()], tol=0.05)
@@ -376,39 +376,37 @@ def test_in_pass_snapshot_on_cuda(model):
         assert (a - b).abs().max().item() <= 0.02 * b.abs().max().item(), pool
 
 
-def test_engine_in_pass_tap_matches_the_cut_on_cuda(model, monkeypatch):
-    """The engine on CUDA with a solo chunk over the whole 700-token prompt: the tail snapshot
-    taken inside the pass (at ceil64(700 - 128) = 576) or by cutting the pass there gives the
-    same tokens (logprobs within LOGPROB_TOL, up to a near-tie flip) and the same resume point;
-    the retry's tokens match the cold run's the same way."""
-    import functools
-
-    from ninfer.engine import scheduler
+def test_engine_in_pass_tap_matches_the_cut_on_cuda(model):
+    """The engine on CUDA with a solo chunk over the whole 700-token prompt: the rung (512)
+    and the tail snapshot (640) taken inside the pass, or the pass cut at ceil64(700 - 128) =
+    576 (no snapshots inside passes), give the same tokens (logprobs within LOGPROB_TOL, up to
+    a near-tie flip); a retry resumes at the tail (640) or at the cut (576), and its tokens match
+    the cold run's the same way."""
     from ninfer.llm import LLM
 
     prompt = {"prompt_token_ids": [(13 * i) % 2500 + 4 for i in range(700)]}
     params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
     outs = {}
     for in_pass in (True, False):
-        plan = functools.partial(scheduler.plan_step, in_pass=in_pass)
-        monkeypatch.setattr("ninfer.engine.engine.plan_step", plan)
         llm = LLM.from_model(
             model, device="cuda", max_concurrency=2, kv_capacity=8192, host_cache_mib=0,
             prefill_chunk=128, solo_prefill_chunk=1024, check_invariants=True,
         )  # fmt: skip
         try:
+            if not in_pass:
+                llm.engine.in_pass = None
             taps: list = []
             runner, launch = llm.engine.runner, llm.engine.runner.launch
 
             def spy(rows, *args, taps=taps, launch=launch):
-                taps.extend(r.tap for r in rows)
+                taps.extend(r.taps for r in rows)
                 return launch(rows, *args)
 
             runner.launch = spy
             cold = llm.generate([prompt], params)[0]
-            assert any(t is not None for t in taps) == in_pass, taps
+            assert any(taps) == in_pass, taps
             retry = llm.generate([prompt], params)[0]
-            assert retry.usage.cached_tokens == 576
+            assert retry.usage.cached_tokens == (640 if in_pass else 576)
             outs[in_pass] = (cold, retry)
         finally:
             llm.close()
@@ -446,6 +444,36 @@ def test_engine_prompt_end_resume_equals_cold_on_cuda(model, solo):
         assert warm.usage.cached_tokens == 437
         cold = cold_llm.generate([longer], params)[0]
         assert cold.usage.cached_tokens == 0
+        for i, (a, b) in enumerate(zip(warm.token_ids, cold.token_ids, strict=True)):
+            top = sorted(cold.logprobs[i].values(), reverse=True)
+            if a != b:
+                assert a in cold.logprobs[i] and top[0] - top[1] < 2 * LOGPROB_TOL, (i, a, b)
+                break
+            assert abs(warm.logprobs[i][a] - cold.logprobs[i][a]) < LOGPROB_TOL, (i, a)
+    finally:
+        llm.close()
+        cold_llm.close()
+
+
+def test_engine_fork_inside_one_long_pass_resumes_at_a_rung_on_cuda(model):
+    """A 2600-token cold prompt prefilled in one eager pass takes its forward rungs (512, 1024,
+    2048) inside that pass (`forward.StateTap`, read from fla's chunk states): a prompt forking
+    at 1100 resumes at 1024 and gives the tokens of a cold run (logprobs within LOGPROB_TOL,
+    up to a near-tie flip)."""
+    from ninfer.llm import LLM
+
+    kwargs = dict(device="cuda", max_concurrency=2, kv_capacity=16384, host_cache_mib=0,
+                  prefill_chunk=128, solo_prefill_chunk=4096, check_invariants=True)  # fmt: skip
+    first = [(13 * i) % 2500 + 4 for i in range(2600)]
+    fork = {"prompt_token_ids": first[:1100] + [(7 * i) % 2400 + 9 for i in range(90)]}
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
+    llm = LLM.from_model(model, **kwargs)
+    cold_llm = LLM.from_model(model, **{**kwargs, "prefix_reuse": False})
+    try:
+        llm.generate([{"prompt_token_ids": first}], params)
+        warm = llm.generate([fork], params)[0]
+        assert warm.usage.cached_tokens == 1024
+        cold = cold_llm.generate([fork], params)[0]
         for i, (a, b) in enumerate(zip(warm.token_ids, cold.token_ids, strict=True)):
             top = sorted(cold.logprobs[i].values(), reverse=True)
             if a != b:

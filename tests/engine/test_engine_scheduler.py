@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ninfer.engine.kv.lane import KVLane
 from ninfer.engine.request import PromptHints, Request
-from ninfer.engine.scheduler import chunk_end, final_tap, may_admit, plan_step
+from ninfer.engine.scheduler import InPass, chunk_end, final_tap, may_admit, plan_step
 from ninfer.request import SamplingParams
 
 
@@ -82,23 +82,29 @@ def test_final_chunk_with_a_flexible_tap_stays_within_prefill_chunk():
     assert chunk_end(ladder, 8192, 2048) == 17984  # ceil64(20000 - 2048): final pass 2016
 
 
-def test_a_long_final_chunk_snapshots_inside_its_pass_one_row_per_step():
+def test_long_chunks_snapshot_inside_their_pass_others_are_cut():
     tail = _lane(8192, 0, taps=[(8128, False)])
     assert final_tap(tail, 0, 8192, 2048) == 6144 and final_tap(tail, 0, 6144, 2048) is None
     assert final_tap(tail, 6144, 8192, 2048) is None  # within the cap: taken at its start
     rows = plan_step([tail], 2048, 8192)
-    assert [(r.start, r.end, r.tap_at) for r in rows] == [(0, 8192, 6144)]
-    rows = plan_step([tail], 2048, 8192, in_pass=False)
-    assert [(r.start, r.end, r.tap_at) for r in rows] == [(0, 6144, None)]
-    a, b = _lane(3000, 0, taps=[(2999, False)]), _lane(5000, 0, taps=[(4999, False)])
-    rows = plan_step([a, b], 2048, 8192)  # a snapshots inside (and goes last), b is cut
-    assert [(r.lane, r.start, r.end, r.tap_at) for r in rows] == [
-        (b, 0, 3008, None),
-        (a, 0, 3000, 960),
+    assert [(r.start, r.end, r.in_pass, r.tail_at) for r in rows] == [(0, 8192, True, 6144)]
+    rows = plan_step([tail], 2048, 8192, in_pass=None)
+    assert [(r.start, r.end, r.in_pass) for r in rows] == [(0, 6144, False)]
+    graphs = InPass(above=2048, stride=64)  # CUDA: rows a prefill graph replays take none
+    a, b = _lane(3000, 0, taps=[(2944, False)]), _lane(5000, 0, taps=[(4992, False)])
+    rows = plan_step([a, b], 2048, 8192, graphs)  # any rows of a step may
+    assert [(r.lane, r.start, r.end, r.in_pass) for r in rows] == [
+        (a, 0, 3000, True),
+        (b, 0, 5000, True),
     ]
+    short = _lane(2000, 0, taps=[(1024, False)])
+    assert [(r.end, r.in_pass) for r in plan_step([short], 2048, 8192, graphs)] == [(2000, False)]
+    resumed = _lane(8000, 100, taps=[(7936, False)])  # off the op set's tap grid: cut
+    assert [(r.end, r.in_pass) for r in plan_step([resumed], 2048, 8192, graphs)] == [(5952, False)]
+    assert plan_step([resumed], 2048, 8192, InPass(2048, 1))[0].in_pass  # the reference's
     decoding = _lane(10, 10, generated=1)
-    rows = plan_step([decoding, tail], 2048, 8192)  # the short budget: no long final chunk
-    assert [(r.start, r.end, r.tap_at) for r in rows] == [(10, 11, None), (0, 2048, None)]
+    rows = plan_step([decoding, tail], 2048, 8192, graphs)  # the short budget: no long chunk
+    assert [(r.start, r.end, r.in_pass) for r in rows] == [(10, 11, False), (0, 2048, False)]
 
 
 @settings(max_examples=150, deadline=None)
@@ -109,12 +115,11 @@ def test_a_long_final_chunk_snapshots_inside_its_pass_one_row_per_step():
     factor=st.integers(1, 8),
     taps=st.lists(st.tuples(st.integers(1, 5000), st.booleans()), max_size=6),
 )
-@pytest.mark.parametrize("in_pass", [False, True])
+@pytest.mark.parametrize("in_pass", [None, InPass(), InPass(128, 64)])
 def test_chunk_ends_over_a_whole_prompt(in_pass, n, start, base, factor, taps):
     """Chunks tile [start, n) within the budget; a middle end is an exact tap, a page boundary
     or (nothing to floor to) s + budget; the final chunk that takes a flexible tap at its start
-    is at most `base` tokens, or (in_pass) snapshots at a page boundary at most `base` tokens
-    before the end."""
+    is at most `base` tokens, unless it snapshots inside its pass (`in_pass` allows it)."""
     start = min(start, n - 1)
     budget = base * factor
     flexible = [(p - p % 64 or 64, False) for p, exact in taps if not exact]
@@ -123,16 +128,13 @@ def test_chunk_ends_over_a_whole_prompt(in_pass, n, start, base, factor, taps):
     while lane.computed < n:
         s = lane.computed
         [row] = plan_step([lane], base, budget, in_pass=in_pass)
-        end, tap = row.end, row.tap_at
+        end = row.end
         assert row.start == s < end <= min(n, s + max(budget, base))
+        assert row.in_pass == (in_pass is not None and in_pass.allows(s, end))
         exact_cut = any(e and p == end for p, e in lane.taps)
         if end < n:
             assert exact_cut or end % 64 == 0 or end == s + budget
-            assert tap is None
-        elif any(not e and s < p <= n for p, e in lane.taps):
-            if tap is None:
-                assert n - s <= base
-            else:
-                assert in_pass and s < tap < n and tap % 64 == 0 and n - tap <= base < n - s
+        elif any(not e and s < p <= n for p, e in lane.taps) and not row.in_pass:
+            assert n - s <= base
         lane.taps = [(p, e) for p, e in lane.taps if p > end]
         lane.computed = end

@@ -4,13 +4,11 @@ inside the final pass, without a second one), and decode rows keep the short bud
 
 from __future__ import annotations
 
-import functools
 import random
 
 import pytest
 
 from ninfer.engine import engine as loop
-from ninfer.engine import scheduler
 from ninfer.request import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -41,15 +39,15 @@ def test_solo_passes_give_the_same_tokens_in_fewer_steps(make_llm):
         assert retry.usage.cached_tokens == 640  # the tail snapshot: ceil64(700 - 64)
 
 
-def _spy_steps(monkeypatch) -> list[list[tuple[int, int, int | None]]]:
-    """(start, end, tap_at) of every slice of every step the engine plans from now on (the
+def _spy_steps(monkeypatch) -> list[list[tuple[int, int, bool]]]:
+    """(start, end, in_pass) of every slice of every step the engine plans from now on (the
     loop runs each planned step's slices)."""
-    steps: list[list[tuple[int, int, int | None]]] = []
+    steps: list[list[tuple[int, int, bool]]] = []
     plan = loop.plan_step
 
     def spy(*args, **kwargs):
         slices = plan(*args, **kwargs)
-        steps.append([(s.start, s.end, s.tap_at) for s in slices])
+        steps.append([(s.start, s.end, s.in_pass) for s in slices])
         return slices
 
     monkeypatch.setattr(loop, "plan_step", spy)
@@ -60,19 +58,19 @@ def _spy_steps(monkeypatch) -> list[list[tuple[int, int, int | None]]]:
 def test_tail_snapshot_inside_the_final_pass_or_cut_before_it(make_llm, monkeypatch, in_pass):
     """The in-pass tap and the cut give the same tokens and the same snapshot; the in-pass one
     saves a pass. The retry's cold oracle is a run without the prefix cache."""
-    plan = functools.partial(scheduler.plan_step, in_pass=in_pass)
-    monkeypatch.setattr("ninfer.engine.engine.plan_step", plan)
     prompt = _prompt(4, 700)
     cold = make_llm(prefill_chunk=64, solo_prefill_chunk=256, prefix_reuse=False)
     want = cold.generate([prompt], GREEDY)[0].token_ids
     llm = make_llm(prefill_chunk=64, solo_prefill_chunk=256)
+    if not in_pass:
+        llm.engine.in_pass = None
     steps = _spy_steps(monkeypatch)
     assert llm.generate([prompt], GREEDY)[0].token_ids == want
     prefill = [s for step in steps for s in step if s[1] - s[0] > 1]
     if in_pass:
-        assert prefill == [(0, 256, None), (256, 512, None), (512, 700, 640)], prefill
+        assert prefill == [(0, 256, True), (256, 512, True), (512, 700, True)], prefill
     else:
-        assert prefill == [(0, 256, None), (256, 512, None), (512, 640, None), (640, 700, None)]
+        assert prefill == [(0, 256, False), (256, 512, False), (512, 640, False), (640, 700, False)]
     retry = llm.generate([prompt], GREEDY)[0]
     assert retry.token_ids == want and retry.usage.cached_tokens == 640
 
@@ -93,7 +91,7 @@ def test_in_pass_tap_without_a_free_snapshot_slot_is_skipped(make_llm, monkeypat
     launch = llm.engine.runner.launch
     monkeypatch.setattr(llm.engine.runner, "launch", lambda r, *a: rows.append(r) or launch(r, *a))
     assert llm.generate([prompt], GREEDY)[0].token_ids == want
-    assert all(r.tap is None for step in rows for r in step)
+    assert all(not r.taps for step in rows for r in step)
     assert llm.generate([prompt], GREEDY)[0].usage.cached_tokens != 640
 
 

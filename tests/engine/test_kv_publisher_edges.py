@@ -1,7 +1,8 @@
-"""The Publisher (ninfer/engine/kv/publisher.py). A flexible tap realized inside the prompt's
-final pass (`before_chunk` with `tap_at`): only a page boundary strictly inside the chunk's
-(start, n) range is accepted; the Publisher reserves a Tap snapshot slot for it, records the
-pending tap and the lane's new deepest snapshot, and returns the slot's physical index. Taps
+"""The Publisher (ninfer/engine/kv/publisher.py). Flexible taps realized inside a pass
+(`before_chunk` with `in_pass`): each one strictly inside the chunk, a page boundary (else an
+error), gets a Tap snapshot slot reserved, a pending tap and the lane's new deepest snapshot,
+and its (position, physical slot) is returned; taps at or outside the chunk's ends and exact
+taps are left planned. Taps
 realized after a pass (`after_advance`): captured at the chunk's end with a tail copy of the
 partial block, skipped and counted without a page for it, Boundary kind for boundary taps,
 published in order once their blocks commit (a duplicate's tail page freed by the engine); a
@@ -55,64 +56,82 @@ def _lane(n: int, taps: list[tuple[int, bool]], computed: int) -> KVLane:
 
 def test_in_pass_tap_reserves_a_tap_slot_and_records_the_pending_tap():
     pub, index, freed = _publisher(SlotGrant(2, None, False, [40, 41]))
-    lane = _lane(700, [(300, True), (650, False)], 512)
+    lane = _lane(1000, [(300, True), (640, False)], 512)
     lane.last_snapshot = 512
-    assert pub.before_chunk(lane, 512, 700, tap_at=640) == 12
+    assert pub.before_chunk(lane, 512, 700, in_pass=True) == [(640, 12)]
     assert index.asked == [(7, 640, SnapshotKind.TAP)]
     assert freed == [40, 41]  # tails of snapshots the slot's displacement deleted
     assert lane.pending == [PendingTap(640, 2, SnapshotKind.TAP, None)]
     assert lane.last_snapshot == 640
     assert lane.taps == [(300, True)]
     # the same frontier again is no deeper snapshot: nothing is reserved
-    lane.taps = [(660, False)]
-    assert pub.before_chunk(lane, 512, 700, tap_at=640) is None
+    lane.taps = [(640, False)]
+    assert pub.before_chunk(lane, 512, 700, in_pass=True) == []
     assert index.asked == [(7, 640, SnapshotKind.TAP)] and len(lane.pending) == 1
+
+
+def test_every_in_pass_tap_of_a_chunk_is_reserved_in_order():
+    """Rungs inside one long pass: one snapshot each, at its own position, deepest last."""
+    pub, index, _ = _publisher(SlotGrant(1, None, False, []))
+    taps = [(1024, False), (576, False), (640, True), (2048, False), (3008, False)]
+    lane = _lane(3000 + 64, taps, 512)
+    assert pub.before_chunk(lane, 512, 3008, in_pass=True) == [(576, 11), (1024, 11), (2048, 11)]
+    assert [a[1] for a in index.asked] == [576, 1024, 2048]
+    assert [t.frontier for t in lane.pending] == [576, 1024, 2048]
+    assert lane.last_snapshot == 2048
+    assert lane.taps == [(640, True), (3008, False)]  # exact, and at the chunk's end
 
 
 @pytest.mark.parametrize("last", [640, 641, 700])
 def test_in_pass_tap_at_or_behind_the_deepest_snapshot_is_skipped(last):
     pub, index, _ = _publisher(SlotGrant(2, None, False, []))
-    lane = _lane(700, [(650, False)], 512)
+    lane = _lane(700, [(640, False)], 512)
     lane.last_snapshot = last
-    assert pub.before_chunk(lane, 512, 700, tap_at=640) is None
+    assert pub.before_chunk(lane, 512, 700, in_pass=True) == []
     assert index.asked == [] and lane.pending == [] and lane.last_snapshot == last
     assert lane.taps == []  # the flexible tap is consumed all the same
 
 
 def test_in_pass_tap_just_past_the_deepest_snapshot_is_reserved():
     pub, index, _ = _publisher(SlotGrant(0, None, False, []))
-    lane = _lane(700, [(650, False)], 512)
+    lane = _lane(1000, [(640, False)], 512)
     lane.last_snapshot = 639
-    assert pub.before_chunk(lane, 512, 700, tap_at=640) == 10
+    assert pub.before_chunk(lane, 512, 700, in_pass=True) == [(640, 10)]
     assert lane.pending == [PendingTap(640, 0, SnapshotKind.TAP, None)]
     assert lane.last_snapshot == 640
 
 
 def test_in_pass_tap_without_a_free_slot_is_skipped():
     pub, index, freed = _publisher(None)
-    lane = _lane(700, [(650, False)], 512)
-    assert pub.before_chunk(lane, 512, 700, tap_at=640) is None
+    lane = _lane(1000, [(640, False)], 512)
+    assert pub.before_chunk(lane, 512, 700, in_pass=True) == []
     assert index.asked == [(7, 640, SnapshotKind.TAP)]
     assert lane.pending == [] and lane.last_snapshot == 0 and freed == []
 
 
-@pytest.mark.parametrize(
-    ("n", "start", "tap_at"),
-    [
-        (700, 512, 512),  # the chunk's start: not inside
-        (700, 512, 448),  # before the chunk
-        (700, 512, 600),  # inside, but not a page boundary
-        (700, 512, 768),  # past the prompt
-        (704, 512, 704),  # the prompt's end, a page boundary
-        (704, 576, 500),  # neither inside nor a page boundary
-    ],
-)
-def test_in_pass_tap_outside_the_chunk_or_off_a_page_boundary_is_an_error(n, start, tap_at):
+def test_in_pass_taps_in_the_prompts_last_page_go_to_the_tail_position():
+    """The prompt tail (n - 64 < p < n) is taken at the scheduler's `tail_at`, not at p (a
+    snapshot within a page of the end would leave a short reply's endpoint unpublished)."""
     pub, index, _ = _publisher(SlotGrant(1, None, False, []))
-    lane = _lane(n, [(n - 10, False)], start)
+    lane = _lane(3000, [(1024, False), (2944, False)], 0)
+    assert pub.before_chunk(lane, 0, 3000, in_pass=True, tail_at=960) == [(960, 11), (1024, 11)]
+    assert [a[1] for a in index.asked] == [960, 1024] and lane.taps == []
+
+
+@pytest.mark.parametrize(("tap", "end"), [(512, 700), (448, 700), (768, 700), (640, 640)])
+def test_taps_at_or_outside_the_chunks_ends_are_left_planned(tap, end):
+    pub, index, _ = _publisher(SlotGrant(1, None, False, []))
+    lane = _lane(1000, [(tap, False)], 512)
+    assert pub.before_chunk(lane, 512, end, in_pass=True) == []
+    assert index.asked == [] and lane.pending == [] and lane.taps == [(tap, False)]
+
+
+def test_in_pass_tap_off_a_page_boundary_is_an_error():
+    pub, index, _ = _publisher(SlotGrant(1, None, False, []))
+    lane = _lane(1000, [(600, False)], 512)
     with pytest.raises(ValueError) as err:
-        pub.before_chunk(lane, start, n, tap_at=tap_at)
-    assert str(err.value) == f"in-pass tap at {tap_at}: not a page boundary inside ({start}, n)"
+        pub.before_chunk(lane, 512, 700, in_pass=True)
+    assert str(err.value) == "in-pass tap at 600: not a page boundary inside (512, n)"
     assert index.asked == [] and lane.pending == [] and lane.last_snapshot == 0
 
 

@@ -30,7 +30,7 @@ def test_a_flexible_tap_in_the_final_chunk_is_captured_at_the_chunks_start(taps)
     before the chunk runs: a Tap snapshot of the lane's state there (a page boundary, no tail)."""
     parts = PublisherParts()
     lane = prefilled_lane(300, taps, 256)
-    assert parts.pub.before_chunk(lane, 256, 300) is None  # no in-pass slot to write
+    assert parts.pub.before_chunk(lane, 256, 300) == []  # no in-pass slot to write
     assert parts.cache.calls == [("allocate", 256, SnapshotKind.TAP, 0)]
     assert parts.state_taps == [(3, 0)]  # the lane's slot into snapshot slot 0
     assert lane.pending == [PendingTap(256, 0, SnapshotKind.TAP, None)]
@@ -49,7 +49,7 @@ def test_a_flexible_tap_in_the_final_chunk_is_captured_at_the_chunks_start(taps)
 def test_taps_not_strictly_inside_the_final_chunk_or_exact_are_left_for_after_advance(taps):
     parts = PublisherParts()
     lane = prefilled_lane(300, taps, 256)
-    assert parts.pub.before_chunk(lane, 256, 300) is None
+    assert parts.pub.before_chunk(lane, 256, 300) == []
     assert parts.cache.calls == [] and lane.pending == [] and parts.state_taps == []
     assert lane.taps == taps and lane.last_snapshot == 0
 
@@ -138,10 +138,10 @@ def test_every_tap_a_finishing_lane_cannot_publish_stays_pending_to_be_dropped()
 
 
 def test_an_in_pass_tap_whose_pass_never_ran_stays_pending():
-    """A tap reserved for the final pass at 640: the lane ends before that pass, at 512."""
+    """A tap reserved at 640 inside the pass (512, 700): the lane ends before that pass runs."""
     parts = PublisherParts()
-    lane = prefilled_lane(700, [(650, False)], 512)
-    assert parts.pub.before_chunk(lane, 512, 700, tap_at=640) == 10
+    lane = prefilled_lane(1000, [(640, False)], 512)
+    assert parts.pub.before_chunk(lane, 512, 700, in_pass=True) == [(640, 10)]
     parts.pub._publish_finishing(lane)
     assert lane.pending == [PendingTap(640, 0, SnapshotKind.TAP, None)]
     parts.pub._drop_pending(lane)

@@ -146,17 +146,21 @@ def _breakpoint_case(served, client, marked: bool, salt: str):
 
 
 def test_cache_control_places_a_snapshot_a_later_request_resumes_from(fresh_served):
-    """Its own server: the unmarked case resumes from the system turn's end, a Boundary snapshot
-    its request's later taps supersede while no other conversation shares it (spec §9.3). A
+    """Its own server: the unmarked case resumes from the deepest of the system turn's end, a
+    Boundary snapshot its request's later taps supersede while no other conversation shares it
+    (spec §9.3), and the forward-ladder rungs (512 * 2^k, taken inside the pass) below U1's
+    end. A
     Host tier the earlier tests have filled evicts superseded snapshots first, so on the session
     server that resume point is gone once enough tests have run before this one."""
     served, client = fresh_served, _client(fresh_served.url)
     read, u1_end, system_end = _breakpoint_case(served, client, True, "bp")
     assert u1_end % 64 != 0  # a position only an exact tap reaches
     assert read == u1_end
-    # the same conversation without the breakpoint resumes from the system turn's end only
+    # the same conversation without the breakpoint resumes from the system turn's end or a
+    # rung below U1's end, not at it
     read, u1_end, system_end = _breakpoint_case(served, client, False, "nb")
-    assert read == system_end < u1_end
+    rungs = [512 << k for k in range(8) if 512 << k <= u1_end]
+    assert read == max([system_end, *rungs]) < u1_end
     engine_idle(served.llm)
     stats = served.llm.cache_stats()
     # the claim is made for a Host tier with room: nothing was evicted from it

@@ -5,7 +5,7 @@ Triton / FlashInfer JIT caches (a kernel compiled inside a timed turn). Prints o
 and the passes under it; `--out` writes the whole record as JSON.
 
 Pass kinds: `prefill-graph` (a captured bucket replayed), `decode-graph`, `split` (a mixed step
-as two replays), `eager`; flags: `+tap` (a snapshot inside the pass: GdnSplit), `+restore` (a
+as two replays), `eager`; flags: `+tap` (a snapshot inside the pass: StateTap), `+restore` (a
 Host restore hook: the pass waits per layer), `+gathered` (the gathered attention path). With
 `--sync` (default) every pass is bracketed by a device synchronisation, so its seconds are its
 own (the engine's TTFT then includes those syncs: compare turns with each other, not with
@@ -118,7 +118,7 @@ def _kind(runner, rows, feed) -> str:
             kind = "eager"
     else:
         kind = "eager"
-    if rows[-1].tap is not None:
+    if any(r.taps for r in rows):
         kind += "+tap"
     if any(r.before_layer is not None for r in rows):
         kind += "+restore"

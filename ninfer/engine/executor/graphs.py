@@ -418,7 +418,7 @@ class PrefillGraphs(_Graphs):
             b is not None
             and b.graph is not None
             and r.before_layer is None
-            and r.tap is None
+            and not r.taps
             and n_pages <= min(len(r.pages), self.max_pages)
         )
 

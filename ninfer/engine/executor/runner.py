@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ninfer.engine.faults import is_fatal
-from ninfer.forward import ForwardBatch, ModelCache, split_last_row
+from ninfer.forward import ForwardBatch, ModelCache, StateTap, check_state_taps
 from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 from ninfer.sampling import apply_token_mask
@@ -49,9 +49,9 @@ class Row:
     sample: SamplingParams | None  # None: no logits wanted (a non-final prefill chunk)
     generator: torch.Generator | None = None
     before_layer: Callable[[int], None] | None = None  # waits for a Host restore's layer
-    # (offset, physical slot): snapshot the row's state after its first `offset` tokens into
-    # that slot, inside the pass (the last row of an eager step only; `forward.GdnSplit`)
-    tap: tuple[int, int] | None = None
+    # (offset, physical slot) pairs: snapshot the row's state after its first `offset` tokens
+    # into that slot, inside the pass (`forward.StateTap`; eager steps only)
+    taps: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -216,11 +216,10 @@ class Runner:
             logits_indices=lidx,
             before_layer=_join_hooks([r.before_layer for r in rows if r.before_layer]),
         )
-        if any(r.tap is not None for r in rows[:-1]):
-            raise ValueError("Row.tap: only the last row of a step may snapshot inside the pass")
-        tap = rows[-1].tap
-        if tap is not None:
-            batch.gdn_split = split_last_row(batch, tap[0], rows[-1].slot, tap[1])
+        taps = tuple(StateTap(i, o, d) for i, r in enumerate(rows) for o, d in r.taps)
+        if taps:
+            check_state_taps(taps, q_lens, [r.slot for r in rows])
+            batch.state_taps = taps
         return batch
 
     def forward(self, rows: list[Row], feed: Feed | None = None) -> torch.Tensor:

@@ -125,9 +125,9 @@ def warm_up(
 
     Then the eager pass a cached turn's long final chunk is (no cold prompt runs one): one row
     of WARM_CACHED_TOKENS after a cached context, enough queries for the gathered attention
-    path, with its snapshot inside the pass into `spare_slot` (else the second slot;
-    `GdnSplit`): its first use (kernel variants for one row over a context, the gather, the
-    split) is paid here, not by a user's cached turn."""
+    path, with a snapshot inside the pass into `spare_slot` (else the second slot;
+    `forward.StateTap`): its first use (kernel variants for one row over a context, the
+    gathers) is paid here, not by a user's cached turn."""
     t0 = time.perf_counter()
     _prefill_paths(runner, pages[:3], slots, tune_tokens, spare_slot)
     _sync(runner.device)
@@ -160,9 +160,9 @@ def _prefill_paths(
     spare = spare_slot if spare_slot is not None else (slots[1] if n > 1 else None)
     q = WARM_CACHED_TOKENS
     table = [p[0]] * -(-(PAGE_SIZE + q) // PAGE_SIZE)  # K/V of [0, 64) written above
-    tap = None if spare is None else (q - WARM_CACHED_TAIL, spare)
+    taps = () if spare is None else ((q - WARM_CACHED_TAIL, spare),)
     ids = [(7 * i) % 97 + 1 for i in range(q)]
-    runner.step([Row(ids, PAGE_SIZE, slots[0], table, GREEDY, tap=tap)])
+    runner.step([Row(ids, PAGE_SIZE, slots[0], table, GREEDY, taps=taps)])
 
 
 def _capture(

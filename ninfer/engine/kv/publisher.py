@@ -3,10 +3,13 @@
 Tap realization against chunk boundaries (s = chunk start, e = chunk end, n = prompt length):
 
     exact tap p        the scheduler cut the chunk at p, so e == p: capture at e
-    flexible tap p     s < p <= e < n: capture at e (a page boundary, no split)
-                       s < p <= e == n (final chunk): capture at s, before the chunk runs,
-                       or at the scheduler's `tap_at` inside it (the pass's GDN layers copy
-                       the state there: `forward.GdnSplit`; the slot is reserved here)
+    flexible tap p     s < p < e in a chunk that snapshots inside its pass (`Slice.in_pass`):
+                       at p, in the pass (the GDN layers write the state there into the slot
+                       reserved here: `forward.StateTap`), one snapshot per position; in the
+                       prompt's last page (p > n - 64): at the scheduler's `tail_at` in the
+                       pass, or at s, before the chunk runs
+                       otherwise s < p <= e < n: capture at e (a page boundary, no split);
+                       s < p <= e == n (final chunk): capture at s, before the chunk runs
     prompt end n       after the pass that reaches n: capture at n (PROMPT_END; no split)
     output boundary f  between decode steps, at f = computed when the reply reaches a boundary
                        the chat template names (after `</think>`, before `<tool_call>`): OUTPUT
@@ -68,22 +71,35 @@ class Publisher:
         self.counters = counters
 
     def before_chunk(
-        self, lane: KVLane, start: int, end: int, tap_at: int | None = None
-    ) -> int | None:
-        """Flexible taps inside the prompt's final chunk are taken at its start, or at `tap_at`
-        inside the pass: then returns the physical slot the pass copies the state into (None when
-        no snapshot slot is free: the tap is skipped, or no prefix cache)."""
-        if self.index is None or end != lane.prompt_len or not lane.taps:
-            return None
+        self, lane: KVLane, start: int, end: int, in_pass: bool = False, tail_at: int | None = None
+    ) -> list[tuple[int, int]]:
+        """Flexible taps strictly inside the chunk, with `in_pass`: the (position, physical
+        slot) pairs the pass writes the state into (a tap whose slot is not granted is
+        skipped); those in the prompt's last page at `tail_at`, or at the chunk's start. Without
+        `in_pass`, the flexible taps of the prompt's final chunk are taken at its start."""
+        if self.index is None or not lane.taps:
+            return []
+        n = lane.prompt_len
+        if in_pass:
+            inside = [(p, exact) for p, exact in lane.taps if start < p < end and not exact]
+            lane.taps = [t for t in lane.taps if t not in inside]
+            at = {p for p, _ in inside if p <= n - PAGE_SIZE}
+            if len(at) < len(inside):  # the prompt's last page: a snapshot far enough below
+                if tail_at is not None:
+                    at.add(tail_at)
+                elif start > lane.cached_tokens:
+                    self._capture(lane, start, SnapshotKind.TAP)
+            got = [(p, self._reserve_in_pass(lane, start, p)) for p in sorted(at)]
+            return [(p, phys) for p, phys in got if phys is not None]
+        if end != n:
+            return []
         inside = [(p, exact) for p, exact in lane.taps if start < p <= end and not exact]
         if not inside:
-            return None
+            return []
         lane.taps = [t for t in lane.taps if t not in inside]
-        if tap_at is not None:
-            return self._reserve_in_pass(lane, start, tap_at)
         if start > lane.cached_tokens:
             self._capture(lane, start, SnapshotKind.TAP)
-        return None
+        return []
 
     def _reserve_in_pass(self, lane: KVLane, start: int, f: int) -> int | None:
         """A pending tap at page boundary f whose image the next pass writes (no copy here)."""

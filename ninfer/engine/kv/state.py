@@ -235,10 +235,11 @@ class KVState:
                 self.restore_failed(fault)
 
     def before_chunk(
-        self, lane: KVLane, start: int, end: int, tap_at: int | None = None
-    ) -> int | None:
-        """Taps due before the chunk runs; the physical slot of an in-pass tap at `tap_at`."""
-        return self.publisher.before_chunk(lane, start, end, tap_at)
+        self, lane: KVLane, start: int, end: int, in_pass: bool = False, tail_at: int | None = None
+    ) -> list[tuple[int, int]]:
+        """Taps due before the chunk runs; with `in_pass`, the (position, physical slot) pairs
+        of the snapshots the pass takes inside the chunk (the prompt tail's at `tail_at`)."""
+        return self.publisher.before_chunk(lane, start, end, in_pass, tail_at)
 
     def first_pass_hook(self, lane: KVLane):
         """The layer-by-layer wait of the lane's Host restore for the pass about to launch (None

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from ninfer.forward import ForwardBatch
 from ninfer.ops.cuda.gdn import L2_EPS  # the GDN's q / k l2norm eps (fla's, the reference's)
-from ninfer.ops.cuda.passmeta import PassMeta
+from ninfer.ops.cuda.passmeta import PassMeta, TapIndex
 
 
 class Tile(NamedTuple):
@@ -271,3 +271,12 @@ def _prefill(x, weight, conv_state, out, batch, meta, qkv: tuple[int, int] | Non
         x, conv_state, cu, slots, has_state, n_ch, x.stride(0), *conv_state.stride(),
         W=width - 1, WP=triton.next_power_of_2(width - 1), BC=BLOCK_C,
     )  # fmt: skip
+
+
+def write_taps(x: torch.Tensor, width: int, conv_state: torch.Tensor, taps: TapIndex) -> None:
+    """The conv state at each state tap (`forward.StateTap`): the K-1 inputs before it, taken
+    from the pass's own inputs x [T, C] (a tap's offset is at least one chunk, >= K-1), into
+    conv_state[slot] [C, K-1]. One gather; no host sync."""
+    w = width - 1
+    index = taps.cut[:, None] + torch.arange(-w, 0, device=x.device)  # [n, K-1]
+    conv_state[taps.slot] = x[index].transpose(1, 2).to(conv_state.dtype)

@@ -153,6 +153,10 @@ def gdn_prefill(
     `conv.causal_conv_qkv` writes them), so the l2norm stage is skipped. The intra-chunk
     stage (w, u) is fla's kkt + triangular solve, stable when a chunk's keys are correlated (as
     repeated tokens make them; a product-of-matmuls inverse is not: `ninfer.bench.gdn_inverse`).
+    State taps (`meta.taps`, eager passes): fla's inter-chunk stage keeps the state at the
+    start of every chunk of every row (h, in k's dtype: bf16 for a bf16 model), so the state
+    at a tap on a row's chunk grid is one gather from h into the tap's slot, rounded to k's
+    dtype (within bf16 of the state a pass ending there leaves).
     Returns o [T, Hv, dv] in v.dtype.
     """
     from fla.modules.l2norm import l2norm_fwd
@@ -176,4 +180,6 @@ def gdn_prefill(
     )  # fmt: skip
     o = chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, chunk_size=CHUNK, **tables)
     state[slots] = final.to(state.dtype)
+    if meta.taps is not None:
+        state[meta.taps.slot] = h[0, meta.taps.chunk].to(state.dtype)
     return o[0].to(v.dtype)

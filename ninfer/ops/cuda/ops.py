@@ -22,7 +22,7 @@ import torch
 from ninfer.forward import ForwardBatch, HeadDims
 from ninfer.ops.choices import OpChoices
 from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_grouped
-from ninfer.ops.cuda.passmeta import PassMeta  # torch only: no kernel library imported
+from ninfer.ops.cuda.passmeta import CHUNK, PassMeta  # torch only: no kernel library imported
 from ninfer.ops.cuda.support import OpPlan, plan_ops
 from ninfer.ops.reference import ReferenceOps, gdn_key_dim
 from ninfer.ops.reference.dense import (
@@ -44,7 +44,7 @@ def _rope(q, k, positions, inv_freq, rotary_dim: int):
 
 
 logger = logging.getLogger(__name__)
-PASSES_HELD = 3  # batches whose GDN tables are kept: a pass and its GdnSplit sub-batches
+PASSES_HELD = 2  # batches whose GDN tables are kept
 
 
 class _Compiled:
@@ -85,6 +85,8 @@ class CudaOps(ReferenceOps):
     engine's defaults)."""
 
     name = "cuda"
+    # state taps are read from fla's chunk states (`gdn.gdn_prefill`): on its chunk grid
+    tap_stride = CHUNK
 
     def __init__(
         self,
@@ -100,8 +102,7 @@ class CudaOps(ReferenceOps):
         self.choices = choices = choices or OpChoices()
         self._attention = PagedAttention(torch.device(device), choices)
         self._conv, self._gdn, self._glue = conv, gdn, glue
-        # (batch, key, PassMeta) of the latest prefill passes, newest first: a pass and the two
-        # GDN sub-batches of a snapshot inside it (`forward.GdnSplit`) alternate per layer
+        # (batch, key, PassMeta) of the latest prefill passes, newest first
         self._passes: list[tuple[ForwardBatch, tuple, object]] = []
         self.compiled = compile
         self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
@@ -257,7 +258,10 @@ class CudaOps(ReferenceOps):
         if batch.is_decode:
             return self._conv.causal_conv(x, weight, conv_state, batch)
         meta = self.pass_meta(batch)
-        return self._conv.causal_conv(x, weight, conv_state, batch, meta, self.conv_tile)
+        y = self._conv.causal_conv(x, weight, conv_state, batch, meta, self.conv_tile)
+        if meta.taps is not None:
+            self._conv.write_taps(x, weight.shape[1], conv_state, meta.taps)
+        return y
 
     def pass_meta(self, batch: ForwardBatch):
         """The `PassMeta` tables of a prefill pass, built by its first GDN layer and shared by
@@ -267,7 +271,7 @@ class CudaOps(ReferenceOps):
         for held, held_key, meta in self._passes:
             if held is batch and held_key == key:
                 return meta
-        meta = PassMeta.of(batch.q_lens, batch.ctx_lens, batch.cu_q.device)
+        meta = PassMeta.of(batch.q_lens, batch.ctx_lens, batch.cu_q.device, batch.state_taps)
         self.bind_pass(batch, meta)
         return meta
 
@@ -322,6 +326,8 @@ class CudaOps(ReferenceOps):
         q, k, v = self._conv.causal_conv_qkv(
             x, conv_weight, conv_state, batch, meta, key_dim, dk, self.conv_tile
         )
+        if meta.taps is not None:
+            self._conv.write_taps(x, conv_weight.shape[1], conv_state, meta.taps)
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         slots = batch.state_slots
         return self._gdn.gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=True)

@@ -14,6 +14,11 @@ specializes a kernel on the alignment of its pointer arguments, so views at odd 
 make new kernel variants (a JIT compile each, fla's included) whenever the parity of T or R
 changes: seconds of stall in the middle of serving.
 
+A pass with in-pass state taps (`forward.StateTap`, eager passes only) also gets a `TapIndex`
+(one more small copy): per tap, the flat index of its row's first token after it, the fla chunk
+whose start state it is (so the tap's offset must be a multiple of CHUNK: the chunk grid starts
+at each row's first token), and the slot it writes.
+
 The eager path builds a fresh buffer per pass (`PassMeta.of`); the prefill-graph runner keeps
 one static buffer per captured shape and refills it before each replay (`layout`, `tables`,
 `PassMeta.view`), so that the captured kernels read the new tables.
@@ -22,7 +27,8 @@ one static buffer per captured shape and refills it before each replay (`layout`
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -90,6 +96,37 @@ def layout(n_tok: int, n_rows: int, n_chunks: int) -> list[int]:
     return [even(n) for n in sizes(n_tok, n_rows, n_chunks)]
 
 
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+@dataclass(frozen=True, slots=True)
+class TapIndex:
+    """A pass's state taps on the device, [n] int64 each (module docstring)."""
+
+    cut: torch.Tensor  # flat index of the row's first token after the tap
+    chunk: torch.Tensor  # index into fla's chunk states h: the state at the tap
+    slot: torch.Tensor  # the state slot the tap writes
+
+    @classmethod
+    def of(cls, taps: Sequence, q_lens: list[int], device: torch.device) -> TapIndex | None:
+        """The index of `taps` (`forward.StateTap`s) of a pass with rows of `q_lens` tokens;
+        None without taps. Raises ValueError for an offset off the chunk grid."""
+        if not taps:
+            return None
+        starts = [0, *itertools.accumulate(q_lens)]
+        first = [0, *itertools.accumulate(-(-n // CHUNK) for n in q_lens)]
+        cols = []
+        for t in taps:
+            if t.offset % CHUNK:
+                raise ValueError(f"state tap {t}: offset not a multiple of {CHUNK}")
+            cols.append((starts[t.row] + t.offset, first[t.row] + t.offset // CHUNK, t.slot))
+        flat = _to_device(torch.tensor(cols, dtype=torch.int64).t().contiguous(), device)
+        return cls(flat[0], flat[1], flat[2])
+
+
 @dataclass(frozen=True, slots=True)
 class PassMeta:
     tok_row: torch.Tensor
@@ -97,6 +134,7 @@ class PassMeta:
     cu_seqlens: torch.Tensor
     chunk_offsets: torch.Tensor
     chunk_indices: torch.Tensor
+    taps: TapIndex | None = None  # the pass's state taps (eager passes only)
 
     @classmethod
     def view(cls, flat: torch.Tensor, n_tok: int, n_rows: int, n_chunks: int) -> PassMeta:
@@ -106,10 +144,11 @@ class PassMeta:
         return cls(*parts[:4], parts[4].view(n_chunks, 2))
 
     @classmethod
-    def of(cls, q_lens: list[int], ctx_lens: list[int], device: torch.device) -> PassMeta:
-        """A new device buffer holding the tables of this batch (one non-blocking copy)."""
-        host = tables(q_lens, ctx_lens)
-        if device.type == "cuda":
-            host = host.pin_memory()
-        flat = host.to(device, non_blocking=True)
-        return cls.view(flat, sum(q_lens), len(q_lens), num_chunks(q_lens))
+    def of(
+        cls, q_lens: list[int], ctx_lens: list[int], device: torch.device, taps: Sequence = ()
+    ) -> PassMeta:
+        """A new device buffer holding the tables of this batch (one non-blocking copy), and
+        the `TapIndex` of its state `taps` (one more)."""
+        flat = _to_device(tables(q_lens, ctx_lens), device)
+        meta = cls.view(flat, sum(q_lens), len(q_lens), num_chunks(q_lens))
+        return replace(meta, taps=TapIndex.of(taps, q_lens, device))

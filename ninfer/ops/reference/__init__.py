@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ninfer.forward import ForwardBatch
+from ninfer.forward import ForwardBatch, row_taps
 from ninfer.ops.reference.attention import gather_kv_ref, paged_attention_ref, write_kv_ref
 from ninfer.ops.reference.conv import causal_conv1d_ref, causal_conv1d_update_ref
 from ninfer.ops.reference.dense import (
@@ -92,9 +92,13 @@ def split_qkv(y: torch.Tensor, state: torch.Tensor):
 
 class ReferenceOps:
     """Plain-PyTorch `Ops`. Decode rows (q_len == 1) of conv and GDN run batched in their
-    one-step forms; prefill rows run one at a time in the chunked forms."""
+    one-step forms; prefill rows run one at a time in the chunked forms. A prefill row with
+    state taps runs its recurrence in parts split at the taps (the state between two parts goes
+    through the pool's dtype, as a pass ending there would leave it), so a tap equals the
+    state of a pass ending at it, bit for bit."""
 
     name = "reference"
+    tap_stride = 1
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
@@ -186,6 +190,11 @@ class ReferenceOps:
                 init = _read_states(conv_state, batch, [r])[0]
                 y[s : s + n], final = causal_conv1d_ref(x[s : s + n], weight, init)
                 _write_states(conv_state, batch, [r], final[None])
+                width = init.shape[1]
+                for offset, slot in row_taps(batch.state_taps, r):
+                    # the last K-1 inputs before the tap (the conv's own state rule)
+                    xs = torch.cat([init.t().to(x.dtype), x[s : s + offset]])
+                    conv_state[slot] = xs[offset : offset + width].t().to(conv_state.dtype)
         return y
 
     def gated_delta(
@@ -245,13 +254,21 @@ class ReferenceOps:
             _write_states(state, batch, decode, final)
         for r, n in enumerate(batch.q_lens):
             if n > 1:
-                sl = slice(starts[r], starts[r] + n)
-                chunk = (x[sl][None] for x in (q, k, v, g, beta))
-                out, final = chunk_gated_delta_rule_ref(
-                    *chunk, scale=scale, initial_state=_read_states(state, batch, [r])
-                )
-                o[sl] = out[0]
-                _write_states(state, batch, [r], final)
+                s = _read_states(state, batch, [r])
+                cuts = [0, *(offset for offset, _ in row_taps(batch.state_taps, r)), n]
+                dsts = [slot for _, slot in row_taps(batch.state_taps, r)]
+                for i in range(len(cuts) - 1):
+                    sl = slice(starts[r] + cuts[i], starts[r] + cuts[i + 1])
+                    part = (x[sl][None] for x in (q, k, v, g, beta))
+                    # a one-token part runs as a one-token pass would: the recurrent form
+                    one = cuts[i + 1] - cuts[i] == 1
+                    form = recurrent_gated_delta_rule_ref if one else chunk_gated_delta_rule_ref
+                    out, s = form(*part, scale=scale, initial_state=s)
+                    o[sl] = out[0]
+                    s = s.to(state.dtype)
+                    if i < len(dsts):
+                        state[dsts[i]] = s[0]
+                _write_states(state, batch, [r], s)
         return o
 
     def moe(
