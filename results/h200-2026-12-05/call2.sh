@@ -11,5 +11,5 @@ lap "test_cuda_state_taps rc=$r"; grep -E "passed|failed|^(FAILED|ERROR)|s call"
 t 100 tests/engine/test_engine_cuda.py -k "in_pass or fork_inside or prompt_end" >$OUT/engine_cuda.log 2>&1; r=$?
 lap "test_engine_cuda rc=$r: $(tail -1 $OUT/engine_cuda.log)"; grep -E "^(FAILED|ERROR)" $OUT/engine_cuda.log | head
 left=$((575 - ($(date +%s) - t0)))
-[ "$left" -gt 60 ] && timeout $left python3 results/h200-2026-12-03/reuse_traces.py 9B cuda 1 noreply,subagents >$OUT/reuse_9b.log 2>&1
-lap "reuse rc=$?"; grep -v "INFO\|^{" $OUT/reuse_9b.log | tail -6
+[ "$left" -gt 60 ] && timeout $left python3 results/h200-2026-12-05/reuse_detail.py 9B cuda 1 noreply,subagents >$OUT/reuse_9b.log 2>&1
+lap "reuse rc=$?"; grep -v "INFO" $OUT/reuse_9b.log | awk '$6!=$8' | tail -40
