@@ -34,9 +34,10 @@ drawn per request:
                 marks the fork)
 
 Pure data and pure Python: nothing here knows the engine, the tokenizer or torch. Text is drawn
-from a fixed word list with `random.Random(seed)`, so a (kind, seed, sizes) triple always gives
-the same trace. Sizes are in words (a word is a few tokens under any tokenizer) or in tokens
-where the prompt is raw.
+from fixed word lists (`WORDS`; `NOUNS` for the reuse traces) and raw prompts from the token
+ids a vocabulary size allows, with `random.Random(seed)`, so a (kind, seed, sizes) triple
+always gives the same trace. Sizes are in words (a word is a few tokens under any tokenizer)
+or in tokens where the prompt is raw.
 """
 
 from __future__ import annotations
