@@ -165,6 +165,7 @@ class World:
         ix, toks = self.ix, PROMPTS[p]
         if keep and len(self.open) >= 2:
             return
+        self.settle_prefetch(abort)
         self.next_lane += 1
         lane = self.next_lane
         q = ix.quote(prepare_prompt(toks), QuoteParams(-(-len(toks) // 64) + 1, BIG, BIG))
@@ -219,6 +220,14 @@ class World:
     def settle(self, i: int, abort: bool) -> None:
         if self.pending:
             bid = self.pending.pop(i % len(self.pending))
+            self.abort(bid) if abort else self.land(bid)
+
+    def settle_prefetch(self, abort: bool) -> None:
+        """As the engine's admission does (`engine/kv/prefetcher.py`): a prefetch batch in
+        flight lands, or fails and is aborted, before the next quote; a lane is never staged
+        over blocks a prefetch is still filling."""
+        for bid in [b for b in self.pending if self.ix.batches[b].kind == "restore"]:
+            self.pending.remove(bid)
             self.abort(bid) if abort else self.land(bid)
 
     def prefetch(self, p: int, land: bool) -> None:
