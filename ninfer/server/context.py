@@ -151,7 +151,6 @@ _SAMPLING_EXTRAS: dict[str, tuple[tuple, str]] = {  # vLLM's extensions over bot
     "length_penalty": ((None, 1, 1.0), _NO),
     "repetition_penalty": ((None, 1, 1.0), _NO),
     "min_tokens": ((None, 0), _NO),
-    "stop_token_ids": ((None, []), _NO),
     "bad_words": ((None, []), _NO),
     "allowed_token_ids": ((None, []), _NO),
     "prompt_logprobs": ((None,), _NO),

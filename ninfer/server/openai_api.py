@@ -4,7 +4,10 @@ Cache breakpoints on OpenAI requests: `"cache_control": {"type": "ephemeral"}` o
 on one of its content parts (the Anthropic spelling, as OpenAI-compatible gateways pass it
 through) marks the end of that message's turn as a client breakpoint. On completions,
 `cache_breakpoints` (token positions) does the same for raw prompts. `return_token_ids: true`
-on a chat or completions request adds each choice's (or streamed chunk's) generated token ids.
+on a chat or completions request adds each choice's (or streamed chunk's) generated token ids;
+`stop_token_ids` (vLLM's extension) ends a choice at the first of those ids it generates,
+finish_reason "stop": the id is the last of its token ids and, as in `SamplingParams`, its text
+ends the reply (a control token such as `<|im_end|>` has none; vLLM drops an ordinary token's).
 `/v1/completions` takes a batch as OpenAI does (a list of texts or of token-id lists): choice
 `i * n + j` is prompt i's j-th; the prompts run as one batch and share the prefix cache.
 """

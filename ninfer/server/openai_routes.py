@@ -416,6 +416,7 @@ def _params(srv, req, rendered, max_tokens, field: str, k, n: int, structured=No
         min_p=req.min_p,
         seed=req.seed,
         stop=req.stop,
+        stop_token_ids=_fields(req).get("stop_token_ids"),
         logprobs=k,
         ignore_eos=req.ignore_eos,
         structured=None if structured is None else structured.spec,

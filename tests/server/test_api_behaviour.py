@@ -268,3 +268,51 @@ def test_max_tokens_beyond_model_length(served, oai, anth):
     with pytest.raises(openai.BadRequestError) as e:
         oai.completions.create(model=MODEL, prompt="x", max_tokens=too_many)
     assert e.value.param == "max_tokens"
+
+
+# ---- stop_token_ids (vLLM's extension) ----------------------------------------------------------
+def test_stop_token_ids_end_the_reply_at_the_first_of_them(served, oai):
+    """Honoured as vLLM does on both OpenAI routes, streamed or not: the reply ends at the first
+    generated id of the list (finish_reason "stop"); the ids before it are the free reply's."""
+    ids = {"return_token_ids": True}
+    free = oai.completions.create(model=MODEL, prompt="The lake", max_tokens=12, extra_body=ids,
+                                  **GREEDY).choices[0].model_extra["token_ids"]  # fmt: skip
+    stop_at = free[3]
+    cut = free[: free.index(stop_at) + 1]
+    extra = {**ids, "stop_token_ids": [stop_at]}
+    c = oai.completions.create(
+        model=MODEL, prompt="The lake", max_tokens=12, extra_body=extra, **GREEDY
+    ).choices[0]
+    assert c.model_extra["token_ids"] == cut and c.finish_reason == "stop"
+    assert c.text == served.llm.tokenizer.decode(cut)
+    streamed, reasons = [], []
+    for chunk in oai.completions.create(
+        model=MODEL, prompt="The lake", max_tokens=12, stream=True, extra_body=extra, **GREEDY
+    ):
+        for ch in chunk.choices:
+            streamed += (ch.model_extra or {}).get("token_ids") or []
+            reasons.append(ch.finish_reason)
+    assert streamed == cut and reasons[-1] == "stop"
+    chat_free = (
+        oai.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=10, extra_body=ids, **GREEDY
+        )
+        .choices[0]
+        .model_extra["token_ids"]
+    )
+    stop_at = chat_free[2]
+    chat = oai.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=10, **GREEDY,
+        extra_body={**ids, "stop_token_ids": [stop_at, 10**9]},
+    ).choices[0]  # fmt: skip
+    assert chat.model_extra["token_ids"] == chat_free[: chat_free.index(stop_at) + 1]
+    assert chat.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("value", [5, ["5"], [True], "x"])
+def test_bad_stop_token_ids_are_a_400_naming_the_field(oai, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(
+            model=MODEL, prompt="x", max_tokens=2, extra_body={"stop_token_ids": value}
+        )
+    assert e.value.param == "stop_token_ids"
