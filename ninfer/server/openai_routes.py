@@ -52,12 +52,15 @@ Srv = Annotated[Serving, Depends(serving)]
 
 @dataclass(slots=True)
 class _Prepared:
-    """A checked request: its prompt, each choice's sampling parameters, the top-k logprobs."""
+    """A checked request: its prompt, each choice's sampling parameters, the top-k logprobs,
+    the tools and how many calls a reply may make (None: any; 1 with `parallel_tool_calls`
+    false, the calls after the first dropped when the reply is not constrained to one)."""
 
     rendered: Rendered
     plist: list[SamplingParams]
     k: int | None
     tools: list[dict] | None = None
+    max_calls: int | None = None
 
 
 def _json(body: bytes) -> Response:
@@ -113,7 +116,7 @@ def _chat_prepare(srv: Serving, req: oai.ChatRequest) -> _Prepared:
     )
     params = _params(srv, req, rendered, max_tokens, field, k, n, structured)
     plist = _siblings(srv, rendered, params, n, field, "messages", structured)
-    return _Prepared(rendered, plist, k, tools)
+    return _Prepared(rendered, plist, k, tools, None if parallel else 1)
 
 
 def _fields(req) -> dict:
@@ -126,7 +129,7 @@ def _chat_body(srv: Serving, req: oai.ChatRequest, prep: _Prepared, outs: list) 
     choices = []
     for i, out in enumerate(outs):
         reasoning, content, calls = parse_text(
-            out.text, prep.rendered.thinking, schemas, lambda: new_id("call_")
+            out.text, prep.rendered.thinking, schemas, lambda: new_id("call_"), prep.max_calls
         )
         choices.append(
             {
@@ -164,7 +167,10 @@ async def chat_completions(request: Request, srv: Srv):
         rendered,
         plist,
         fmt,
-        [OutputParser(rendered.thinking, schemas, lambda: new_id("call_")) for _ in plist],
+        [
+            OutputParser(rendered.thinking, schemas, lambda: new_id("call_"), prep.max_calls)
+            for _ in plist
+        ],
         include_usage=bool((req.stream_options or {}).get("include_usage")),
         return_ids=req.return_token_ids is True,
     )

@@ -119,8 +119,10 @@ class OutputParser:
         thinking: bool,
         tools: dict[str, dict] | None,
         new_id: Callable[[], str],
+        max_calls: int | None = None,
     ) -> None:
         self._state = "reasoning" if thinking else "content"
+        self._max_calls = max_calls  # None: any number; calls past it are dropped
         self._tools = tools  # None: tool-call parsing off
         self._new_id = new_id
         self._buf = ""
@@ -131,7 +133,14 @@ class OutputParser:
 
     @property
     def tool_calls(self) -> list[ToolCall]:
-        return list(self._calls)
+        return self._calls[: self._max_calls]
+
+    def _kept(self, events: list[Event]) -> list[Event]:
+        """`events` less those of the calls past `max_calls` (parallel calls turned off)."""
+        if self._max_calls is None:
+            return events
+        limit = self._max_calls
+        return [e for e in events if isinstance(e, Text) or e.index < limit]
 
     def feed(self, text: str) -> list[Event]:
         self._buf += text
@@ -145,7 +154,7 @@ class OutputParser:
             else:
                 self._tool(out)
             if (self._state, len(self._buf)) == before:
-                return out
+                return self._kept(out)
 
     def finish(self) -> list[Event]:
         out: list[Event] = []
@@ -158,7 +167,7 @@ class OutputParser:
             self._close_call(out)
         else:
             self._emit(out, "content", TOOL_OPEN + buf)
-        return out
+        return self._kept(out)
 
     # ---- states -----------------------------------------------------------------------------
     def _emit(self, out: list[Event], kind: str, text: str) -> None:
@@ -257,9 +266,11 @@ def _could_start(buf: str) -> bool:
     return s[: len(head)] == head[: len(s)] if len(s) < len(head) else s.startswith(head)
 
 
-def parse_text(text: str, thinking: bool, tools: dict[str, dict] | None, new_id) -> tuple:
-    """(reasoning, content, tool calls) of a whole reply."""
-    parser = OutputParser(thinking, tools, new_id)
+def parse_text(
+    text: str, thinking: bool, tools: dict[str, dict] | None, new_id, max_calls=None
+) -> tuple:
+    """(reasoning, content, tool calls) of a whole reply (`max_calls`: as `OutputParser`)."""
+    parser = OutputParser(thinking, tools, new_id, max_calls)
     events = parser.feed(text) + parser.finish()
     reasoning = "".join(e.text for e in events if isinstance(e, Text) and e.kind == "reasoning")
     content = "".join(e.text for e in events if isinstance(e, Text) and e.kind == "content")
