@@ -291,6 +291,11 @@ def convert_tools(req: MessagesRequest) -> tuple[list[dict] | None, bool]:
     for j, tool in enumerate(req.tools):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise ApiError(f"tools[{j}] needs a name", f"tools[{j}]")
+        if tool.get("type", "custom") not in ("custom", None):  # Anthropic's server tools
+            raise ApiError(
+                f"tools[{j}].type: {tool['type']!r} is not supported (custom tools only)",
+                f"tools[{j}].type",
+            )
         marked = marked or bool(tool.get("cache_control"))
         fn = {"name": tool["name"], "description": tool.get("description", "")}
         fn["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}

@@ -159,6 +159,7 @@ _SAMPLING_EXTRAS: dict[str, tuple[tuple, str]] = {  # vLLM's extensions over bot
     "skip_special_tokens": ((None, True), _NO),
     "spaces_between_special_tokens": ((None, True), _NO),
     "logits_processors": ((None, []), _NO),
+    "guided_whitespace_pattern": ((None,), _NO + " (JSON is written without free whitespace)"),
 }
 REFUSED_FIELDS: dict[str, dict[str, tuple[tuple, str]]] = {
     "chat": {
@@ -170,6 +171,7 @@ REFUSED_FIELDS: dict[str, dict[str, tuple[tuple, str]]] = {
         "prediction": ((None,), _NO),
         "web_search_options": ((None,), _NO),
         "verbosity": ((None,), _NO),
+        "moderation": ((None,), _NO),
         "echo": ((None, False), _NO),
         "add_generation_prompt": ((None, True), _NO),
         "continue_final_message": ((None, False), _NO),
@@ -179,6 +181,7 @@ REFUSED_FIELDS: dict[str, dict[str, tuple[tuple, str]]] = {
     "completions": {
         **_SAMPLING_EXTRAS,
         "suffix": ((None, ""), _NO),
+        "prompt_embeds": ((None,), _NO),
     },
     "messages": {
         "mcp_servers": ((None, []), _NO),

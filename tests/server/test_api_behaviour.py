@@ -177,6 +177,8 @@ def test_unknown_route_and_method_in_api_shape(served):
         ("logit_bias", {"5": 10}),
         ("best_of", 3),
         ("repetition_penalty", 1.2),
+        ("moderation", {"model": "omni-moderation-latest"}),
+        ("guided_whitespace_pattern", " *"),
     ],
 )
 def test_chat_refuses_unimplemented_fields(oai, field, value):
@@ -193,15 +195,22 @@ def test_refusals_say_why_and_noops_pass(oai, anth):
             model=MODEL, max_tokens=2, messages=HELLO, extra_body={"min_tokens": 3}
         )
     assert "not supported by this server" in e.value.message
-    for field, value in (("suffix", "end"), ("best_of", 2), ("logit_bias", {"5": 1})):
+    refused = [("suffix", "end"), ("best_of", 2), ("logit_bias", {"5": 1}), ("prompt_embeds", "e")]
+    for field, value in refused:
         with pytest.raises(openai.BadRequestError) as e:
-            oai.completions.create(model=MODEL, prompt="x", max_tokens=2, **{field: value})
+            oai.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={field: value})
         assert e.value.param == field
     with pytest.raises(anthropic.BadRequestError) as e:
         anth.messages.create(
             model=MODEL, max_tokens=2, messages=HELLO, extra_body={"output_format": {}}
         )
     assert "output_format" in e.value.message
+    with pytest.raises(anthropic.BadRequestError) as e:  # a server tool is not a function
+        anth.messages.create(
+            model=MODEL, max_tokens=2, messages=HELLO,
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
+        )  # fmt: skip
+    assert "tools[0].type" in e.value.message
     # no-op values and unknown fields: accepted and ignored, as the APIs do
     oai.chat.completions.create(
         model=MODEL,
