@@ -163,8 +163,50 @@ def enforceable_schema(schema, where: str = "") -> object:
         lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
         if not isinstance(lo, int) or (hi is not None and not isinstance(hi, int)):
             raise Unenforceable(f"a length bound that is not an integer at {where or '/'}")
-        out["pattern"] = f"^[\\u0020-\\U0010FFFF]{{{lo},{'' if hi is None else hi}}}$"
+        out["pattern"] = length_pattern(lo, hi)
     return out
+
+
+_CHAR = "[\\u0020-\\U0010FFFF]"  # a code point JSON takes unescaped, space included
+_EDGE = "[\\u0021-\\U0010FFFF]"  # the same, space excluded
+
+
+def length_pattern(lo: int, hi: int | None, trim: bool = False) -> str:
+    """The regex of the strings of `lo` to `hi` (None: any number of) code points of `_CHAR`;
+    with `trim`, their first and last code points are not a space (`_EDGE`):
+
+        trim, lo >= 2:   EDGE CHAR{lo-2,hi-2} EDGE
+        trim, lo <= 1:   EDGE (CHAR{0,hi-2} EDGE)?     the whole optional when lo == 0
+    """
+    if not trim or (hi is not None and hi < max(lo, 1)):
+        return f"^{_CHAR}{{{lo},{'' if hi is None else hi}}}$"
+    top = "" if hi is None else hi - 2
+    if hi == 1:
+        body = _EDGE
+    elif lo >= 2:
+        body = f"{_EDGE}{_CHAR}{{{lo - 2},{top}}}{_EDGE}"
+    else:
+        body = f"{_EDGE}({_CHAR}{{0,{top}}}{_EDGE})?"
+    return f"^({body})?$" if lo == 0 else f"^{body}$"
+
+
+def _trimmed_values(original: dict, checked: dict) -> dict:
+    """`checked` (a tool's parameters, through `enforceable_schema`) with each length-bounded
+    string parameter neither beginning nor ending with a space. In the XML format a value is
+    raw text that the grammar lets whitespace pad (the format's, not the value's), so the
+    parser reads such a value without it (`tool_calls.convert_value`): an edge space would be
+    lost, and a value of `minLength` with it would come out short."""
+    props = checked.get("properties")
+    if not isinstance(props, dict):
+        return checked
+    given = original.get("properties") or {}
+    out = dict(props)
+    for key, prop in props.items():
+        raw = given.get(key)
+        if isinstance(raw, dict) and ("minLength" in raw or "maxLength" in raw):
+            bounds = raw.get("minLength", 0), raw.get("maxLength")
+            out[key] = {**prop, "pattern": length_pattern(*bounds, trim=True)}
+    return {**checked, "properties": out}
 
 
 def tool_call_tag(tools: list[dict], choice: str, parallel: bool = True) -> dict:
@@ -181,7 +223,8 @@ def tool_call_tag(tools: list[dict], choice: str, parallel: bool = True) -> dict
     for j, tool in enumerate(tools):
         fn = dict(tool["function"])
         try:
-            fn["parameters"] = enforceable_schema(fn.get("parameters") or {"type": "object"})
+            params = fn.get("parameters") or {"type": "object"}
+            fn["parameters"] = _trimmed_values(params, enforceable_schema(params))
         except Unenforceable as e:
             raise ValueError(f"tools[{j}]: parameters not supported: {e}") from None
         checked.append({"type": "function", "function": fn})

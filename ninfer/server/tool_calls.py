@@ -88,11 +88,23 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, dict]:
     return out
 
 
+_PADDING = " \t\n\r"  # the whitespace a constrained reply may pad a value with
+_BOUNDS = ("pattern", "format", "minLength", "maxLength")
+
+
 def convert_value(raw: str, schema: dict | None) -> object:
     """A parameter's text as the schema types it: strings stay text; other declared types
-    are JSON-parsed when they parse; an enum or const value is read without the whitespace
-    around it; an undeclared parameter stays text."""
-    if isinstance(schema, dict) and ("enum" in schema or "const" in schema):
+    are JSON-parsed when they parse; an enum or const value, and a string the schema bounds
+    (pattern, format, length), is read without the whitespace around it; an undeclared
+    parameter stays text."""
+    if not isinstance(schema, dict):
+        return raw
+    kind = schema.get("type")
+    if kind == "string" and any(key in schema for key in _BOUNDS):
+        # a constrained reply may pad the value (the format's, not the value's); the
+        # grammar keeps a bounded value's own edges free of it (`structured.tool_call_tag`)
+        return raw.strip(_PADDING)
+    if "enum" in schema or "const" in schema:
         # a constrained reply may pad the value with whitespace (the format's, not the value's)
         value = raw.strip()
         choices = schema.get("enum") if "enum" in schema else [schema["const"]]
@@ -102,7 +114,6 @@ def convert_value(raw: str, schema: dict | None) -> object:
             return json.loads(value)
         except ValueError:
             return raw
-    kind = schema.get("type") if isinstance(schema, dict) else None
     if kind is None or kind == "string" or (isinstance(kind, list) and "string" in kind):
         return raw
     try:
