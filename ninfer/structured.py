@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.request import StructuredOutputsParams
+from ninfer.schema_guard import Unenforceable, enforceable_schema, length_pattern
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -105,89 +106,6 @@ class Grammars:
         except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own errors
             raise ValueError(f"{field}.{kind}: cannot compile: {_error_text(e)}") from None
         return Grammar(compiled, self._think)
-
-
-class Unenforceable(ValueError):
-    """A JSON schema keyword the grammar would not enforce."""
-
-
-# Keywords xgrammar accepts but does not enforce (it would let invalid documents through):
-# refused, as OpenAI's strict mode refuses them.
-_UNENFORCED = (
-    *("not", "if", "then", "else", "contains", "minContains", "maxContains"),
-    *("dependentSchemas", "unevaluatedProperties", "unevaluatedItems", "oneOf"),
-)
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_SUBSCHEMA_LISTS = ("anyOf", "prefixItems")
-_SUBSCHEMAS = ("items", "additionalProperties", "propertyNames")
-
-
-def enforceable_schema(schema, where: str = "") -> object:
-    """`schema` rewritten into what the grammar enforces exactly, or `Unenforceable` naming
-    the keyword and where it is (a JSON pointer). A one-element `allOf` is inlined. A string's
-    `minLength` / `maxLength` becomes the pattern `^[\\u0020-\\U0010FFFF]{min,max}$`:
-    xgrammar's own length rule lets raw control characters into the string (JSON forbids
-    them), and its `.` lets a byte-level vocabulary build invalid UTF-8; the code-point class
-    does neither. The pattern admits no escapes: a subset of the valid strings."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in _UNENFORCED:
-        if key in out:
-            raise Unenforceable(
-                f"{key!r} at {where or '/'}" + (" (use anyOf)" if key == "oneOf" else "")
-            )
-    if out.get("uniqueItems"):
-        raise Unenforceable(f"'uniqueItems' at {where or '/'}")
-    if "allOf" in out:
-        parts = out.pop("allOf")
-        if not isinstance(parts, list) or len(parts) != 1 or not isinstance(parts[0], dict):
-            raise Unenforceable(f"'allOf' with more than one schema at {where or '/'}")
-        inner = enforceable_schema(parts[0], f"{where}/allOf/0")
-        clash = set(inner) & set(out) - {"description", "title"}
-        if clash:
-            raise Unenforceable(f"'allOf' beside {sorted(clash)} at {where or '/'}")
-        out.update(inner)
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {k: enforceable_schema(v, f"{where}/{key}/{k}") for k, v in out[key].items()}
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [enforceable_schema(v, f"{where}/{key}/{i}") for i, v in enumerate(out[key])]
-    for key in _SUBSCHEMAS:
-        if isinstance(out.get(key), dict):
-            out[key] = enforceable_schema(out[key], f"{where}/{key}")
-    if "minLength" in out or "maxLength" in out:
-        if "pattern" in out or "format" in out:
-            raise Unenforceable(f"'pattern' or 'format' with a length bound at {where or '/'}")
-        lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
-        if not isinstance(lo, int) or (hi is not None and not isinstance(hi, int)):
-            raise Unenforceable(f"a length bound that is not an integer at {where or '/'}")
-        out["pattern"] = length_pattern(lo, hi)
-    return out
-
-
-_CHAR = "[\\u0020-\\U0010FFFF]"  # a code point JSON takes unescaped, space included
-_EDGE = "[\\u0021-\\U0010FFFF]"  # the same, space excluded
-
-
-def length_pattern(lo: int, hi: int | None, trim: bool = False) -> str:
-    """The regex of the strings of `lo` to `hi` (None: any number of) code points of `_CHAR`;
-    with `trim`, their first and last code points are not a space (`_EDGE`):
-
-        trim, lo >= 2:   EDGE CHAR{lo-2,hi-2} EDGE
-        trim, lo <= 1:   EDGE (CHAR{0,hi-2} EDGE)?     the whole optional when lo == 0
-    """
-    if not trim or (hi is not None and hi < max(lo, 1)):
-        return f"^{_CHAR}{{{lo},{'' if hi is None else hi}}}$"
-    top = "" if hi is None else hi - 2
-    if hi == 1:
-        body = _EDGE
-    elif lo >= 2:
-        body = f"{_EDGE}{_CHAR}{{{lo - 2},{top}}}{_EDGE}"
-    else:
-        body = f"{_EDGE}({_CHAR}{{0,{top}}}{_EDGE})?"
-    return f"^({body})?$" if lo == 0 else f"^{body}$"
 
 
 def _trimmed_values(original: dict, checked: dict) -> dict:
