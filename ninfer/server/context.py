@@ -154,6 +154,7 @@ _SAMPLING_EXTRAS: dict[str, tuple[tuple, str]] = {  # vLLM's extensions over bot
     "bad_words": ((None, []), _NO),
     "allowed_token_ids": ((None, []), _NO),
     "prompt_logprobs": ((None,), _NO),
+    "return_tokens_as_token_ids": ((None, False), _NO),
     "truncate_prompt_tokens": ((None,), _NO),
     "include_stop_str_in_output": ((None, False), _NO),
     "skip_special_tokens": ((None, True), _NO),

@@ -179,6 +179,7 @@ def test_unknown_route_and_method_in_api_shape(served):
         ("repetition_penalty", 1.2),
         ("moderation", {"model": "omni-moderation-latest"}),
         ("guided_whitespace_pattern", " *"),
+        ("return_tokens_as_token_ids", True),
     ],
 )
 def test_chat_refuses_unimplemented_fields(oai, field, value):
