@@ -122,6 +122,11 @@ def test_completions_regex_and_choice(oai):
         extra_body={"guided_choice": ["yes", "no"]},
     )  # fmt: skip
     assert r.choices[0].text in ("yes", "no")
+    r = oai.completions.create(
+        model=MODEL, prompt="Word:", max_tokens=20, seed=9,
+        extra_body={"guided_grammar": 'root ::= "(" [ab]+ ")"'},
+    )  # fmt: skip
+    assert re.fullmatch(r"\([ab]+\)", r.choices[0].text)
 
 
 @pytest.mark.parametrize(
