@@ -257,6 +257,8 @@ def _completion_prepare(srv: Serving, req: oai.CompletionRequest) -> _Batch:
     k = req.logprobs
     if k is not None and not 0 <= k <= 20:
         raise ApiError("logprobs must be in [0, 20]", "logprobs")
+    if req.echo and k is not None:  # OpenAI's reply would carry the prompt's logprobs too
+        raise ApiError("echo with logprobs (the prompt's logprobs) is not supported", "echo")
     max_tokens = req.max_tokens if req.max_tokens is not None else 16
     batch = []
     for i, one in enumerate(prompts):
@@ -282,7 +284,8 @@ def _completion_one(srv: Serving, req: oai.CompletionRequest, one, max_tokens, k
         rendered = srv.driver.render_prompt(prompt)  # type: ignore[arg-type]
     except ValueError as e:
         raise from_value_error(e, "prompt") from None
-    rendered.text = one if isinstance(one, str) else ""
+    tok = srv.driver.tokenizer
+    rendered.text = one if isinstance(one, str) else tok.decode(one) if tok is not None else ""
     structured = openai_structured(_fields(req))
     params = _params(srv, req, rendered, max_tokens, "max_tokens", k, n, structured)
     plist = _siblings(srv, rendered, params, n, "max_tokens", "prompt", structured)

@@ -326,3 +326,21 @@ def test_bad_stop_token_ids_are_a_400_naming_the_field(oai, value):
             model=MODEL, prompt="x", max_tokens=2, extra_body={"stop_token_ids": value}
         )
     assert e.value.param == "stop_token_ids"
+
+
+# ---- echo -------------------------------------------------------------------------------------
+def test_echo_repeats_the_prompt_text_or_tokens(served, oai):
+    """`echo` puts the prompt before the reply, a token-id prompt as its text too (streamed or
+    not); with logprobs it would owe the prompt's logprobs, which are not computed: a 400."""
+    ids = [300, 301, 302, 303]
+    for prompt, head in (("The river", "The river"), (ids, served.llm.tokenizer.decode(ids))):
+        free = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=4, **GREEDY)
+        r = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=4, echo=True, **GREEDY)
+        assert head and r.choices[0].text == head + free.choices[0].text
+        chunks = oai.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=4, echo=True, stream=True, **GREEDY
+        )
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model=MODEL, prompt="x", max_tokens=2, echo=True, logprobs=1)
+    assert e.value.param == "echo"
