@@ -270,6 +270,8 @@ def forced_tool(req: MessagesRequest, tools: list[dict] | None) -> Structured | 
     """tool_choice {type: any} / {type: tool, name}: the reply is a call (Qwen3.5's format)."""
     choice = req.tool_choice or {}
     parallel = not choice.get("disable_parallel_tool_use", False)
+    if choice.get("type") in ("any", "tool") and not tools:
+        raise ApiError("tool_choice.type: forces a tool call but no tools are given", "tool_choice")
     if choice.get("type") == "any":
         return tool_structured(tools, "required", parallel)
     if choice.get("type") == "tool":

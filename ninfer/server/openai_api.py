@@ -252,7 +252,10 @@ def check_conversation(msgs: list[dict], where) -> None:
 
 
 def render_tools(tools, tool_choice) -> list[dict] | None:
-    """The tools the template renders (None: none, or tool_choice "none")."""
+    """The tools the template renders (None: none, or tool_choice "none"); a tool_choice that
+    forces a call needs tools to call."""
+    if not tools and (tool_choice == "required" or isinstance(tool_choice, dict)):
+        raise ApiError("tool_choice forces a tool call but no tools are given", "tool_choice")
     if tools is None or tool_choice == "none":
         return None
     for j, tool in enumerate(tools):

@@ -344,3 +344,18 @@ def test_echo_repeats_the_prompt_text_or_tokens(served, oai):
     with pytest.raises(openai.BadRequestError) as e:
         oai.completions.create(model=MODEL, prompt="x", max_tokens=2, echo=True, logprobs=1)
     assert e.value.param == "echo"
+
+
+def test_a_forced_tool_call_without_tools_is_a_400(oai, anth):
+    """As the APIs answer: a tool_choice that forces a call needs tools (never free text)."""
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        for tools in ([], openai.NOT_GIVEN):
+            with pytest.raises(openai.BadRequestError) as e:
+                oai.chat.completions.create(
+                    model=MODEL, max_tokens=2, messages=HELLO, tools=tools, tool_choice=choice
+                )
+            assert e.value.param == "tool_choice"
+    for choice in ({"type": "any"}, {"type": "tool", "name": "f"}):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            anth.messages.create(model=MODEL, max_tokens=2, messages=HELLO, tool_choice=choice)
+        assert "tool_choice" in e.value.body["error"]["message"]
