@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ninfer.bench.schemas import SCHEMAS
@@ -111,6 +111,7 @@ def test_forced_tool_call_arguments_validate_as_the_parser_reads_them(bpe, seed)
     jsonschema.validate(calls[0].arguments, BOUNDED)
 
 
+@settings(deadline=None)  # the first regex compile of a code-point class is slow
 @given(st.integers(0, 6), st.one_of(st.none(), st.integers(0, 6)), st.text(" ab", max_size=8))
 def test_the_trimmed_length_pattern_is_the_bounds_without_edge_spaces(lo, hi, s):
     expected = lo <= len(s) and (hi is None or len(s) <= hi) and s == s.strip(" ")
@@ -204,6 +205,7 @@ _INSTANCES = [None, True, False, 0, 1, 1.0, 2.5, "a", "b", [], [1], {}, {"k": "a
               {"k": "b"}, {"k": "c"}, {"k": 1}]  # fmt: skip
 
 
+@settings(deadline=None)
 @given(st.lists(_BRANCHES, min_size=1, max_size=4))
 def test_an_accepted_one_of_never_has_two_matching_branches(branches):
     """Soundness of the exclusivity proof: when the guard takes a oneOf, no instance of a
