@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.request import StructuredOutputsParams
+from ninfer.schema_guard import Unenforceable, enforceable_schema, length_pattern
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -107,64 +108,23 @@ class Grammars:
         return Grammar(compiled, self._think)
 
 
-class Unenforceable(ValueError):
-    """A JSON schema keyword the grammar would not enforce."""
-
-
-# Keywords xgrammar accepts but does not enforce (it would let invalid documents through):
-# refused, as OpenAI's strict mode refuses them.
-_UNENFORCED = (
-    *("not", "if", "then", "else", "contains", "minContains", "maxContains"),
-    *("dependentSchemas", "unevaluatedProperties", "unevaluatedItems", "oneOf"),
-)
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_SUBSCHEMA_LISTS = ("anyOf", "prefixItems")
-_SUBSCHEMAS = ("items", "additionalProperties", "propertyNames")
-
-
-def enforceable_schema(schema, where: str = "") -> object:
-    """`schema` rewritten into what the grammar enforces exactly, or `Unenforceable` naming
-    the keyword and where it is (a JSON pointer). A one-element `allOf` is inlined. A string's
-    `minLength` / `maxLength` becomes the pattern `^[\\u0020-\\U0010FFFF]{min,max}$`:
-    xgrammar's own length rule lets raw control characters into the string (JSON forbids
-    them), and its `.` lets a byte-level vocabulary build invalid UTF-8; the code-point class
-    does neither. The pattern admits no escapes: a subset of the valid strings."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in _UNENFORCED:
-        if key in out:
-            raise Unenforceable(
-                f"{key!r} at {where or '/'}" + (" (use anyOf)" if key == "oneOf" else "")
-            )
-    if out.get("uniqueItems"):
-        raise Unenforceable(f"'uniqueItems' at {where or '/'}")
-    if "allOf" in out:
-        parts = out.pop("allOf")
-        if not isinstance(parts, list) or len(parts) != 1 or not isinstance(parts[0], dict):
-            raise Unenforceable(f"'allOf' with more than one schema at {where or '/'}")
-        inner = enforceable_schema(parts[0], f"{where}/allOf/0")
-        clash = set(inner) & set(out) - {"description", "title"}
-        if clash:
-            raise Unenforceable(f"'allOf' beside {sorted(clash)} at {where or '/'}")
-        out.update(inner)
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {k: enforceable_schema(v, f"{where}/{key}/{k}") for k, v in out[key].items()}
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [enforceable_schema(v, f"{where}/{key}/{i}") for i, v in enumerate(out[key])]
-    for key in _SUBSCHEMAS:
-        if isinstance(out.get(key), dict):
-            out[key] = enforceable_schema(out[key], f"{where}/{key}")
-    if "minLength" in out or "maxLength" in out:
-        if "pattern" in out or "format" in out:
-            raise Unenforceable(f"'pattern' or 'format' with a length bound at {where or '/'}")
-        lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
-        if not isinstance(lo, int) or (hi is not None and not isinstance(hi, int)):
-            raise Unenforceable(f"a length bound that is not an integer at {where or '/'}")
-        out["pattern"] = f"^[\\u0020-\\U0010FFFF]{{{lo},{'' if hi is None else hi}}}$"
-    return out
+def _trimmed_values(original: dict, checked: dict) -> dict:
+    """`checked` (a tool's parameters, through `enforceable_schema`) with each length-bounded
+    string parameter neither beginning nor ending with a space. In the XML format a value is
+    raw text that the grammar lets whitespace pad (the format's, not the value's), so the
+    parser reads such a value without it (`tool_calls.convert_value`): an edge space would be
+    lost, and a value of `minLength` with it would come out short."""
+    props = checked.get("properties")
+    if not isinstance(props, dict):
+        return checked
+    given = original.get("properties") or {}
+    out = dict(props)
+    for key, prop in props.items():
+        raw = given.get(key)
+        if isinstance(raw, dict) and ("minLength" in raw or "maxLength" in raw):
+            bounds = raw.get("minLength", 0), raw.get("maxLength")
+            out[key] = {**prop, "pattern": length_pattern(*bounds, trim=True)}
+    return {**checked, "properties": out}
 
 
 def tool_call_tag(tools: list[dict], choice: str, parallel: bool = True) -> dict:
@@ -181,7 +141,8 @@ def tool_call_tag(tools: list[dict], choice: str, parallel: bool = True) -> dict
     for j, tool in enumerate(tools):
         fn = dict(tool["function"])
         try:
-            fn["parameters"] = enforceable_schema(fn.get("parameters") or {"type": "object"})
+            params = fn.get("parameters") or {"type": "object"}
+            fn["parameters"] = _trimmed_values(params, enforceable_schema(params))
         except Unenforceable as e:
             raise ValueError(f"tools[{j}]: parameters not supported: {e}") from None
         checked.append({"type": "function", "function": fn})

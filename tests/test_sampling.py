@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ninfer.request import SamplingParams
-from ninfer.sampling import make_generator, sample
+from ninfer.sampling import apply_token_mask, make_generator, sample
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 LOGITS = PROBS.log() + 3.0  # any shift: same softmax
@@ -143,3 +145,31 @@ def test_cuda_matches_rules():
     assert out.device.type == "cuda" and set(out.tolist()) <= {0, 1}
     greedy = sample(logits, [SamplingParams(temperature=0.0)] * 4096, [None] * 4096).token_ids
     assert torch.equal(greedy, logits.argmax(-1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 2**31 - 1),
+    st.sets(st.integers(0, 69), min_size=1, max_size=5),
+    st.sampled_from([0.0, 0.7, 1.5]),
+    st.sampled_from([-1, 1, 2, 50]),
+    st.sampled_from([1.0, 0.5, 0.05]),
+    st.sampled_from([0.0, 0.3, 0.9]),
+)
+def test_a_masked_token_is_never_sampled_under_any_filter(seed, allowed, temp, top_k, top_p, min_p):
+    """The grammar's mask comes before temperature, min-p, top-k and top-p: whatever the
+    filters keep of the raw distribution, the draw is among the allowed tokens (greedy: the
+    best of them), even when every token the filters would keep is forbidden."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 70, generator=gen) * 4
+    bits = torch.zeros(2, 3, dtype=torch.int32)
+    for t in allowed:
+        bits[:, t // 32] |= torch.tensor(1 << (t % 32)).to(torch.int32)
+    apply_token_mask(logits, [0, 2], bits)  # rows 0 and 2 constrained, row 1 free
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    gens = [make_generator(seed + r, "cpu") for r in range(3)]
+    chosen = sample(logits, [params.validated()] * 3, gens).token_ids.tolist()
+    assert chosen[0] in allowed and chosen[2] in allowed
+    if temp == 0.0:
+        best = max(allowed, key=lambda t: float(logits[0, t]))
+        assert chosen[0] == best

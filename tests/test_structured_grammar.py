@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ninfer.bench.schemas import SCHEMAS
 from ninfer.request import StructuredOutputsParams
-from ninfer.structured import Grammars, Unenforceable, enforceable_schema, token_mask
+from ninfer.schema_guard import Unenforceable, enforceable_schema, length_pattern
+from ninfer.server.tool_calls import parse_text, tool_schemas
+from ninfer.structured import Grammars, token_mask, tool_call_tag
 from ninfer.tokenizer import Tokenizer
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -29,13 +34,15 @@ def bpe(tmp_path_factory) -> Tokenizer:
     return Tokenizer.from_dir(build_tiny_bpe(tmp_path_factory.mktemp("bpe")))
 
 
-def _walk(grammars: Grammars, spec, tok: Tokenizer, seed: int, vocab: int) -> str | None:
+def _walk(
+    grammars: Grammars, spec, tok: Tokenizer, seed: int, vocab: int, steps: int = 120
+) -> str | None:
     rng = random.Random(seed)
     m = grammars.compile(spec).start([])
     stop = set(tok.eos_token_ids)
     ids: list[int] = []
     shifts = torch.arange(32, dtype=torch.int32)
-    for _ in range(120):
+    for _ in range(steps):
         mask = token_mask([m], vocab, pin=False)
         allowed = ((mask.bits.unsqueeze(-1) >> shifts) & 1).view(-1)[:vocab].nonzero()
         pick = allowed.flatten().tolist()
@@ -63,7 +70,7 @@ def test_the_guard_refuses_what_the_grammar_would_not_enforce():
     for schema, word in [
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
         ({"anyOf": [{"not": {"type": "string"}}]}, "'not' at /anyOf/0"),
-        ({"oneOf": [{"type": "integer"}]}, "use anyOf"),
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "branches 0 and 1"),
         ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "allOf"),
         ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "length bound"),
         ({"type": "array", "contains": {"const": 1}}, "contains"),
@@ -74,3 +81,139 @@ def test_the_guard_refuses_what_the_grammar_would_not_enforce():
     assert inlined == {"type": "integer", "description": "d"}
     bounded = enforceable_schema({"properties": {"s": {"type": "string", "maxLength": 4}}})
     assert bounded["properties"]["s"]["pattern"] == "^[\\u0020-\\U0010FFFF]{0,4}$"
+
+
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "minLength": 2, "maxLength": 4},
+        "tag": {"type": "string", "maxLength": 1},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
+        "units": {"enum": ["metric", "imperial"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "tag", "code", "units", "days"],
+}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_forced_tool_call_arguments_validate_as_the_parser_reads_them(bpe, seed):
+    """A forced call in Qwen3.5's XML format, walked at random (whitespace padding the values
+    wherever the grammar allows it), parses to arguments that validate against the tool's
+    schema: a bounded string comes out within its bounds."""
+    vocab = len(bpe.token_bytes)
+    tools = [{"type": "function", "function": {"name": "get", "parameters": BOUNDED}}]
+    spec = StructuredOutputsParams(structural_tag=tool_call_tag(tools, "get"))
+    text = _walk(Grammars(bpe, vocab, bpe.eos_token_ids), spec, bpe, seed, vocab, steps=400)
+    assert text is not None
+    _, _, calls = parse_text(text, False, tool_schemas(tools), lambda: "id")
+    assert len(calls) == 1
+    jsonschema.validate(calls[0].arguments, BOUNDED)
+
+
+@settings(deadline=None)  # the first regex compile of a code-point class is slow
+@given(st.integers(0, 6), st.one_of(st.none(), st.integers(0, 6)), st.text(" ab", max_size=8))
+def test_the_trimmed_length_pattern_is_the_bounds_without_edge_spaces(lo, hi, s):
+    expected = lo <= len(s) and (hi is None or len(s) <= hi) and s == s.strip(" ")
+    if hi is not None and hi < max(lo, 1):
+        return  # an empty range (or only ""): the plain pattern, left to the compiler
+    assert bool(re.fullmatch(length_pattern(lo, hi, trim=True).strip("^$"), s)) == expected
+
+
+# ---- oneOf: exclusive branches are taken as anyOf, the rest refused -------------------------
+PET = {  # a tagged union as pydantic writes one (`Field(discriminator="pet_type")`)
+    "$defs": {
+        "Cat": {
+            "type": "object",
+            "properties": {
+                "pet_type": {"const": "cat", "type": "string"},
+                "lives": {"type": "integer", "minimum": 1, "maximum": 9},
+            },
+            "required": ["pet_type", "lives"],
+        },
+        "Dog": {
+            "type": "object",
+            "properties": {
+                "pet_type": {"const": "dog", "type": "string"},
+                "good": {"type": "boolean"},
+            },
+            "required": ["pet_type", "good"],
+        },
+    },
+    "type": "object",
+    "properties": {
+        "pet": {
+            "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+            "discriminator": {"propertyName": "pet_type"},
+        },
+        "id": {"oneOf": [{"type": "integer", "maximum": 99}, {"type": "null"}]},
+    },
+    "required": ["pet", "id"],
+}
+
+
+def test_a_tagged_union_one_of_walks_to_valid_documents(bpe):
+    vocab = len(bpe.token_bytes)
+    grammars = Grammars(bpe, vocab, bpe.eos_token_ids)
+    spec = StructuredOutputsParams(json=PET)
+    done = 0
+    for seed in range(8):
+        text = _walk(grammars, spec, bpe, seed, vocab, steps=200)
+        if text is not None:
+            jsonschema.validate(json.loads(text), PET)  # oneOf: exactly one branch
+            done += 1
+    assert done
+
+
+def test_one_of_is_refused_where_branches_may_overlap():
+    obj = {"type": "object", "properties": {"k": {"const": "a"}}, "required": ["k"]}
+    loose = {"type": "object", "properties": {"k": {"const": "b"}}}  # k not required
+    for branches, pair in [
+        ([{"type": "integer"}, {"type": "number"}], "0 and 1"),
+        ([{"type": "string"}, {"maxLength": 3}], "0 and 1"),  # no type: anything
+        ([{"type": "null"}, obj, loose], "1 and 2"),
+        ([obj, {"$ref": "https://example.com/s.json"}], "0 and 1"),
+        ([{"enum": ["a", 1]}, {"enum": [1.0, "b"]}], "0 and 1"),  # 1 and 1.0 are one value
+    ]:
+        with pytest.raises(Unenforceable, match=f"branches {pair}"):
+            enforceable_schema({"oneOf": branches})
+    with pytest.raises(Unenforceable, match="beside 'anyOf'"):
+        enforceable_schema({"oneOf": [{"type": "null"}], "anyOf": [{"type": "null"}]})
+    taken = enforceable_schema(PET)["properties"]["pet"]
+    assert "oneOf" not in taken and len(taken["anyOf"]) == 2
+
+
+_BRANCHES = st.one_of(
+    st.sampled_from(["null", "boolean", "integer", "number", "string", "array", "object"]).map(
+        lambda t: {"type": t}
+    ),
+    st.sampled_from([None, True, 0, 1, 1.0, "a", "b"]).map(lambda v: {"const": v}),
+    st.lists(st.sampled_from([0, 1.0, "a", "b", None]), min_size=1, max_size=3).map(
+        lambda vs: {"enum": vs}
+    ),
+    st.builds(
+        lambda tag, required: {
+            "type": "object",
+            "properties": {"k": tag},
+            **({"required": ["k"]} if required else {}),
+        },
+        st.sampled_from([{"const": "a"}, {"const": "b"}, {"enum": ["a", "c"]}, {}]),
+        st.booleans(),
+    ),
+)
+_INSTANCES = [None, True, False, 0, 1, 1.0, 2.5, "a", "b", [], [1], {}, {"k": "a"},
+              {"k": "b"}, {"k": "c"}, {"k": 1}]  # fmt: skip
+
+
+@settings(deadline=None)
+@given(st.lists(_BRANCHES, min_size=1, max_size=4))
+def test_an_accepted_one_of_never_has_two_matching_branches(branches):
+    """Soundness of the exclusivity proof: when the guard takes a oneOf, no instance of a
+    pool covering every type (and the tags) validates against two of its branches."""
+    try:
+        enforceable_schema({"oneOf": branches})
+    except Unenforceable:
+        return
+    for value in _INSTANCES:
+        matches = sum(jsonschema.Draft202012Validator(b).is_valid(value) for b in branches)
+        assert matches <= 1, (value, branches)

@@ -20,7 +20,7 @@ import jsonschema
 import torch
 
 from ninfer.bench.schemas import SCHEMAS
-from ninfer.structured import enforceable_schema
+from ninfer.schema_guard import enforceable_schema
 from ninfer.tokenizer import Tokenizer
 
 

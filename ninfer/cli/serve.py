@@ -106,6 +106,9 @@ def model_name(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.max_body_mib > 0:
+        raise ValueError(f"--max-body-mib must be > 0, got {args.max_body_mib}")
+    check_port(args.host, args.port)  # in a moment: before the server's imports (torch) too
     try:
         from ninfer.server.app import create_app
         from ninfer.server.run import serve
@@ -114,9 +117,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{hint} ({e})") from None
     from ninfer.cli.main import open_llm
 
-    if not args.max_body_mib > 0:
-        raise ValueError(f"--max-body-mib must be > 0, got {args.max_body_mib}")
-    check_port(args.host, args.port)  # in a moment, not after loading the model
     names = model_names(args)
     name = names[0]
     llm = _preset_llm(args) if args.preset else open_llm(args)

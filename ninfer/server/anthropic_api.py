@@ -270,6 +270,8 @@ def forced_tool(req: MessagesRequest, tools: list[dict] | None) -> Structured | 
     """tool_choice {type: any} / {type: tool, name}: the reply is a call (Qwen3.5's format)."""
     choice = req.tool_choice or {}
     parallel = not choice.get("disable_parallel_tool_use", False)
+    if choice.get("type") in ("any", "tool") and not tools:
+        raise ApiError("tool_choice.type: forces a tool call but no tools are given", "tool_choice")
     if choice.get("type") == "any":
         return tool_structured(tools, "required", parallel)
     if choice.get("type") == "tool":
@@ -291,6 +293,11 @@ def convert_tools(req: MessagesRequest) -> tuple[list[dict] | None, bool]:
     for j, tool in enumerate(req.tools):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise ApiError(f"tools[{j}] needs a name", f"tools[{j}]")
+        if tool.get("type", "custom") not in ("custom", None):  # Anthropic's server tools
+            raise ApiError(
+                f"tools[{j}].type: {tool['type']!r} is not supported (custom tools only)",
+                f"tools[{j}].type",
+            )
         marked = marked or bool(tool.get("cache_control"))
         fn = {"name": tool["name"], "description": tool.get("description", "")}
         fn["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}

@@ -81,6 +81,7 @@ async def messages(request: Request, srv: Srv):
     sfield = None if structured is None else structured.field
     params = await srv.offload(srv.validate, rendered, params, "messages", sfield)
     schemas = tool_schemas(tools) if tools else None
+    max_calls = 1 if (req.tool_choice or {}).get("disable_parallel_tool_use") else None
     mid = new_id("msg_")
 
     def new_tool_id() -> str:
@@ -88,11 +89,13 @@ async def messages(request: Request, srv: Srv):
 
     if not req.stream:
         (out,) = await or_disconnect(request, srv.run_all(rendered, [params]))
-        reasoning, text, calls = parse_text(out.text, rendered.thinking, schemas, new_tool_id)
+        reasoning, text, calls = parse_text(
+            out.text, rendered.thinking, schemas, new_tool_id, max_calls
+        )
         blocks = anth.content_blocks(reasoning, text, calls)
         stop = anth.stop_reason(out, calls)
         return anth.message(mid, req.model, blocks, stop, anth.usage(out.usage))
-    parser = OutputParser(rendered.thinking, schemas, new_tool_id)
+    parser = OutputParser(rendered.thinking, schemas, new_tool_id, max_calls)
     events = _events(srv, rendered, params, mid, parser, req.model)
     return StreamingResponse(events, media_type="text/event-stream")
 

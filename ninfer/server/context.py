@@ -151,15 +151,16 @@ _SAMPLING_EXTRAS: dict[str, tuple[tuple, str]] = {  # vLLM's extensions over bot
     "length_penalty": ((None, 1, 1.0), _NO),
     "repetition_penalty": ((None, 1, 1.0), _NO),
     "min_tokens": ((None, 0), _NO),
-    "stop_token_ids": ((None, []), _NO),
     "bad_words": ((None, []), _NO),
     "allowed_token_ids": ((None, []), _NO),
     "prompt_logprobs": ((None,), _NO),
+    "return_tokens_as_token_ids": ((None, False), _NO),
     "truncate_prompt_tokens": ((None,), _NO),
     "include_stop_str_in_output": ((None, False), _NO),
     "skip_special_tokens": ((None, True), _NO),
     "spaces_between_special_tokens": ((None, True), _NO),
     "logits_processors": ((None, []), _NO),
+    "guided_whitespace_pattern": ((None,), _NO + " (JSON is written without free whitespace)"),
 }
 REFUSED_FIELDS: dict[str, dict[str, tuple[tuple, str]]] = {
     "chat": {
@@ -171,6 +172,7 @@ REFUSED_FIELDS: dict[str, dict[str, tuple[tuple, str]]] = {
         "prediction": ((None,), _NO),
         "web_search_options": ((None,), _NO),
         "verbosity": ((None,), _NO),
+        "moderation": ((None,), _NO),
         "echo": ((None, False), _NO),
         "add_generation_prompt": ((None, True), _NO),
         "continue_final_message": ((None, False), _NO),
@@ -180,6 +182,7 @@ REFUSED_FIELDS: dict[str, dict[str, tuple[tuple, str]]] = {
     "completions": {
         **_SAMPLING_EXTRAS,
         "suffix": ((None, ""), _NO),
+        "prompt_embeds": ((None,), _NO),
     },
     "messages": {
         "mcp_servers": ((None, []), _NO),

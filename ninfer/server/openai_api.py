@@ -4,7 +4,10 @@ Cache breakpoints on OpenAI requests: `"cache_control": {"type": "ephemeral"}` o
 on one of its content parts (the Anthropic spelling, as OpenAI-compatible gateways pass it
 through) marks the end of that message's turn as a client breakpoint. On completions,
 `cache_breakpoints` (token positions) does the same for raw prompts. `return_token_ids: true`
-on a chat or completions request adds each choice's (or streamed chunk's) generated token ids.
+on a chat or completions request adds each choice's (or streamed chunk's) generated token ids;
+`stop_token_ids` (vLLM's extension) ends a choice at the first of those ids it generates,
+finish_reason "stop": the id is the last of its token ids and, as in `SamplingParams`, its text
+ends the reply (a control token such as `<|im_end|>` has none; vLLM drops an ordinary token's).
 `/v1/completions` takes a batch as OpenAI does (a list of texts or of token-id lists): choice
 `i * n + j` is prompt i's j-th; the prompts run as one batch and share the prefix cache.
 """
@@ -249,7 +252,10 @@ def check_conversation(msgs: list[dict], where) -> None:
 
 
 def render_tools(tools, tool_choice) -> list[dict] | None:
-    """The tools the template renders (None: none, or tool_choice "none")."""
+    """The tools the template renders (None: none, or tool_choice "none"); a tool_choice that
+    forces a call needs tools to call."""
+    if not tools and (tool_choice == "required" or isinstance(tool_choice, dict)):
+        raise ApiError("tool_choice forces a tool call but no tools are given", "tool_choice")
     if tools is None or tool_choice == "none":
         return None
     for j, tool in enumerate(tools):

@@ -52,12 +52,15 @@ Srv = Annotated[Serving, Depends(serving)]
 
 @dataclass(slots=True)
 class _Prepared:
-    """A checked request: its prompt, each choice's sampling parameters, the top-k logprobs."""
+    """A checked request: its prompt, each choice's sampling parameters, the top-k logprobs,
+    the tools and how many calls a reply may make (None: any; 1 with `parallel_tool_calls`
+    false, the calls after the first dropped when the reply is not constrained to one)."""
 
     rendered: Rendered
     plist: list[SamplingParams]
     k: int | None
     tools: list[dict] | None = None
+    max_calls: int | None = None
 
 
 def _json(body: bytes) -> Response:
@@ -113,7 +116,7 @@ def _chat_prepare(srv: Serving, req: oai.ChatRequest) -> _Prepared:
     )
     params = _params(srv, req, rendered, max_tokens, field, k, n, structured)
     plist = _siblings(srv, rendered, params, n, field, "messages", structured)
-    return _Prepared(rendered, plist, k, tools)
+    return _Prepared(rendered, plist, k, tools, None if parallel else 1)
 
 
 def _fields(req) -> dict:
@@ -126,7 +129,7 @@ def _chat_body(srv: Serving, req: oai.ChatRequest, prep: _Prepared, outs: list) 
     choices = []
     for i, out in enumerate(outs):
         reasoning, content, calls = parse_text(
-            out.text, prep.rendered.thinking, schemas, lambda: new_id("call_")
+            out.text, prep.rendered.thinking, schemas, lambda: new_id("call_"), prep.max_calls
         )
         choices.append(
             {
@@ -164,7 +167,10 @@ async def chat_completions(request: Request, srv: Srv):
         rendered,
         plist,
         fmt,
-        [OutputParser(rendered.thinking, schemas, lambda: new_id("call_")) for _ in plist],
+        [
+            OutputParser(rendered.thinking, schemas, lambda: new_id("call_"), prep.max_calls)
+            for _ in plist
+        ],
         include_usage=bool((req.stream_options or {}).get("include_usage")),
         return_ids=req.return_token_ids is True,
     )
@@ -251,6 +257,8 @@ def _completion_prepare(srv: Serving, req: oai.CompletionRequest) -> _Batch:
     k = req.logprobs
     if k is not None and not 0 <= k <= 20:
         raise ApiError("logprobs must be in [0, 20]", "logprobs")
+    if req.echo and k is not None:  # OpenAI's reply would carry the prompt's logprobs too
+        raise ApiError("echo with logprobs (the prompt's logprobs) is not supported", "echo")
     max_tokens = req.max_tokens if req.max_tokens is not None else 16
     batch = []
     for i, one in enumerate(prompts):
@@ -276,7 +284,8 @@ def _completion_one(srv: Serving, req: oai.CompletionRequest, one, max_tokens, k
         rendered = srv.driver.render_prompt(prompt)  # type: ignore[arg-type]
     except ValueError as e:
         raise from_value_error(e, "prompt") from None
-    rendered.text = one if isinstance(one, str) else ""
+    tok = srv.driver.tokenizer
+    rendered.text = one if isinstance(one, str) else tok.decode(one) if tok is not None else ""
     structured = openai_structured(_fields(req))
     params = _params(srv, req, rendered, max_tokens, "max_tokens", k, n, structured)
     plist = _siblings(srv, rendered, params, n, "max_tokens", "prompt", structured)
@@ -416,6 +425,7 @@ def _params(srv, req, rendered, max_tokens, field: str, k, n: int, structured=No
         min_p=req.min_p,
         seed=req.seed,
         stop=req.stop,
+        stop_token_ids=_fields(req).get("stop_token_ids"),
         logprobs=k,
         ignore_eos=req.ignore_eos,
         structured=None if structured is None else structured.spec,

@@ -88,11 +88,23 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, dict]:
     return out
 
 
+_PADDING = " \t\n\r"  # the whitespace a constrained reply may pad a value with
+_BOUNDS = ("pattern", "format", "minLength", "maxLength")
+
+
 def convert_value(raw: str, schema: dict | None) -> object:
     """A parameter's text as the schema types it: strings stay text; other declared types
-    are JSON-parsed when they parse; an enum or const value is read without the whitespace
-    around it; an undeclared parameter stays text."""
-    if isinstance(schema, dict) and ("enum" in schema or "const" in schema):
+    are JSON-parsed when they parse; an enum or const value, and a string the schema bounds
+    (pattern, format, length), is read without the whitespace around it; an undeclared
+    parameter stays text."""
+    if not isinstance(schema, dict):
+        return raw
+    kind = schema.get("type")
+    if kind == "string" and any(key in schema for key in _BOUNDS):
+        # a constrained reply may pad the value (the format's, not the value's); the
+        # grammar keeps a bounded value's own edges free of it (`structured.tool_call_tag`)
+        return raw.strip(_PADDING)
+    if "enum" in schema or "const" in schema:
         # a constrained reply may pad the value with whitespace (the format's, not the value's)
         value = raw.strip()
         choices = schema.get("enum") if "enum" in schema else [schema["const"]]
@@ -102,7 +114,6 @@ def convert_value(raw: str, schema: dict | None) -> object:
             return json.loads(value)
         except ValueError:
             return raw
-    kind = schema.get("type") if isinstance(schema, dict) else None
     if kind is None or kind == "string" or (isinstance(kind, list) and "string" in kind):
         return raw
     try:
@@ -119,8 +130,10 @@ class OutputParser:
         thinking: bool,
         tools: dict[str, dict] | None,
         new_id: Callable[[], str],
+        max_calls: int | None = None,
     ) -> None:
         self._state = "reasoning" if thinking else "content"
+        self._max_calls = max_calls  # None: any number; calls past it are dropped
         self._tools = tools  # None: tool-call parsing off
         self._new_id = new_id
         self._buf = ""
@@ -131,7 +144,14 @@ class OutputParser:
 
     @property
     def tool_calls(self) -> list[ToolCall]:
-        return list(self._calls)
+        return self._calls[: self._max_calls]
+
+    def _kept(self, events: list[Event]) -> list[Event]:
+        """`events` less those of the calls past `max_calls` (parallel calls turned off)."""
+        if self._max_calls is None:
+            return events
+        limit = self._max_calls
+        return [e for e in events if isinstance(e, Text) or e.index < limit]
 
     def feed(self, text: str) -> list[Event]:
         self._buf += text
@@ -145,7 +165,7 @@ class OutputParser:
             else:
                 self._tool(out)
             if (self._state, len(self._buf)) == before:
-                return out
+                return self._kept(out)
 
     def finish(self) -> list[Event]:
         out: list[Event] = []
@@ -158,7 +178,7 @@ class OutputParser:
             self._close_call(out)
         else:
             self._emit(out, "content", TOOL_OPEN + buf)
-        return out
+        return self._kept(out)
 
     # ---- states -----------------------------------------------------------------------------
     def _emit(self, out: list[Event], kind: str, text: str) -> None:
@@ -257,9 +277,11 @@ def _could_start(buf: str) -> bool:
     return s[: len(head)] == head[: len(s)] if len(s) < len(head) else s.startswith(head)
 
 
-def parse_text(text: str, thinking: bool, tools: dict[str, dict] | None, new_id) -> tuple:
-    """(reasoning, content, tool calls) of a whole reply."""
-    parser = OutputParser(thinking, tools, new_id)
+def parse_text(
+    text: str, thinking: bool, tools: dict[str, dict] | None, new_id, max_calls=None
+) -> tuple:
+    """(reasoning, content, tool calls) of a whole reply (`max_calls`: as `OutputParser`)."""
+    parser = OutputParser(thinking, tools, new_id, max_calls)
     events = parser.feed(text) + parser.finish()
     reasoning = "".join(e.text for e in events if isinstance(e, Text) and e.kind == "reasoning")
     content = "".join(e.text for e in events if isinstance(e, Text) and e.kind == "content")

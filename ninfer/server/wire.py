@@ -40,6 +40,7 @@ def sampling_params(
     min_p=None,
     seed=None,
     stop=None,
+    stop_token_ids=None,
     logprobs: int | None = None,
     ignore_eos: bool = False,
     structured: StructuredOutputsParams | None = None,
@@ -61,6 +62,7 @@ def sampling_params(
     params = SamplingParams(
         max_tokens=max_tokens,
         stop=stop or None,
+        stop_token_ids=None if stop_token_ids == [] else stop_token_ids,
         logprobs=logprobs,
         ignore_eos=ignore_eos,
         structured_outputs=structured,

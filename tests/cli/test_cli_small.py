@@ -4,6 +4,8 @@ one line naming what is wrong, before anything is built."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -87,6 +89,25 @@ def test_served_model_name_takes_several():
     assert serve.model_names(args) == ["demo", "gpt-4o-mini"]
     args = build_parser().parse_args(["serve"])
     assert serve.model_names(args) == ["demo"]
+
+
+def test_serve_on_a_busy_port_fails_before_importing_the_server():
+    """The port is checked first: the process fails without importing torch or the server
+    (seconds on a loaded machine), so the one line comes at once."""
+    script = (
+        "import sys; from ninfer.cli.main import main; code = main(sys.argv[1:]); "
+        "print(code, 'torch' in sys.modules, 'ninfer.server.app' in sys.modules)"
+    )
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run(
+            [sys.executable, "-c", script, "serve", "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert r.stdout.split() == ["2", "False", "False"], (r.stdout, r.stderr)
+    assert f"port {port}" in r.stderr and len(r.stderr.splitlines()) == 1
 
 
 @pytest.mark.parametrize("port", ["-1", "70000"])

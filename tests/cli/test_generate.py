@@ -4,6 +4,7 @@ retry what failed, standard output, and a directory as the output."""
 from __future__ import annotations
 
 import json
+import re
 
 from tests.cli.cli_util import ENGINE_FLAGS, ninfer
 
@@ -137,3 +138,35 @@ def test_output_to_stdout_and_a_directory_as_output(tmp_path):
     assert missing.stderr.strip().endswith("nope.jsonl: No such file or directory")
     zero = ninfer("generate", "-i", str(src), "-o", "-", "--max-tokens", "0")
     assert zero.returncode == 2 and "--max-tokens: must be an integer >= 1, got 0" in zero.stderr
+
+
+def test_response_format_lines_give_documents_of_their_schema(tmp_path):
+    """Structured outputs through `ninfer generate` (issue 39, item 1): a messages line with
+    OpenAI's `response_format`, a prompt line with vLLM's `structured_outputs`; a schema the
+    guard refuses fails that line alone, naming the keyword."""
+    digit = {"type": "integer", "minimum": 0, "maximum": 9}
+    schema = {
+        "type": "object",
+        "properties": {"n": digit, "s": {"enum": ["a", "b"]}},
+        "required": ["n", "s"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    overlapping = {"oneOf": [{"type": "integer"}, {"type": "number"}]}
+    lines = [
+        {"id": "json", "messages": [{"role": "user", "content": "JSON"}], "max_tokens": 60,
+         "seed": 1, "response_format": fmt},
+        {"id": "re", "prompt": "x", "max_tokens": 20, "seed": 2,
+         "structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}},
+        {"id": "bad", "prompt": "x", "max_tokens": 5, "response_format":
+         {"type": "json_schema", "json_schema": {"name": "y", "schema": overlapping}}},
+    ]  # fmt: skip
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = ninfer("generate", "-i", str(src), "-o", "-", "--quiet", *ENGINE_FLAGS)
+    assert run.returncode == 1, run.stderr  # the refused line failed
+    by_id = {rec["id"]: rec for rec in map(json.loads, run.stdout.splitlines())}
+    doc = json.loads(by_id["json"]["text"])
+    assert by_id["json"]["finish_reason"] == "stop"
+    assert doc["n"] in range(10) and doc["s"] in ("a", "b") and set(doc) == {"n", "s"}
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", by_id["re"]["text"])
+    assert "oneOf" in by_id["bad"]["error"] and by_id["bad"]["finish_reason"] == "error"

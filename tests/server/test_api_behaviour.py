@@ -177,6 +177,9 @@ def test_unknown_route_and_method_in_api_shape(served):
         ("logit_bias", {"5": 10}),
         ("best_of", 3),
         ("repetition_penalty", 1.2),
+        ("moderation", {"model": "omni-moderation-latest"}),
+        ("guided_whitespace_pattern", " *"),
+        ("return_tokens_as_token_ids", True),
     ],
 )
 def test_chat_refuses_unimplemented_fields(oai, field, value):
@@ -193,15 +196,22 @@ def test_refusals_say_why_and_noops_pass(oai, anth):
             model=MODEL, max_tokens=2, messages=HELLO, extra_body={"min_tokens": 3}
         )
     assert "not supported by this server" in e.value.message
-    for field, value in (("suffix", "end"), ("best_of", 2), ("logit_bias", {"5": 1})):
+    refused = [("suffix", "end"), ("best_of", 2), ("logit_bias", {"5": 1}), ("prompt_embeds", "e")]
+    for field, value in refused:
         with pytest.raises(openai.BadRequestError) as e:
-            oai.completions.create(model=MODEL, prompt="x", max_tokens=2, **{field: value})
+            oai.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={field: value})
         assert e.value.param == field
     with pytest.raises(anthropic.BadRequestError) as e:
         anth.messages.create(
             model=MODEL, max_tokens=2, messages=HELLO, extra_body={"output_format": {}}
         )
     assert "output_format" in e.value.message
+    with pytest.raises(anthropic.BadRequestError) as e:  # a server tool is not a function
+        anth.messages.create(
+            model=MODEL, max_tokens=2, messages=HELLO,
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
+        )  # fmt: skip
+    assert "tools[0].type" in e.value.message
     # no-op values and unknown fields: accepted and ignored, as the APIs do
     oai.chat.completions.create(
         model=MODEL,
@@ -268,3 +278,84 @@ def test_max_tokens_beyond_model_length(served, oai, anth):
     with pytest.raises(openai.BadRequestError) as e:
         oai.completions.create(model=MODEL, prompt="x", max_tokens=too_many)
     assert e.value.param == "max_tokens"
+
+
+# ---- stop_token_ids (vLLM's extension) ----------------------------------------------------------
+def test_stop_token_ids_end_the_reply_at_the_first_of_them(served, oai):
+    """Honoured as vLLM does on both OpenAI routes, streamed or not: the reply ends at the first
+    generated id of the list (finish_reason "stop"); the ids before it are the free reply's."""
+    ids = {"return_token_ids": True}
+    free = oai.completions.create(model=MODEL, prompt="The lake", max_tokens=12, extra_body=ids,
+                                  **GREEDY).choices[0].model_extra["token_ids"]  # fmt: skip
+    stop_at = free[3]
+    cut = free[: free.index(stop_at) + 1]
+    extra = {**ids, "stop_token_ids": [stop_at]}
+    c = oai.completions.create(
+        model=MODEL, prompt="The lake", max_tokens=12, extra_body=extra, **GREEDY
+    ).choices[0]
+    assert c.model_extra["token_ids"] == cut and c.finish_reason == "stop"
+    assert c.text == served.llm.tokenizer.decode(cut)
+    streamed, reasons = [], []
+    for chunk in oai.completions.create(
+        model=MODEL, prompt="The lake", max_tokens=12, stream=True, extra_body=extra, **GREEDY
+    ):
+        for ch in chunk.choices:
+            streamed += (ch.model_extra or {}).get("token_ids") or []
+            reasons.append(ch.finish_reason)
+    assert streamed == cut and reasons[-1] == "stop"
+    chat_free = (
+        oai.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=10, extra_body=ids, **GREEDY
+        )
+        .choices[0]
+        .model_extra["token_ids"]
+    )
+    stop_at = chat_free[2]
+    chat = oai.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=10, **GREEDY,
+        extra_body={**ids, "stop_token_ids": [stop_at, 10**9]},
+    ).choices[0]  # fmt: skip
+    assert chat.model_extra["token_ids"] == chat_free[: chat_free.index(stop_at) + 1]
+    assert chat.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("value", [5, ["5"], [True], "x"])
+def test_bad_stop_token_ids_are_a_400_naming_the_field(oai, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(
+            model=MODEL, prompt="x", max_tokens=2, extra_body={"stop_token_ids": value}
+        )
+    assert e.value.param == "stop_token_ids"
+
+
+# ---- echo -------------------------------------------------------------------------------------
+def test_echo_repeats_the_prompt_text_or_tokens(served, oai):
+    """`echo` puts the prompt before the reply, a token-id prompt as its text too (streamed or
+    not); with logprobs it would owe the prompt's logprobs, which are not computed: a 400."""
+    ids = [300, 301, 302, 303]
+    for prompt, head in (("The river", "The river"), (ids, served.llm.tokenizer.decode(ids))):
+        free = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=4, **GREEDY)
+        r = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=4, echo=True, **GREEDY)
+        assert head and r.choices[0].text == head + free.choices[0].text
+        chunks = oai.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=4, echo=True, stream=True, **GREEDY
+        )
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model=MODEL, prompt="x", max_tokens=2, echo=True, logprobs=1)
+    assert e.value.param == "echo"
+
+
+def test_a_forced_tool_call_without_tools_is_a_400(oai, anth):
+    """As the APIs answer: a tool_choice that forces a call needs tools (never free text)."""
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        for tools in ([], openai.NOT_GIVEN):
+            with pytest.raises(openai.BadRequestError) as e:
+                oai.chat.completions.create(
+                    model=MODEL, max_tokens=2, messages=HELLO, tools=tools, tool_choice=choice
+                )
+            assert e.value.param == "tool_choice"
+    for choice in ({"type": "any"}, {"type": "tool", "name": "f"}):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            anth.messages.create(model=MODEL, max_tokens=2, messages=HELLO, tool_choice=choice)
+        assert "tool_choice" in e.value.body["error"]["message"]

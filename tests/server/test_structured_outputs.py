@@ -33,9 +33,10 @@ OPENAI_TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}},
     {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}},
 ]
+# Anthropic has no seed: a reply depends on the requests before it, so every tool's call must
+# end within the test's max_tokens (a free-form object's values could run on)
 ANTHROPIC_TOOLS = [
     {"name": "get_weather", "description": "w", "input_schema": SCHEMA},
-    # a tool without arguments: an open object would let random weights write keys for ever
     {"name": "noop", "description": "n",
      "input_schema": {"type": "object", "properties": {}, "additionalProperties": False}},
 ]  # fmt: skip
@@ -121,6 +122,11 @@ def test_completions_regex_and_choice(oai):
         extra_body={"guided_choice": ["yes", "no"]},
     )  # fmt: skip
     assert r.choices[0].text in ("yes", "no")
+    r = oai.completions.create(
+        model=MODEL, prompt="Word:", max_tokens=20, seed=9,
+        extra_body={"guided_grammar": 'root ::= "(" [ab]+ ")"'},
+    )  # fmt: skip
+    assert re.fullmatch(r"\([ab]+\)", r.choices[0].text)
 
 
 @pytest.mark.parametrize(
@@ -162,3 +168,27 @@ def test_anthropic_output_format(anth):
     )  # fmt: skip
     assert m.stop_reason == "end_turn"
     jsonschema.validate(json.loads(m.content[0].text), SCHEMA)
+
+
+def test_a_tagged_union_one_of_is_served_and_an_overlapping_one_refused(oai):
+    """pydantic writes a discriminated union as `oneOf`: its branches are exclusive, so the
+    grammar's "any of" is "one of"; branches that may overlap are a 400 naming the field."""
+    cat = {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer",
+           "minimum": 1, "maximum": 9}}, "required": ["kind", "lives"]}  # fmt: skip
+    dog = {"type": "object", "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}},
+           "required": ["kind", "good"]}  # fmt: skip
+    schema = {"$defs": {"Cat": cat, "Dog": dog},
+              "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}]}  # fmt: skip
+    r = oai.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=60, seed=8,
+        response_format=_schema_format(schema), extra_body=NO_THINK,
+    )  # fmt: skip
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    overlapping = {"oneOf": [{"type": "integer"}, {"type": "number"}]}
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=5, response_format=_schema_format(overlapping)
+        )
+    assert e.value.param == "response_format.json_schema.schema"
+    assert "not provably exclusive" in e.value.message

@@ -30,9 +30,12 @@ ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "w", "input_schema": S
 @pytest.fixture
 def scripted(served, monkeypatch):
     """The engine 'replies' REPLY in small deltas (7 characters each)."""
+    return _script(served, monkeypatch, REPLY)
 
+
+def _script(served, monkeypatch, reply: str):
     async def run(rendered, params, stream):
-        pieces = [REPLY[i : i + 7] for i in range(0, len(REPLY), 7)]
+        pieces = [reply[i : i + 7] for i in range(0, len(reply), 7)]
         if stream:
             for k, piece in enumerate(pieces):
                 yield [StreamDelta(request_id="x", token_ids=[k], text=piece)]
@@ -42,7 +45,7 @@ def scripted(served, monkeypatch):
                 request_id="x",
                 prompt_token_ids=list(rendered.prompt.token_ids),
                 token_ids=list(range(len(pieces))),
-                text=REPLY,
+                text=reply,
                 finish_reason="stop",
                 usage=Usage(prompt_tokens=n, completion_tokens=len(pieces)),
             )
@@ -107,4 +110,44 @@ def test_anthropic_tool_use(scripted, stream):
     use = msg.content[2]
     assert use.name == "get_weather" and use.input == {"city": "Oslo", "days": 2}
     assert use.id.startswith("toolu_")
+    assert msg.stop_reason == "tool_use"
+
+
+TWO_CALLS = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n"
+    "</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nBergen\n</parameter>\n"
+    "</function>\n</tool_call>"
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_calls_off_keeps_the_first_call(served, monkeypatch, stream, parallel):
+    """`parallel_tool_calls: false` (Anthropic `disable_parallel_tool_use`) with tool_choice
+    auto: a reply that makes two calls shows the first one only, as the APIs never make more."""
+    _script(served, monkeypatch, TWO_CALLS)
+    expected = ["Oslo", "Bergen"] if parallel else ["Oslo"]
+    client = openai.OpenAI(base_url=served.base, api_key="k", max_retries=0)
+    kw = dict(model=MODEL, messages=_ask(), tools=OPENAI_TOOLS, max_tokens=50)
+    if not stream:
+        msg = client.chat.completions.create(parallel_tool_calls=parallel, **kw).choices[0].message
+        cities = [json.loads(c.function.arguments)["city"] for c in msg.tool_calls]
+    else:
+        args: dict[int, str] = {}
+        for chunk in client.chat.completions.create(
+            stream=True, parallel_tool_calls=parallel, **kw
+        ):
+            for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+        cities = [json.loads(a)["city"] for a in args.values()]
+    assert cities == expected
+    a = anthropic.Anthropic(base_url=served.url, api_key="k", max_retries=0)
+    choice = {"type": "auto", "disable_parallel_tool_use": not parallel}
+    kw = dict(model=MODEL, messages=_ask(), tools=ANTHROPIC_TOOLS, max_tokens=50)
+    if stream:
+        with a.messages.stream(tool_choice=choice, **kw) as s:
+            msg = s.get_final_message()
+    else:
+        msg = a.messages.create(tool_choice=choice, **kw)
+    assert [b.input["city"] for b in msg.content if b.type == "tool_use"] == expected
     assert msg.stop_reason == "tool_use"
