@@ -44,6 +44,7 @@ def fp8_targets(model: Qwen35ForCausalLM, scheme: QuantScheme) -> tuple[list[str
 
 
 def _convert(model: Qwen35ForCausalLM, scheme: QuantScheme, quantize: bool) -> None:
+    model.quant_scheme = scheme
     linears, experts = fp8_targets(model, scheme)
     for name in linears:
         parent, _, attr = name.rpartition(".")
@@ -90,6 +91,7 @@ def dequantize_(model: Qwen35ForCausalLM, dtype: torch.dtype) -> Qwen35ForCausal
                 setattr(m, attr, nn.Parameter(w.dequantize(dtype), requires_grad=False))
                 delattr(m, f"{attr}_scale_inv")
             m.blocks = {}
+    model.quant_scheme = None
     return model
 
 
@@ -97,25 +99,41 @@ def dequantize_(model: Qwen35ForCausalLM, dtype: torch.dtype) -> Qwen35ForCausal
 class WeightBytes:
     """Bytes of the model's weights: `total`, and what one decode token reads (`per_token`:
     every weight but the embedding, which is looked up, and the unused experts: MoE blocks
-    read top_k of E)."""
+    read top_k of E); `per_token_bf16`: the same with every weight in bf16 and no scales."""
 
     total: int
     per_token: int
+    per_token_bf16: int
 
 
 def weight_bytes(model: Qwen35ForCausalLM) -> WeightBytes:
     """The bytes of `model`'s parameters (tied weights once), and what a decode token reads."""
     cfg = model.config
-    total = per_token = 0
+    total = per_token = bf16 = 0
     for name, p in model.named_parameters():
         n = p.numel() * p.element_size()
         total += n
         if name.endswith("embed_tokens.weight") and not cfg.tie_word_embeddings:
             continue
-        if ".mlp.experts." in name:
-            n = n * cfg.num_experts_per_tok // cfg.num_experts
-        per_token += n
-    return WeightBytes(total, per_token)
+        share = cfg.num_experts_per_tok / cfg.num_experts if ".mlp.experts." in name else 1.0
+        per_token += int(n * share)
+        if not name.endswith("_scale_inv"):
+            bf16 += int(p.numel() * 2 * share)
+    return WeightBytes(total, per_token, bf16)
+
+
+def weights_summary(model: Qwen35ForCausalLM) -> dict:
+    """What `ninfer info` shows of the weights: the FP8 scheme (or "none"), the kinds of matmul
+    weight left dense in an FP8 model, and the bytes (`WeightBytes`)."""
+    scheme = model.quant_scheme
+    nbytes = weight_bytes(model)
+    return {
+        "quantization": scheme.describe() if scheme is not None else "none",
+        "dense_modules": kept_dense(model) if scheme is not None else [],
+        "weight_bytes": nbytes.total,
+        "decode_weight_bytes_per_token": nbytes.per_token,
+        "decode_weight_bytes_per_token_bf16": nbytes.per_token_bf16,
+    }
 
 
 def kept_dense(model: Qwen35ForCausalLM) -> list[str]:

@@ -399,6 +399,7 @@ class Qwen35ForCausalLM(nn.Module):
         factory = {"dtype": dtype, "device": device}
         self.model = TextModel(config, factory)
         self.lm_head = _linear(config.hidden_size, config.vocab_size, factory)
+        self.quant_scheme = None  # the QuantScheme of its FP8 modules (`ninfer.models.quantize`)
         self.tie_weights()
         self.init_buffers()
 
