@@ -106,3 +106,21 @@ def test_bf16_fp8_model_runs_and_halves_the_bytes(ref_ops):
     dense_bytes, fp8_bytes = weight_bytes(dense), weight_bytes(fp8)
     assert fp8_bytes.per_token < dense_bytes.per_token
     assert dense_bytes.total == sum(p.numel() * 2 for p in dense.parameters())
+
+
+def test_random_preset_quantised_at_build(ref_ops):
+    cfg = narrow(PRESETS["35B-A3B"], layers=4)
+    fp8 = build_random_model(cfg, torch.float32, "cpu", seed=3, quantization="fp8")
+    assert fp8.quant_scheme is not None and fp8.quant_scheme.block == (128, 128)
+    assert isinstance(fp8.model.layers[3].self_attn.q_proj, Fp8Linear)
+    twin = quantize_(_model("35B-A3B"), fp8.quant_scheme)
+    assert torch.equal(_logits(fp8, ref_ops), _logits(twin, ref_ops))
+    with pytest.raises(ValueError, match="quantization"):
+        build_random_model(cfg, torch.float32, "cpu", quantization="int8")
+
+
+def test_quantised_at_load_is_another_cache_identity():
+    from ninfer.persist.fingerprint import path_identity
+
+    assert path_identity(None, "fp8") != path_identity(None)
+    assert path_identity(None, None) == path_identity(None)
