@@ -74,3 +74,20 @@ def test_reference_moe_dequantises_the_chosen_experts():
     got = moe_ref(x, router, gate_up, down, 2)
     want = moe_ref(x, router, gate_up.dequantize(x.dtype), down.dequantize(x.dtype), 2)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("n", [1, 3, 9], ids=["pairs<E", "pairs<E-2", "pairs>=E"])
+def test_sync_free_fp8_moe_equals_the_reference(n):
+    """`moe_dequantized` (CudaOps' FP8 experts, torch only: runs on the CPU too) against the
+    reference over the same FP8 weights, on both of its branches (fewer pairs than experts:
+    per-pair dequantisation; more: every expert dequantised once)."""
+    from ninfer.ops.cuda.moe import moe_dequantized
+
+    gen = torch.Generator().manual_seed(2)
+    e, h, i, top_k = 8, 32, 16, 2
+    x, router = torch.randn(n, h, generator=gen), torch.randn(e, h, generator=gen)
+    gate_up = quantize_fp8(torch.randn(e, 2 * i, h, generator=gen), (16, 16))
+    down = quantize_fp8(torch.randn(e, h, i, generator=gen), (16, 16))
+    got = moe_dequantized(x, router, gate_up, down, top_k)
+    want = moe_ref(x, router, gate_up, down, top_k)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

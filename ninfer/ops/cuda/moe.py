@@ -56,6 +56,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.fp8 import Fp8Weight
 from ninfer.ops.reference.dense import moe_block_experts, route_ref
 
 DECODE_PAIRS = 64  # routed pairs (N * top_k) up to which the Triton path runs: 8 at top-8
@@ -462,6 +463,39 @@ def moe_grouped(
     if _decode_sized(x, top_k):
         return moe_decode(x, router_weight, gate_up, down, top_k)
     return moe_grouped_mm(x, router_weight, gate_up, down, top_k)
+
+
+def moe_dequantized(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
+    top_k: int,
+) -> torch.Tensor:
+    """`moe_grouped` over FP8 expert weights, without host syncs: fewer (token, expert) pairs
+    than experts dequantise each pair's expert (to x.dtype) and multiply in one bmm per
+    projection; more dequantise every expert once and run `moe_grouped_mm`. Correct, not fast
+    (the weights are expanded per call)."""
+    num_experts = gate_up.shape[0]
+    if x.shape[0] * top_k >= num_experts:
+        return moe_grouped_mm(
+            x, router_weight, _dense(gate_up, None, x.dtype), _dense(down, None, x.dtype), top_k
+        )
+    weights, ids = route_ref(x, router_weight, top_k)
+    flat = ids.reshape(-1)
+    token = torch.arange(x.shape[0], device=x.device).repeat_interleave(top_k)
+    gate_up_p, down_p = _dense(gate_up, flat, x.dtype), _dense(down, flat, x.dtype)
+    gate, up = torch.bmm(gate_up_p, x[token, :, None]).squeeze(-1).chunk(2, dim=-1)
+    y = torch.bmm(down_p, (F.silu(gate) * up)[:, :, None]).squeeze(-1) * weights.reshape(-1, 1)
+    return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+
+def _dense(w: torch.Tensor | Fp8Weight, rows: torch.Tensor | None, dtype: torch.dtype):
+    """Stacked expert weights (those at `rows`, or all) in `dtype`."""
+    if isinstance(w, Fp8Weight):
+        picked = w if rows is None else Fp8Weight(w.qweight[rows], w.scale[rows], w.block)
+        return picked.dequantize(dtype)
+    return w if rows is None else w[rows]
 
 
 def moe_grouped_mm(
