@@ -247,9 +247,12 @@ def compare_hf(spec: BenchSpec, loaded: Loaded, prompts: list[list[int]], ours: 
     and greedy agreement with `ours`, ninfer's greedy tokens on prompts[0]. Runs after the
     engine closed: its pools would leave no room."""
     from ninfer.bench.hf import bench_hf, build_hf_model, greedy_tokens
+    from ninfer.models.quantize import dense_state_dict
 
     cfg = loaded.model.config
-    hf = build_hf_model(cfg, loaded.model.state_dict(), loaded.dtype, loaded.device)
+    # an FP8 model's transformers twin holds the dequantised weights
+    hf = build_hf_model(cfg, dense_state_dict(loaded.model, loaded.dtype), loaded.dtype,
+                        loaded.device)  # fmt: skip
     try:
         out = bench_hf(hf, prompts, spec.decode_tokens, spec.batch_sizes, loaded.device)
         n = len(ours)

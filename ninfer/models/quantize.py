@@ -95,6 +95,22 @@ def dequantize_(model: Qwen35ForCausalLM, dtype: torch.dtype) -> Qwen35ForCausal
     return model
 
 
+@torch.no_grad()
+def dense_state_dict(model: Qwen35ForCausalLM, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`model.state_dict()` with every FP8 weight dequantised to `dtype` and no scales: the
+    dense model's, for transformers (the model itself is unchanged)."""
+    state = model.state_dict()
+    for name, m in model.named_modules():
+        if isinstance(m, Fp8Linear):
+            state[f"{name}.weight"] = m.packed.dequantize(dtype)
+            del state[f"{name}.weight_scale_inv"]
+        elif isinstance(m, Experts) and m.blocks:
+            for attr, w in zip(Experts.NAMES, m.weights(), strict=True):
+                state[f"{name}.{attr}"] = w.dequantize(dtype)
+                del state[f"{name}.{attr}_scale_inv"]
+    return state
+
+
 @dataclass(frozen=True, slots=True)
 class WeightBytes:
     """Bytes of the model's weights: `total`, and what one decode token reads (`per_token`:

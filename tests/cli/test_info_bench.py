@@ -194,3 +194,22 @@ def test_bad_quantization_is_one_clear_line(ninfer):
     run = ninfer("info", "--quantization", "int8")
     assert run.returncode == 2
     assert "quantization" in run.stderr.strip().splitlines()[-1]
+
+
+def test_bench_fp8_at_load_bounds_the_fp8_bytes(ninfer, tmp_path):
+    """`--quantization fp8` on the demo model: the decode bound counts the FP8 weight bytes
+    (about a quarter of the fp32 ones here), and transformers runs the dequantised weights."""
+    rows = {}
+    for quant in ((), ("--quantization", "fp8")):
+        out = tmp_path / f"b{len(quant)}.json"
+        run = ninfer("bench", "decode", "--prompt-tokens", "16", "--decode-tokens", "8",
+                     "--batch-sizes", "1", "--compare-hf", "--hf-max-prompt", "16",
+                     "--json", str(out), *quant, *ENGINE_FLAGS)  # fmt: skip
+        assert run.returncode == 0, run.stderr + run.stdout
+        rows[bool(quant)] = json.loads(out.read_text())
+    fp8, dense = rows[True], rows[False]
+    assert fp8["meta"]["model"].endswith("fp8 at load")
+    step = [r["decode"]["rows"][0]["step_bytes"] for r in (fp8, dense)]
+    assert step[0] < step[1] / 2
+    greedy = fp8["hf"]["greedy"]
+    assert greedy["tokens"] > 0 and greedy["agreeing_prefix"] == greedy["tokens"]

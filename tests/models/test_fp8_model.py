@@ -11,7 +11,13 @@ import torch
 from ninfer.models.fp8 import Fp8Linear
 from ninfer.models.presets import PRESETS, build_random_model
 from ninfer.models.quant import OFFICIAL_NOT_CONVERT, QuantScheme
-from ninfer.models.quantize import dequantize_, kept_dense, quantize_, weight_bytes
+from ninfer.models.quantize import (
+    dense_state_dict,
+    dequantize_,
+    kept_dense,
+    quantize_,
+    weight_bytes,
+)
 from ninfer.models.qwen3_5 import fused_weight
 from ninfer.ops.fp8 import Fp8Weight
 from tests.models.util import Row, make_batch, make_cache, narrow
@@ -124,3 +130,12 @@ def test_quantised_at_load_is_another_cache_identity():
 
     assert path_identity(None, "fp8") != path_identity(None)
     assert path_identity(None, None) == path_identity(None)
+
+
+def test_dense_state_dict_is_the_dequantised_model():
+    fp8 = quantize_(_model("35B-A3B"), _scheme())
+    state = dense_state_dict(fp8, torch.float32)
+    twin = dequantize_(copy.deepcopy(fp8), torch.float32)
+    assert set(state) == set(twin.state_dict())
+    assert all(torch.equal(state[k], v) for k, v in twin.state_dict().items())
+    assert fp8.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.float8_e4m3fn
