@@ -81,7 +81,9 @@ def load_model(
     config = Qwen35Config.from_file(path)
     device = torch.device(device)
     scheme = checkpoint_scheme(path)
-    on_the_fly_scheme = on_the_fly(quantization) if scheme is None else None
+    on_the_fly_scheme = on_the_fly(quantization)  # ValueError naming a bad value, first
+    if scheme is not None:  # already FP8: loaded as it is
+        on_the_fly_scheme = None
     model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
     if scheme is not None:
         to_fp8_layout(model, scheme)

@@ -243,7 +243,7 @@ class Ops(Protocol):
 
         router_weight [E + 1, H]: the router's E rows, then the shared expert's gate row (one
         GEMV gives both); gate_up [E, 2I, H], down [E, H, I] as `moe`; shared_gate_up [2Is, H]
-        (first Is rows gate), shared_down [H, Is].
+        (first Is rows gate), shared_down [H, Is] (any of these four may be an `Fp8Weight`).
         out = moe(x, router_weight[:E], gate_up, down, top_k)
               + sigmoid(x @ router_weight[E]^T) * shared_down(silu(g) * u),
         with g | u = x @ shared_gate_up^T. Returns [N, H] in x.dtype.

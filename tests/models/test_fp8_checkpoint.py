@@ -194,3 +194,11 @@ def test_malformed_config_is_a_value_error_naming_it(checkpoints, tmp_path, edit
     _rewrite(checkpoints("fine", "dense-fp8")[0], tmp_path / "bad", edit_config=edit)
     with pytest.raises(ValueError, match=match):
         load_model(tmp_path / "bad", torch.float32)
+
+
+def test_fp8_checkpoint_with_quantization_fp8_loads_as_it_is(checkpoints):
+    fp8_dir = checkpoints("fine", "dense-fp8")[0]
+    model = load_model(fp8_dir, torch.float32, quantization="fp8")
+    assert model.quant_scheme.block == (32, 32)  # the checkpoint's, not re-quantised
+    with pytest.raises(ValueError, match="quantization"):
+        load_model(fp8_dir, torch.float32, quantization="int4")
