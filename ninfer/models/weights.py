@@ -12,9 +12,11 @@ scheme converts are made FP8 before loading (`ninfer.models.quantize`) and take 
 `weight_scale_inv`), in fp32 whatever the file's dtype; per-expert scales stack like the
 weights. A tensor whose dtype disagrees with the scheme (FP8 where it keeps the module dense,
 or the reverse) is a ValueError naming it. `quantization="fp8"` quantises a dense checkpoint
-after loading it (`quantize_`). The model is built on the meta device and each tensor is read,
-cast and placed one at a time, so peak memory is the model plus one tensor. Knows nothing about
-tokenizers or the engine.
+after loading it (`quantize_`, module by module).
+
+The model is built on the meta device and each tensor is read, cast and placed one at a time,
+so peak memory is the model plus one tensor (quantised at load: the dense model plus one
+module's FP8 copy). Knows nothing about tokenizers or the engine.
 """
 
 from __future__ import annotations
@@ -192,10 +194,13 @@ class _Loader:
             parts = self.expert_parts.get(name)
             prefix, _, attr = name.rpartition(".")
             kinds = ("down",) if attr.startswith("down_proj") else ("gate", "up")
-            suffix = self.scale_name if attr.endswith("_scale_inv") else "weight"
-            if parts is None:
+            # fused experts' scales: always per expert in a checkpoint
+            scale = attr in ("gate_up_proj_scale_inv", "down_proj_scale_inv")
+            suffix = self.scale_name if scale else "weight"
+            if parts is None and not scale:
                 missing.append(_checkpoint_name(name, self.scale_name))
                 continue
+            parts = parts or set()
             missing += [
                 f"{prefix}.{e}.{kind}_proj.{suffix}"
                 for e in range(self.model.config.num_experts)

@@ -202,3 +202,17 @@ def test_fp8_checkpoint_with_quantization_fp8_loads_as_it_is(checkpoints):
     assert model.quant_scheme.block == (32, 32)  # the checkpoint's, not re-quantised
     with pytest.raises(ValueError, match="quantization"):
         load_model(fp8_dir, torch.float32, quantization="int4")
+
+
+def test_a_layer_without_expert_scales_names_them(checkpoints, tmp_path):
+    prefix = "model.language_model.layers.0.mlp.experts."
+
+    def drop(tensors):
+        for key in [k for k in tensors if k.startswith(prefix) and k.endswith("_scale_inv")]:
+            del tensors[key]
+
+    _rewrite(checkpoints("fine", "moe-fp8")[0], tmp_path / "bad", edit_tensors=drop)
+    with pytest.raises(
+        ValueError, match=r"layers\.0\.mlp\.experts\.0\.gate_proj\.weight_scale_inv"
+    ):
+        load_model(tmp_path / "bad", torch.float32)
