@@ -1,7 +1,8 @@
 """GPU tests: CudaOps.linear on FP8 weights (`ninfer.ops.cuda.fp8`) against the reference op
 (dequantise, then multiply in x's dtype), and the FP8 MoE against the reference MoE.
 
-Errors are ||out - ref|| / ||ref||, ref the float64 product of x with the dequantised weight.
+Errors are ||out - ref|| / ||ref||, ref the float64 product of x with the dequantised weight
+(MoE: the reference MoE over the same FP8 experts).
 Decode (M <= 8, `fp8_skinny`): x stays bf16, the kernel keeps the dequantised weight unrounded,
 so it is closer to the exact product than the reference (which rounds the weight to bf16):
 < 1e-2 like the bf16 skinny GEMM, autotuned and with every config that fits forced, plus
@@ -121,14 +122,43 @@ def test_decode_graph_replays_new_inputs():
     assert rel_err(y, F.linear(x.double(), w.dequantize(torch.float64))) < 1e-2
 
 
-@pytest.mark.parametrize("n", [1, 8, 300])
-def test_fp8_moe_matches_reference(ops, n):
-    gen = torch.Generator(DEV).manual_seed(1)
-    e, h, i, top_k = 64, 2048, 512, 8
+def fp8_experts(e: int, h: int, i: int, block: tuple[int, int], seed: int = 1):
+    gen = torch.Generator(DEV).manual_seed(seed)
+    per_channel = block == (1, 0)
+    gate_up = torch.randn(e, 2 * i, h, device=DEV, generator=gen) * 0.02
+    down = torch.randn(e, h, i, device=DEV, generator=gen) * 0.02
+    return (
+        quantize_fp8(gate_up, (1, h) if per_channel else block),
+        quantize_fp8(down, (1, i) if per_channel else block),
+    )
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("n", [1, 4, 8, 300], ids=lambda n: f"N{n}")
+def test_fp8_moe_matches_reference(ops, n, block):
+    """35B-A3B shapes (E 256, H 2048, I 512, top-8): N <= 8 the decode kernels on e4m3
+    weights, N = 300 the dequantising grouped path."""
+    gen = torch.Generator(DEV).manual_seed(2)
+    e, h, i, top_k = 256, 2048, 512, 8
     x = torch.randn(n, h, device=DEV, generator=gen).to(torch.bfloat16)
     router = (torch.randn(e, h, device=DEV, generator=gen) * 0.02).to(torch.bfloat16)
-    gate_up = quantize_fp8(torch.randn(e, 2 * i, h, device=DEV, generator=gen) * 0.02, (128, 128))
-    down = quantize_fp8(torch.randn(e, h, i, device=DEV, generator=gen) * 0.02, (128, 128))
+    gate_up, down = fp8_experts(e, h, i, block)
     got = ops.moe(x, router, gate_up, down, top_k)
     ref = moe_ref(x, router, gate_up, down, top_k)
     assert rel_err(got, ref) < 1e-2
+
+
+def test_fp8_moe_decode_graph_replays_new_inputs(ops):
+    gen = torch.Generator(DEV).manual_seed(3)
+    e, h, i, top_k = 64, 2048, 512, 8
+    x = torch.randn(4, h, device=DEV, generator=gen).to(torch.bfloat16)
+    router = (torch.randn(e, h, device=DEV, generator=gen) * 0.02).to(torch.bfloat16)
+    gate_up, down = fp8_experts(e, h, i, (128, 128))
+    ops.moe(x, router, gate_up, down, top_k)  # autotune outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ops.moe(x, router, gate_up, down, top_k)
+    x.copy_(torch.randn(x.shape, device=DEV, generator=gen).to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(y, moe_ref(x, router, gate_up, down, top_k)) < 1e-2

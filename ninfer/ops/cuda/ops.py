@@ -21,7 +21,7 @@ import torch
 
 from ninfer.forward import ForwardBatch, HeadDims
 from ninfer.ops.choices import OpChoices
-from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_dequantized, moe_grouped
+from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_fp8, moe_grouped
 from ninfer.ops.cuda.passmeta import CHUNK, PassMeta  # torch only: no kernel library imported
 from ninfer.ops.cuda.support import OpPlan, plan_ops
 from ninfer.ops.fp8 import Fp8Weight
@@ -215,7 +215,7 @@ class CudaOps(ReferenceOps):
         top_k: int,
     ) -> torch.Tensor:
         if isinstance(gate_up, Fp8Weight) or isinstance(down, Fp8Weight):
-            return moe_dequantized(x, router_weight, gate_up, down, top_k)
+            return moe_fp8(x, router_weight, gate_up, down, top_k)
         return moe_grouped(x, router_weight, gate_up, down, top_k)
 
     def moe_block(
