@@ -26,7 +26,15 @@ pytest.importorskip("triton")
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
 from ninfer.ops.cuda import CudaOps  # noqa: E402
-from ninfer.ops.cuda.fp8 import CONFIGS, Fp8Gemm, _fits, fp8_skinny, skinny_fits  # noqa: E402
+from ninfer.ops.cuda.fp8 import (  # noqa: E402
+    CONFIGS,
+    Fp8Gemm,
+    _fits,
+    fp8_skinny,
+    skinny_fits,
+    w8a8_fits,
+    w8a8_gemm,
+)
 from ninfer.ops.fp8 import quantize_fp8  # noqa: E402
 from ninfer.ops.reference import ReferenceOps, moe_ref  # noqa: E402
 
@@ -102,10 +110,21 @@ def test_cublas_fp8_gemms_serve_prefill_on_hopper():
     assert gemm.support == {"blockwise": True, "rowwise": True}
 
 
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(1024, 5120, 6144), (300, 1000, 4096), (8192, 17408, 5120)]
+)
+def test_triton_w8a8_gemm_matches_reference(m, n, k):
+    """Our Triton GEMM (the prefill path where cuBLAS has no block-scaled FP8 GEMM)."""
+    x, w, exact = fp8_inputs(m, n, k, (128, 128))
+    assert w8a8_fits(x, w)
+    got = w8a8_gemm(x, w)
+    assert got.shape == (m, n) and rel_err(got, exact) < 4e-2
+
+
 def test_prefill_off_the_cublas_grid_dequantises():
-    """N not a multiple of 128 or a block other than 128 x 128: the dequantising path."""
+    """K not a multiple of 128: neither cuBLAS nor the Triton GEMM, the dequantising path."""
     x, w, exact = fp8_inputs(64, 1000, 4100, (128, 128))
-    assert Fp8Gemm._kind(x, w) is None
+    assert Fp8Gemm._kind(x, w) is None and not w8a8_fits(x, w)
     assert rel_err(Fp8Gemm()(x, w), exact) < 1e-2
 
 

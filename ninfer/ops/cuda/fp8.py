@@ -16,8 +16,11 @@ decode, cuBLAS's block-scaled FP8 GEMM for prefill.
   BlockWise1x128 (x) and BlockWise128x128 (the weight's 128 x 128 blocks), where the installed
   torch and cuBLAS (>= 12.9, sm_90) support it; per-channel weights (compressed-tensors) take
   `torch._scaled_mm` with per-token and per-channel scales. Support is probed once per
-  `Fp8Gemm` with one small call, outside any capture; without it, and for any other shape or
-  block, the weight is dequantised to x's dtype and multiplied by cuBLAS (correct, slow).
+  `Fp8Gemm` with one small call, outside any capture. Without the block-scaled cuBLAS GEMM, a
+  128 x 128-block weight takes our Triton w8a8 GEMM (`w8a8_gemm`: the same quantised x, e4m3
+  products on the tensor cores, both scales applied per K block; autotuned per (N, K) on first
+  use, outside any capture); any other shape or block is dequantised to x's dtype and
+  multiplied by cuBLAS (correct, slow).
 
 Knows nothing about the model.
 """
@@ -150,6 +153,79 @@ def _fp8_skinny_kernel(
         tl.store(y + offs_n, acc.to(y.dtype.element_ty), mask=n_ok)
 
 
+def _gemm_config(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+
+
+GEMM_CONFIGS = [
+    _gemm_config(64, 128, 4, 3),
+    _gemm_config(128, 128, 8, 3),
+    _gemm_config(128, 64, 4, 4),
+    _gemm_config(64, 64, 4, 4),
+    _gemm_config(128, 256, 8, 3),
+]
+
+
+@triton.autotune(GEMM_CONFIGS, key=["N", "K"], do_bench=_bench)
+@triton.jit
+def _w8a8_kernel(
+    xq, xs, w, ws, y, M, N, K, s_xm, s_xsm, s_xsk, s_wsn, s_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Program (mb, nb): y[mb block, nb block] = sum over K blocks kb of
+    (xq . wq) * xs[m, kb] * ws[n // BLOCK_K, kb], e4m3 x e4m3 products in fp32 (tensor cores).
+    xq [M, K] e4m3 with scales xs [M, K / BLOCK_K] (strides s_xsm, s_xsk); w [N, K] e4m3 with
+    scales ws [ceil(N / BLOCK_K), K / BLOCK_K] (row stride s_wsn): square blocks of BLOCK_K."""
+    mb, nb = tl.program_id(0), tl.program_id(1)
+    rm = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = rm < M, rn < N
+    x_ptrs = xq + rm.to(tl.int64)[:, None] * s_xm + rk[None, :]
+    w_ptrs = w + rn.to(tl.int64)[:, None] * K + rk[None, :]
+    xs_ptrs = xs + rm * s_xsm
+    ws_ptrs = ws + (rn // BLOCK_K) * s_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+        b = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+        a_s = tl.load(xs_ptrs + kb * s_xsk, mask=m_ok, other=0.0)
+        b_s = tl.load(ws_ptrs + kb, mask=n_ok, other=0.0)
+        acc += tl.dot(a, tl.trans(b)) * a_s[:, None] * b_s[None, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    out = y + rm.to(tl.int64)[:, None] * s_ym + rn[None, :]
+    tl.store(out, acc.to(y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def w8a8_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
+    """Whether `w8a8_gemm` takes x [M, K] and w: bf16 / fp16 x, a contiguous 2-D weight in
+    GROUP x GROUP blocks, K a multiple of GROUP."""
+    return (
+        x.dim() == 2
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and w.qweight.dim() == 2
+        and w.qweight.is_contiguous()
+        and w.scale.stride(-1) == 1
+        and w.block == (GROUP, GROUP)
+        and x.shape[1] % GROUP == 0
+    )
+
+
+def w8a8_gemm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+    """y = x @ dequantize(w)^T with x quantised per token per GROUP columns (`quantize_groups`),
+    by `_w8a8_kernel` (`w8a8_fits`); the first call per (N, K) autotunes on the device."""
+    (m, k), n = x.shape, w.qweight.shape[0]
+    q, xs = quantize_groups(x, GROUP)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
+    _w8a8_kernel[grid](
+        q, xs, w.qweight, w.scale, y, m, n, k, q.stride(0), xs.stride(0), xs.stride(1),
+        w.scale.stride(0), y.stride(0), BLOCK_K=GROUP,
+    )  # fmt: skip
+    return y
+
+
 def skinny_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
     """Whether `fp8_skinny` takes x [M, K] and w: 1..MAX_M rows of bf16 / fp16 with unit stride
     along K, a contiguous 2-D weight, and some config's K step inside one scale block."""
@@ -231,6 +307,7 @@ class Fp8Gemm:
 
     def __init__(self) -> None:
         self.support: dict[str, bool] = {}  # "blockwise" | "rowwise" -> works here
+        self.tuned: set[tuple[int, int]] = set()  # (N, K) the Triton GEMM has tuned
 
     def __call__(self, x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
         if skinny_fits(x, w):
@@ -238,6 +315,11 @@ class Fp8Gemm:
         kind = self._kind(x, w)
         if kind is not None and self._supported(kind, x.device):
             return (_blockwise if kind == "blockwise" else _rowwise)(x, w)
+        if w8a8_fits(x, w):
+            key = tuple(w.qweight.shape)
+            if key in self.tuned or not torch.cuda.is_current_stream_capturing():
+                self.tuned.add(key)
+                return w8a8_gemm(x, w)
         return _dequantized(x, w)
 
     @staticmethod
