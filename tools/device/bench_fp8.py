@@ -7,7 +7,8 @@ cycling over enough weight copies that no call finds its weight in L2; GB/s = we
 (e4m3 values + fp32 scales; bf16) per second, beside the device copy bandwidth measured first
 (read + write of a 2 GiB copy_, the rate a weight-bound GEMV can reach; about 4.2 TB/s, against
 4.8 TB/s nominal). Prefill (M = 1024, 8192): `Fp8Gemm` (activation quantisation included) and
-cuBLAS bf16, TFLOP/s = 2 M N K per second, beside the nominal dense peaks (H200: FP8 1979,
+our Triton w8a8 GEMM (`w8a8_gemm`, what serves where cuBLAS cannot) and cuBLAS bf16,
+TFLOP/s = 2 M N K per second, beside the nominal dense peaks (H200: FP8 1979,
 bf16 989 TFLOP/s; about 770 bf16 measured for 8192^3). Also each path's relative error against
 the float64 product with the dequantised weight, and which prefill GEMM served. One JSON line
 per measurement on stdout (and in --json PATH).
@@ -25,7 +26,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from ninfer.ops.cuda.fp8 import Fp8Gemm, fp8_skinny
+from ninfer.ops.cuda.fp8 import Fp8Gemm, fp8_skinny, w8a8_gemm
 from ninfer.ops.cuda.linear import DecodeLinear
 from ninfer.ops.fp8 import quantize_fp8
 
@@ -115,10 +116,13 @@ def bench_shape(name: str, n: int, k: int, bw: float) -> None:
         exact = x.double() @ fp8[0].dequantize(torch.float64).t()
         err = rel_err(gemm(x, fp8[0]), exact)
         for impl, fn, ws, peak in (("bf16", F.linear, bf16, BF16_PEAK),
-                                   ("fp8", gemm, fp8, FP8_PEAK)):  # fmt: skip
+                                   ("fp8", gemm, fp8, FP8_PEAK),
+                                   ("fp8-triton", w8a8_gemm, fp8, FP8_PEAK)):  # fmt: skip
             us = graph_us(fn, x, ws[:2])
             tflops = 2 * m * n * k / us / 1e6
             extra = {"rel_err": float(f"{err:.2e}"), "gemm": gemm.support} if impl == "fp8" else {}
+            if impl == "fp8-triton":
+                extra = {"rel_err": float(f"{rel_err(w8a8_gemm(x, fp8[0]), exact):.2e}")}
             report(set=name, N=n, K=k, M=m, impl=impl, us=round(us, 1),
                    tflop_s=round(tflops, 1), of_peak=round(tflops * 1e12 / peak, 3),
                    **extra)  # fmt: skip
