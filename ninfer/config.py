@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from ninfer.cache.host_pool import SlabGeometry, plan_slab_geometry
 from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, pass_seconds, solo_chunk_pays
 from ninfer.dtypes import DTYPES, KV_DTYPES, itemsize
+from ninfer.models.quant import QUANTIZATION_CHOICES as QUANTIZATIONS
 from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
 from ninfer.page import PAGE_SIZE
 
@@ -79,6 +80,11 @@ class EngineOptions:
     kv_dtype: str = _opt(
         "auto", 'KV cache: "auto" (= --dtype), "bfloat16", "float16", "float32" or "fp8_e4m3"',
         auto=True, choices=KV_DTYPES)  # fmt: skip
+    # None: the checkpoint's own weights (dense, or FP8 per its quantization_config); "fp8":
+    # a dense checkpoint's linears quantised at load (`ninfer.models.quant.on_the_fly`)
+    quantization: str | None = _opt(
+        None, 'weights: "fp8" quantises a bf16 checkpoint\'s linear layers to FP8 at load '
+        "(default: as the checkpoint is)", choices=QUANTIZATIONS)  # fmt: skip
     max_concurrency: int = _opt(
         8, "requests decoded together, 1..8 (default 8)", metavar="N", kind=int, lo=1, hi=8
     )
@@ -302,6 +308,7 @@ class EngineConfig:
     each component the part(s) it reads, never the whole record."""
 
     model: str | None  # the checkpoint folder (None: the demo model)
+    quantization: str | None  # quantised at load ("fp8"), or None: as the checkpoint is
     memory: MemoryGeometry
     scheduling: Scheduling
     cache: CachePolicy
@@ -312,7 +319,7 @@ class EngineConfig:
         """Every resolved value, flat, plus the derived byte sizes, for `ninfer info` and
         logs."""
         m = self.memory
-        d = {"model": self.model}
+        d = {"model": self.model, "quantization": self.quantization}
         for part in (m, self.scheduling, self.cache, self.ops, self.persistence):
             d.update({f.name: getattr(part, f.name) for f in fields(part)})
         d["op_choices"] = asdict(self.ops.op_choices)
@@ -554,7 +561,7 @@ def resolve(
         op_choices=op_choices(opts),
     )
     persistence = Persistence(prefix_cache_file=opts.prefix_cache_file)
-    return EngineConfig(opts.model, memory, scheduling, cache, ops, persistence)
+    return EngineConfig(opts.model, opts.quantization, memory, scheduling, cache, ops, persistence)
 
 
 def _rate_fields(rates: DeviceRates, prefill_rate: float) -> dict:

@@ -63,7 +63,9 @@ def _load(options: EngineOptions, device: str):
         config, path = demo_config(), DEMO_DIR
 
         def build(dtype):
-            return build_random_model(config, dtype, device, seed=demo_weights_seed)
+            return build_random_model(
+                config, dtype, device, seed=demo_weights_seed, quantization=options.quantization
+            )
     else:
         from ninfer.models.weights import load_model
 
@@ -73,7 +75,7 @@ def _load(options: EngineOptions, device: str):
         config = Qwen35Config.from_file(path)
 
         def build(dtype):
-            return load_model(path, dtype, device)
+            return load_model(path, dtype, device, options.quantization)
 
     tokenizer = Tokenizer.from_dir(path)
     template = ChatTemplate(tokenizer) if tokenizer.chat_template is not None else None
@@ -141,12 +143,15 @@ class LLM:
         self._template = template
         cfg = self._cfg
         device = torch.device(cfg.memory.device)
+        from ninfer.models.quantize import weights_summary
         from ninfer.persist.cache_file import for_engine
         from ninfer.persist.fingerprint import path_identity
         from ninfer.sampling import make_generator
 
+        self._weights = weights_summary(model)
+
         ops = select_ops(device, cfg.ops.compile, cfg.ops.op_choices)
-        identity = identity or functools.partial(path_identity, cfg.model)
+        identity = identity or functools.partial(path_identity, cfg.model, cfg.quantization)
         # design §5.5, or None
         self._persist = for_engine(cfg.persistence, cfg.memory, config, ops, identity)
         try:
@@ -196,6 +201,11 @@ class LLM:
         """The inspection seam (docs/engine.md): the running `Engine`, for tests, benchmarks
         and tools, never applications. Its surface is not spec/API.md's."""
         return self._engine
+
+    def weights_summary(self) -> dict:
+        """The weights' quantisation, the modules left dense and their bytes, total and per
+        decode token (`ninfer.models.quantize.weights_summary`; for `ninfer info`)."""
+        return dict(self._weights)
 
     def memory_ledger(self) -> dict:
         """KV pages and bytes, state slots, Host slabs and bytes (for `ninfer info`)."""

@@ -29,6 +29,9 @@ class ParamCounts:
     experts: int  # routed expert parameters (0 for dense)
     embed_lookup: int  # embedding rows read by lookup only (0 when tied to lm_head)
     lm_head: int  # LM head parameters (vocab x hidden; the embedding itself when tied)
+    # bytes a decode step reads per matmul parameter when not the dtype's (FP8 weights: about
+    # 1 plus the scales, from the loaded model's `quantize.weight_bytes`)
+    weight_itemsize: float | None = None
 
 
 def param_counts(cfg: Qwen35Config) -> ParamCounts:
@@ -61,7 +64,7 @@ def decode_step_bytes(
     cfg: Qwen35Config, counts: ParamCounts, batch: int, context: int, itemsize: int,
     kv_itemsize: int,
 ) -> float:  # fmt: skip
-    weights = matmul_params_read(cfg, counts, batch) * itemsize
+    weights = matmul_params_read(cfg, counts, batch) * (counts.weight_itemsize or itemsize)
     kv = batch * context * cfg.kv_bytes_per_token(kv_itemsize)
     state = batch * 2 * cfg.state_image_bytes(itemsize)
     return weights + kv + state

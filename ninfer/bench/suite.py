@@ -10,14 +10,14 @@ vocabulary) for the chat traces. Returns plain dicts; printing is the CLI's busi
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from ninfer import probe
 from ninfer.bench import PARTS as PARTS  # re-exported
-from ninfer.bench.model_math import param_counts
+from ninfer.bench.model_math import matmul_params_read, param_counts
 from ninfer.bench.profiling import profiled
 from ninfer.bench.restore import bench_restore
 from ninfer.bench.resume import bench_resume
@@ -85,11 +85,14 @@ def load(spec: BenchSpec) -> Loaded:
     resolved = resolve(EngineOptions(**engine), cfg, probe_device(engine.get("device", "auto")))
     memory = resolved.memory
     device, dtype = torch.device(memory.device), torch_dtype(memory.dtype)
+    quantization = engine.get("quantization")
+    if quantization is not None:
+        label += f", {quantization} at load"
     if spec.model is not None:
-        model = load_model(spec.model, dtype, device)
+        model = load_model(spec.model, dtype, device, quantization)
     else:
         seed = spec.seed if spec.preset is not None else demo_weights_seed
-        model = build_random_model(cfg, dtype, device, seed=seed)
+        model = build_random_model(cfg, dtype, device, seed=seed, quantization=quantization)
     tokenizer = Tokenizer.from_dir(tok_dir)
     template = ChatTemplate(tokenizer) if tokenizer.chat_template is not None else None
     return Loaded(label, model, tokenizer, template, device, dtype, torch_dtype(memory.kv_dtype))
@@ -100,6 +103,11 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
     loaded = load(spec)
     cfg = loaded.model.config
     counts = param_counts(cfg)
+    if loaded.model.quant_scheme is not None:  # the decode bound reads FP8 bytes
+        from ninfer.models.quantize import weight_bytes
+
+        per_token = weight_bytes(loaded.model).per_token
+        counts = replace(counts, weight_itemsize=per_token / matmul_params_read(cfg, counts))
     log("measuring machine bounds...")
     machine = probe.machine_bounds(loaded.device, loaded.dtype)
     results: dict = {
@@ -239,9 +247,12 @@ def compare_hf(spec: BenchSpec, loaded: Loaded, prompts: list[list[int]], ours: 
     and greedy agreement with `ours`, ninfer's greedy tokens on prompts[0]. Runs after the
     engine closed: its pools would leave no room."""
     from ninfer.bench.hf import bench_hf, build_hf_model, greedy_tokens
+    from ninfer.models.quantize import dense_state_dict
 
     cfg = loaded.model.config
-    hf = build_hf_model(cfg, loaded.model.state_dict(), loaded.dtype, loaded.device)
+    # an FP8 model's transformers twin holds the dequantised weights
+    hf = build_hf_model(cfg, dense_state_dict(loaded.model, loaded.dtype), loaded.dtype,
+                        loaded.device)  # fmt: skip
     try:
         out = bench_hf(hf, prompts, spec.decode_tokens, spec.batch_sizes, loaded.device)
         n = len(ours)

@@ -2,7 +2,9 @@
 
 Builds the engine from the same flags as every other sub-command, then prints
 `LLM.engine_config.describe()` (each value marked "flag" when given on the command line,
-"derived" otherwise, with the name design.md uses where it differs) and `LLM.memory_ledger()`.
+"derived" otherwise, with the name design.md uses where it differs), the weights (their
+quantisation, the modules an FP8 model keeps dense, the bytes a decode token reads beside the
+same in bf16) and `LLM.memory_ledger()`.
 """
 
 from __future__ import annotations
@@ -40,13 +42,15 @@ def run(args: argparse.Namespace) -> int:
     with open_llm(args) as llm:
         config = dict(llm.engine_config.describe())
         ledger = llm.memory_ledger()
+        weights = llm.weights_summary()
         costs = cost_estimates(llm.engine_config, llm.model_config)
     if args.json:
-        out = {"config": config, "memory_ledger": ledger, "cost_model": costs}
+        out = {"config": config, "weights": weights, "memory_ledger": ledger, "cost_model": costs}
         print(json.dumps(out, indent=2, default=str))
         return 0
     console = output_console()
     console.print(config_table(config, set(engine_kwargs(args))))
+    console.print(weights_table(weights))
     console.print(ledger_table(ledger))
     console.print(cost_table(costs, config["device_rates"]))
     return 0
@@ -103,6 +107,21 @@ def config_table(config: dict, given: set[str]) -> Table:
         keyword, spec = SPEC_NAMES.get(name, (name, ""))
         table.add_row(name, _value(name, value), "flag" if keyword in given else "",
                       spec if spec != name else "")  # fmt: skip
+    return table
+
+
+def weights_table(weights: dict) -> Table:
+    """The weights' scheme, what stays dense (one kind per line), and their bytes."""
+    table = Table(title="weights", header_style="bold")
+    table.add_column("item", no_wrap=True)
+    table.add_column("value", justify="right")
+    table.add_row("quantization", weights["quantization"])
+    if weights["dense_modules"]:
+        table.add_row("kept dense", "\n".join(weights["dense_modules"]))
+    table.add_row("weight bytes", human_bytes(weights["weight_bytes"]))
+    table.add_row("read per decode token", human_bytes(weights["decode_weight_bytes_per_token"]))
+    bf16 = weights["decode_weight_bytes_per_token_bf16"]
+    table.add_row("read per decode token in bf16", human_bytes(bf16))
     return table
 
 

@@ -13,6 +13,8 @@ import math
 import torch
 
 from ninfer.models.config import Qwen35Config
+from ninfer.models.quant import on_the_fly
+from ninfer.models.quantize import quantize_
 from ninfer.models.qwen3_5 import Qwen35ForCausalLM
 
 _COMMON = dict(
@@ -95,8 +97,12 @@ def build_random_model(
     dtype: torch.dtype,
     device: str | torch.device,
     seed: int = 0,
+    quantization: str | None = None,
 ) -> Qwen35ForCausalLM:
-    """A randomly initialised model allocated directly on `device` (nothing on the host)."""
+    """A randomly initialised model allocated directly on `device` (nothing on the host);
+    `quantization` "fp8" then quantises it as `LLM(quantization="fp8")` quantises a checkpoint
+    (`ninfer.models.quant.on_the_fly`)."""
+    scheme = on_the_fly(quantization)  # ValueError naming `quantization` before any work
     model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
     model.to_empty(device=device)
     model.tie_weights()
@@ -104,4 +110,6 @@ def build_random_model(
     init_random_(model, seed)
     for p in model.parameters():
         p.requires_grad_(False)
+    if scheme is not None:
+        quantize_(model, scheme)
     return model.eval()

@@ -14,6 +14,12 @@ parameters become row views of the fused weight: names, `state_dict` and in-plac
 unchanged, and no memory is added. Products are computed row by row either way, so outputs
 match the unfused path up to the GEMM library's choice of reduction order (with the reference
 ops, bit for bit on the CPU; `CudaOps.moe_block` rounds the MoE sum once, see `Ops.moe_block`).
+Only parts of one kind fuse (`fuses_with`): dense with dense, FP8 with FP8 when every part's
+rows are whole blocks; an FP8 GDN layer whose b and a stay dense fuses qkv | z and b | a.
+
+A linear slot holds an nn.Linear or an `Fp8Linear` (`ninfer.models.quantize` decides which);
+`weight_of` gives the op set either's weight, and the experts hand theirs through
+`Experts.weights()`.
 
 Knows nothing about requests, scheduling, pages or state slots beyond the indices carried by
 `ForwardBatch`; it never allocates cache memory.
@@ -26,7 +32,9 @@ from torch import nn
 
 from ninfer.forward import ForwardBatch, ModelCache
 from ninfer.models.config import Qwen35Config
+from ninfer.models.fp8 import Fp8Linear, fuses_with
 from ninfer.ops.base import Ops
+from ninfer.ops.fp8 import FP8_DTYPE, Fp8Weight, quantize_fp8, scale_shape
 
 
 class RMSNorm(nn.Module):
@@ -44,36 +52,72 @@ def _linear(n_in: int, n_out: int, factory: dict) -> nn.Linear:
     return nn.Linear(n_in, n_out, bias=False, **factory)
 
 
-def fuse_rows(linears: list[nn.Linear]) -> torch.Tensor:
-    """One weight [sum of N_i, K] holding the rows of `linears` in order; each module's weight
-    becomes a view of its rows (the separate copies are freed once nothing else holds them)."""
-    weights = [m.weight for m in linears]
-    fused = torch.cat([w.detach() for w in weights])
+def weight_of(m: nn.Module) -> torch.Tensor | Fp8Weight:
+    """What `ops.linear` multiplies by for linear module `m` (nn.Linear or `Fp8Linear`)."""
+    return m.packed if isinstance(m, Fp8Linear) else m.weight
+
+
+def _cat_rows(linears: list[nn.Module], attr: str) -> torch.Tensor:
+    """One tensor holding the rows of each module's `attr` in order; each module's `attr`
+    becomes a view of its rows."""
+    parts = [getattr(m, attr) for m in linears]
+    fused = torch.cat([p.detach() for p in parts])
     start = 0
-    for m, w in zip(linears, weights, strict=True):
-        m.weight = nn.Parameter(fused[start : start + w.shape[0]], requires_grad=False)
-        start += w.shape[0]
+    for m, p in zip(linears, parts, strict=True):
+        setattr(m, attr, nn.Parameter(fused[start : start + p.shape[0]], requires_grad=False))
+        start += p.shape[0]
     return fused
 
 
-def fused_weight(fused: torch.Tensor | None, linears: tuple[nn.Linear, ...]) -> torch.Tensor | None:
+def fuse_rows(linears: list[nn.Module]) -> torch.Tensor | Fp8Weight:
+    """One weight [sum of N_i, K] holding the rows of `linears` in order (FP8: the values and
+    the scales, `fuses_with` must hold); each module's weight becomes a view of its rows (the
+    separate copies are freed once nothing else holds them)."""
+    first = linears[0]
+    if isinstance(first, Fp8Linear):
+        qweight, scale = _cat_rows(linears, "weight"), _cat_rows(linears, "weight_scale_inv")
+        return Fp8Weight(qweight, scale, first.block)
+    return _cat_rows(linears, "weight")
+
+
+def _views(fused: torch.Tensor, linears, attr: str) -> bool:
+    ptr, row_bytes = fused.data_ptr(), fused.stride(0) * fused.element_size()
+    for m in linears:
+        part = getattr(m, attr)
+        if part.data_ptr() != ptr:
+            return False
+        ptr += part.shape[0] * row_bytes
+    return True
+
+
+def fused_weight(
+    fused: torch.Tensor | Fp8Weight | None, linears: tuple[nn.Module, ...]
+) -> torch.Tensor | Fp8Weight | None:
     """`fused` while every one of `linears` still views its rows (None when never fused, or when
     a parameter was replaced or moved since: then the separate weights are used)."""
     if fused is None:
         return None
-    ptr, row_bytes = fused.data_ptr(), fused.stride(0) * fused.element_size()
-    for m in linears:
-        if m.weight.data_ptr() != ptr:
-            return None
-        ptr += m.weight.shape[0] * row_bytes
-    return fused
+    if isinstance(fused, Fp8Weight):
+        ok = _views(fused.qweight, linears, "weight")
+        ok = ok and _views(fused.scale, linears, "weight_scale_inv")
+    else:
+        ok = _views(fused, linears, "weight")
+    return fused if ok else None
 
 
-def project(x: torch.Tensor, fused: torch.Tensor | None, parts, ops: Ops) -> list[torch.Tensor]:
-    """x through each of `parts` (nn.Linear): one GEMM split by rows while `fused` is valid,
-    else one GEMM per part."""
+def fuse(fused, linears: tuple[nn.Module, ...]) -> torch.Tensor | Fp8Weight | None:
+    """`fused` if still valid, else `linears` fused anew, or None when they cannot share one
+    weight (`fuses_with`: dense with FP8, or FP8 parts off the block grid)."""
+    if fused_weight(fused, linears) is not None:
+        return fused
+    return fuse_rows(list(linears)) if fuses_with(list(linears)) else None
+
+
+def project(x: torch.Tensor, fused, parts, ops: Ops) -> list[torch.Tensor]:
+    """x through each of `parts` (linear modules): one GEMM split by rows while `fused` is
+    valid, else one GEMM per part."""
     if fused_weight(fused, parts) is None:
-        return [ops.linear(x, m.weight) for m in parts]
+        return [ops.linear(x, weight_of(m)) for m in parts]
     return list(ops.linear(x, fused).split([m.weight.shape[0] for m in parts], dim=-1))
 
 
@@ -97,18 +141,29 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(hv, **factory))
         self.norm = RMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps, init=1.0, **factory)
         self.out_proj = _linear(cfg.value_dim, h, factory)
-        self.in_proj: torch.Tensor | None = None  # qkv | z | b | a, set by fuse()
+        # set by fuse(): qkv | z | b | a, or (FP8 qkv and z, dense b and a) qkv | z and b | a
+        self.in_proj: torch.Tensor | Fp8Weight | None = None
+        self.in_proj_qkvz: torch.Tensor | Fp8Weight | None = None
+        self.in_proj_ba: torch.Tensor | None = None
 
-    def _parts(self) -> tuple[nn.Linear, ...]:
+    def _parts(self) -> tuple[nn.Module, ...]:
         return self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a
 
     def fuse(self) -> None:
-        if fused_weight(self.in_proj, self._parts()) is None:
-            self.in_proj = fuse_rows(list(self._parts()))
+        self.in_proj = fuse(self.in_proj, self._parts())
+        if self.in_proj is None:
+            self.in_proj_qkvz = fuse(self.in_proj_qkvz, self._parts()[:2])
+            self.in_proj_ba = fuse(self.in_proj_ba, self._parts()[2:])
 
     def _project(self, x: torch.Tensor, ops: Ops) -> list[torch.Tensor]:
         """[T, C] q | k | v, [T, value_dim] z, [T, Hv] b and a (views of one GEMM when fused)."""
-        return project(x, self.in_proj, self._parts(), ops)
+        parts = self._parts()
+        if fused_weight(self.in_proj, parts) is not None:
+            return project(x, self.in_proj, parts, ops)
+        return [
+            *project(x, self.in_proj_qkvz, parts[:2], ops),
+            *project(x, self.in_proj_ba, parts[2:], ops),
+        ]
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache, ops: Ops
@@ -125,7 +180,7 @@ class GatedDeltaNet(nn.Module):
             dk**-0.5,
         )  # fmt: skip
         o = ops.gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
-        return ops.linear(o.reshape(t, cfg.value_dim), self.out_proj.weight)
+        return ops.linear(o.reshape(t, cfg.value_dim), weight_of(self.out_proj))
 
 
 class GatedAttention(nn.Module):
@@ -144,12 +199,10 @@ class GatedAttention(nn.Module):
         self.o_proj = _linear(nh * hd, h, factory)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, **factory)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, **factory)
-        self.qkv_proj: torch.Tensor | None = None  # q | k | v, set by fuse()
+        self.qkv_proj: torch.Tensor | Fp8Weight | None = None  # q | k | v, set by fuse()
 
     def fuse(self) -> None:
-        parts = (self.q_proj, self.k_proj, self.v_proj)
-        if fused_weight(self.qkv_proj, parts) is None:
-            self.qkv_proj = fuse_rows(list(parts))
+        self.qkv_proj = fuse(self.qkv_proj, (self.q_proj, self.k_proj, self.v_proj))
 
     def _project(self, x: torch.Tensor, ops: Ops) -> list[torch.Tensor]:
         return project(x, self.qkv_proj, (self.q_proj, self.k_proj, self.v_proj), ops)
@@ -176,7 +229,7 @@ class GatedAttention(nn.Module):
         v_scale = cache.v_scale[f] if cache.v_scale is not None else None
         o = ops.attention(q, k, v, cache.kv[f], batch, hd**-0.5, k_scale, v_scale)
         o = ops.sigmoid_mul(o.view(t, -1, hd), gate)
-        return ops.linear(o.view(t, -1), self.o_proj.weight)
+        return ops.linear(o.view(t, -1), weight_of(self.o_proj))
 
 
 class MLP(nn.Module):
@@ -187,25 +240,56 @@ class MLP(nn.Module):
         self.gate_proj = _linear(hidden, intermediate, factory)
         self.up_proj = _linear(hidden, intermediate, factory)
         self.down_proj = _linear(intermediate, hidden, factory)
-        self.gate_up_proj: torch.Tensor | None = None  # gate | up, set by fuse()
+        self.gate_up_proj: torch.Tensor | Fp8Weight | None = None  # gate | up, set by fuse()
 
     def fuse(self) -> None:
-        if fused_weight(self.gate_up_proj, (self.gate_proj, self.up_proj)) is None:
-            self.gate_up_proj = fuse_rows([self.gate_proj, self.up_proj])
+        self.gate_up_proj = fuse(self.gate_up_proj, (self.gate_proj, self.up_proj))
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         gate, up = project(x, self.gate_up_proj, (self.gate_proj, self.up_proj), ops)
-        return ops.linear(ops.silu_mul(gate, up), self.down_proj.weight)
+        return ops.linear(ops.silu_mul(gate, up), weight_of(self.down_proj))
 
 
 class Experts(nn.Module):
-    """Fused expert weights: gate_up_proj [E, 2I, H] (first I rows gate), down_proj [E, H, I]."""
+    """Fused expert weights: gate_up_proj [E, 2I, H] (first I rows gate), down_proj [E, H, I].
+    FP8 (`to_fp8`): both e4m3, with `gate_up_proj_scale_inv` / `down_proj_scale_inv`
+    [E, ceil(rows / bn), ceil(cols / bk)] (`ninfer.ops.fp8`) and their blocks in `blocks`."""
+
+    NAMES = ("gate_up_proj", "down_proj")
 
     def __init__(self, cfg: Qwen35Config, factory: dict) -> None:
         super().__init__()
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h, **factory))
         self.down_proj = nn.Parameter(torch.empty(e, h, i, **factory))
+        self.blocks: dict[str, tuple[int, int]] = {}  # weight name -> FP8 block; {}: dense
+
+    @torch.no_grad()
+    def to_fp8(self, block_for, quantize: bool) -> None:
+        """Makes both weights FP8, in blocks of `block_for(K)`: quantised from their values one
+        expert at a time (`quantize`), else empty on the meta device (to be loaded)."""
+        for name in self.NAMES:
+            w = getattr(self, name)
+            block = block_for(w.shape[-1])
+            device = w.device if quantize else "meta"
+            q = torch.empty(w.shape, dtype=FP8_DTYPE, device=device)
+            s = torch.empty(scale_shape(tuple(w.shape), block), dtype=torch.float32, device=device)
+            if quantize:
+                for e in range(w.shape[0]):
+                    packed = quantize_fp8(w[e], block)
+                    q[e], s[e] = packed.qweight, packed.scale
+            setattr(self, name, nn.Parameter(q, requires_grad=False))
+            setattr(self, f"{name}_scale_inv", nn.Parameter(s, requires_grad=False))
+            self.blocks[name] = block
+
+    def weights(self) -> tuple[torch.Tensor | Fp8Weight, torch.Tensor | Fp8Weight]:
+        """(gate_up, down) as `ops.moe` takes them."""
+        if not self.blocks:
+            return self.gate_up_proj, self.down_proj
+        return tuple(
+            Fp8Weight(getattr(self, n), getattr(self, f"{n}_scale_inv"), self.blocks[n])
+            for n in self.NAMES
+        )
 
 
 class SparseMoE(nn.Module):
@@ -228,21 +312,20 @@ class SparseMoE(nn.Module):
         return self.gate, self.shared_expert_gate
 
     def fuse(self) -> None:
-        if fused_weight(self.router, self._router_parts()) is None:
-            self.router = fuse_rows(list(self._router_parts()))
+        self.router = fuse(self.router, self._router_parts())
         self.shared_expert.fuse()
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        experts, shared = self.experts, self.shared_expert
+        shared = self.shared_expert
+        gate_up, down = self.experts.weights()
         router = fused_weight(self.router, self._router_parts())
         shared_gate_up = fused_weight(shared.gate_up_proj, (shared.gate_proj, shared.up_proj))
         if router is not None and shared_gate_up is not None:
             return ops.moe_block(
-                x, router, experts.gate_up_proj, experts.down_proj, shared_gate_up,
-                shared.down_proj.weight, self.top_k,
-            )  # fmt: skip
-        routed = ops.moe(x, self.gate.weight, experts.gate_up_proj, experts.down_proj, self.top_k)
-        shared_gate = ops.linear(x, self.shared_expert_gate.weight)
+                x, router, gate_up, down, shared_gate_up, weight_of(shared.down_proj), self.top_k
+            )
+        routed = ops.moe(x, self.gate.weight, gate_up, down, self.top_k)
+        shared_gate = ops.linear(x, weight_of(self.shared_expert_gate))
         return routed + ops.sigmoid_mul(shared(x, ops), shared_gate)
 
 
@@ -316,6 +399,7 @@ class Qwen35ForCausalLM(nn.Module):
         factory = {"dtype": dtype, "device": device}
         self.model = TextModel(config, factory)
         self.lm_head = _linear(config.hidden_size, config.vocab_size, factory)
+        self.quant_scheme = None  # the QuantScheme of its FP8 modules (`ninfer.models.quantize`)
         self.tie_weights()
         self.init_buffers()
 
@@ -348,4 +432,4 @@ class Qwen35ForCausalLM(nn.Module):
             x, delta = layer(x, delta, batch, cache, ops, self.model.inv_freq)
         rows = batch.logits_indices
         _, x = ops.add_rms_norm(x[rows], delta[rows], self.model.norm.weight, self.model.norm.eps)
-        return ops.linear(x, self.lm_head.weight).float()
+        return ops.linear(x, weight_of(self.lm_head)).float()

@@ -4,9 +4,19 @@ Accepts one `model.safetensors` or shards listed by `model.safetensors.index.jso
 `model.` (transformers' text models) or `model.language_model.` (the Hub's multimodal layout);
 MoE experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]) or per expert
 (`mlp.experts.{e}.{gate,up,down}_proj.weight`). The vision tower (`model.visual.*`) and the MTP
-head (`mtp.*`) are skipped. The model is built on the meta device and each tensor is read,
-cast and placed one at a time, so peak memory is the model plus one tensor. Knows nothing about
-tokenizers or the engine.
+head (`mtp.*`) are skipped.
+
+FP8 checkpoints (config.json's `quantization_config`, `ninfer.models.quant`): the modules the
+scheme converts are made FP8 before loading (`ninfer.models.quantize`) and take the e4m3
+`weight` and its scale (`weight_scale_inv`, or compressed-tensors' `weight_scale`, read as
+`weight_scale_inv`), in fp32 whatever the file's dtype; per-expert scales stack like the
+weights. A tensor whose dtype disagrees with the scheme (FP8 where it keeps the module dense,
+or the reverse) is a ValueError naming it. `quantization="fp8"` quantises a dense checkpoint
+after loading it (`quantize_`, module by module).
+
+The model is built on the meta device and each tensor is read, cast and placed one at a time,
+so peak memory is the model plus one tensor (quantised at load: the dense model plus one
+module's FP8 copy). Knows nothing about tokenizers or the engine.
 """
 
 from __future__ import annotations
@@ -21,15 +31,19 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ninfer.models.config import Qwen35Config
+from ninfer.models.quant import checkpoint_scheme, on_the_fly
+from ninfer.models.quantize import quantize_, to_fp8_layout
 from ninfer.models.qwen3_5 import Qwen35ForCausalLM
+from ninfer.ops.fp8 import FP8_DTYPE
 
 logger = logging.getLogger("ninfer.models")
 
 INDEX_FILE = "model.safetensors.index.json"
 SKIPPED_PREFIXES = ("model.visual.", "mtp.")
 _PER_EXPERT = re.compile(
-    r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$"
+    r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight(?:_scale_inv)?)$"
 )
+SCALE = "weight_scale_inv"  # the model's name of an FP8 weight's scale
 
 
 def checkpoint_files(path: str | Path) -> list[Path]:
@@ -58,14 +72,24 @@ def load_model(
     path: str | Path,
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
+    quantization: str | None = None,
 ) -> Qwen35ForCausalLM:
     """Builds the model described by `path`/config.json and loads its weights in `dtype` on
-    `device` (the config is `model.config`). Raises ValueError naming any missing, unexpected
-    or mis-shaped tensor, or one holding NaN or infinite values."""
+    `device` (the config is `model.config`); FP8 weights stay FP8. `quantization` "fp8"
+    quantises a dense checkpoint's linears at load (`ninfer.models.quant.on_the_fly`; an FP8
+    checkpoint loads as it is). Raises ValueError naming any missing, unexpected, mis-shaped
+    or mistyped tensor, one holding NaN or infinite values, or a malformed
+    `quantization_config`."""
     config = Qwen35Config.from_file(path)
     device = torch.device(device)
+    scheme = checkpoint_scheme(path)
+    on_the_fly_scheme = on_the_fly(quantization)  # ValueError naming a bad value, first
+    if scheme is not None:  # already FP8: loaded as it is
+        on_the_fly_scheme = None
     model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
-    loader = _Loader(model, dtype, device)
+    if scheme is not None:
+        to_fp8_layout(model, scheme)
+    loader = _Loader(model, dtype, device, scheme.scale_name if scheme else SCALE)
     for file in checkpoint_files(path):
         try:
             with safe_open(file, framework="pt", device=_safetensors_device(device)) as f:
@@ -82,6 +106,8 @@ def load_model(
         )
     model.tie_weights()
     model.init_buffers()
+    if on_the_fly_scheme is not None:
+        quantize_(model, on_the_fly_scheme)
     return model.eval()
 
 
@@ -95,8 +121,11 @@ def _safetensors_device(device: torch.device) -> str:
 class _Loader:
     """Places checkpoint tensors into a meta-device model, tracking what is still missing."""
 
-    def __init__(self, model: Qwen35ForCausalLM, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, model: Qwen35ForCausalLM, dtype: torch.dtype, device: torch.device, scale_name: str
+    ):
         self.model, self.dtype, self.device = model, dtype, device
+        self.scale_name = scale_name  # the checkpoint's suffix for SCALE
         self.expected = dict(model.named_parameters())  # tied lm_head is not listed
         self.loaded: set[str] = set()
         self.expert_parts: dict[str, set[tuple[int, str]]] = {}
@@ -104,7 +133,7 @@ class _Loader:
 
     def add(self, key: str, source) -> None:
         """Places tensor `key` of `source` (an open safetensors file)."""
-        name = _canonical_name(key)
+        name = _canonical_name(key, self.scale_name)
         if name is None:
             self.skipped += 1
             return
@@ -117,8 +146,10 @@ class _Loader:
         if name not in self.expected:
             raise ValueError(f"unexpected tensor {key!r} in the checkpoint")
         tensor = source.get_tensor(key)
-        _check_shape(key, tuple(tensor.shape), tuple(self.expected[name].shape))
-        placed = tensor.to(device=self.device, dtype=self.dtype)
+        want = self.expected[name]
+        _check_shape(key, tuple(tensor.shape), tuple(want.shape))
+        _check_kind(key, tensor.dtype, want.dtype)
+        placed = tensor.to(device=self.device, dtype=want.dtype)
         _check_finite(key, placed, tensor.dtype)
         self._assign(name, placed)
         self.loaded.add(name)
@@ -126,14 +157,17 @@ class _Loader:
     def _add_expert(self, key: str, match: re.Match, source) -> None:
         prefix, expert, part = match.group(1), int(match.group(2)), match.group(3)
         fused = f"{prefix}.down_proj" if part == "down" else f"{prefix}.gate_up_proj"
+        if match.group(4) == SCALE:
+            fused += "_scale_inv"
         if fused not in self.expected or expert >= self.model.config.num_experts:
             raise ValueError(f"unexpected tensor {key!r} in the checkpoint")
         target = self._fused_storage(fused)
-        i = self.model.config.moe_intermediate_size
+        i = _expert_rows(self.model.get_submodule(prefix), key, match.group(4))
         rows = {"gate": slice(0, i), "up": slice(i, 2 * i), "down": slice(None)}[part]
         dest = target[expert, rows]
         tensor = source.get_tensor(key)
         _check_shape(key, tuple(tensor.shape), tuple(dest.shape))
+        _check_kind(key, tensor.dtype, dest.dtype)
         dest.copy_(tensor)
         _check_finite(key, dest, tensor.dtype)
         self.expert_parts.setdefault(fused, set()).add((expert, part))
@@ -142,7 +176,7 @@ class _Loader:
         """The real parameter for a fused expert tensor, allocated on first use."""
         param = self.model.get_parameter(name)
         if param.is_meta:
-            param = torch.empty(param.shape, dtype=self.dtype, device=self.device)
+            param = torch.empty(param.shape, dtype=param.dtype, device=self.device)
             self._assign(name, param)
         return self.model.get_parameter(name)
 
@@ -158,13 +192,17 @@ class _Loader:
             if name in self.loaded:
                 continue
             parts = self.expert_parts.get(name)
-            kinds = ("down",) if name.endswith("down_proj") else ("gate", "up")
-            if parts is None:
-                missing.append(name)
+            prefix, _, attr = name.rpartition(".")
+            kinds = ("down",) if attr.startswith("down_proj") else ("gate", "up")
+            # fused experts' scales: always per expert in a checkpoint
+            scale = attr in ("gate_up_proj_scale_inv", "down_proj_scale_inv")
+            suffix = self.scale_name if scale else "weight"
+            if parts is None and not scale:
+                missing.append(_checkpoint_name(name, self.scale_name))
                 continue
-            prefix = name.rpartition(".")[0]
+            parts = parts or set()
             missing += [
-                f"{prefix}.{e}.{kind}_proj.weight"
+                f"{prefix}.{e}.{kind}_proj.{suffix}"
                 for e in range(self.model.config.num_experts)
                 for kind in kinds
                 if (e, kind) not in parts
@@ -174,13 +212,49 @@ class _Loader:
             raise ValueError(f"missing tensors in the checkpoint: {missing[:5]}{more}")
 
 
-def _canonical_name(key: str) -> str | None:
-    """The model's parameter name for a checkpoint key, None for tensors to skip."""
+def _canonical_name(key: str, scale_name: str) -> str | None:
+    """The model's parameter name for a checkpoint key (a weight's scale named `scale_name`
+    becomes SCALE), None for tensors to skip."""
     if key.startswith(SKIPPED_PREFIXES):
         return None
+    if key.endswith("." + scale_name):
+        key = key.removesuffix(scale_name) + SCALE
     if key.startswith("model.language_model."):
         return "model." + key.removeprefix("model.language_model.")
     return key
+
+
+def _checkpoint_name(name: str, scale_name: str) -> str:
+    """A parameter's name as the checkpoint spells a missing tensor (its scale's suffix)."""
+    if name.endswith("." + SCALE):
+        return name.removesuffix(SCALE) + scale_name
+    return name
+
+
+def _expert_rows(experts, key: str, attr: str) -> int:
+    """Rows of the gate (and of the up) part of an expert's gate_up weight (SCALE: of its
+    scale, which needs I to be a multiple of the block's rows)."""
+    i = experts.down_proj.shape[-1]
+    if attr != SCALE:
+        return i
+    bn = experts.blocks["gate_up_proj"][0]
+    if i % bn:
+        raise ValueError(
+            f"tensor {key!r}: moe_intermediate_size {i} is not a multiple of the FP8 block's "
+            f"{bn} rows, so gate and up scales cannot be stacked"
+        )
+    return i // bn
+
+
+def _check_kind(key: str, got: torch.dtype, want: torch.dtype) -> None:
+    """ValueError naming `key` when a stored FP8 tensor meets a dense parameter or the reverse
+    (the quantisation config and the tensors disagree)."""
+    if (got == FP8_DTYPE) != (want == FP8_DTYPE):
+        what = "FP8 in the quantization_config" if want == FP8_DTYPE else "not FP8"
+        raise ValueError(
+            f"tensor {key!r} is stored as {got}, but its module is {what} "
+            "(check quantization_config's modules_to_not_convert / ignore)"
+        )
 
 
 _FINITE_CHUNK = 1 << 26  # elements checked at a time (bounds the check's scratch memory)
@@ -194,9 +268,9 @@ def _check_finite(key: str, tensor: torch.Tensor, stored: torch.dtype) -> None:
     flat = tensor.reshape(-1)
     for start in range(0, flat.numel(), _FINITE_CHUNK):
         part = flat[start : start + _FINITE_CHUNK]
-        if not bool(torch.isfinite(part).all()):
+        if not bool(_finite(part).all()):
             bad = sum(
-                int((~torch.isfinite(flat[i : i + _FINITE_CHUNK])).sum())
+                int((~_finite(flat[i : i + _FINITE_CHUNK])).sum())
                 for i in range(0, flat.numel(), _FINITE_CHUNK)
             )
             why = "the checkpoint is corrupt"
@@ -205,6 +279,11 @@ def _check_finite(key: str, tensor: torch.Tensor, stored: torch.dtype) -> None:
             raise ValueError(
                 f"tensor {key!r} holds {bad} NaN or infinite values of {flat.numel()}: {why}"
             )
+
+
+def _finite(part: torch.Tensor) -> torch.Tensor:
+    # e4m3fn has a NaN (no infinity) but no isfinite kernel
+    return torch.isfinite(part.float() if part.dtype == FP8_DTYPE else part)
 
 
 def _check_shape(key: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:

@@ -25,6 +25,7 @@ from typing import Protocol
 import torch
 
 from ninfer.forward import ForwardBatch
+from ninfer.ops.fp8 import Fp8Weight
 
 
 class Ops(Protocol):
@@ -32,8 +33,11 @@ class Ops(Protocol):
     # `batch.state_taps` offsets this op set serves: multiples of it (1: any offset)
     tap_stride: int
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [T, K] @ weight[N, K]^T -> [T, N] in x.dtype (F.linear without bias)."""
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
+        """x [T, K] @ weight[N, K]^T -> [T, N] in x.dtype (F.linear without bias). An FP8
+        weight (`ninfer.ops.fp8`) means its dequantised values rounded to x.dtype; a fast path
+        may quantise x per token (and per block of K columns) to e4m3 and multiply in FP8,
+        within the error of that quantisation."""
         ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -217,7 +221,8 @@ class Ops(Protocol):
     ) -> torch.Tensor:
         """Routed experts of Qwen3.5-MoE (the shared expert is the model's).
 
-        x [N, H]; router_weight [E, H]; gate_up [E, 2I, H] (first I rows gate); down [E, H, I].
+        x [N, H]; router_weight [E, H]; gate_up [E, 2I, H] (first I rows gate); down [E, H, I]
+        (either may be a stacked `Fp8Weight`, multiplied as `linear` multiplies one).
         p = softmax(x @ router^T in fp32); top-k (ties to the lowest expert id in the fast
         path; torch.topk promises no order), renormalised, cast to x.dtype;
         out = sum_j w_j * down_e(silu(gate_e x) * up_e x). Returns [N, H] in x.dtype.
@@ -238,7 +243,7 @@ class Ops(Protocol):
 
         router_weight [E + 1, H]: the router's E rows, then the shared expert's gate row (one
         GEMV gives both); gate_up [E, 2I, H], down [E, H, I] as `moe`; shared_gate_up [2Is, H]
-        (first Is rows gate), shared_down [H, Is].
+        (first Is rows gate), shared_down [H, Is] (any of these four may be an `Fp8Weight`).
         out = moe(x, router_weight[:E], gate_up, down, top_k)
               + sigmoid(x @ router_weight[E]^T) * shared_down(silu(g) * u),
         with g | u = x @ shared_gate_up^T. Returns [N, H] in x.dtype.

@@ -35,14 +35,16 @@ def demo_identity(config_path: Path, seed: int) -> dict:
     return {"checkpoint": "ninfer-demo", "config_sha256": digest, "weights_seed": seed}
 
 
-def path_identity(model: str | None) -> dict:
+def path_identity(model: str | None, quantization: str | None = None) -> dict:
     """The identity of `EngineConfig.model`: its checkpoint folder's, or the demo model's
-    when that is None."""
+    when that is None; with the quantisation applied at load, if any (other weights)."""
     if model is not None:
-        return checkpoint_identity(model)
-    from ninfer.demo import DEMO_DIR, demo_weights_seed
+        identity = checkpoint_identity(model)
+    else:
+        from ninfer.demo import DEMO_DIR, demo_weights_seed
 
-    return demo_identity(DEMO_DIR / "config.json", demo_weights_seed)
+        identity = demo_identity(DEMO_DIR / "config.json", demo_weights_seed)
+    return identity if quantization is None else {**identity, "quantization": quantization}
 
 
 def model_identity(model) -> dict:

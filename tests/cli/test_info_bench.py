@@ -164,3 +164,49 @@ def test_info_over_a_checkpoint_folder(ninfer, demo_checkpoint):
     assert json.loads(run.stdout)["config"]["model"] == str(demo_checkpoint)
     missing = ninfer("info", "--model", str(demo_checkpoint / "nowhere"))
     assert missing.returncode == 2 and "not a checkpoint folder" in missing.stderr
+
+
+def test_info_shows_the_weights_quantised_at_load(ninfer):
+    plain = json.loads(ninfer("info", "--json", *ENGINE_FLAGS).stdout)
+    assert plain["weights"]["quantization"] == "none"
+    assert plain["weights"]["dense_modules"] == []
+    assert plain["config"]["quantization"] is None
+    run = ninfer("info", "--json", "--quantization", "fp8", *ENGINE_FLAGS)
+    assert run.returncode == 0, run.stderr
+    info = json.loads(run.stdout)
+    weights, dense = info["weights"], plain["weights"]
+    assert info["config"]["quantization"] == "fp8"
+    assert weights["quantization"].startswith("fp8 e4m3, 128x128 blocks")
+    assert "layers.*.linear_attn.in_proj_a" in weights["dense_modules"]
+    # the demo runs in fp32 on the CPU: FP8 reads about a quarter of its weight bytes
+    per_token = "decode_weight_bytes_per_token"
+    assert weights[per_token] < dense[per_token] / 2
+    assert weights[per_token + "_bf16"] == dense[per_token] // 2
+    table = ninfer("info", "--quantization", "fp8", *ENGINE_FLAGS).stdout
+    for words in ("weights", "kept dense", "read per decode token in bf16"):
+        assert words in table
+
+
+def test_bad_quantization_is_one_clear_line(ninfer):
+    run = ninfer("info", "--quantization", "int8")
+    assert run.returncode == 2
+    assert "quantization" in run.stderr.strip().splitlines()[-1]
+
+
+def test_bench_fp8_at_load_bounds_the_fp8_bytes(ninfer, tmp_path):
+    """`--quantization fp8` on the demo model: the decode bound counts the FP8 weight bytes
+    (about a quarter of the fp32 ones here), and transformers runs the dequantised weights."""
+    rows = {}
+    for quant in ((), ("--quantization", "fp8")):
+        out = tmp_path / f"b{len(quant)}.json"
+        run = ninfer("bench", "decode", "--prompt-tokens", "16", "--decode-tokens", "8",
+                     "--batch-sizes", "1", "--compare-hf", "--hf-max-prompt", "16",
+                     "--json", str(out), *quant, *ENGINE_FLAGS)  # fmt: skip
+        assert run.returncode == 0, run.stderr + run.stdout
+        rows[bool(quant)] = json.loads(out.read_text())
+    fp8, dense = rows[True], rows[False]
+    assert fp8["meta"]["model"].endswith("fp8 at load")
+    step = [r["decode"]["rows"][0]["step_bytes"] for r in (fp8, dense)]
+    assert step[0] < step[1] / 2
+    greedy = fp8["hf"]["greedy"]
+    assert greedy["tokens"] > 0 and greedy["agreeing_prefix"] == greedy["tokens"]

@@ -14,7 +14,7 @@ _FLAG_LIST = (
     "--model --device --dtype --kv-dtype --max-concurrency --prefill-chunk --max-model-len "
     "--kv-capacity --host-cache-mib --device-snapshot-slots --cache-taps-per-request "
     "--cache-tap-ladder --cache-tap-min-gap --prefix-cache-file --no-prefix-reuse "
-    "--concurrent-prefill --no-compile --no-cuda-graphs --seed"
+    "--concurrent-prefill --no-compile --no-cuda-graphs --quantization --seed"
 )
 API_FLAGS = _FLAG_LIST.split()
 

@@ -9,8 +9,9 @@ pays: device time only (each candidate captured in a CUDA graph, so the Python l
 the Triton autotuner's wrapper does not count) with a cold L2 (each call preceded by a write of
 a buffer larger than the L2, timed alone and subtracted). It runs outside any CUDA-graph capture
 (the engine's warm-up runs every decode batch size eagerly before capturing); a key first seen
-during a capture takes cuBLAS. Every other call is F.linear.
-Knows nothing about the model.
+during a capture takes cuBLAS. An FP8 weight (`ninfer.ops.fp8.Fp8Weight`) goes to `fp8.Fp8Gemm`
+(its own skinny GEMV at decode, cuBLAS's FP8 GEMM for prefill), `enabled` or not. Every other
+call is F.linear. Knows nothing about the model.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.cuda.fp8 import Fp8Gemm
 from ninfer.ops.cuda.skinny import MAX_M, skinny_linear
+from ninfer.ops.fp8 import Fp8Weight
 
 RACE_CALLS = 4  # calls per captured graph
 RACE_REPLAYS = 3
@@ -54,6 +57,7 @@ class DecodeLinear:
         self.enabled = enabled
         self.choice: dict[tuple, bool] = {}  # key -> skinny chosen
         self.timings: dict[tuple, tuple[float, float]] = {}  # key -> (cuBLAS ms, skinny ms)
+        self.fp8 = Fp8Gemm()
 
     def _eligible(self, x: torch.Tensor, w: torch.Tensor) -> bool:
         return (
@@ -66,7 +70,9 @@ class DecodeLinear:
             and w.is_contiguous()
         )
 
-    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, w: torch.Tensor | Fp8Weight) -> torch.Tensor:
+        if isinstance(w, Fp8Weight):
+            return self.fp8(x, w)
         if not self._eligible(x, w):
             return F.linear(x, w)
         key = (x.shape[0], *w.shape, x.dtype)

@@ -44,6 +44,10 @@ always replays the path it was captured with:
   would (`moe_block_ref` over `moe_grouped` and its linear, SwiGLU and sigmoid gate).
 - bmm (larger batches in other dtypes, or no `torch._grouped_mm`): each pair's expert weights
   gathered and one bmm; it copies the weights, so it is only meant for small models.
+- FP8 experts (`ninfer.ops.fp8.Fp8Weight`, `moe_fp8`): decode-sized inputs run the decode
+  kernels above on the e4m3 weights (each weight times its block's scale in fp32 as it is read;
+  the shared expert then runs as separate ops); larger ones `moe_dequantized`, which expands
+  the experts it needs to x.dtype per call and runs the grouped or bmm path (correct, slow).
 
 `CudaOps`' module imports this one, so it imports with torch alone; the Triton kernels are
 defined only where triton is installed. Knows nothing about the model.
@@ -56,6 +60,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.fp8 import Fp8Weight
 from ninfer.ops.reference.dense import moe_block_experts, route_ref
 
 DECODE_PAIRS = 64  # routed pairs (N * top_k) up to which the Triton path runs: 8 at top-8
@@ -110,7 +115,11 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         ]
 
     _even = triton.heuristics(
-        {"EVEN": lambda a: a["N"] % a["BLOCK_N"] == 0 and a["K"] % a["BLOCK_K"] == 0}
+        {
+            "EVEN": lambda a: a["N"] % a["BLOCK_N"] == 0 and a["K"] % a["BLOCK_K"] == 0,
+            # FP8: a K step lies inside one scale block, so one scale per row and step
+            "ROW_SCALE": lambda a: a["BK_W"] % a["BLOCK_K"] == 0 or a["BK_W"] >= a["K"],
+        }
     )
 
     if _INTERPRET:  # no libdevice under the interpreter: numpy's exp, about as accurate
@@ -182,12 +191,26 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         tl.store(ids + t * per + offs_j, picked, mask=j_ok)
 
     @triton.jit
+    def _scales(srows, k0, K, ok, BLOCK_K: tl.constexpr, BK_W, ROW_SCALE: tl.constexpr):
+        """FP8 scales of the weight tile [R0, R1, BLOCK_K] at K step k0 whose rows' scale rows
+        start at the pointers `srows` [R0, R1]: [R0, R1, 1] when the step lies in one scale
+        block (ROW_SCALE), else gathered per element [R0, R1, BLOCK_K]; `ok` masks the rows."""
+        if ROW_SCALE:
+            return tl.load(srows + k0 // BK_W, mask=ok, other=0.0)[:, :, None]
+        blk = (k0 + tl.arange(0, BLOCK_K)) // BK_W
+        k_ok = (k0 + tl.arange(0, BLOCK_K)) < K
+        m = ok[:, :, None] & k_ok[None, None, :]
+        return tl.load(srows[:, :, None] + blk[None, None, :], mask=m, other=0.0)
+
+    @triton.jit
     def _dot_rows(
-        rows, vec, K, row_ok, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr
-    ):
+        rows, vec, K, row_ok, srows, BK_W, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+        STAGES: tl.constexpr, FP8: tl.constexpr, ROW_SCALE: tl.constexpr,
+    ):  # fmt: skip
         """fp32 dot products [R0, R1] of the K-long unit-stride rows starting at the pointers
         `rows` [R0, R1] with vec [K]; row_ok [R0, R1] or [R0, 1]. Products are summed per lane
-        over K and reduced once at the end."""
+        over K and reduced once at the end. FP8: each weight times its scale (`_scales`, scale
+        rows at `srows`, BK_W columns per scale block) before the product."""
         offs_k = tl.arange(0, BLOCK_K)
         ptrs = rows[:, :, None] + offs_k[None, None, :]
         acc = tl.zeros(ptrs.shape, dtype=tl.float32)
@@ -199,23 +222,29 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
                 k_ok = k0 + offs_k < K
                 v = tl.load(vec + k0 + offs_k, mask=k_ok, other=0.0)
                 w = tl.load(ptrs + k0, mask=row_ok[:, :, None] & k_ok[None, None, :], other=0.0)
-            acc += w.to(tl.float32) * v.to(tl.float32)[None, None, :]
+            wf = w.to(tl.float32)
+            if FP8:
+                ok = tl.broadcast_to(row_ok, srows.shape)
+                wf = wf * _scales(srows, k0, K, ok, BLOCK_K, BK_W, ROW_SCALE)
+            acc += wf * v.to(tl.float32)[None, None, :]
         return tl.sum(acc, axis=2)
 
-    @_autotune(_block_configs(DECODE_CONFIGS), ["pairs", "N", "K", "SHARED"])
+    @_autotune(_block_configs(DECODE_CONFIGS), ["pairs", "N", "K", "SHARED", "FP8", "BK_W"])
     @_even
     @triton.jit(do_not_specialize=["pairs"])
     def _gate_up_silu_kernel(
-        x, w, ws, ids, h, pairs, N, K, s_xt, s_we, s_wn, s_hp,
-        TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        STAGES: tl.constexpr, EVEN: tl.constexpr,
+        x, w, ws, ids, h, pairs, N, K, s_xt, s_we, s_wn, s_hp, sc, s_se, s_sn, BN_W, BK_W,
+        TOP_K: tl.constexpr, SHARED: tl.constexpr, FP8: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
+        ROW_SCALE: tl.constexpr,
     ):  # fmt: skip
         """Program (pair p, block nb): h[p, n] = silu(W[n] . x[t]) * (W[N + n] . x[t]) for
         n in [nb * BLOCK_N, (nb + 1) * BLOCK_N), t = p // P with P = TOP_K + SHARED pairs per
         token, W = w[ids[p]] for the routed pairs; with SHARED, W = ws (the shared expert's
         [2N, K], the same row stride s_wn) for pair j = p % P == TOP_K. N = I, K = H.
         `pairs` (the grid's first dim) is only an autotune key: not specialised on, so that every
-        batch size shares one binary per config."""
+        batch size shares one binary per config. FP8 (routed experts only, SHARED 0): w is e4m3
+        and sc its scales [E, ceil(2N / BN_W), ceil(K / BK_W)] (strides s_se, s_sn)."""
         p, nb = tl.program_id(0), tl.program_id(1)
         per: tl.constexpr = TOP_K + SHARED
         base = w + tl.load(ids + p) * s_we
@@ -223,21 +252,26 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
             base = tl.where(p % per == TOP_K, ws, base)  # that pair's id (E) is not an expert
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         rows = offs_n[:, None] + tl.arange(0, 2)[None, :] * N  # [gate row n, up row N + n]
+        srows = sc + tl.load(ids + p) * s_se + (rows // BN_W) * s_sn  # FP8 only
         rows = base + rows * s_wn
         xr = x + (p // per) * s_xt
-        acc = _dot_rows(rows, xr, K, (offs_n < N)[:, None], BLOCK_K, EVEN, STAGES)
+        acc = _dot_rows(
+            rows, xr, K, (offs_n < N)[:, None], srows, BK_W, BLOCK_K, EVEN, STAGES, FP8,
+            ROW_SCALE,
+        )  # fmt: skip
         dt = h.dtype.element_ty
         gate, up = tl.split(acc.to(dt).to(tl.float32))
         act = (gate * tl.sigmoid(gate)).to(dt).to(tl.float32)
         tl.store(h + p * s_hp + offs_n, (act * up).to(dt), mask=offs_n < N)
 
-    @_autotune(_block_configs(DOWN_CONFIGS), ["tokens", "N", "K", "TOP_K", "SHARED"])
+    @_autotune(_block_configs(DOWN_CONFIGS), ["tokens", "N", "K", "TOP_K", "SHARED", "FP8", "BK_W"])
     @_even
     @triton.jit(do_not_specialize=["tokens"])
     def _down_sum_kernel(
-        h, w, ws, ids, wts, out, tokens, N, K, s_hp, s_we, s_wn, s_ot,
-        TOP_K: tl.constexpr, SHARED: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
+        h, w, ws, ids, wts, out, tokens, N, K, s_hp, s_we, s_wn, s_ot, sc, s_se, s_sn, BN_W,
+        BK_W, TOP_K: tl.constexpr, SHARED: tl.constexpr, FP8: tl.constexpr, KP: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+        EVEN: tl.constexpr, ROW_SCALE: tl.constexpr,
     ):  # fmt: skip
         """Program (token t, block nb): out[t, n] = sum_j wts[p] * (w[e, n] . h[p]) over the
         TOP_K routed pairs p = t * P + j (P = TOP_K + SHARED), e = ids[p], for n in
@@ -248,7 +282,8 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         stride s_wn). Each dot product and its product with the weight are rounded to out's dtype
         (as the reference's linear and multiply), then the terms are added in fp32 (the routed
         ones in a fixed tree, then the shared one: deterministic) and rounded once. `tokens` (the
-        grid's first dim) is only an autotune key."""
+        grid's first dim) is only an autotune key. FP8 (SHARED 0): w is e4m3 and sc its scales
+        [E, ceil(N / BN_W), ceil(K / BK_W)] (strides s_se, s_sn)."""
         t, nb = tl.program_id(0), tl.program_id(1)
         per: tl.constexpr = TOP_K + SHARED
         offs_j = tl.arange(0, KP)
@@ -261,6 +296,8 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         rows = rows[:, :, None] + offs_k[None, None, :]
         vecs = (h + pair * s_hp)[:, None, None] + offs_k[None, None, :]  # [KP, 1, BLOCK_K]
         n_ok = (offs_n < N)[None, :, None]
+        srows = sc + e[:, None] * s_se + (offs_n // BN_W)[None, :] * s_sn  # [KP, BLOCK_N], FP8
+        s_ok = tl.broadcast_to((offs_n < N)[None, :], srows.shape)
         acc = tl.zeros([KP, BLOCK_N, BLOCK_K], dtype=tl.float32)
         if SHARED:
             s_pair = t * per + TOP_K
@@ -275,7 +312,10 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
                 k_ok = (k0 + offs_k < K)[None, None, :]
                 v = tl.load(vecs + k0, mask=k_ok, other=0.0)
                 r = tl.load(rows + k0, mask=n_ok & k_ok, other=0.0)
-            acc += r.to(tl.float32) * v.to(tl.float32)
+            rf = r.to(tl.float32)
+            if FP8:
+                rf = rf * _scales(srows, k0, K, s_ok, BLOCK_K, BK_W, ROW_SCALE)
+            acc += rf * v.to(tl.float32)
             if SHARED:
                 if EVEN:
                     sv = tl.load(s_vec + k0)
@@ -336,17 +376,32 @@ def moe_route(
     return _route(logits, num_experts, top_k, shared, x.dtype)
 
 
+def _fp8_args(w: torch.Tensor | Fp8Weight) -> tuple[torch.Tensor, tuple, bool]:
+    """(the weight values, the kernels' scale args (sc, s_se, s_sn, BN_W, BK_W), FP8?)."""
+    if not isinstance(w, Fp8Weight):
+        return w, (w, 0, 0, 1, 1), False
+    s = w.scale
+    if s.stride(-1) != 1:
+        raise ValueError("moe_decode needs FP8 scales with unit stride along the last dim")
+    return w.qweight, (s, s.stride(0), s.stride(1), *w.block), True
+
+
 def _experts(
     x: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    gate_up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
     weights: torch.Tensor,
     ids: torch.Tensor,
     top_k: int,
     shared: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
     """The gate_up and down kernels over the pairs of (weights, ids) [N, P], P = top_k (+ 1
-    when `shared` = (shared gate_up [2I, H], shared down [H, I]) is given)."""
+    when `shared` = (shared gate_up [2I, H], shared down [H, I]) is given). Routed expert
+    weights may be FP8 (`Fp8Weight`, both or neither; then no `shared`)."""
+    gate_up, gate_up_scales, fp8 = _fp8_args(gate_up)
+    down, down_scales, down_fp8 = _fp8_args(down)
+    if fp8 != down_fp8 or (fp8 and shared is not None):
+        raise ValueError("moe_decode takes FP8 gate_up and down together, without a shared expert")
     n, hidden = x.shape
     inter = down.shape[-1]
     if gate_up.stride(-1) != 1 or down.stride(-1) != 1:
@@ -370,13 +425,13 @@ def _experts(
     out = x.new_empty(n, hidden)
     _gate_up_silu_kernel[lambda m: (pairs, -(-inter // m["BLOCK_N"]))](
         x, gate_up, s_gate_up, ids, h, pairs, inter, hidden,
-        x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
-        TOP_K=top_k, SHARED=has_shared,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0), *gate_up_scales,
+        TOP_K=top_k, SHARED=has_shared, FP8=int(fp8),
     )  # fmt: skip
     _down_sum_kernel[lambda m: (n, -(-hidden // m["BLOCK_N"]))](
         h, down, s_down, ids, weights, out, n, hidden, inter,
-        h.stride(0), down.stride(0), down.stride(1), out.stride(0),
-        TOP_K=top_k, SHARED=has_shared, KP=_pow2(top_k),
+        h.stride(0), down.stride(0), down.stride(1), out.stride(0), *down_scales,
+        TOP_K=top_k, SHARED=has_shared, FP8=int(fp8), KP=_pow2(top_k),
     )  # fmt: skip
     return out
 
@@ -462,6 +517,55 @@ def moe_grouped(
     if _decode_sized(x, top_k):
         return moe_decode(x, router_weight, gate_up, down, top_k)
     return moe_grouped_mm(x, router_weight, gate_up, down, top_k)
+
+
+def moe_fp8(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
+    top_k: int,
+) -> torch.Tensor:
+    """`moe_grouped` over FP8 experts: decode-sized inputs with both projections FP8 run the
+    decode kernels on the e4m3 weights (each weight times its scale in fp32 as it is read),
+    the rest `moe_dequantized`."""
+    both = isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight)
+    if both and _decode_sized(x, top_k):
+        return moe_decode(x, router_weight, gate_up, down, top_k)
+    return moe_dequantized(x, router_weight, gate_up, down, top_k)
+
+
+def moe_dequantized(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
+    top_k: int,
+) -> torch.Tensor:
+    """`moe_grouped` over FP8 expert weights, without host syncs: fewer (token, expert) pairs
+    than experts dequantise each pair's expert (to x.dtype) and multiply in one bmm per
+    projection; more dequantise every expert once and run `moe_grouped_mm`. Correct, not fast
+    (the weights are expanded per call)."""
+    num_experts = gate_up.shape[0]
+    if x.shape[0] * top_k >= num_experts:
+        return moe_grouped_mm(
+            x, router_weight, _dense(gate_up, None, x.dtype), _dense(down, None, x.dtype), top_k
+        )
+    weights, ids = route_ref(x, router_weight, top_k)
+    flat = ids.reshape(-1)
+    token = torch.arange(x.shape[0], device=x.device).repeat_interleave(top_k)
+    gate_up_p, down_p = _dense(gate_up, flat, x.dtype), _dense(down, flat, x.dtype)
+    gate, up = torch.bmm(gate_up_p, x[token, :, None]).squeeze(-1).chunk(2, dim=-1)
+    y = torch.bmm(down_p, (F.silu(gate) * up)[:, :, None]).squeeze(-1) * weights.reshape(-1, 1)
+    return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+
+def _dense(w: torch.Tensor | Fp8Weight, rows: torch.Tensor | None, dtype: torch.dtype):
+    """Stacked expert weights (those at `rows`, or all) in `dtype`."""
+    if isinstance(w, Fp8Weight):
+        picked = w if rows is None else Fp8Weight(w.qweight[rows], w.scale[rows], w.block)
+        return picked.dequantize(dtype)
+    return w if rows is None else w[rows]
 
 
 def moe_grouped_mm(

@@ -21,9 +21,10 @@ import torch
 
 from ninfer.forward import ForwardBatch, HeadDims
 from ninfer.ops.choices import OpChoices
-from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_grouped
+from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_fp8, moe_grouped
 from ninfer.ops.cuda.passmeta import CHUNK, PassMeta  # torch only: no kernel library imported
 from ninfer.ops.cuda.support import OpPlan, plan_ops
+from ninfer.ops.fp8 import Fp8Weight
 from ninfer.ops.reference import ReferenceOps, gdn_key_dim
 from ninfer.ops.reference.dense import (
     add_rms_norm_ref,
@@ -213,6 +214,8 @@ class CudaOps(ReferenceOps):
         down: torch.Tensor,
         top_k: int,
     ) -> torch.Tensor:
+        if isinstance(gate_up, Fp8Weight) or isinstance(down, Fp8Weight):
+            return moe_fp8(x, router_weight, gate_up, down, top_k)
         return moe_grouped(x, router_weight, gate_up, down, top_k)
 
     def moe_block(
@@ -226,10 +229,11 @@ class CudaOps(ReferenceOps):
         top_k: int,
     ) -> torch.Tensor:
         """Decode-sized blocks `block_fusable` accepts: `moe_block_decode` (four launches, the
-        router GEMV through self.linear). Otherwise the reference's composition over this
-        class's own ops (`moe` = `moe_grouped`, linear, silu_mul, sigmoid_mul)."""
+        router GEMV through self.linear). Otherwise (FP8 weights too) the reference's
+        composition over this class's own ops (`moe`, linear, silu_mul, sigmoid_mul)."""
         args = (x, router_weight, gate_up, down, shared_gate_up, shared_down, top_k)
-        if block_fusable(*args):
+        fp8 = any(isinstance(w, Fp8Weight) for w in args[2:6])
+        if not fp8 and block_fusable(*args):
             return moe_block_decode(*args, self.linear)
         return moe_block_ref(*args, self.moe, self.linear, self.silu_mul, self.sigmoid_mul)
 

@@ -8,9 +8,9 @@ are exported for kernel tests. Knows nothing about the model's structure.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ninfer.forward import ForwardBatch, row_taps
+from ninfer.ops.fp8 import Fp8Weight
 from ninfer.ops.reference.attention import gather_kv_ref, paged_attention_ref, write_kv_ref
 from ninfer.ops.reference.conv import causal_conv1d_ref, causal_conv1d_update_ref
 from ninfer.ops.reference.dense import (
@@ -18,6 +18,7 @@ from ninfer.ops.reference.dense import (
     apply_rope_ref,
     gated_rms_norm_ref,
     gdn_gates_ref,
+    linear_ref,
     moe_block_ref,
     moe_ref,
     rms_norm_ref,
@@ -41,6 +42,7 @@ __all__ = [
     "gated_rms_norm_ref",
     "gather_kv_ref",
     "l2norm",
+    "linear_ref",
     "moe_block_ref",
     "moe_ref",
     "paged_attention_ref",
@@ -100,8 +102,8 @@ class ReferenceOps:
     name = "reference"
     tap_stride = 1
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, weight)
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
+        return linear_ref(x, weight)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm_ref(x, weight, eps)

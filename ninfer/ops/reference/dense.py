@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.fp8 import Fp8Weight, fp8_linear_ref
+
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Zero-centred RMSNorm: x [..., D], weight [D] -> x * rsqrt(mean(x^2) + eps) * (1 + w)."""
@@ -86,14 +88,27 @@ def route_ref(
     return weights.to(x.dtype), ids
 
 
+def linear_ref(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
+    """F.linear without bias; an FP8 weight is dequantised to x.dtype first."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_linear_ref(x, weight)
+    return F.linear(x, weight)
+
+
+def expert_weight(w: torch.Tensor | Fp8Weight, e: int, dtype: torch.dtype) -> torch.Tensor:
+    """Expert `e` of stacked expert weights [E, N, K] (FP8: dequantised to `dtype`)."""
+    return w.expert(e).dequantize(dtype) if isinstance(w, Fp8Weight) else w[e]
+
+
 def moe_ref(
     x: torch.Tensor,
     router_weight: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    gate_up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
     top_k: int,
 ) -> torch.Tensor:
-    """Routed experts: x [N, H]; gate_up [E, 2I, H] (first I rows gate); down [E, H, I].
+    """Routed experts: x [N, H]; gate_up [E, 2I, H] (first I rows gate); down [E, H, I] (FP8:
+    the experts that received tokens are dequantised to x.dtype per call).
 
     Loops over the experts that received tokens (syncs with the host). Returns [N, H] x.dtype.
     """
@@ -101,8 +116,9 @@ def moe_ref(
     out = torch.zeros_like(x)
     for e in ids.unique().tolist():
         token, slot = torch.where(ids == e)
-        gate, up = F.linear(x[token], gate_up[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, down[e]) * weights[token, slot, None]
+        w_gate_up, w_down = expert_weight(gate_up, e, x.dtype), expert_weight(down, e, x.dtype)
+        gate, up = F.linear(x[token], w_gate_up).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w_down) * weights[token, slot, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out
 
@@ -128,7 +144,7 @@ def moe_block_ref(
     shared_down: torch.Tensor,
     top_k: int,
     moe=moe_ref,
-    linear=F.linear,
+    linear=linear_ref,
     silu_mul=silu_mul_ref,
     sigmoid_mul=sigmoid_mul_ref,
 ) -> torch.Tensor:

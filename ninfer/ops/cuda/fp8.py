@@ -1,0 +1,368 @@
+"""`CudaOps.linear` on an FP8 weight (`ninfer.ops.fp8.Fp8Weight`): a Triton skinny GEMV for
+decode, cuBLAS's block-scaled FP8 GEMM for prefill.
+
+- decode (M <= MAX_M rows, bf16 / fp16 x): `fp8_skinny` reads each e4m3 weight byte once and
+  keeps the activations in bf16 (W8A16). Program nb owns output columns [nb * BLOCK_N,
+  (nb + 1) * BLOCK_N); per BLOCK_K step it loads a [BLOCK_N, BLOCK_K] e4m3 tile (evict-first),
+  converts it to x's dtype (exact: every e4m3 value is a bf16 value), multiplies it with the
+  same K slice of x in fp32 (tensor cores with x padded to 16 rows, or, M == 1, the CUDA cores)
+  and adds the product times each row's scale for that K slice. A step never crosses a scale
+  block along K (BLOCK_K divides the block's columns, or the block spans K), so one scale per
+  row and step: y = sum over steps of (x . q) * s, each weight's dequantised value never
+  rounded. The first call per (M rounded up to a power of two, N, K, block) autotunes, timing
+  on the device: keep it out of graph capture (the engine's eager warm-up runs it first).
+- prefill (more rows): x is quantised per token per 128 columns to e4m3 (scale = amax / 448,
+  fp32, torch ops) and `torch.nn.functional.scaled_mm` multiplies with scale recipes
+  BlockWise1x128 (x) and BlockWise128x128 (the weight's 128 x 128 blocks), where the installed
+  torch and cuBLAS (>= 12.9, sm_90) support it; per-channel weights (compressed-tensors) take
+  `torch._scaled_mm` with per-token and per-channel scales. Support is probed once per
+  `Fp8Gemm` with one small call, outside any capture. Without the block-scaled cuBLAS GEMM, a
+  128 x 128-block weight takes our Triton w8a8 GEMM (`w8a8_gemm`: the same quantised x, e4m3
+  products on the tensor cores, both scales applied per K block; autotuned per (N, K) on first
+  use, outside any capture); any other shape or block is dequantised to x's dtype and
+  multiplied by cuBLAS (correct, slow).
+
+Knows nothing about the model.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ninfer.ops.fp8 import FP8_DTYPE, FP8_MAX, Fp8Weight, quantize_fp8
+
+logger = logging.getLogger(__name__)
+MAX_M = 8
+GROUP = 128  # activation quantisation group (columns) of the block-scaled GEMM
+ACT_EPS = 1e-12  # least amax of an activation group (an all-zero group gets a tiny scale)
+
+
+def _config(bn: int, bk: int, warps: int, stages: int, dot: bool = True) -> triton.Config:
+    kw = {"BLOCK_N": bn, "BLOCK_K": bk, "DOT": dot, "STAGES": stages}
+    return triton.Config(kw, num_warps=warps, num_stages=stages)
+
+
+# (BLOCK_N, BLOCK_K, num_warps, stages[, DOT]). e4m3 tiles are half the bytes of bf16 ones, so
+# the tiles are wider than skinny.py's for the same bytes in flight.
+CONFIGS = [
+    _config(16, 128, 4, 4),
+    _config(32, 128, 4, 4),
+    _config(64, 128, 4, 4),
+    _config(64, 128, 8, 3),
+    _config(128, 128, 8, 3),
+    _config(32, 64, 4, 5),
+    _config(64, 64, 4, 5),
+    _config(16, 256, 4, 4),
+    _config(32, 256, 8, 3),
+    _config(16, 128, 4, 4, dot=False),
+    _config(32, 128, 4, 4, dot=False),
+    _config(64, 128, 8, 3, dot=False),
+    _config(32, 64, 4, 5, dot=False),
+    _config(16, 256, 4, 4, dot=False),
+]
+
+
+def _fits(c: triton.Config, one_row: bool, k: int, block_k: int) -> bool:
+    """A config takes the shape: non-DOT only for M == 1; a K step inside one scale block."""
+    kw = c.kwargs
+    if not kw["DOT"] and not one_row:
+        return False
+    return block_k >= k or block_k % kw["BLOCK_K"] == 0
+
+
+def _prune(configs, nargs, **kwargs) -> list[triton.Config]:
+    one_row, k, block_k = nargs["M"] == 1, nargs["K"], nargs["BK_W"]
+    return [c for c in configs if _fits(c, one_row, k, block_k)]
+
+
+def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100 ms
+    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+
+@triton.autotune(
+    CONFIGS,
+    key=["M_KEY", "N", "K", "BN_W", "BK_W"],
+    prune_configs_by={"early_config_prune": _prune},
+    do_bench=_bench,
+)
+@triton.heuristics(
+    {
+        "EVEN_N": lambda a: a["N"] % a["BLOCK_N"] == 0,
+        "EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0,
+    }
+)
+@triton.jit
+def _fp8_skinny_kernel(
+    x, w, s, y, M, N, K, M_KEY, s_xm, s_ym, s_sn, BN_W, BK_W,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """Program nb: y[:, nb * BLOCK_N : (nb + 1) * BLOCK_N] over all of K. w [N, K] e4m3, s the
+    scales [ceil(N / BN_W), ceil(K / BK_W)] fp32 with row stride s_sn. M_KEY is only an
+    autotune key."""
+    nb = tl.program_id(0)
+    n0 = nb * BLOCK_N
+    rows = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_K)
+    n_ok = n0 + rows < N
+    w_ptrs = w + n0.to(tl.int64) * K + rows[:, None] * K + cols[None, :]
+    s_ptrs = s + ((n0 + rows) // BN_W).to(tl.int64) * s_sn  # each row's scale row
+    if DOT:
+        xm = tl.arange(0, 16)
+        x_ptrs = x + xm[:, None] * s_xm + cols[None, :]
+        acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    else:
+        x_ptrs = x + cols
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        k_ok = k + cols < K
+        if EVEN_N and EVEN_K:
+            wt = tl.load(w_ptrs, eviction_policy="evict_first")
+        elif EVEN_K:
+            wt = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+        else:
+            w_ok = n_ok[:, None] & k_ok[None, :]
+            wt = tl.load(w_ptrs, mask=w_ok, other=0.0, eviction_policy="evict_first")
+        sc = tl.load(s_ptrs + k // BK_W, mask=n_ok, other=0.0)  # [BLOCK_N] fp32
+        if DOT:
+            x_ok = (xm < M)[:, None]
+            if not EVEN_K:
+                x_ok = x_ok & k_ok[None, :]
+            xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
+            part = tl.dot(xt, tl.trans(wt.to(xt.dtype)))  # [16, BLOCK_N] fp32
+            acc += part * sc[None, :]
+        else:
+            if EVEN_K:
+                xt = tl.load(x_ptrs)
+            else:
+                xt = tl.load(x_ptrs, mask=k_ok, other=0.0)
+            part = tl.sum(wt.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
+            acc += part * sc
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    offs_n = n0 + rows
+    if DOT:
+        ok = (xm < M)[:, None] & n_ok[None, :]
+        tl.store(y + xm[:, None] * s_ym + offs_n[None, :], acc.to(y.dtype.element_ty), mask=ok)
+    else:
+        tl.store(y + offs_n, acc.to(y.dtype.element_ty), mask=n_ok)
+
+
+def _gemm_config(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+
+
+GEMM_CONFIGS = [
+    _gemm_config(64, 128, 4, 3),
+    _gemm_config(128, 128, 8, 3),
+    _gemm_config(128, 64, 4, 4),
+    _gemm_config(64, 64, 4, 4),
+    _gemm_config(128, 256, 8, 3),
+]
+
+
+@triton.autotune(GEMM_CONFIGS, key=["N", "K"], do_bench=_bench)
+@triton.jit
+def _w8a8_kernel(
+    xq, xs, w, ws, y, M, N, K, s_xm, s_xsm, s_xsk, s_wsn, s_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Program (mb, nb): y[mb block, nb block] = sum over K blocks kb of
+    (xq . wq) * xs[m, kb] * ws[n // BLOCK_K, kb], e4m3 x e4m3 products in fp32 (tensor cores).
+    xq [M, K] e4m3 with scales xs [M, K / BLOCK_K] (strides s_xsm, s_xsk); w [N, K] e4m3 with
+    scales ws [ceil(N / BLOCK_K), K / BLOCK_K] (row stride s_wsn): square blocks of BLOCK_K."""
+    mb, nb = tl.program_id(0), tl.program_id(1)
+    rm = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = rm < M, rn < N
+    x_ptrs = xq + rm.to(tl.int64)[:, None] * s_xm + rk[None, :]
+    w_ptrs = w + rn.to(tl.int64)[:, None] * K + rk[None, :]
+    xs_ptrs = xs + rm * s_xsm
+    ws_ptrs = ws + (rn // BLOCK_K) * s_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+        b = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+        a_s = tl.load(xs_ptrs + kb * s_xsk, mask=m_ok, other=0.0)
+        b_s = tl.load(ws_ptrs + kb, mask=n_ok, other=0.0)
+        acc += tl.dot(a, tl.trans(b)) * a_s[:, None] * b_s[None, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    out = y + rm.to(tl.int64)[:, None] * s_ym + rn[None, :]
+    tl.store(out, acc.to(y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def w8a8_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
+    """Whether `w8a8_gemm` takes x [M, K] and w: bf16 / fp16 x, a contiguous 2-D weight in
+    GROUP x GROUP blocks, K a multiple of GROUP."""
+    return (
+        x.dim() == 2
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and w.qweight.dim() == 2
+        and w.qweight.is_contiguous()
+        and w.scale.stride(-1) == 1
+        and w.block == (GROUP, GROUP)
+        and x.shape[1] % GROUP == 0
+    )
+
+
+def w8a8_gemm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+    """y = x @ dequantize(w)^T with x quantised per token per GROUP columns (`quantize_groups`),
+    by `_w8a8_kernel` (`w8a8_fits`); the first call per (N, K) autotunes on the device."""
+    (m, k), n = x.shape, w.qweight.shape[0]
+    q, xs = quantize_groups(x, GROUP)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
+    _w8a8_kernel[grid](
+        q, xs, w.qweight, w.scale, y, m, n, k, q.stride(0), xs.stride(0), xs.stride(1),
+        w.scale.stride(0), y.stride(0), BLOCK_K=GROUP,
+    )  # fmt: skip
+    return y
+
+
+def skinny_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
+    """Whether `fp8_skinny` takes x [M, K] and w: 1..MAX_M rows of bf16 / fp16 with unit stride
+    along K, a contiguous 2-D weight, and some config's K step inside one scale block."""
+    if not (x.dim() == 2 and w.qweight.dim() == 2 and 0 < x.shape[0] <= MAX_M):
+        return False
+    if x.dtype not in (torch.bfloat16, torch.float16) or x.stride(-1) != 1:
+        return False
+    if not (w.qweight.is_contiguous() and w.scale.stride(-1) == 1):
+        return False
+    k, block_k = w.qweight.shape[1], w.block[1]
+    return any(_fits(c, x.shape[0] == 1, k, block_k) for c in CONFIGS)
+
+
+def fp8_skinny(x: torch.Tensor, w: Fp8Weight, config: triton.Config | None = None) -> torch.Tensor:
+    """y = x @ dequantize(w)^T for x [M, K] (`skinny_fits`), in x.dtype. `config` forces one of
+    CONFIGS (tests); else the autotuned one (first call per key times the candidates)."""
+    if not skinny_fits(x, w):
+        raise ValueError(
+            f"fp8_skinny needs x [1..{MAX_M}, K] bf16/fp16 and a contiguous FP8 weight, got x "
+            f"{tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} block {w.block}"
+        )
+    (m, k), n = x.shape, w.qweight.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bn, bk = w.block
+    args = (x, w.qweight, w.scale, y, m, n, k, triton.next_power_of_2(m), x.stride(0),
+            y.stride(0), w.scale.stride(0), bn, bk)  # fmt: skip
+    if config is None:
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        _fp8_skinny_kernel[grid](*args)
+    else:
+        grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]),)
+        _fp8_skinny_kernel.fn[grid](*args, **config.all_kwargs())
+    return y
+
+
+def quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (K a multiple of `group`) per token per `group` columns to e4m3: (q [M, K],
+    scales [M, K / group] fp32, column-major as cuBLAS reads them). scale = amax / FP8_MAX."""
+    m, k = x.shape
+    xf = x.float().view(m, k // group, group)
+    scale = xf.abs().amax(dim=-1).clamp(min=ACT_EPS) / FP8_MAX
+    q = (xf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(m, k)
+    return q, scale.t().contiguous().t()
+
+
+def _blockwise(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+    """cuBLAS's 1x128 x 128x128 block-scaled GEMM: M padded to a multiple of 4 and the weight's
+    K blocks to a multiple of 4 (cuBLAS's layout rules), the padding sliced off."""
+    m = x.shape[0]
+    xp = F.pad(x, (0, 0, 0, -m % 4)) if m % 4 else x
+    q, xs = quantize_groups(xp, GROUP)
+    kb = w.scale.shape[1]
+    ws = F.pad(w.scale, (0, -kb % 4)) if kb % 4 else w.scale
+    out = F.scaled_mm(
+        q, w.qweight.t(), xs, F.ScalingType.BlockWise1x128, ws.t(),
+        F.ScalingType.BlockWise128x128, output_dtype=x.dtype,
+    )  # fmt: skip
+    return out[:m]
+
+
+def _rowwise(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+    """Per-token x scales times per-channel weight scales (`torch._scaled_mm`, row-wise)."""
+    xf = x.float()
+    xs = xf.abs().amax(dim=-1, keepdim=True).clamp(min=ACT_EPS) / FP8_MAX
+    q = (xf / xs).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return torch._scaled_mm(
+        q, w.qweight.t(), scale_a=xs, scale_b=w.scale.t().float(), out_dtype=x.dtype
+    )
+
+
+def _dequantized(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+    return F.linear(x, w.dequantize(x.dtype))
+
+
+class Fp8Gemm:
+    """y = x @ dequantize(w)^T on CUDA, by shape (module docstring). Probes the block-scaled
+    and row-wise GEMMs once each, eagerly; a call during a CUDA-graph capture before its probe
+    takes the dequantising fallback."""
+
+    def __init__(self) -> None:
+        self.support: dict[str, bool] = {}  # "blockwise" | "rowwise" -> works here
+        self.tuned: set[tuple[int, int]] = set()  # (N, K) the Triton GEMM has tuned
+
+    def __call__(self, x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+        if skinny_fits(x, w):
+            return fp8_skinny(x, w)
+        kind = self._kind(x, w)
+        if kind is not None and self._supported(kind, x.device):
+            return (_blockwise if kind == "blockwise" else _rowwise)(x, w)
+        if w8a8_fits(x, w):
+            key = tuple(w.qweight.shape)
+            if key in self.tuned or not torch.cuda.is_current_stream_capturing():
+                self.tuned.add(key)
+                return w8a8_gemm(x, w)
+        return _dequantized(x, w)
+
+    @staticmethod
+    def _kind(x: torch.Tensor, w: Fp8Weight) -> str | None:
+        """The cuBLAS FP8 GEMM whose layout rules these shapes meet, if any."""
+        n, k = w.qweight.shape[-2:]
+        plain = (
+            x.dim() == 2
+            and x.dtype in (torch.bfloat16, torch.float16)
+            and w.qweight.dim() == 2
+            and w.qweight.is_contiguous()
+            and k % 16 == 0
+            and n % 16 == 0
+        )
+        if not plain:
+            return None
+        if w.block == (GROUP, GROUP) and k % GROUP == 0 and n % GROUP == 0:
+            return "blockwise"
+        return "rowwise" if w.per_channel else None
+
+    def _supported(self, kind: str, device: torch.device) -> bool:
+        if kind not in self.support:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+            self.support[kind] = _probe(kind, device)
+        return self.support[kind]
+
+
+def _probe(kind: str, device: torch.device) -> bool:
+    """Whether the installed torch / cuBLAS runs `kind` on `device` and matches the
+    dequantising product (one warning when not)."""
+    gen = torch.Generator(device).manual_seed(0)
+    block = (GROUP, GROUP) if kind == "blockwise" else (1, 256)
+    w = quantize_fp8(torch.randn(256, 256, device=device, generator=gen), block)
+    x = torch.randn(8, 256, device=device, generator=gen).to(torch.bfloat16)
+    try:
+        got = (_blockwise if kind == "blockwise" else _rowwise)(x, w)
+    except (RuntimeError, AttributeError, NotImplementedError, TypeError) as e:
+        logger.warning("FP8 %s GEMM unavailable (%s): FP8 prefill dequantises", kind, e)
+        return False
+    want = _dequantized(x, w).float()
+    err = ((got.float() - want).norm() / want.norm()).item()
+    if not err < 0.1:
+        logger.warning("FP8 %s GEMM is off (relative error %.3g): dequantising", kind, err)
+        return False
+    return True
