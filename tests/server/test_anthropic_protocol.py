@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_helpers import MODEL, engine_idle
 
-from ninfer.request import RequestOutput, StreamDelta, Usage
+from ninfer.request import RequestOutput, SamplingParams, StreamDelta, Usage
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -71,8 +71,9 @@ def test_message_start_carries_the_final_usage_split(served, client):
 
 # ---- stop_sequence -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def reply(client) -> tuple[dict, str]:
-    """A greedy request and its reply text without stop sequences (long enough to hold some)."""
+def reply(served, client) -> tuple[dict, str, list[str]]:
+    """A greedy request, its reply text without stop sequences (long enough to hold some) and
+    the text as it grew token by token (the same request through the Python API)."""
     kw = dict(
         model=MODEL,
         max_tokens=24,
@@ -82,12 +83,22 @@ def reply(client) -> tuple[dict, str]:
     )
     text = client.messages.create(**kw).content[0].text
     assert len(text.strip()) >= 8
-    return kw, text
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    out = served.llm.chat([kw["messages"]], params, enable_thinking=False)[0]
+    assert out.text == text
+    ids, tok = list(out.token_ids), served.llm.tokenizer
+    return kw, text, [tok.decode(ids[:i]) for i in range(1, len(ids) + 1)]
 
 
-def _expected_stop(text: str, stops: list[str]) -> str:
-    """The stop string that ends `text`: the earliest to start, the shortest of those."""
-    return min((text.find(s), len(s), s) for s in stops if s in text)[2]
+def _expected_stop(grown: list[str], stops: list[str]) -> str:
+    """The stop string that ends the reply: stops are looked for as each token arrives, so at
+    the first token whose text holds one, the earliest of them to start (the shortest of
+    those)."""
+    for text in grown:
+        hits = [(text.find(s), len(s), s) for s in stops if s in text]
+        if hits:
+            return min(hits)[2]
+    raise AssertionError("no stop string in the reply")
 
 
 @st.composite
@@ -109,9 +120,9 @@ def _stops_in(draw, text: str) -> list[str]:
 @SERVER_EXAMPLES
 @given(data=st.data())
 def test_stop_sequence_names_the_stop_string_that_ended_the_reply(client, reply, data):
-    kw, text = reply
+    kw, text, grown = reply
     stops = data.draw(_stops_in(text))
-    hit = _expected_stop(text, stops)
+    hit = _expected_stop(grown, stops)
     msg = client.messages.create(stop_sequences=stops, **kw)
     assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", hit)
     assert msg.content[0].text == text[: text.find(hit)]
@@ -121,7 +132,7 @@ def test_stop_sequence_names_the_stop_string_that_ended_the_reply(client, reply,
 
 
 def test_stop_sequence_is_null_when_no_stop_string_ended_the_reply(client, reply):
-    kw, text = reply
+    kw, text, _ = reply
     stops = ["\x07never in the reply\x07"]
     msg = client.messages.create(stop_sequences=stops, **kw)
     _, final = _streamed(client, stop_sequences=stops, **kw)
