@@ -95,9 +95,15 @@ def build_random_model(
     dtype: torch.dtype,
     device: str | torch.device,
     seed: int = 0,
+    mtp: bool = False,
 ) -> Qwen35ForCausalLM:
-    """A randomly initialised model allocated directly on `device` (nothing on the host)."""
+    """A randomly initialised model allocated directly on `device` (nothing on the host);
+    `mtp`: with a random MTP draft head (the target's weights are the same either way)."""
     model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
+    if mtp:
+        from ninfer.models.mtp import add_mtp_head
+
+        add_mtp_head(model, dtype, "meta")
     model.to_empty(device=device)
     model.tie_weights()
     model.init_buffers()

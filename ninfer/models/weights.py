@@ -3,10 +3,10 @@
 Accepts one `model.safetensors` or shards listed by `model.safetensors.index.json`; keys under
 `model.` (transformers' text models) or `model.language_model.` (the Hub's multimodal layout);
 MoE experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]) or per expert
-(`mlp.experts.{e}.{gate,up,down}_proj.weight`). The vision tower (`model.visual.*`) and the MTP
-head (`mtp.*`) are skipped. The model is built on the meta device and each tensor is read,
-cast and placed one at a time, so peak memory is the model plus one tensor. Knows nothing about
-tokenizers or the engine.
+(`mlp.experts.{e}.{gate,up,down}_proj.weight`). The vision tower (`model.visual.*`) is skipped,
+and so is the MTP draft head (`mtp.*`) unless it is asked for (`mtp=True`: `model.mtp`). The
+model is built on the meta device and each tensor is read, cast and placed one at a time, so
+peak memory is the model plus one tensor. Knows nothing about tokenizers or the engine.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ logger = logging.getLogger("ninfer.models")
 INDEX_FILE = "model.safetensors.index.json"
 SKIPPED_PREFIXES = ("model.visual.", "mtp.")
 _PER_EXPERT = re.compile(
-    r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$"
+    r"^((?:model|mtp)\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$"
 )
 
 
@@ -58,13 +58,19 @@ def load_model(
     path: str | Path,
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
+    mtp: bool = False,
 ) -> Qwen35ForCausalLM:
     """Builds the model described by `path`/config.json and loads its weights in `dtype` on
-    `device` (the config is `model.config`). Raises ValueError naming any missing, unexpected
-    or mis-shaped tensor, or one holding NaN or infinite values."""
+    `device` (the config is `model.config`); `mtp`: its MTP draft head too. Raises ValueError
+    naming any missing, unexpected or mis-shaped tensor, or one holding NaN or infinite
+    values; with `mtp`, naming `speculative` when the checkpoint has no `mtp.*` tensor."""
     config = Qwen35Config.from_file(path)
     device = torch.device(device)
     model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
+    if mtp:
+        from ninfer.models.mtp import add_mtp_head
+
+        add_mtp_head(model, dtype, "meta")
     loader = _Loader(model, dtype, device)
     for file in checkpoint_files(path):
         try:
@@ -104,7 +110,7 @@ class _Loader:
 
     def add(self, key: str, source) -> None:
         """Places tensor `key` of `source` (an open safetensors file)."""
-        name = _canonical_name(key)
+        name = _canonical_name(key, self.model.mtp is not None)
         if name is None:
             self.skipped += 1
             return
@@ -153,6 +159,10 @@ class _Loader:
 
     def finish(self) -> None:
         """Raises ValueError naming the first missing tensors, if any."""
+        if self.model.mtp is not None and not any(n.startswith("mtp.") for n in self.loaded):
+            raise ValueError(
+                "speculative='mtp': the checkpoint has no MTP draft head (no mtp.* tensors)"
+            )
         missing = []
         for name in self.expected:
             if name in self.loaded:
@@ -174,9 +184,10 @@ class _Loader:
             raise ValueError(f"missing tensors in the checkpoint: {missing[:5]}{more}")
 
 
-def _canonical_name(key: str) -> str | None:
-    """The model's parameter name for a checkpoint key, None for tensors to skip."""
-    if key.startswith(SKIPPED_PREFIXES):
+def _canonical_name(key: str, mtp: bool = False) -> str | None:
+    """The model's parameter name for a checkpoint key, None for tensors to skip (`mtp`: the
+    MTP head's are kept)."""
+    if key.startswith(SKIPPED_PREFIXES) and not (mtp and key.startswith("mtp.")):
         return None
     if key.startswith("model.language_model."):
         return "model." + key.removeprefix("model.language_model.")
