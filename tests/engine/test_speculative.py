@@ -1,0 +1,195 @@
+"""MTP speculative decoding through the engine (`ninfer.engine.speculative`): greedy output
+token-identical to plain decode for K = 1..4, with and without the prefix cache, across turns
+and a Host restore; seeded sampling reproducible; the acceptance counters. Tiny dense and MoE
+models with a random MTP head (it accepts almost nothing), and a controlled draft (`propose`)
+that proposes the plain run's own tokens, each wrong with a set probability, so that every
+acceptance length occurs."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from engine_helpers import TINY, assert_idle, greedy, rand_tokens
+
+from ninfer.llm import LLM
+from ninfer.models.presets import build_random_model
+from ninfer.request import SamplingParams
+
+TINY_MOE = dataclasses.replace(
+    TINY, intermediate_size=0, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mtp_models():
+    """Tiny dense and MoE models with a random MTP head (fp32, CPU)."""
+    return {
+        "dense": build_random_model(TINY, torch.float32, "cpu", seed=1, mtp=True),
+        "moe": build_random_model(TINY_MOE, torch.float32, "cpu", seed=2, mtp=True),
+    }
+
+
+@pytest.fixture
+def make_spec_llm(mtp_models):
+    """make_spec_llm(kind, **kwargs) -> LLM over mtp_models[kind]; closed at teardown."""
+    made: list[LLM] = []
+
+    def factory(kind: str = "dense", **kwargs) -> LLM:
+        opts = dict(device="cpu", prefill_chunk=64, max_concurrency=4, kv_capacity=16384,
+                    host_cache_mib=16, check_invariants=True)  # fmt: skip
+        opts.update(kwargs)
+        llm = LLM.from_model(mtp_models[kind], **opts)
+        made.append(llm)
+        return llm
+
+    yield factory
+    for llm in made:
+        llm.close()
+
+
+def controlled(llm: LLM, expected: dict[tuple, list[int]], accept: float, seed: int) -> None:
+    """Drafts of `llm` become the plain run's own next tokens (`expected`: prompt -> prompt +
+    plain output), each replaced by another token with probability 1 - accept."""
+    rng = random.Random(seed)
+
+    def propose(lane, k: int) -> list[int]:
+        tokens = lane.request.tokens
+        full = next(v for p, v in expected.items() if tokens[: len(p)] == list(p))
+        out = []
+        for t in full[len(tokens) : len(tokens) + k]:
+            out.append(t if rng.random() < accept else (t + 1 + rng.randrange(50)) % 2000 + 4)
+        return out + [5] * (k - len(out))  # past the plain run's end: anything
+
+    llm.engine.speculator.propose = propose
+
+
+def _prompts(seed: int, n: int = 3) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [rand_tokens(rng, rng.randrange(20, 150)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("reuse", [True, False])
+def test_greedy_matches_plain_decode(make_spec_llm, kind, k, reuse):
+    """Three lanes at once, with the random head and with a controlled draft at acceptance
+    0.6: the same tokens as plain decode, and the counters add up."""
+    prompts = _prompts(10 + k)
+    params = [greedy(n) for n in (37, 50, 23)]
+    plain = make_spec_llm(kind, prefix_reuse=reuse)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    spec = make_spec_llm(kind, prefix_reuse=reuse, speculative="mtp", num_speculative_tokens=k)
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    expected = {tuple(p): p + w for p, w in zip(prompts, want, strict=True)}
+    controlled(spec, expected, accept=0.6, seed=k)
+    again = [p + [7] for p in prompts]  # new prompts: no request resumes a finished reply
+    want2 = [o.token_ids for o in plain.generate(again, params)]
+    expected = {tuple(p): p + w for p, w in zip(again, want2, strict=True)}
+    before = spec.engine.call(lambda: dataclasses.replace(spec.engine.speculator.stats))
+    controlled(spec, expected, accept=0.6, seed=k)
+    assert [o.token_ids for o in spec.generate(again, params)] == want2
+    st = spec.engine.call(lambda: spec.engine.speculator.stats)
+    rows, drafted = st.verify_rows - before.verify_rows, st.drafted - before.drafted
+    accepted, emitted = st.accepted - before.accepted, st.emitted - before.emitted
+    assert emitted == rows + accepted and 0 < accepted < drafted <= k * rows
+    assert emitted >= sum(p.max_tokens for p in params) - len(params)  # first tokens: prefill
+    assert_idle(spec)
+
+
+@pytest.mark.parametrize("accept", [0.0, 1.0])
+def test_acceptance_counters_at_the_extremes(make_spec_llm, accept):
+    """A draft always right accepts everything it drafts (K + 1 tokens per verify row but where
+    the request's end trims it); one always wrong accepts nothing (one token per row)."""
+    prompts = _prompts(3, n=2)
+    params = greedy(41)
+    plain = make_spec_llm(prefix_reuse=False)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    spec = make_spec_llm(prefix_reuse=False, speculative="mtp", num_speculative_tokens=3)
+    controlled(spec, {tuple(p): p + w for p, w in zip(prompts, want, strict=True)}, accept, 0)
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    st = spec.engine.call(lambda: spec.engine.speculator.stats)
+    if accept == 1.0:
+        assert st.accepted == st.drafted and st.emitted == 2 * 40
+        assert st.verify_rows == 2 * 10  # 40 tokens after the first: 4 per row
+    else:
+        assert st.accepted == 0 and st.emitted == st.verify_rows == 2 * 40
+
+
+def test_stops_inside_an_accepted_run(make_spec_llm):
+    """A stop token and max_tokens that fall inside a verify row's accepted tokens end the
+    request where plain decode ends it; the rest of the row is dropped."""
+    prompt = _prompts(4, n=1)[0]
+    plain = make_spec_llm()
+    full = plain.generate([prompt], greedy(60))[0].token_ids
+    stop = full[17]
+    params = SamplingParams(max_tokens=60, temperature=0, stop_token_ids=[stop])
+    want = plain.generate([prompt], params)[0]
+    spec = make_spec_llm(speculative="mtp", num_speculative_tokens=4)
+    controlled(spec, {tuple(prompt): prompt + full}, accept=1.0, seed=0)
+    got = spec.generate([prompt], params)[0]
+    assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+    short = spec.generate([prompt + [9]], greedy(6))[0]
+    assert short.token_ids == plain.generate([prompt + [9]], greedy(6))[0].token_ids
+    assert_idle(spec)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_multi_turn_and_host_restore_match_plain(make_spec_llm, k):
+    """A conversation of three turns, each resuming from the previous reply's endpoint (the
+    head re-bridged from the resumed frontier), the last one after other requests pushed it
+    off the Device (a Host restore): the same tokens as plain decode, with the same reuse."""
+    kwargs = dict(host_cache_mib=4, device_snapshot_slots=2, kv_capacity=24 * 64,
+                  max_concurrency=2)  # fmt: skip
+    plain = make_spec_llm(**kwargs)
+    spec = make_spec_llm(speculative="mtp", num_speculative_tokens=k, **kwargs)
+    for llm in (plain, spec):
+        rng = random.Random(20)
+        history = rand_tokens(rng, 150)
+        outs = []
+        for turn in range(3):
+            if turn == 2:
+                for _ in range(7):
+                    llm.generate([rand_tokens(rng, 300)], greedy(20))
+            out = llm.generate([history], greedy(30))[0]
+            ledger = llm.memory_ledger()  # restored pages (the head's K/V rides in each page)
+            restored = out.usage.restored_host_bytes
+            pages = (restored - ledger["state_image_bytes"]) / ledger["kv_page_bytes"]
+            outs.append((out.token_ids, out.usage.cached_tokens, pages if restored else 0))
+            history = history + out.token_ids + rand_tokens(rng, 20)
+        if llm is plain:
+            want = outs
+    assert outs == want
+    assert want[1][1] > 0 and want[2][2] > 0  # turn 2 resumed, turn 3 restored from the Host
+    assert spec.memory_ledger()["kv_page_bytes"] == 2 * plain.memory_ledger()["kv_page_bytes"]
+    assert_idle(spec)
+
+
+def test_seeded_sampling_is_reproducible(make_spec_llm):
+    """A seeded sampled request draws the same tokens in two engines, and with a neighbour."""
+    prompts = _prompts(5, n=2)
+    params = SamplingParams(max_tokens=30, temperature=0.8, top_k=50, seed=123, ignore_eos=True)
+    a = make_spec_llm(speculative="mtp", num_speculative_tokens=2)
+    b = make_spec_llm(speculative="mtp", num_speculative_tokens=2)
+    first = a.generate([prompts[0]], params)[0].token_ids
+    assert len(first) == 30
+    other = SamplingParams(max_tokens=30, temperature=1.0, ignore_eos=True)
+    assert b.generate(prompts, [params, other])[0].token_ids == first
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        LLM.from_model(build_random_model(TINY, torch.float32, "cpu"), device="cpu",
+                       speculative="mtp", num_speculative_tokens=5)  # fmt: skip
+    with pytest.raises(ValueError, match="speculative"):
+        LLM.from_model(build_random_model(TINY, torch.float32, "cpu"), device="cpu",
+                       speculative="eagle")  # fmt: skip
+    with pytest.raises(ValueError, match="speculative"):  # no MTP head
+        LLM.from_model(build_random_model(TINY, torch.float32, "cpu"), device="cpu",
+                       kv_capacity=4096, speculative="mtp")  # fmt: skip
+    with pytest.raises(ValueError, match="num_speculative_tokens needs speculative"):
+        LLM.from_model(build_random_model(TINY, torch.float32, "cpu"), device="cpu",
+                       kv_capacity=4096, num_speculative_tokens=2)  # fmt: skip
