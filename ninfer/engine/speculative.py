@@ -7,10 +7,13 @@ A lane that speculates (`speculates`: no grammar, no logprobs) decodes K + 1 tok
                every token, StateTaps after 1 .. k tokens into scratch slots)
     accept     `sampling.accept_drafts`: greedy = the longest prefix of drafts the target's
                argmax agrees with, plus the target's token after it; sampled = rejection sampling
-    settle     the Stepper appends the n tokens (fewer when one stops the request);
-               `settle_row` sets computed = F + n and copies the state after n tokens of the
-               row into the lane's slot (`StatePool.copy_image`) unless n = k + 1
-    draft      `draft`: the MTP head bridges the positions the pass committed, then chains
+    settle     the Stepper appends the n tokens (fewer when one stops the request, or at a
+               chat's output boundary: `cut`); `settle_row` sets computed = F + n and copies
+               the state after n tokens of the row into the lane's slot
+               (`StatePool.copy_image`) unless n = k + 1
+    bridge     the MTP head runs over the positions the pass committed (`bridge`), before the
+               cache commits them
+    draft      `draft`: draft 1 from the bridge's logits, then k - 1 one-token head passes
 
 The roll-back of the GDN state is the per-position snapshot design: the verify pass writes
 the state after each of its first k tokens into a scratch slot (`forward.StateTap`), and the
@@ -22,8 +25,9 @@ behind the target: head position p reads the target's final hidden state at p an
 p + 1. After every pass over a lane's row [s, e) (a prefill chunk, or a verify row of which
 n tokens were accepted: e = s + n) the head runs over the same positions ("bridge") with the
 tokens [s + 1, e] (the last one sampled by that pass, or a prompt token), so its K/V covers
-what the target's does; the bridge's last logits are draft 1 for a lane that samples next, and
-k - 1 one-token head passes (their own hidden fed back) draft the rest. A lane resumed from the
+what the target's does wherever the cache commits or publishes a page; the bridge's last
+logits are draft 1 for a lane that samples next, and k - 1 one-token head passes (their own
+hidden fed back) draft the rest. A lane resumed from the
 prefix cache starts bridging at its resumed frontier: the head's K/V below it comes with the
 cached pages. Drafts are only proposals: whatever the head's K/V holds, the output is the
 target's, verified.
@@ -188,24 +192,23 @@ class Speculator:
         if offset <= len(slots):
             self.states.copy_image(slots[offset - 1], lane.slot)
 
-    # ---- drafting ----------------------------------------------------------------------------
-    def draft(self, launched, slices, live: list[KVLane], max_model_len: int) -> None:
-        """After a settled step: bridge the head over every speculating lane's committed
-        positions of the pass, then draft for the lanes that decode next."""
-        live_ids = {lane.lane_id for lane in live}
-        for lane_id in [i for i in self.drafts if i not in live_ids]:
-            del self.drafts[lane_id]
-        bridge_rows, hidden_rows, lanes = [], [], []
+    # ---- the head: bridge, then drafts -------------------------------------------------------
+    def bridge(self, launched: SpecLaunched, slices, advanced: list[KVLane]) -> list:
+        """Run the head over the positions the step committed for each lane of `advanced` (its
+        row's tokens appended, its frontier moved), before they are committed to the cache:
+        head position p of the row reads the target's hidden state at p and token p + 1 (the
+        last one sampled by the step, or a prompt token). Returns, per lane that decodes next,
+        (lane, row, draft-1 logits, the head's hidden state at its last position)."""
+        rows, hidden, lanes = [], [], []
         for i, s in enumerate(slices):
             lane = s.lane
-            if lane not in live or not self.speculates(lane) or lane.computed <= s.start:
-                continue
             n = lane.computed - s.start
+            if lane not in advanced or not self.speculates(lane) or n <= 0:
+                continue
             if len(lane.tokens) < lane.computed + 1:
-                continue  # the next token is not known (a lane that ended)
-            start = launched.starts[i]
-            decodes = not lane.prefilling
-            bridge_rows.append(
+                continue  # the token after the frontier is not known
+            decodes = not lane.prefilling and lane.request.finish_reason is None
+            rows.append(
                 Row(
                     token_ids=lane.tokens[s.start + 1 : lane.computed + 1],
                     ctx_len=s.start,
@@ -215,20 +218,50 @@ class Speculator:
                     generator=lane.request.generator,
                 )
             )
-            hidden_rows.append(launched.hidden[start : start + n])
+            first = launched.starts[i]
+            hidden.append(launched.hidden[first : first + n])
             lanes.append(lane)
-        if not bridge_rows:
-            return
-        logits, out = self._head(bridge_rows, torch.cat(hidden_rows))
-        ends = torch.tensor([len(r.token_ids) for r in bridge_rows]).cumsum(0) - 1
-        chain, at = [], 0
-        for j, (row, lane) in enumerate(zip(bridge_rows, lanes, strict=True)):
-            if row.sample is None:
-                continue
-            k = self._draft_len(lane, max_model_len)
-            chain.append((lane, row, k, logits[at], out[int(ends[j])]))
-            at += 1
+        if not rows:
+            return []
+        logits, out = self._head(rows, torch.cat(hidden))
+        last = torch.tensor([len(r.token_ids) for r in rows]).cumsum(0) - 1
+        pending, at = [], 0
+        for j, (row, lane) in enumerate(zip(rows, lanes, strict=True)):
+            if row.sample is not None:
+                pending.append((lane, row, logits[at], out[int(last[j])]))
+                at += 1
+        return pending
+
+    def draft(self, pending: list, live: list[KVLane], max_model_len: int) -> None:
+        """Draft the next verify row's tokens of each `pending` lane still running (`bridge`),
+        and forget the drafts of lanes that have ended."""
+        live_ids = {lane.lane_id for lane in live}
+        for lane_id in [i for i in self.drafts if i not in live_ids]:
+            del self.drafts[lane_id]
+        chain = [
+            (lane, row, self._draft_len(lane, max_model_len), logits, hidden)
+            for lane, row, logits, hidden in pending
+            if lane.lane_id in live_ids
+        ]
         self._chain(chain)
+
+    @staticmethod
+    def cut(lane: KVLane, tokens: list[int]) -> list[int]:
+        """The first tokens of a verify row's, up to a chat's output boundary (§7.7, the
+        publisher's `_output_boundary_pays`): after a token the template re-renders the reply
+        after (`</think>`) one more is kept, so the frontier lands right after it; a token it
+        re-renders before (`<tool_call>`) is the last kept, so the frontier lands right before
+        it. The next step yields the rest, so the frontier stops there as it does without
+        speculation. (Greedy: the same tokens; sampled: a stop decided by the tokens drawn so
+        far keeps them the target's.)"""
+        hints = lane.request.hints
+        before, after = hints.output_before, (*hints.output_after, *hints.output_before)
+        if not (before or after):
+            return tokens
+        for j, t in enumerate(tokens):
+            if t in before or (j > 0 and tokens[j - 1] in after):
+                return tokens[: j + 1]
+        return tokens
 
     def _draft_len(self, lane: KVLane, max_model_len: int) -> int:
         """Drafts for the lane's next verify row: at most K, within max_model_len and

@@ -33,6 +33,7 @@ from ninfer.engine.request import Request
 from ninfer.engine.roster import Roster
 from ninfer.engine.scheduler import Slice, may_admit
 from ninfer.engine.speculative import Speculator
+from ninfer.page import PAGE_SIZE
 
 
 @dataclass(slots=True)
@@ -90,7 +91,9 @@ class Stepper:
         suspended: list[KVLane] = []
         for s in slices:
             drafts, verify = self._drafts(s.lane)
-            if not self.kv_state.budget.grow(s.lane, s.end + len(drafts)):
+            if drafts and not self.kv_state.budget.grow(s.lane, s.end + len(drafts)):
+                drafts = drafts[: len(s.lane.pages) * PAGE_SIZE - s.end]  # what its pages hold
+            if not self.kv_state.budget.grow(s.lane, s.end):
                 suspended.append(s.lane)  # the pool cannot extend it: suspend, never cut short
                 continue
             taps = self.kv_state.before_chunk(s.lane, s.start, s.end, s.in_pass, s.tail_at)
@@ -253,6 +256,7 @@ class Stepper:
         roster = self.roster
         failed: list[tuple[KVLane, str]] = []
         verify = [bool(r.verify) for r in flight.launched.rows] if flight.launched else []
+        advanced: list[KVLane] = []
         for i, s in enumerate(flight.slices):
             lane, req = s.lane, s.lane.request
             appended = 0
@@ -267,7 +271,8 @@ class Stepper:
                 if token is not None:
                     if not lane.prefilling and not req.prefill_done_t:
                         req.prefill_done_t = now
-                    for t in token if isinstance(token, list) else [token]:
+                    run = self.speculator.cut(lane, token) if verify[i] else [token]
+                    for t in run:
                         self._append(req, t, result.logprobs[i], now)
                         appended += 1
                         if req.finish_reason is not None:
@@ -280,6 +285,11 @@ class Stepper:
             finally:
                 if verify and verify[i]:
                     self.speculator.settle_row(flight.launched, i, lane, s.start, appended)
+            advanced.append(lane)
+        pending = []  # the head's K/V first, so that what the cache commits includes it
+        if self.speculator is not None and flight.launched is not None:
+            pending = self.speculator.bridge(flight.launched, flight.slices, advanced)
+        for lane in advanced:
             self.kv_state.after_advance(lane)
         for lane, message in failed:
             roster.fail(lane, message)
@@ -287,8 +297,8 @@ class Stepper:
             roster.vouch(RuntimeError(failed[0][1]))
         for lane in [ln for ln in roster.lanes if ln.request.finish_reason is not None]:
             roster.finish(lane)
-        if self.speculator is not None and flight.launched is not None:
-            self._draft(flight)
+        if self.speculator is not None:
+            self._draft(pending)
         for lane in roster.lanes:
             req = lane.request
             if req.stream:
@@ -296,14 +306,14 @@ class Stepper:
                 if delta is not None:
                     req.sink.put(delta)
 
-    def _draft(self, flight: InFlight) -> None:
+    def _draft(self, pending: list) -> None:
         """The speculator's drafts for the lanes' next verify rows, after the pages for the
         head's chain are mapped where the pool allows (a lane that cannot grow drafts fewer)."""
         spec, lanes = self.speculator, self.roster.lanes
-        for lane in lanes:
-            if not lane.prefilling and spec.speculates(lane):
+        for lane, *_ in pending:
+            if lane in lanes:
                 self.kv_state.budget.grow(lane, lane.computed + spec.k - 1)
-        spec.draft(flight.launched, flight.slices, lanes, self.memory.max_model_len)
+        spec.draft(pending, lanes, self.memory.max_model_len)
 
     def _append(self, req: Request, token: int, logprobs, now: float) -> None:
         if not req.t_first:

@@ -193,3 +193,28 @@ def test_options_are_checked():
     with pytest.raises(ValueError, match="num_speculative_tokens needs speculative"):
         LLM.from_model(build_random_model(TINY, torch.float32, "cpu"), device="cpu",
                        kv_capacity=4096, num_speculative_tokens=2)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tokens", "want"),
+    [
+        ([5, 6, 7], [5, 6, 7]),  # no boundary
+        ([5, 90, 6, 7], [5, 90, 6]),  # after `</think>` (90): one more, then the frontier
+        ([90, 6, 7], [90, 6]),
+        ([5, 6, 91, 7], [5, 6, 91]),  # `<tool_call>` (91): the frontier lands before it
+        ([91, 7], [91]),
+        ([5, 6, 7, 90], [5, 6, 7, 90]),
+    ],
+)
+def test_a_verify_row_stops_at_an_output_boundary(tokens, want):
+    from types import SimpleNamespace
+
+    from ninfer.engine.speculative import Speculator
+
+    hints = SimpleNamespace(output_after=(90,), output_before=(91,))
+    lane = SimpleNamespace(request=SimpleNamespace(hints=hints))
+    assert Speculator.cut(lane, tokens) == want
+    plain = SimpleNamespace(
+        request=SimpleNamespace(hints=SimpleNamespace(output_after=(), output_before=()))
+    )
+    assert Speculator.cut(plain, tokens) == tokens
