@@ -17,8 +17,11 @@ A lane that speculates (`speculates`: no grammar, no logprobs) decodes K + 1 tok
 
 The roll-back of the GDN state is the per-position snapshot design: the verify pass writes
 the state after each of its first k tokens into a scratch slot (`forward.StateTap`), and the
-accepted one is copied into the lane's slot. Attention K/V needs no roll-back: positions past
-the frontier are rewritten before anything reads them (a pass reads [0, its own position]).
+accepted one is copied into the lane's slot. An op set that snapshots only on a coarser grid
+(`Ops.tap_stride > 1`: the CUDA kernels) saves the lane's state before the pass instead and,
+when a draft is rejected, restores it and runs the accepted tokens again (`replay`).
+Attention K/V needs no roll-back: positions past the frontier are rewritten before anything
+reads them (a pass reads [0, its own position]).
 
 The head's K/V lives in its own entry of every KV page (`MemoryGeometry.kv_layers`), one token
 behind the target: head position p reads the target's final hidden state at p and the token at
@@ -32,8 +35,7 @@ prefix cache starts bridging at its resumed frontier: the head's K/V below it co
 cached pages. Drafts are only proposals: whatever the head's K/V holds, the output is the
 target's, verified.
 
-Runs eagerly (no CUDA graphs, no step run ahead) and needs an op set that snapshots the state
-at any offset (`Ops.tap_stride == 1`).
+Runs eagerly (no CUDA graphs, no step run ahead).
 """
 
 from __future__ import annotations
@@ -107,12 +109,9 @@ class Speculator:
     def __init__(self, runner: Runner, states: StatePool, k: int, scratch: list[int]) -> None:
         if runner.model.mtp is None:
             raise ValueError("speculative='mtp': the model has no MTP draft head")
-        if runner.ops.tap_stride != 1:
-            raise ValueError(
-                f"speculative='mtp': the {runner.ops.name} op set cannot snapshot the state "
-                "after every token of a verify row (tap_stride > 1)"
-            )
         self.runner, self.states, self.k = runner, states, k
+        # an op set that cannot snapshot at every offset: save and replay instead (`launch`)
+        self.replay = runner.ops.tap_stride != 1
         self.scratch = scratch  # k physical slots per verify row of a step
         self.drafts: dict[int, Draft] = {}
         self.stats = SpeculationStats()
@@ -133,14 +132,19 @@ class Speculator:
         """Run the step's target pass (prefill rows, plain decode rows and verify rows; row i
         is lanes[i]'s), sample the plain rows (`mask`: their structured outputs' masks) and
         accept the verify rows against the lanes' drafts. Each verify row gets its scratch
-        slots as taps here."""
+        slots as taps here (with `replay`: one scratch slot, the lane's state saved into it
+        before the pass)."""
         taps, used = {}, 0
         for i, r in enumerate(rows):
             if r.verify and len(r.token_ids) > 1:
-                slots = self.scratch[used : used + len(r.token_ids) - 1]
-                used += len(slots)
+                n = 1 if self.replay else len(r.token_ids) - 1
+                slots = self.scratch[used : used + n]
+                used += n
                 taps[i] = slots
-                r.taps = r.taps + tuple((o + 1, s) for o, s in enumerate(slots))
+                if self.replay:
+                    self.states.copy_image(r.slot, slots[0])
+                else:
+                    r.taps = r.taps + tuple((o + 1, s) for o, s in enumerate(slots))
         runner = self.runner
         batch = runner.build_batch(rows)
         logits, hidden = runner.model.forward_hidden(batch, runner.cache, runner.ops)
@@ -189,8 +193,18 @@ class Speculator:
         offset = max(n, 1)
         lane.computed = start + offset
         slots = launched.taps.get(i, [])
-        if offset <= len(slots):
+        row = launched.rows[i]
+        if not slots or offset == len(row.token_ids):
+            return
+        if not self.replay:
             self.states.copy_image(slots[offset - 1], lane.slot)
+            return
+        # the state before the row, then the accepted tokens again (their K/V rewritten as is)
+        self.states.copy_image(slots[0], lane.slot)
+        tokens = row.token_ids[:offset]
+        again = Row(tokens, start, lane.slot, lane.pages, row.sample, row.generator)
+        runner = self.runner
+        runner.model(runner.build_batch([again]), runner.cache, runner.ops)
 
     # ---- the head: bridge, then drafts -------------------------------------------------------
     def bridge(self, launched: SpecLaunched, slices, advanced: list[KVLane]) -> list:

@@ -218,3 +218,21 @@ def test_a_verify_row_stops_at_an_output_boundary(tokens, want):
         request=SimpleNamespace(hints=SimpleNamespace(output_after=(), output_before=()))
     )
     assert Speculator.cut(plain, tokens) == tokens
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_replay_roll_back_matches_plain(make_spec_llm, kind):
+    """The roll-back an op set without per-token snapshots takes (`Speculator.replay`: the
+    state saved before the verify pass, restored and the accepted tokens run again): the same
+    tokens as plain decode, across partial acceptances."""
+    prompts = _prompts(30)
+    params = [greedy(n) for n in (33, 41, 19)]
+    plain = make_spec_llm(kind)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    spec = make_spec_llm(kind, speculative="mtp", num_speculative_tokens=3)
+    spec.engine.speculator.replay = True
+    controlled(spec, {tuple(p): p + w for p, w in zip(prompts, want, strict=True)}, 0.6, 1)
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    st = spec.engine.call(lambda: spec.engine.speculator.stats)
+    assert 0 < st.accepted < st.drafted
+    assert_idle(spec)
