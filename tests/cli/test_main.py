@@ -14,7 +14,8 @@ _FLAG_LIST = (
     "--model --device --dtype --kv-dtype --max-concurrency --prefill-chunk --max-model-len "
     "--kv-capacity --host-cache-mib --device-snapshot-slots --cache-taps-per-request "
     "--cache-tap-ladder --cache-tap-min-gap --prefix-cache-file --no-prefix-reuse "
-    "--concurrent-prefill --no-compile --no-cuda-graphs --seed"
+    "--concurrent-prefill --no-compile --no-cuda-graphs --seed --speculative "
+    "--num-speculative-tokens"
 )
 API_FLAGS = _FLAG_LIST.split()
 
@@ -40,6 +41,13 @@ def test_each_subcommand_takes_the_engine_flags(command):
     kwargs = engine_kwargs(build_parser().parse_args(argv))
     assert kwargs == {"max_concurrency": 2, "prefix_reuse": False, "kv_capacity": 4096,
                       "compile": False, "cache_tap_ladder": 512, "dtype": "float32"}  # fmt: skip
+
+
+def test_speculative_flags_parse_to_their_keywords():
+    args = build_parser().parse_args(
+        ["chat", "--speculative", "mtp", "--num-speculative-tokens", "2"]
+    )
+    assert engine_kwargs(args) == {"speculative": "mtp", "num_speculative_tokens": 2}
 
 
 def test_flags_left_out_are_not_passed():

@@ -12,8 +12,9 @@ import random
 
 import pytest
 import torch
-from engine_helpers import TINY, assert_idle, greedy, rand_tokens
+from engine_helpers import TINY, VOCAB, assert_idle, greedy, rand_tokens
 
+from ninfer.bench.speculative import controlled_draft
 from ninfer.llm import LLM
 from ninfer.models.presets import build_random_model
 from ninfer.request import SamplingParams
@@ -54,17 +55,7 @@ def make_spec_llm(mtp_models):
 def controlled(llm: LLM, expected: dict[tuple, list[int]], accept: float, seed: int) -> None:
     """Drafts of `llm` become the plain run's own next tokens (`expected`: prompt -> prompt +
     plain output), each replaced by another token with probability 1 - accept."""
-    rng = random.Random(seed)
-
-    def propose(lane, k: int) -> list[int]:
-        tokens = lane.request.tokens
-        full = next(v for p, v in expected.items() if tokens[: len(p)] == list(p))
-        out = []
-        for t in full[len(tokens) : len(tokens) + k]:
-            out.append(t if rng.random() < accept else (t + 1 + rng.randrange(50)) % 2000 + 4)
-        return out + [5] * (k - len(out))  # past the plain run's end: anything
-
-    llm.engine.speculator.propose = propose
+    llm.engine.speculator.propose = controlled_draft(expected, accept, VOCAB, seed)
 
 
 def _prompts(seed: int, n: int = 3) -> list[list[int]]:
