@@ -310,8 +310,8 @@ class OpsConfig:
 class Speculation:
     """Speculative decoding: the draft method (None: off) and the draft tokens per step."""
 
-    method: str | None = None
-    num_tokens: int = 0  # 0 when off
+    speculative: str | None = None  # the draft method
+    num_speculative_tokens: int = 0  # 0 when off
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,7 +528,7 @@ def resolve(
     solo = _solo_chunk(opts, model, chunk, on_cuda, len_cfg, rate)
     spec = resolve_speculation(opts)
     n_fa = len(model.full_layer_ids)
-    kv_layers = n_fa + (spec.method == "mtp")  # the MTP head's attention layer has its own K/V
+    kv_layers = n_fa + (spec.speculative == "mtp")  # the MTP head's attention layer has its own K/V
     page_bytes = model.kv_bytes_per_token(itemsize(kv_dtype)) // n_fa * kv_layers * PAGE_SIZE
     state_bytes = model.state_image_bytes(itemsize(dtype))
     host_mib = opts.host_cache_mib
@@ -540,11 +540,11 @@ def resolve(
     slots = opts.device_snapshot_slots
     slots = (c + 1 if host_tier else c + 2) if slots is None else slots
     # speculation runs eagerly, one step at a time: no CUDA graphs, no step run ahead
-    graphs = bool(opts.cuda_graphs) and on_cuda and spec.method is None
+    graphs = bool(opts.cuda_graphs) and on_cuda and spec.speculative is None
     graph_tokens = min(opts.prefill_graph_tokens, chunk)
     graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
     scratch = int(graph_tokens > 0)
-    spec_slots = c * spec.num_tokens
+    spec_slots = c * spec.num_speculative_tokens
     states = state_bytes * (c + slots + scratch + spec_slots)
     pages = _resolve_pages(opts, facts, page_bytes, states, c, len_cfg)
     max_len = min(len_cfg, pages * PAGE_SIZE)
@@ -571,7 +571,7 @@ def resolve(
         prefill_chunk=chunk,
         solo_prefill_chunk=solo,
         concurrent_prefill=bool(opts.concurrent_prefill),
-        overlap_decode=bool(opts.overlap_decode) and spec.method is None,
+        overlap_decode=bool(opts.overlap_decode) and spec.speculative is None,
         seed=int(opts.seed),
         check_invariants=bool(opts.check_invariants),
     )

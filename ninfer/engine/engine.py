@@ -90,9 +90,9 @@ class Engine:
             cfg.memory, cfg.scheduling, mem, self._roster, tokenizer, make_gen, self.device
         )
         self.speculator: Speculator | None = None
-        if cfg.speculation.method == "mtp":
+        if cfg.speculation.speculative == "mtp":
             spec_slots = mem.states.scratch_slots[cfg.memory.scratch_entries :]
-            k = cfg.speculation.num_tokens
+            k = cfg.speculation.num_speculative_tokens
             self.speculator = Speculator(self.runner, mem.states, k, spec_slots)
         self._stepper = Stepper(
             cfg.memory, cfg.scheduling, self.runner, mem, self._roster, self.eos, self.vocab_size,
