@@ -32,20 +32,18 @@ def controlled_draft(
 
 
 def stats_since(llm, before) -> dict:
-    """Acceptance (accepted / drafted) and tokens per verify row since `before` (a copy of
-    `Speculator.stats`), read on the engine thread."""
-    st = llm.engine.call(lambda: llm.engine.speculator.stats)
-    rows, drafted = st.verify_rows - before.verify_rows, st.drafted - before.drafted
-    accepted, emitted = st.accepted - before.accepted, st.emitted - before.emitted
+    """Acceptance (accepted / drafted) and tokens per verify row since `before` (`snapshot`)."""
+    st = snapshot(llm).since(before)
     return {
-        "spec_verify_rows": rows,
-        "spec_acceptance": accepted / drafted if drafted else None,
-        "spec_tokens_per_step": emitted / rows if rows else None,
+        "spec_verify_rows": st.verify_rows,
+        "spec_acceptance": st.accepted / st.drafted if st.drafted else None,
+        "spec_tokens_per_step": st.tokens_per_row if st.verify_rows else None,
     }
 
 
 def snapshot(llm):
-    """A copy of the engine's speculation counters (None without speculation)."""
+    """A copy of the engine's speculation counters, read on the engine thread (None without
+    speculation)."""
     import dataclasses
 
     spec = llm.engine.speculator

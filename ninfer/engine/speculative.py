@@ -79,6 +79,13 @@ class SpeculationStats:
     def tokens_per_row(self) -> float:
         return self.emitted / self.verify_rows if self.verify_rows else 0.0
 
+    def since(self, before: SpeculationStats) -> SpeculationStats:
+        """The counts after `before` (an earlier copy)."""
+        return SpeculationStats(
+            self.verify_rows - before.verify_rows, self.drafted - before.drafted,
+            self.accepted - before.accepted, self.emitted - before.emitted,
+        )  # fmt: skip
+
 
 @dataclass(slots=True)
 class SpecLaunched:

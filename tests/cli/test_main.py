@@ -112,6 +112,20 @@ def test_turn_line_has_the_four_figures():
     )
 
 
+def test_turn_line_shows_the_speculation_when_on():
+    from ninfer.cli.chat_view import turn_line
+    from ninfer.engine.speculative import SpeculationStats
+
+    out = RequestOutput("r", [1], [2, 3], "x", "stop", usage=Usage(120, 2, 64),
+                        metrics=Metrics(ttft_s=0.0123, decode_tokens_per_s=45.67))  # fmt: skip
+    stats = SpeculationStats(verify_rows=10, drafted=30, accepted=21, emitted=31)
+    assert turn_line(out, speculation=stats) == (
+        "prompt 120 tok · cached 64 · TTFT 12 ms · decode 45.7 tok/s · "
+        "MTP 3.10 tok/step, 70% accepted · 2 tok (stop)"
+    )
+    assert turn_line(out, speculation=SpeculationStats()) == turn_line(out)
+
+
 def test_malformed_kv_capacity_is_a_clear_error(capsys):
     from ninfer.cli.main import main
 
