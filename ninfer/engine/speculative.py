@@ -155,6 +155,8 @@ class Speculator:
         runner = self.runner
         batch = runner.build_batch(rows)
         logits, hidden = runner.model.forward_hidden(batch, runner.cache, runner.ops)
+        if batch.before_layer is not None:  # a Host restore: the head's K/V entry is the layer
+            batch.before_layer(len(runner.model.model.layers))  # after the model's (`bridge`)
         n = len(rows)
         step = StepResult(tokens=[None] * n, logprobs=[None] * n, errors=[None] * n)
         plain, plain_rows, at = [], [], 0
@@ -171,7 +173,7 @@ class Speculator:
                 plain_rows.append(i)
             at += width
         if plain:
-            sampled = runner._sample(logits[plain], [rows[i] for i in plain_rows], mask)
+            sampled = runner.sample_rows(logits[plain], [rows[i] for i in plain_rows], mask)
             tokens = sampled.token_ids.tolist()
             errors = getattr(sampled, "errors", None)
             for j, i in enumerate(plain_rows):

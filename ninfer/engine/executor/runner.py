@@ -283,10 +283,10 @@ class Runner:
         if not want:
             return Launched(rows, None)
         if callable(mask):
-            return Launched(rows, None, deferred=lambda: self._sample(logits, want, mask()))
-        return Launched(rows, self._sample(logits, want, mask))
+            return Launched(rows, None, deferred=lambda: self.sample_rows(logits, want, mask()))
+        return Launched(rows, self.sample_rows(logits, want, mask))
 
-    def _sample(self, logits: torch.Tensor, want: list[Row], mask=None):
+    def sample_rows(self, logits: torch.Tensor, want: list[Row], mask=None):
         """Sample every row at once; if that raises, row by row, so that a row whose sampling
         fails fails alone (`RowSamples.errors`) and the others get their tokens."""
         if mask is not None:
