@@ -39,11 +39,11 @@ def make_spec_llm(mtp_models):
     """make_spec_llm(kind, **kwargs) -> LLM over mtp_models[kind]; closed at teardown."""
     made: list[LLM] = []
 
-    def factory(kind: str = "dense", **kwargs) -> LLM:
+    def factory(kind: str = "dense", tokenizer=None, chat_template=None, **kwargs) -> LLM:
         opts = dict(device="cpu", prefill_chunk=64, max_concurrency=4, kv_capacity=16384,
                     host_cache_mib=16, check_invariants=True)  # fmt: skip
         opts.update(kwargs)
-        llm = LLM.from_model(mtp_models[kind], **opts)
+        llm = LLM.from_model(mtp_models[kind], tokenizer, chat_template, **opts)
         made.append(llm)
         return llm
 
@@ -226,4 +226,38 @@ def test_replay_roll_back_matches_plain(make_spec_llm, kind):
     assert [o.token_ids for o in spec.generate(prompts, params)] == want
     st = spec.engine.call(lambda: spec.engine.speculator.stats)
     assert 0 < st.accepted < st.drafted
+    assert_idle(spec)
+
+
+def test_grammar_and_logprobs_lanes_decode_plainly_beside_speculating_ones(
+    make_spec_llm, demo_text
+):
+    """A request with a grammar and one with logprobs decode one token a step (the same
+    tokens, logprobs and text as plain decode) in the same steps as a speculating lane."""
+    from ninfer.request import StructuredOutputsParams
+
+    tok, template = demo_text
+    prompts = _prompts(40)
+    params = [
+        greedy(30),
+        SamplingParams(max_tokens=12, temperature=0,
+                       structured_outputs=StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2,5}")),
+        SamplingParams(max_tokens=25, temperature=0, ignore_eos=True, logprobs=3),
+    ]  # fmt: skip
+    plain = make_spec_llm(tokenizer=tok, chat_template=template)
+    want = plain.generate(prompts, params)
+    spec = make_spec_llm(tokenizer=tok, chat_template=template, speculative="mtp",
+                         num_speculative_tokens=3)  # fmt: skip
+    expected = {tuple(p): p + o.token_ids for p, o in zip(prompts, want, strict=True)}
+    controlled(spec, expected, accept=0.8, seed=2)
+    got = spec.generate(prompts, params)
+    for w, g in zip(want, got, strict=True):
+        assert (g.token_ids, g.text) == (w.token_ids, w.text)
+    # the batch's shapes differ from plain decode's (verify rows), so its GEMMs round apart
+    got_lp, want_lp = got[2].logprobs, want[2].logprobs
+    assert [d.keys() for d in got_lp] == [d.keys() for d in want_lp]
+    for g, w in zip(got_lp, want_lp, strict=True):
+        assert all(abs(g[t] - w[t]) < 1e-4 for t in w)
+    st = spec.engine.call(lambda: spec.engine.speculator.stats)
+    assert st.accepted > 0 and st.emitted == 29  # only the first request's tokens after one
     assert_idle(spec)
