@@ -506,27 +506,19 @@ def _tap_settings(opts: EngineOptions, host_tier: bool, chunk: int) -> dict:
     }
 
 
-def resolve(
+def _memory(
     opts: EngineOptions,
     model: Qwen35Config,
     facts: DeviceFacts,
-    dtypes: tuple[str, str] | None = None,
-) -> EngineConfig:
-    """Compute every derived value (design §14.2, ADAPTATION.md defaults) once. Pure; raises
-    ValueError naming the offending field where the model or the device rules a value out
-    (`EngineOptions` has checked each value on its own). `dtypes`: what `resolve_dtypes` gave
-    a caller that needed them before (`LLM` builds the weights before measuring free memory);
-    None resolves them here."""
-    on_cuda = facts.device.startswith("cuda")
-    check_fit(opts, model, on_cuda)
-    c = opts.max_concurrency
-    dtype, kv_dtype = dtypes or resolve_dtypes(opts, on_cuda)
-    chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
-    len_cfg = opts.max_model_len or model.max_position_embeddings
-    rates = facts.rates or (CUDA_NOMINAL if on_cuda else CPU_RATES)
-    rate = rates.prefill_flops_per_s(dtype)
-    solo = _solo_chunk(opts, model, chunk, on_cuda, len_cfg, rate)
-    spec = resolve_speculation(opts)
+    dtypes: tuple[str, str],
+    len_cfg: int,
+    scratch: int,
+    spec: Speculation,
+) -> MemoryGeometry:
+    """resolve's memory geometry: page and image sizes, the Host tier, snapshot slots and the
+    KV pages (`scratch`: 1 when prefill graphs need a scratch state entry; `spec`: the MTP
+    head's K/V entry in every page, the verify passes' scratch state slots)."""
+    dtype, kv_dtype, c = *dtypes, opts.max_concurrency
     n_fa = len(model.full_layer_ids)
     kv_layers = n_fa + (spec.speculative == "mtp")  # the MTP head's attention layer has its own K/V
     page_bytes = model.kv_bytes_per_token(itemsize(kv_dtype)) // n_fa * kv_layers * PAGE_SIZE
@@ -539,18 +531,13 @@ def resolve(
     )
     slots = opts.device_snapshot_slots
     slots = (c + 1 if host_tier else c + 2) if slots is None else slots
-    # speculation runs eagerly, one step at a time: no CUDA graphs, no step run ahead
-    graphs = bool(opts.cuda_graphs) and on_cuda and spec.speculative is None
-    graph_tokens = min(opts.prefill_graph_tokens, chunk)
-    graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
-    scratch = int(graph_tokens > 0)
     spec_slots = c * spec.num_speculative_tokens
     states = state_bytes * (c + slots + scratch + spec_slots)
     pages = _resolve_pages(opts, facts, page_bytes, states, c, len_cfg)
     max_len = min(len_cfg, pages * PAGE_SIZE)
     if opts.max_model_len is not None and max_len < opts.max_model_len:
         _kv_short(pages, opts.max_model_len)  # "auto" KV: the memory left after the weights
-    memory = MemoryGeometry(
+    return MemoryGeometry(
         device=facts.device,
         dtype=dtype,
         kv_dtype=kv_dtype,
@@ -567,6 +554,35 @@ def resolve(
         host_tier=host_tier,
         host_geometry=host_geometry,
     )
+
+
+def resolve(
+    opts: EngineOptions,
+    model: Qwen35Config,
+    facts: DeviceFacts,
+    dtypes: tuple[str, str] | None = None,
+) -> EngineConfig:
+    """Compute every derived value (design §14.2, ADAPTATION.md defaults) once. Pure; raises
+    ValueError naming the offending field where the model or the device rules a value out
+    (`EngineOptions` has checked each value on its own). `dtypes`: what `resolve_dtypes` gave
+    a caller that needed them before (`LLM` builds the weights before measuring free memory);
+    None resolves them here."""
+    on_cuda = facts.device.startswith("cuda")
+    check_fit(opts, model, on_cuda)
+    dtype, kv_dtype = dtypes or resolve_dtypes(opts, on_cuda)
+    chunk = opts.prefill_chunk if opts.prefill_chunk is not None else (2048 if on_cuda else 256)
+    len_cfg = opts.max_model_len or model.max_position_embeddings
+    rates = facts.rates or (CUDA_NOMINAL if on_cuda else CPU_RATES)
+    rate = rates.prefill_flops_per_s(dtype)
+    solo = _solo_chunk(opts, model, chunk, on_cuda, len_cfg, rate)
+    spec = resolve_speculation(opts)
+    # speculation runs eagerly, one step at a time: no CUDA graphs, no step run ahead
+    graphs = bool(opts.cuda_graphs) and on_cuda and spec.speculative is None
+    graph_tokens = min(opts.prefill_graph_tokens, chunk)
+    graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
+    scratch = int(graph_tokens > 0)
+    memory = _memory(opts, model, facts, (dtype, kv_dtype), len_cfg, scratch, spec)
+    host_tier = memory.host_tier
     scheduling = Scheduling(
         prefill_chunk=chunk,
         solo_prefill_chunk=solo,

@@ -6,6 +6,7 @@ Pure Python, importable by the CLI (`ninfer bench`) and wrapped by tools/bench_c
 
 from __future__ import annotations
 
+import functools
 import gc
 import random
 import statistics
@@ -16,8 +17,8 @@ from ninfer.cache.common import BLOCK_BYTES, ROOT, ceil_div
 from ninfer.cache.cost import CacheCostModel
 from ninfer.cache.index import PrefixIndex
 from ninfer.cache.keys import PromptBlocks, block_hashes, hash_blocks, pack_tokens, split_blocks
-from ninfer.cache.records import CacheConfig, QuoteParams
-from ninfer.cache.taps import HintKind, TapConfig, TapHint, plan_taps
+from ninfer.cache.records import CacheConfig, Quote, QuoteParams
+from ninfer.cache.taps import HintKind, Tap, TapConfig, TapHint, plan_taps
 from ninfer.page import PAGE_SIZE
 
 
@@ -104,24 +105,10 @@ def run_cache_bench(
     prompt = PromptBlocks(data, n_tokens, hashes)
     ent = ceil_div(n_tokens + 4096, PAGE_SIZE)
     params = QuoteParams(ent, free_pages=ent, total_pages=4 * ent)
-
-    def hash_match_choose():
-        blocks = split_blocks(data)
-        p = PromptBlocks(data, n_tokens, hash_blocks(blocks), blocks=blocks)
-        return ix.quote(p, params)
-
     q = ix.quote(prompt, params)
-    hints = [TapHint(p, HintKind.MESSAGE) for p in range(1000, n_tokens, 2000)]
-    hints += [TapHint(900, HintKind.STRUCTURAL), TapHint(n_tokens - 40, HintKind.OPENER)]
-    existing = [ix.snapshot(s).frontier for s in q.match.candidates]
-    taps = plan_taps(n_tokens, q.frontier, hints, existing, (), TapConfig())
-
-    def revalue_all():
-        for sid in ix.snapshots.by_id:
-            ix.host_tier.mark(sid)
-        ix.host_tier.flush()
-
-    revalue = _time(revalue_all, max(3, repeats // 4))
+    plan = _tap_plan(ix, q, n_tokens)
+    taps = plan()
+    revalue = _time(lambda: _revalue_all(ix), max(3, repeats // 4))
     return {
         "prompt_tokens": n_tokens,
         "prompt_blocks": len(hashes),
@@ -135,11 +122,31 @@ def run_cache_bench(
         "split_and_hash": _time(lambda: hash_blocks(split_blocks(data)), repeats),
         "match": _time(lambda: ix.match(prompt), repeats),
         "quote_match_and_choice": _time(lambda: ix.quote(prompt, params), repeats),
-        "hash_match_choice": _time(hash_match_choose, repeats),
-        "plan_taps": _time(
-            lambda: plan_taps(n_tokens, q.frontier, hints, existing, (), TapConfig()), repeats
-        ),
+        "hash_match_choice": _time(lambda: _hash_match_choose(ix, data, n_tokens, params), repeats),
+        "plan_taps": _time(plan, repeats),
         "taps": [(t.position, t.placement.name, t.priority) for t in taps],
         "host_victim_scan": _time(ix.host_tier.victim, repeats),
         "host_revalue_all": revalue,
     }
+
+
+def _hash_match_choose(ix: PrefixIndex, data: bytes, n_tokens: int, params: QuoteParams) -> Quote:
+    """A quote from the packed prompt alone: splitting and hashing included."""
+    blocks = split_blocks(data)
+    p = PromptBlocks(data, n_tokens, hash_blocks(blocks), blocks=blocks)
+    return ix.quote(p, params)
+
+
+def _tap_plan(ix: PrefixIndex, q: Quote, n_tokens: int) -> Callable[[], list[Tap]]:
+    """plan_taps for the quoted prompt: a message boundary every 2000 tokens, one structural
+    boundary, the opener, the snapshots the match met."""
+    hints = [TapHint(p, HintKind.MESSAGE) for p in range(1000, n_tokens, 2000)]
+    hints += [TapHint(900, HintKind.STRUCTURAL), TapHint(n_tokens - 40, HintKind.OPENER)]
+    existing = [ix.snapshot(s).frontier for s in q.match.candidates]
+    return functools.partial(plan_taps, n_tokens, q.frontier, hints, existing, (), TapConfig())
+
+
+def _revalue_all(ix: PrefixIndex) -> None:
+    for sid in ix.snapshots.by_id:
+        ix.host_tier.mark(sid)
+    ix.host_tier.flush()

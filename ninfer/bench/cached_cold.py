@@ -246,13 +246,34 @@ def _prompt_input(req: FuzzRequest) -> dict:
 def _run_round(llm, reqs: list[FuzzRequest], timeout_s: float) -> list[Outcome]:
     """Submit every request of a round at once; cancels and closes happen from the callbacks
     and the stream threads. Returns each request's outcome, in order."""
-    outcomes: list[Outcome | None] = [None] * len(reqs)
-    done = threading.Semaphore(0)
-    threads = []
+    round_ = _Round(llm, len(reqs))
+    for i, req in enumerate(reqs):
+        if req.mode == "close":
+            t = threading.Thread(target=round_.close_early, args=(i, req), daemon=True)
+            round_.threads.append(t)
+            t.start()
+        else:
+            round_.submit(i, req)
+    return round_.wait(timeout_s)
 
-    def submit(i: int, req: FuzzRequest) -> None:
-        seen = [0]
-        box: list[str] = []
+
+class _Round:
+    """A round's requests in flight: each sets its outcome once and releases `done`."""
+
+    def __init__(self, llm, n: int) -> None:
+        self.llm = llm
+        self.outcomes: list[Outcome | None] = [None] * n
+        self.done = threading.Semaphore(0)
+        self.threads: list[threading.Thread] = []  # stream readers and cancel timers
+
+    def _finish(self, i: int, outcome: Outcome) -> None:
+        self.outcomes[i] = outcome
+        self.done.release()
+
+    def submit(self, i: int, req: FuzzRequest) -> None:
+        """Through `LLM.submit`; a "cancel" request is cancelled after `stop_after` deltas, or
+        at once (or after `cancel_delay_s`) when that is 0."""
+        llm, seen, box = self.llm, [0], []
 
         def on_event(event) -> None:
             if isinstance(event, StreamDelta):
@@ -260,8 +281,7 @@ def _run_round(llm, reqs: list[FuzzRequest], timeout_s: float) -> list[Outcome]:
                 if req.mode == "cancel" and seen[0] == req.stop_after:
                     llm.cancel(box[0])
                 return
-            outcomes[i] = _outcome(event)
-            done.release()
+            self._finish(i, _outcome(event))
 
         prompt = llm.render_chat(req.messages).prompt if req.messages else None
         prompt = prompt or llm.render_prompt(_prompt_input(req))
@@ -272,14 +292,15 @@ def _run_round(llm, reqs: list[FuzzRequest], timeout_s: float) -> list[Outcome]:
                 timer = threading.Timer(req.cancel_delay_s, llm.cancel, (rid,))
                 timer.daemon = True
                 timer.start()
-                threads.append(timer)
+                self.threads.append(timer)
             else:
                 llm.cancel(rid)
 
-    def close_early(i: int, req: FuzzRequest) -> None:
+    def close_early(self, i: int, req: FuzzRequest) -> None:
+        """Through `LLM.stream`, closed after `stop_after` deltas (a stream thread)."""
         got: list[int] = []
         final = None
-        stream = llm.stream(req.messages or _prompt_input(req), req.params)
+        stream = self.llm.stream(req.messages or _prompt_input(req), req.params)
         for deltas, event in enumerate(stream, 1):
             if isinstance(event, RequestOutput):
                 final = event
@@ -288,23 +309,16 @@ def _run_round(llm, reqs: list[FuzzRequest], timeout_s: float) -> list[Outcome]:
             if deltas >= req.stop_after:
                 break
         stream.close()
-        outcomes[i] = _outcome(final) if final else Outcome(got, None, "closed")
-        done.release()
+        self._finish(i, _outcome(final) if final else Outcome(got, None, "closed"))
 
-    for i, req in enumerate(reqs):
-        if req.mode == "close":
-            t = threading.Thread(target=close_early, args=(i, req), daemon=True)
-            threads.append(t)
-            t.start()
-        else:
-            submit(i, req)
-    deadline = time.monotonic() + timeout_s
-    for _ in reqs:
-        if not done.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise TimeoutError("a round's requests did not all finish in time")
-    for t in threads:
-        t.join()
-    return outcomes  # type: ignore[return-value]
+    def wait(self, timeout_s: float) -> list[Outcome]:
+        deadline = time.monotonic() + timeout_s
+        for _ in self.outcomes:
+            if not self.done.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise TimeoutError("a round's requests did not all finish in time")
+        for t in self.threads:
+            t.join()
+        return self.outcomes  # type: ignore[return-value]
 
 
 def _outcome(out: RequestOutput) -> Outcome:

@@ -29,6 +29,7 @@ import json
 import random
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ninfer.bench.profiling import profiled
@@ -75,57 +76,15 @@ def bench_resume(
 ) -> dict:
     """`make_llm(**overrides)` builds an engine (a context manager). `bounds`: machine_bounds.
     `itemsize` / `kv_itemsize`: bytes per element of the model and KV dtypes (pool sizing)."""
-    rng = random.Random(seed)
-    params = greedy(reply)
-
-    def tokens(n: int) -> list[int]:
-        return [rng.randrange(FIRST_ID, cfg.vocab_size) for _ in range(n)]
-
-    def send(llm, prompt: list[int]):
-        out = llm.generate([{"prompt_token_ids": prompt}], params)[0]
-        if out.error:
-            raise RuntimeError(f"bench resume: request failed: {out.error}")
-        return out
-
-    link = bounds.get("link_bytes_per_s", 0.0)
+    turns = _Turns(
+        random.Random(seed), cfg.vocab_size, greedy(reply), new, rounds,
+        bounds.get("link_bytes_per_s", 0.0), profile_dir,
+    )  # fmt: skip
     rows = []
     for history in histories:
         sizing = engine_overrides(cfg, history, new, reply, rounds, itemsize, kv_itemsize)
         with make_llm(**sizing) as llm:
-            send(llm, tokens(64))  # warm-up: first passes, allocator
-            conv = tokens(history)
-            first = send(llm, conv)
-            conv += first.token_ids
-            for r in range(rounds):
-                conv += tokens(new)
-                llm.settle()  # the last turn is on the Host, as after a user's think time
-                cold = send(llm, tokens(len(conv)))
-                llm.settle()  # ...and so is the push: admission need not wait for its copy
-                traced = profile_dir is not None and r == rounds - 1
-                prof: dict = {}
-                with profiled(f"resume_{history}", prof, profile_dir if traced else None):
-                    hot = send(llm, conv)
-                conv += hot.token_ids
-                restore_s = hot.metrics.restore_s
-                nbytes = hot.usage.restored_host_bytes
-                row = {
-                    "history_tokens": history,
-                    "round": r,
-                    "prompt_tokens": hot.usage.prompt_tokens,
-                    "cached_tokens": hot.usage.cached_tokens,
-                    "ttft_cold_s": cold.metrics.ttft_s,
-                    "ttft_cached_s": hot.metrics.ttft_s,
-                    "speedup": cold.metrics.ttft_s / hot.metrics.ttft_s,
-                    "restored_host_bytes": nbytes,
-                    "restore_s": restore_s,
-                    "restore_bytes_per_s": nbytes / restore_s if restore_s else None,
-                    "link_bytes_per_s": link,
-                    "restore_of_link": nbytes / restore_s / link if restore_s and link else None,
-                    "profiled": traced,
-                }
-                if traced:
-                    row["overlap"] = restore_overlap(Path(prof["profile"]["trace"]))
-                rows.append(row)
+            rows += turns.run(llm, history)
             stats = llm.cache_stats()
         rows[-1]["cache"] = {
             "hits_host": stats.hits_host,
@@ -134,6 +93,71 @@ def bench_resume(
         }
         release_memory()
     return {"rows": rows, "new_tokens": new, "reply_tokens": reply}
+
+
+@dataclass(slots=True)
+class _Turns:
+    """bench_resume's requests on one engine: turn 1, then `rounds` push / turn pairs; one
+    random stream across the history lengths."""
+
+    rng: random.Random
+    vocab: int
+    params: object  # greedy(reply)
+    new: int
+    rounds: int
+    link: float  # measured Host-to-Device bytes/s (0.0: unknown)
+    profile_dir: Path | None
+
+    def tokens(self, n: int) -> list[int]:
+        return [self.rng.randrange(FIRST_ID, self.vocab) for _ in range(n)]
+
+    def send(self, llm, prompt: list[int]):
+        out = llm.generate([{"prompt_token_ids": prompt}], self.params)[0]
+        if out.error:
+            raise RuntimeError(f"bench resume: request failed: {out.error}")
+        return out
+
+    def run(self, llm, history: int) -> list[dict]:
+        """One row per round; the last round profiled when there is a profile directory."""
+        self.send(llm, self.tokens(64))  # warm-up: first passes, allocator
+        conv = self.tokens(history)
+        first = self.send(llm, conv)
+        conv += first.token_ids
+        rows = []
+        for r in range(self.rounds):
+            conv += self.tokens(self.new)
+            llm.settle()  # the last turn is on the Host, as after a user's think time
+            cold = self.send(llm, self.tokens(len(conv)))
+            llm.settle()  # ...and so is the push: admission need not wait for its copy
+            traced = self.profile_dir is not None and r == self.rounds - 1
+            prof: dict = {}
+            with profiled(f"resume_{history}", prof, self.profile_dir if traced else None):
+                hot = self.send(llm, conv)
+            conv += hot.token_ids
+            row = self.row(history, r, cold, hot, traced)
+            if traced:
+                row["overlap"] = restore_overlap(Path(prof["profile"]["trace"]))
+            rows.append(row)
+        return rows
+
+    def row(self, history: int, r: int, cold, hot, traced: bool) -> dict:
+        """The cached turn `hot` against the push `cold` of the same length."""
+        restore_s, nbytes, link = hot.metrics.restore_s, hot.usage.restored_host_bytes, self.link
+        return {
+            "history_tokens": history,
+            "round": r,
+            "prompt_tokens": hot.usage.prompt_tokens,
+            "cached_tokens": hot.usage.cached_tokens,
+            "ttft_cold_s": cold.metrics.ttft_s,
+            "ttft_cached_s": hot.metrics.ttft_s,
+            "speedup": cold.metrics.ttft_s / hot.metrics.ttft_s,
+            "restored_host_bytes": nbytes,
+            "restore_s": restore_s,
+            "restore_bytes_per_s": nbytes / restore_s if restore_s else None,
+            "link_bytes_per_s": link,
+            "restore_of_link": nbytes / restore_s / link if restore_s and link else None,
+            "profiled": traced,
+        }
 
 
 def restore_overlap(trace: Path) -> dict:

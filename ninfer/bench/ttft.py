@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable
 
 from ninfer.bench.throughput import greedy
-from ninfer.bench.workloads import TRACES, Session, apply_step, replay
+from ninfer.bench.workloads import TRACES, Session, Step, Trace, apply_step, replay
 from ninfer.probe import release_memory
 
 
@@ -24,12 +24,13 @@ def _chat(llm, conv: list[dict], max_tokens: int):
     return out
 
 
-def _warm_up(llm, sessions: list[Session], max_tokens: int) -> None:
+def _warm_up(llm, trace: Trace, max_tokens: int) -> None:
     """Untimed requests before the first timed one: a short one, then one shaped like the
     trace's first conversation (same messages, same lengths) in other words, so that its
     first prefill pass of that size and its decode steps are not the first the engine runs,
     and nothing of it can serve a timed turn from the cache."""
     _chat(llm, [{"role": "user", "content": "warm up"}], 2)
+    sessions = trace.sessions
     if sessions and sessions[0].steps:
         first = apply_step([dict(m) for m in sessions[0].prefix], sessions[0].steps[0], "")
         _chat(llm, [_other_words(m) for m in first], max_tokens)
@@ -42,13 +43,11 @@ def _other_words(message: dict) -> dict:
     return {**message, "content": "Warm-up. " + " ".join(reversed(content.split()))}
 
 
-def bench_ttft(
-    make_llm: Callable[..., object], sessions: list[Session], max_tokens: int = 8
-) -> dict:
+def bench_ttft(make_llm: Callable[..., object], trace: Trace, max_tokens: int = 8) -> dict:
     """`make_llm(**overrides)` builds an engine (used as a context manager)."""
-    sent, cached = _replay_cached(make_llm, sessions, max_tokens)
+    sent, cached = _replay_cached(make_llm, trace, max_tokens)
     release_memory()  # the cached engine's pools go before the cold engine takes its own
-    cold = _send_cold(make_llm, [conv for _, _, conv in sent], max_tokens, sessions)
+    cold = _send_cold(make_llm, [conv for _, _, conv in sent], max_tokens, trace)
     release_memory()
     rows = []
     for (name, turn, _), hot, base in zip(sent, cached, cold, strict=True):
@@ -73,31 +72,29 @@ def bench_ttft(
     }
 
 
-def _replay_cached(make_llm, sessions: list[Session], max_tokens: int):
+def _replay_cached(make_llm, trace: Trace, max_tokens: int):
     sent: list[tuple[str, int, list[dict]]] = []
     outs: list = []
     with make_llm(prefix_reuse=True) as llm:
-        _warm_up(llm, sessions, max_tokens)
-        for session in sessions:
+        _warm_up(llm, trace, max_tokens)
 
-            def respond(conv: list[dict], step, name=session.name) -> str:
-                out = _chat(llm, conv, max_tokens)
-                sent.append((name, sum(s[0] == name for s in sent), conv))
-                outs.append(out)
-                return out.text
+        def respond(session: Session, step: Step, conv: list[dict]) -> str:
+            out = _chat(llm, conv, max_tokens)
+            sent.append((session.name, sum(s[0] == session.name for s in sent), conv))
+            outs.append(out)
+            return out.text
 
-            for _ in replay(session, respond):
-                pass
+        replay(trace, respond)
     return sent, outs
 
 
-def _send_cold(make_llm, convs: list[list[dict]], max_tokens: int, sessions: list[Session]):
+def _send_cold(make_llm, convs: list[list[dict]], max_tokens: int, trace: Trace):
     with make_llm(prefix_reuse=False) as llm:
-        _warm_up(llm, sessions, max_tokens)
+        _warm_up(llm, trace, max_tokens)
         return [_chat(llm, conv, max_tokens) for conv in convs]
 
 
-def trace_sessions(name: str, seed: int, turns: int, prompt_tokens: int) -> list[Session]:
+def trace_sessions(name: str, seed: int, turns: int, prompt_tokens: int) -> Trace:
     """A named trace (workloads.TRACES) with `turns` turns per session, its shared prefix about
     `prompt_tokens` tokens (a word is about two tokens; each turn adds a sixth of that)."""
     factory = TRACES[name]

@@ -30,6 +30,7 @@ from ninfer.cache.records import (
     TailCopy,
     TransferRecord,
 )
+from ninfer.cache.snapshots import Snapshot
 
 _ABSENT, _RESIDENT, _FILLING = Residency.ABSENT, Residency.RESIDENT, Residency.FILLING
 
@@ -46,67 +47,89 @@ class LaneLifecycle(IndexPart):
         ValueError (quote not READY). The memory layer frees `evicted_pages`, then allocates
         `restore_pages_needed` pages for begin_restore.
         """
-        if quote.epoch != self.registry.epoch:
-            raise StaleQuoteError(f"quote epoch {quote.epoch}, cache epoch {self.registry.epoch}")
-        if lane in self.registry.lanes:
-            raise LaneError(f"lane {lane} is already open")
-        if quote.readiness != Readiness.READY:
-            raise ValueError(f"cannot stage a {quote.readiness.name} quote")
+        self._check_stageable(quote, lane)
         t = self.registry.mutated()
         f = quote.frontier
-        #   matched path  N_0 ... N_{a-1} | N_a ... N_{k-1}
-        #                 pinned (shared)  | recomputed: touched only (MRU), committed later
-        a = f // PAGE_SIZE
-        path = quote.match.path
-        nodes, snaps = self.blocks.tree.nodes, self.snapshots.by_id
+        snaps = self.snapshots.by_id
         s = None if quote.source is None else snaps[quote.source]
         rec = LaneRecord(
             lane,
-            list(path[:a]),
+            list(quote.match.path[: f // PAGE_SIZE]),
             f,
             quote.source,
             None if s is None else s.kind,
             [snaps[sid].frontier for sid in quote.match.candidates],
             latest_frontier=f,
         )
+        self._pin_path(rec, quote.match.path, t)
+        tier = self._count_hit(rec, s, t, host=bool(quote.restore_bytes))
+        self.registry.lanes[lane] = rec
+        deficit = quote.need_pages - free_pages
+        if deficit > 0:
+            self.liveness.evict(deficit)
+        return self._staged(rec, s, tier)
+
+    def _check_stageable(self, quote: Quote, lane: int) -> None:
+        """stage's refusals, before anything changes."""
+        if quote.epoch != self.registry.epoch:
+            raise StaleQuoteError(f"quote epoch {quote.epoch}, cache epoch {self.registry.epoch}")
+        if lane in self.registry.lanes:
+            raise LaneError(f"lane {lane} is already open")
+        if quote.readiness != Readiness.READY:
+            raise ValueError(f"cannot stage a {quote.readiness.name} quote")
+
+    def _pin_path(self, rec: LaneRecord, path: Sequence[int], t: int) -> None:
+        """Pin the lane's share of the matched path and touch the rest:
+
+        matched path  N_0 ... N_{a-1} | N_a ... N_{k-1}
+                      pinned (shared)  | recomputed: touched only (MRU), committed later
+        """
+        nodes = self.blocks.tree.nodes
         for nid in rec.path:
             node = nodes[nid]
             node.active_refs += 1
             node.last_access = t
             self.blocks.node_changed(node)
-        for nid in reversed(path[a:]):  # a hit moves the whole path to MRU, deepest first
+        # a hit moves the whole path to MRU, deepest first
+        for nid in reversed(path[len(rec.path) :]):
             nodes[nid].last_access = t
             self.blocks.touch(nid)
+
+    def _count_hit(self, rec: LaneRecord, s: Snapshot | None, t: int, host: bool) -> str:
+        """Count the lookup and pin the source snapshot `s` for the lane until activate; the
+        tier the hit came from: "root" (no snapshot), "host" (`host`: bytes to restore) or
+        "device"."""
         st = self.registry.counters
         st.lookups += 1
-        st.reuse_tokens += f
+        st.reuse_tokens += rec.base
         if s is None:
-            tier = "root"
             st.hits_root += 1
-        else:
-            tier = "host" if quote.restore_bytes else "device"
-            st.hits_host += tier == "host"
-            st.hits_device += tier == "device"
-            s.restore_pins += 1
-            rec.source_pinned = True
-            s.hits += 1
-            s.l_at = self.host_tier.L
-            s.last_hit = t
-            self.liveness.retain(s)  # a hit on a superseded snapshot retains it again (§9.3)
-            self.host_tier.mark(s.id)
-            self.blocks.tail_changed(s)
-        self.registry.lanes[lane] = rec
-        deficit = quote.need_pages - free_pages
-        if deficit > 0:
-            self.liveness.evict(deficit)
+            return "root"
+        tier = "host" if host else "device"
+        st.hits_host += tier == "host"
+        st.hits_device += tier == "device"
+        s.restore_pins += 1
+        rec.source_pinned = True
+        s.hits += 1
+        s.l_at = self.host_tier.L
+        s.last_hit = t
+        self.liveness.retain(s)  # a hit on a superseded snapshot retains it again (§9.3)
+        self.host_tier.mark(s.id)
+        self.blocks.tail_changed(s)
+        return tier
+
+    def _staged(self, rec: LaneRecord, s: Snapshot | None, tier: str) -> Staged:
+        """What stage tells the memory layer: pages freed, pages to allocate for the restore,
+        and where the source's Device copy lies."""
+        nodes = self.blocks.tree.nodes
         restore = sum(nodes[nid].device_state == _ABSENT for nid in rec.path)
         restore += bool(s is not None and s.tail and s.tail_device == _ABSENT)
         image = s is not None and s.device_state == _ABSENT
         rec.restore_required = bool(restore or image)
         return Staged(
-            lane=lane,
-            source=quote.source,
-            frontier=f,
+            lane=rec.id,
+            source=rec.source,
+            frontier=rec.base,
             path=list(rec.path),
             evicted_pages=self.blocks.take_freed(),
             restore_pages_needed=restore,

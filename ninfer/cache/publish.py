@@ -127,8 +127,41 @@ class Publication(IndexPart):
         `tail_page`; otherwise the snapshot owns both and Host slabs are sought (GDSF-bounded).
         """
         rec = self.registry.lane(lane)
+        tail = self._publishable(rec, frontier, slot, kind, tail_tokens, tail_page, finishing)
+        kind = SnapshotKind(kind)
+        t = self.registry.mutated()
+        rec.staging.discard(slot)
+        rec.superseded_for.pop(slot, None)
+        a = frontier // PAGE_SIZE
+        anchor = rec.path[a - 1] if a else ROOT
+        if not kind.tail_known:  # the endpoint's 64-token rule looks past it
+            rec.latest_frontier = max(rec.latest_frontier, frontier)
+        dup = self.snapshots.find(anchor, tail)
+        if dup is not None:  # §5.3: a duplicate is a no-op that refreshes recency
+            return self._refresh_duplicate(rec, dup, slot, kind, t)
+        s = Snapshot(
+            self.snapshots.new_id(), anchor, a - 1, frontier, tail, kind,
+            l_at=self.host_tier.L, last_hit=t,
+        )  # fmt: skip
+        self._add_snapshot(rec, s, slot, tail_page)
+        write = None if self.host_tier.pool is None else self._write_through(s, slot)
+        self.blocks.tail_changed(s)
+        return PublishResult(s.id, False, write, self.blocks.take_freed())
+
+    def _publishable(
+        self,
+        rec: LaneRecord,
+        frontier: int,
+        slot: int,
+        kind: SnapshotKind,
+        tail_tokens: Sequence[int] | bytes,
+        tail_page: int | None,
+        finishing: bool,
+    ) -> bytes:
+        """publish_snapshot's arguments checked against the lane (LaneError, ValueError); the
+        packed tail tokens. Reads only."""
         if slot not in rec.staging:
-            raise LaneError(f"slot {slot} is not staged by lane {lane}")
+            raise LaneError(f"slot {slot} is not staged by lane {rec.id}")
         a, tail_len = divmod(frontier, PAGE_SIZE)
         tail = pack_tokens(tail_tokens)
         if frontier <= 0 or len(tail) != tail_len * TOKEN_BYTES:
@@ -136,60 +169,59 @@ class Publication(IndexPart):
         if (tail_page is None) != (tail_len == 0):
             raise ValueError("tail_page is required exactly when frontier % 64 != 0")
         committed = len(rec.path)
-        kind = SnapshotKind(kind)
-        early = kind.is_tap and not finishing
+        early = SnapshotKind(kind).is_tap and not finishing
         if committed < a or (early and tail_len and committed <= a):
-            raise LaneError(f"lane {lane} publishes F={frontier} with {committed} blocks committed")
+            raise LaneError(
+                f"lane {rec.id} publishes F={frontier} with {committed} blocks committed"
+            )
         nodes = self.blocks.tree.nodes
         if tail_len and committed > a and not nodes[rec.path[a]].tokens.startswith(tail):
             raise ValueError("tail tokens differ from the committed block")
-        t = self.registry.mutated()
-        rec.staging.discard(slot)
-        rec.superseded_for.pop(slot, None)
-        anchor = rec.path[a - 1] if a else ROOT
-        st = self.registry.counters
-        if not kind.tail_known:  # the endpoint's 64-token rule looks past it
-            rec.latest_frontier = max(rec.latest_frontier, frontier)
-        dup = self.snapshots.find(anchor, tail)
-        if dup is not None:  # §5.3: a duplicate is a no-op that refreshes recency
-            self.snapshots.release_slot(slot)
-            s = self.snapshots.by_id[dup]
-            s.last_hit = t
-            if kind.is_tap:
-                self._follow_previous_tap(rec, s)
-            st.snapshots_duplicate += 1
-            return PublishResult(dup, True, None, self.blocks.take_freed())
-        store = self.snapshots
-        sid = store.new_id()
-        s = Snapshot(sid, anchor, a - 1, frontier, tail, kind, l_at=self.host_tier.L, last_hit=t)
-        s.device_slot, s.device_state = slot, _RESIDENT
-        if tail_len:
-            s.tail_page, s.tail_device = tail_page, _RESIDENT
-        store.add(s)
-        self.blocks.walk(anchor, +1, +1, sid)
-        self.snapshots.link(s)
-        self.host_tier.mark(sid)
+        return tail
+
+    def _refresh_duplicate(
+        self, rec: LaneRecord, dup: int, slot: int, kind: SnapshotKind, t: int
+    ) -> PublishResult:
+        """The snapshot `dup` holds this image already: free the staged slot, refresh its
+        recency (a tap still supersedes the lane's previous one)."""
+        self.snapshots.release_slot(slot)
+        s = self.snapshots.by_id[dup]
+        s.last_hit = t
         if kind.is_tap:
+            self._follow_previous_tap(rec, s)
+        self.registry.counters.snapshots_duplicate += 1
+        return PublishResult(dup, True, None, self.blocks.take_freed())
+
+    def _add_snapshot(self, rec: LaneRecord, s: Snapshot, slot: int, tail_page: int | None) -> None:
+        """`s` enters the store owning the staged `slot` and, with a tail, `tail_page`."""
+        s.device_slot, s.device_state = slot, _RESIDENT
+        if s.tail:
+            s.tail_page, s.tail_device = tail_page, _RESIDENT
+        self.snapshots.add(s)
+        self.blocks.walk(s.anchor, +1, +1, s.id)
+        self.snapshots.link(s)
+        self.host_tier.mark(s.id)
+        if s.kind.is_tap:
             self._follow_previous_tap(rec, s)  # before it takes Host slabs (§9.3)
+        st = self.registry.counters
         st.snapshots_published += 1
-        st.taps_published += kind.is_tap
-        write = None
-        if self.host_tier.pool is not None:
-            self.host_tier.flush()  # s.h is the bound: never insert what GDSF would evict next
-            k = self.config.image_slabs + bool(tail_len)
-            slabs = self.liveness.host_alloc(k, bound=s.h)
-            if slabs is not None:
-                tail_slab = slabs[-1] if tail_len else -1
-                store.set_host_copy(s, slabs[: self.config.image_slabs], tail_slab, _FILLING)
-                s.restore_pins += 1
-                nbytes = self.config.image_bytes + bool(tail_len) * self.config.slab_bytes
-                bid = self.registry.new_batch(TransferRecord("snapshot", snapshot=sid))
-                write = SnapshotWrite(
-                    bid, sid, slot, list(s.host_slabs), s.tail_page, s.tail_slab, nbytes
-                )
-                st.write_through_bytes += nbytes
-        self.blocks.tail_changed(s)
-        return PublishResult(sid, False, write, self.blocks.take_freed())
+        st.taps_published += s.kind.is_tap
+
+    def _write_through(self, s: Snapshot, slot: int) -> SnapshotWrite | None:
+        """Host slabs for the new snapshot `s`, if GDSF keeps it, and the write that fills
+        them from `slot` (and its tail page); None when no slabs are granted."""
+        self.host_tier.flush()  # s.h is the bound: never insert what GDSF would evict next
+        has_tail = bool(s.tail)
+        slabs = self.liveness.host_alloc(self.config.image_slabs + has_tail, bound=s.h)
+        if slabs is None:
+            return None
+        tail_slab = slabs[-1] if has_tail else -1
+        self.snapshots.set_host_copy(s, slabs[: self.config.image_slabs], tail_slab, _FILLING)
+        s.restore_pins += 1
+        nbytes = self.config.image_bytes + has_tail * self.config.slab_bytes
+        bid = self.registry.new_batch(TransferRecord("snapshot", snapshot=s.id))
+        self.registry.counters.write_through_bytes += nbytes
+        return SnapshotWrite(bid, s.id, slot, list(s.host_slabs), s.tail_page, s.tail_slab, nbytes)
 
     def _follow_previous_tap(self, rec: LaneRecord, s: Snapshot) -> None:
         """§9.3: of the lane's taps in this prompt, the shallower is superseded by the deeper.

@@ -135,23 +135,35 @@ def plan_taps(
     `existing`: frontiers of snapshots already on this prompt's path. Returns taps sorted by
     position; at most `config.max_new_taps`, accepted in priority order.
     """
-    n, last = n_tokens, n_tokens - 1
     spans = sorted(vision_spans)
-    cands: list[Tap] = []
+    cands = _marked(hints, spans, resumed_from_endpoint)
+    cands += _structural(n_tokens, base, hints, existing, spans)
+    cands.append(_flexible(n_tokens - 1, 4, spans))
+    cands += _ladder(n_tokens, base, hints, config, spans)
+    cands += _forward_ladder(n_tokens, base, config.forward_tokens, spans)
+    return _accept(cands, n_tokens, base, existing, config)
 
+
+def _marked(hints: Sequence[TapHint], spans: Sequence[Span], resumed: bool) -> list[Tap]:
+    """Priorities 1 and 2: the explicit markers, then the final generation opener."""
     explicit = {
         _out_of_spans(h.position, spans, False) for h in hints if h.kind == HintKind.EXPLICIT
     }
-    cands += [Tap(p, Placement.EXACT, 1, True, p) for p in sorted(explicit)]
-
+    cands = [Tap(p, Placement.EXACT, 1, True, p) for p in sorted(explicit)]
     # The final generation opener is its own candidate, deduplicated only by position: the
     # next turn re-renders the history after it, so it resumes there even when the opener is
     # close to the base or to a structural boundary (a short turn).
     opener = [h.position for h in hints if h.kind == HintKind.OPENER]
-    if opener and not resumed_from_endpoint:  # else the lane's own endpoint serves (§7.1)
+    if opener and not resumed:  # else the lane's own endpoint serves (§7.1)
         p = _out_of_spans(max(opener), spans, False)
         cands.append(Tap(p, Placement.EXACT, 2, False, p))
+    return cands
 
+
+def _structural(
+    n: int, base: int, hints: Sequence[TapHint], existing: Sequence[int], spans: Sequence[Span]
+) -> list[Tap]:
+    """Priority 3: structural and automatic boundaries in (base, n-1], one per cluster."""
     semantic = []
     for h in hints:
         if h.kind in (HintKind.STRUCTURAL, HintKind.AUTOMATIC):
@@ -159,49 +171,62 @@ def plan_taps(
             # A boundary within 64 tokens past the base or an existing snapshot is served
             # there already; left in, it would head a cluster that is then dropped whole.
             covered = any(0 <= p - y <= PAGE_SIZE for y in (base, *existing))
-            if base < p <= last and not covered:
+            if base < p <= n - 1 and not covered:
                 semantic.append(TapHint(p, h.kind))
-    cands += [Tap(p, Placement.EXACT, 3, b, p) for p, b in _semantic_clusters(semantic)]
+    return [Tap(p, Placement.EXACT, 3, b, p) for p, b in _semantic_clusters(semantic)]
 
-    def flexible(target: int, priority: int) -> Tap:
-        target = _out_of_spans(target, spans, False)
-        return Tap(_out_of_spans(target, spans, True), Placement.FLEXIBLE, priority, False, target)
 
-    cands.append(flexible(last, 4))
+def _flexible(target: int, priority: int, spans: Sequence[Span]) -> Tap:
+    target = _out_of_spans(target, spans, False)
+    return Tap(_out_of_spans(target, spans, True), Placement.FLEXIBLE, priority, False, target)
 
-    # Ladder: n - G*2^k for k = 0, 1, ... while above the base, each snapped back to the latest
-    # message boundary within min_gap below it:
-    #
-    #   base        n-8G           n-4G       n-2G    n-G   n
-    #   |------------|--------------|----------|-------|-----|
+
+def _ladder(
+    n: int, base: int, hints: Sequence[TapHint], config: TapConfig, spans: Sequence[Span]
+) -> list[Tap]:
+    """Priority 5. Rungs n - G*2^k for k = 0, 1, ... while above the base, each snapped back
+    to the latest message boundary within min_gap below it:
+
+      base        n-8G           n-4G       n-2G    n-G   n
+      |------------|--------------|----------|-------|-----|
+    """
     messages = sorted(h.position for h in hints if h.kind == HintKind.MESSAGE)
-    g, gap = config.ladder_tokens, config.min_gap_tokens
-    step = g
+    gap, step, rungs = config.min_gap_tokens, config.ladder_tokens, []
     while n - step > base:
         q = n - step
         snapped = [m for m in messages if q - gap <= m <= q]
-        cands.append(flexible(snapped[-1] if snapped else q, 5))
+        rungs.append(_flexible(snapped[-1] if snapped else q, 5, spans))
         step *= 2
+    return rungs
 
-    # Forward ladder: base + R*2^k for k = 0, 1, ... up to n-1, deepest first (a short budget
-    # keeps the rungs that serve the deepest forks):
-    #
-    #   base   base+R   base+2R       base+4R                    n
-    #   |--------|--------|-------------|--------------------------|
-    rungs = []
-    step = config.forward_tokens
+
+def _forward_ladder(n: int, base: int, forward: int, spans: Sequence[Span]) -> list[Tap]:
+    """Priority 6. Rungs base + R*2^k for k = 0, 1, ... up to n-1, deepest first (a short
+    budget keeps the rungs that serve the deepest forks):
+
+      base   base+R   base+2R       base+4R                    n
+      |--------|--------|-------------|--------------------------|
+    """
+    rungs, step = [], forward
     while step and base + step < n:
-        rungs.append(flexible(base + step, 6))
+        rungs.append(_flexible(base + step, 6, spans))
         step *= 2
-    cands += reversed(rungs)
+    return rungs[::-1]
 
+
+def _accept(
+    cands: list[Tap], n: int, base: int, existing: Sequence[int], config: TapConfig
+) -> list[Tap]:
+    """The candidates in priority order, each kept unless out of (base, n-1], already planned
+    or present, too close to what is (min_gap for ladder rungs, 64 tokens below for the rest
+    past the opener), or past `config.max_new_taps`; sorted by position."""
     accepted: list[Tap] = []
-    fixed = [base, *existing]
+    fixed, gap = [base, *existing], config.min_gap_tokens
     for c in cands:
         if len(accepted) >= config.max_new_taps:
             break
         p, x = c.position, c.target
-        if not base < p <= last or p in fixed or any(p == a.position for a in accepted):
+        if not base < p <= n - 1 or p in fixed or any(p == a.position for a in accepted):
             continue  # out of range, or a snapshot is already planned or present there
         near = fixed + [a.target for a in accepted]
         if c.priority == 5:  # ladder: min_gap on both sides

@@ -1,7 +1,7 @@
 """`ninfer bench [all | part,part,...]`: run `ninfer.bench` and print it. Parts: prefill, decode,
 ttft, resume, restore, cache, reuse (reused vs theoretical prefix tokens on seeded traces:
-agent echo, sub-agents, chat, edit, retry; sized by the largest --prompt-tokens, 2048 giving
-the sub-agents a 2000-token preamble).
+agent echo, sub-agents, chat, edit, retry, noreply; sized by the largest --prompt-tokens, 2048
+giving the sub-agents a 2000-token preamble).
 
 Each figure is printed beside its physical bound (decode, both the steady state over the steps
 in which every lane decodes and end to end: bytes per step over the measured memory bandwidth;

@@ -59,30 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    defaults = {k: getattr(args, k) for k in ("max_tokens", "temperature", "top_p") if k in args}
-    output = None if args.output == "-" else Path(args.output)
-    if output is not None and output.is_dir():
-        raise ValueError(f"-o {output}: is a directory; give a file path (or - for stdout)")
-    if output is not None and not output.parent.is_dir():
-        raise ValueError(f"-o {output}: directory {str(output.parent)!r} does not exist")
-    if args.input.is_dir():
-        raise ValueError(f"-i {args.input}: is a directory; give a JSONL file")
-    jobs = read_jobs(args.input, defaults)
-    if getattr(args, "model", None) is None:  # the demo model answers without thinking
-        for job in jobs:
-            if isinstance(job.request, list):  # a "messages" line
-                job.chat_kwargs.setdefault("enable_thinking", False)
-    kept, dropped = read_output(output) if output is not None else ([], 0)
-    done = done_ids(kept)
-    pending = [j for j in jobs if j.duplicate or id_key(j.id) not in done]
+    output = _output_path(args)
+    jobs = _jobs(args)
     console = err_console()
+    pending = _unfinished(jobs, output, console)
     skipped = len(jobs) - len(pending)
-    if skipped:
-        console.print(f"skipping {skipped} lines already finished in {output}", highlight=False)
-    if dropped:
-        _rewrite(output, kept)
-        console.print(f"retrying: removed {dropped} failed or unfinished records from {output}",
-                      highlight=False)  # fmt: skip
     sink = sys.stdout if output is None else open(output, "a", encoding="utf-8")  # noqa: SIM115
     where = "standard output" if output is None else str(output)
     writer = None
@@ -117,6 +98,44 @@ def run(args: argparse.Namespace) -> int:
         summary += f"; {skipped} skipped (already finished)"
     console.print(summary, highlight=False, style="red" if writer.errors else None)
     return 1 if writer.errors else 0
+
+
+def _output_path(args: argparse.Namespace) -> Path | None:
+    """-o as a path (None for standard output), refused before any work if it cannot be."""
+    output = None if args.output == "-" else Path(args.output)
+    if output is not None and output.is_dir():
+        raise ValueError(f"-o {output}: is a directory; give a file path (or - for stdout)")
+    if output is not None and not output.parent.is_dir():
+        raise ValueError(f"-o {output}: directory {str(output.parent)!r} does not exist")
+    return output
+
+
+def _jobs(args: argparse.Namespace) -> list[LineJob]:
+    """The input's lines, the command line's sampling as their defaults."""
+    if args.input.is_dir():
+        raise ValueError(f"-i {args.input}: is a directory; give a JSONL file")
+    defaults = {k: getattr(args, k) for k in ("max_tokens", "temperature", "top_p") if k in args}
+    jobs = read_jobs(args.input, defaults)
+    if getattr(args, "model", None) is None:  # the demo model answers without thinking
+        for job in jobs:
+            if isinstance(job.request, list):  # a "messages" line
+                job.chat_kwargs.setdefault("enable_thinking", False)
+    return jobs
+
+
+def _unfinished(jobs: list[LineJob], output: Path | None, console) -> list[LineJob]:
+    """The jobs `output` does not hold finished; its failed or torn records are removed."""
+    kept, dropped = read_output(output) if output is not None else ([], 0)
+    done = done_ids(kept)
+    pending = [j for j in jobs if j.duplicate or id_key(j.id) not in done]
+    skipped = len(jobs) - len(pending)
+    if skipped:
+        console.print(f"skipping {skipped} lines already finished in {output}", highlight=False)
+    if dropped:
+        _rewrite(output, kept)
+        console.print(f"retrying: removed {dropped} failed or unfinished records from {output}",
+                      highlight=False)  # fmt: skip
+    return pending
 
 
 def _rewrite(path: Path, kept: list[str]) -> None:

@@ -232,9 +232,37 @@ class PrefixCacheFile:
         index, slabs = kv_state.index, kv_state.host_slabs
         if index is None or index.host is None or slabs is None:
             return None
+        if not self._may_save():
+            return None
+        meta = {"fingerprint": self.fingerprint, "geometry": slabs.geometry.file_dict()}
+        chosen = collect(index, meta)
+        tables = chosen.tables
+        logger.info(
+            "saving prefix cache %s: %d snapshots, %d blocks",
+            self.path,
+            len(tables.snapshots),
+            len(tables.blocks),
+        )
+        result = self._write(slabs, chosen)
+        if result is None:
+            return None
+        self.last_save = result
+        logger.info(
+            "prefix cache saved | %s | %.3f s | %.2f GB/s | %d snapshots, %d blocks",
+            _gb(result.bytes),
+            result.seconds,
+            result.gb_per_s,
+            len(tables.snapshots),
+            len(tables.blocks),
+        )
+        return result
+
+    def _may_save(self) -> bool:
+        """False (logged) when the save was abandoned before it began or the path no longer
+        holds a ninfer prefix cache file."""
         if self.abandoned:
             logger.warning("prefix cache save abandoned before it began; %s unchanged", self.path)
-            return None
+            return False
         what = foreign(self.path)  # refused at construction; something may have replaced it
         if what is not None:
             logger.error(
@@ -243,21 +271,18 @@ class PrefixCacheFile:
                 self.path,
                 what,
             )
-            return None
-        meta = {"fingerprint": self.fingerprint, "geometry": slabs.geometry.file_dict()}
-        chosen = collect(index, meta)
+            return False
+        return True
+
+    def _write(self, slabs, chosen) -> IoResult | None:
+        """`chosen` (what `collect` picked) written to the file; None (logged) when the write
+        failed or was abandoned, the previous file kept."""
         tables = chosen.tables
 
         def head(sums: list[int]) -> bytes:
             tables.slab_sums = sums
             return encode(tables)
 
-        logger.info(
-            "saving prefix cache %s: %d snapshots, %d blocks",
-            self.path,
-            len(tables.snapshots),
-            len(tables.blocks),
-        )
         try:
             result = save_file(
                 self.path, slabs, chosen.sources, head, lambda: self.abandoned, self.batch_bytes
@@ -272,16 +297,6 @@ class PrefixCacheFile:
             return None
         if result is None:
             logger.warning("prefix cache save abandoned; %s keeps the previous file", self.path)
-            return None
-        self.last_save = result
-        logger.info(
-            "prefix cache saved | %s | %.3f s | %.2f GB/s | %d snapshots, %d blocks",
-            _gb(result.bytes),
-            result.seconds,
-            result.gb_per_s,
-            len(tables.snapshots),
-            len(tables.blocks),
-        )
         return result
 
 

@@ -11,6 +11,7 @@ import torch
 from rich.console import Console
 
 from ninfer.bench.reuse import TRACE_NAMES, _lcp, _Replay, bench_reuse
+from ninfer.bench.workloads import Session, Step
 from ninfer.chat_template import ChatTemplate
 from ninfer.cli.bench_view import reuse as reuse_table
 from ninfer.demo import DEMO_DIR
@@ -72,11 +73,12 @@ class _FakeLLM:
 
 
 def test_theoretical_bound_is_the_longest_prefix_run_capped_at_n_minus_1():
-    r = _Replay(_FakeLLM(0, [7, 8, 9]), VOCAB)
-    r.generate([1, 2, 3, 4], 3)  # runs 1 2 3 4 7 8 9
+    r = _Replay(_FakeLLM(0, [7, 8, 9]))
+    raw, step = Session("raw", [], raw=True), Step("append", max_tokens=3)
+    assert r.respond(raw, step, [1, 2, 3, 4]) == [7, 8, 9]  # runs 1 2 3 4 7 8 9
     assert r.theoretical == 0
-    r.generate([1, 2, 3, 4, 7, 8, 5], 3)  # shares 1 2 3 4 7 8 with the first sequence
+    r.respond(raw, step, [1, 2, 3, 4, 7, 8, 5])  # shares 1 2 3 4 7 8 with the first sequence
     assert r.theoretical == 6
-    r.generate([1, 2, 3, 4], 3)  # a retry: capped at n - 1
+    r.respond(raw, step, [1, 2, 3, 4])  # a retry: capped at n - 1
     assert r.theoretical == 6 + 3
     assert _lcp([1, 2], [1, 2, 3]) == 2 and _lcp([], [1]) == 0

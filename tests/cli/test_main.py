@@ -137,9 +137,11 @@ def test_the_engine_thread_leaves_sigint_and_sigterm_to_the_main_thread():
     import signal
     import threading
 
+    before = set(threading.enumerate())  # engines of other tests in this process may be alive
     llm = open_llm(build_parser().parse_args(["info", "--device", "cpu"]))
     try:
-        (engine,) = [t for t in threading.enumerate() if t.name == "ninfer-engine"]
+        new = set(threading.enumerate()) - before
+        (engine,) = [t for t in new if t.name == "ninfer-engine"]
         with open(f"/proc/self/task/{engine.native_id}/status") as f:
             blocked = int(next(x for x in f if x.startswith("SigBlk")).split()[1], 16)
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -377,11 +377,10 @@ def test_in_pass_snapshot_on_cuda(model):
 
 
 def test_engine_in_pass_tap_matches_the_cut_on_cuda(model):
-    """The engine on CUDA with a solo chunk over the whole 700-token prompt: the rung (512)
-    and the tail snapshot (640) taken inside the pass, or the pass cut at ceil64(700 - 128) =
-    576 (no snapshots inside passes), give the same tokens (logprobs within LOGPROB_TOL, up to
-    a near-tie flip); a retry resumes at the tail (640) or at the cut (576), and its tokens match
-    the cold run's the same way."""
+    """The engine on CUDA with a solo chunk over the whole 700-token prompt: the tail snapshot
+    at ceil64(700 - prefill_chunk) = 576 taken inside the pass, or the pass cut there (no
+    snapshots inside passes), give the same tokens (logprobs within LOGPROB_TOL, up to a
+    near-tie flip); a retry resumes at 576 either way, and its tokens match the cold run's."""
     from ninfer.llm import LLM
 
     prompt = {"prompt_token_ids": [(13 * i) % 2500 + 4 for i in range(700)]}
@@ -406,7 +405,7 @@ def test_engine_in_pass_tap_matches_the_cut_on_cuda(model):
             cold = llm.generate([prompt], params)[0]
             assert any(taps) == in_pass, taps
             retry = llm.generate([prompt], params)[0]
-            assert retry.usage.cached_tokens == (640 if in_pass else 576)
+            assert retry.usage.cached_tokens == 576
             outs[in_pass] = (cold, retry)
         finally:
             llm.close()
@@ -462,8 +461,10 @@ def test_engine_fork_inside_one_long_pass_resumes_at_a_rung_on_cuda(model):
     up to a near-tie flip)."""
     from ninfer.llm import LLM
 
+    # eight taps a request (the Host tier's default; without it two: the tail and one rung)
     kwargs = dict(device="cuda", max_concurrency=2, kv_capacity=16384, host_cache_mib=0,
-                  prefill_chunk=128, solo_prefill_chunk=4096, check_invariants=True)  # fmt: skip
+                  prefill_chunk=128, solo_prefill_chunk=4096, check_invariants=True,
+                  cache_taps_per_request=8)  # fmt: skip
     first = [(13 * i) % 2500 + 4 for i in range(2600)]
     fork = {"prompt_token_ids": first[:1100] + [(7 * i) % 2400 + 9 for i in range(90)]}
     params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)

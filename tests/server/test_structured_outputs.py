@@ -35,8 +35,10 @@ OPENAI_TOOLS = [
 ]
 ANTHROPIC_TOOLS = [
     {"name": "get_weather", "description": "w", "input_schema": SCHEMA},
-    {"name": "noop", "description": "n", "input_schema": {"type": "object"}},
-]
+    # a tool without arguments: an open object would let random weights write keys for ever
+    {"name": "noop", "description": "n",
+     "input_schema": {"type": "object", "properties": {}, "additionalProperties": False}},
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
