@@ -32,6 +32,9 @@ MIB = 1 << 20
 GIB = 1 << 30
 CPU_AUTO_KV_CAP_BYTES = 256 * MIB  # "auto" on the CPU: a modest pool, not the whole RAM
 CUDA_RESERVE_BYTES = 4 * GIB  # kept free on CUDA for activations, workspaces and graphs
+SPECULATIVE = ("mtp",)  # the draft methods of `speculative`
+MAX_SPECULATIVE_TOKENS = 4
+DEFAULT_SPECULATIVE_TOKENS = 3
 # Least rung of the forward tap ladder: a fork this deep or deeper, in a stretch no boundary
 # marks, resumes at least halfway to it (below, a re-prefill costs about one pass anyway)
 FORWARD_TAP_MIN = 512
@@ -145,6 +148,15 @@ class EngineOptions:
         2048, "prefill passes up to TOKENS replay a CUDA graph; 0: eager (default 2048)",
         metavar="TOKENS", kind=int, lo=0)  # fmt: skip
     seed: int = _opt(0, "seed of the sampling RNG (default 0)", kind=int)
+    # The draft proposes K tokens per decode step; one target pass verifies them, and the
+    # output is the target's (greedy: the same tokens; sampled: the same distribution).
+    speculative: str | None = _opt(
+        None, 'speculative decoding: "mtp" drafts with the checkpoint\'s own MTP head (default: '
+        "off)", choices=SPECULATIVE)  # fmt: skip
+    num_speculative_tokens: int | None = _opt(
+        None, f"draft tokens per decode step with --speculative, 1..{MAX_SPECULATIVE_TOKENS} "
+        f"(default {DEFAULT_SPECULATIVE_TOKENS})", metavar="K", kind=int, lo=1,
+        hi=MAX_SPECULATIVE_TOKENS)  # fmt: skip
     # Queue timeout budget (seconds). In-flight coalescing (§12.2) lets the FIFO head wait for a
     # prefilling sibling only while twice the sibling's predicted prefill up to the shared
     # target is within half of it; 0 disables coalescing. No request is ever failed for waiting.
@@ -225,12 +237,17 @@ class MemoryGeometry:
     max_concurrency: int  # lanes: the active state slots, the most requests decoded together
     max_model_len: int
     kv_pages: int  # Device KV page pool size (pages of 64 tokens, shared by all FA layers)
-    kv_page_bytes: int  # one page over every full-attention layer, K + V
+    kv_page_bytes: int  # one page over every KV layer (`kv_layers`), K + V
     state_image_bytes: int  # one state slot over every GDN layer
     device_snapshot_slots: int
     # KV pages and state slots held outside the pools, each: the prefill graphs' padding row
     # writes its K/V and state there (1 with prefill graphs, else 0)
     scratch_entries: int
+    # full-attention layers with an entry in every KV page: the model's, plus the MTP head's
+    kv_layers: int
+    # state slots after the pool's and the scratch entries: the verify pass's per-token
+    # snapshots (num_speculative_tokens per lane; 0 without speculation)
+    speculative_slots: int
     host_cache_bytes: int  # requested Host tier budget (0 = Device only)
     host_tier: bool  # a Host tier is built: host_cache_bytes > 0 and prefix_reuse
     # the Host tier's one slab geometry (None without one): the index's slab pool, the pinned
@@ -296,6 +313,14 @@ class OpsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Speculation:
+    """Speculative decoding: the draft method (None: off) and the draft tokens per step."""
+
+    speculative: str | None = None  # the draft method
+    num_speculative_tokens: int = 0  # 0 when off
+
+
+@dataclass(frozen=True, slots=True)
 class Persistence:
     """Where the Host tier is kept across runs (None: nowhere)."""
 
@@ -314,13 +339,15 @@ class EngineConfig:
     cache: CachePolicy
     ops: OpsConfig
     persistence: Persistence
+    speculation: Speculation = Speculation()
 
     def describe(self) -> dict:
         """Every resolved value, flat, plus the derived byte sizes, for `ninfer info` and
         logs."""
         m = self.memory
         d = {"model": self.model, "quantization": self.quantization}
-        for part in (m, self.scheduling, self.cache, self.ops, self.persistence):
+        parts = (m, self.scheduling, self.cache, self.ops, self.persistence, self.speculation)
+        for part in parts:
             d.update({f.name: getattr(part, f.name) for f in fields(part)})
         d["op_choices"] = asdict(self.ops.op_choices)
         del d["host_geometry"]  # the byte sizes say it (the ledger counts the slabs)
@@ -328,7 +355,8 @@ class EngineConfig:
         d["state_slots"] = m.state_slots
         d["kv_capacity_tokens"] = m.kv_capacity_tokens
         d["kv_pool_bytes"] = m.kv_pages * m.kv_page_bytes
-        d["state_pool_bytes"] = (m.state_slots + m.scratch_entries) * m.state_image_bytes
+        extra = m.scratch_entries + m.speculative_slots
+        d["state_pool_bytes"] = (m.state_slots + extra) * m.state_image_bytes
         return d
 
 
@@ -427,15 +455,25 @@ def _resolve_pages(
 
 
 def _host_geometry(
-    host_mib: int, model: Qwen35Config, page_bytes: int, state_bytes: int
+    host_mib: int, kv_layers: int, page_bytes: int, state_bytes: int
 ) -> SlabGeometry | None:
     """The geometry of a `host_mib` Host tier (None for 0), by the cache's rule
     (`plan_slab_geometry`): a nonzero budget smaller than one snapshot (image slabs + tail)
     plus one block raises ValueError naming host_cache_mib. Allocates nothing."""
-    n_fa = len(model.full_layer_ids)  # at least one (check_fit)
     if not host_mib:
         return None
-    return plan_slab_geometry(host_mib, n_fa, page_bytes // n_fa, state_bytes)
+    return plan_slab_geometry(host_mib, kv_layers, page_bytes // kv_layers, state_bytes)
+
+
+def resolve_speculation(opts: EngineOptions) -> Speculation:
+    """The draft method and K (default DEFAULT_SPECULATIVE_TOKENS); ValueError naming
+    num_speculative_tokens when it is given without `speculative`."""
+    if opts.speculative is None:
+        if opts.num_speculative_tokens is not None:
+            raise ValueError("num_speculative_tokens needs speculative='mtp'")
+        return Speculation()
+    k = opts.num_speculative_tokens
+    return Speculation(opts.speculative, DEFAULT_SPECULATIVE_TOKENS if k is None else k)
 
 
 def check_fit(opts: EngineOptions, model: Qwen35Config, on_cuda: bool) -> None:
@@ -482,19 +520,26 @@ def _memory(
     dtypes: tuple[str, str],
     len_cfg: int,
     scratch: int,
+    spec: Speculation,
 ) -> MemoryGeometry:
     """resolve's memory geometry: page and image sizes, the Host tier, snapshot slots and the
-    KV pages (`scratch`: 1 when prefill graphs need a scratch state entry)."""
+    KV pages (`scratch`: 1 when prefill graphs need a scratch state entry; `spec`: the MTP
+    head's K/V entry in every page, the verify passes' scratch state slots)."""
     dtype, kv_dtype, c = *dtypes, opts.max_concurrency
-    page_bytes = model.kv_bytes_per_token(itemsize(kv_dtype)) * PAGE_SIZE
+    n_fa = len(model.full_layer_ids)
+    kv_layers = n_fa + (spec.speculative == "mtp")  # the MTP head's attention layer has its own K/V
+    page_bytes = model.kv_bytes_per_token(itemsize(kv_dtype)) // n_fa * kv_layers * PAGE_SIZE
     state_bytes = model.state_image_bytes(itemsize(dtype))
     host_mib = opts.host_cache_mib
     host_bytes = host_mib * MIB
     host_tier = bool(host_bytes) and bool(opts.prefix_reuse)
-    host_geometry = _host_geometry(host_mib, model, page_bytes, state_bytes) if host_tier else None
+    host_geometry = (
+        _host_geometry(host_mib, kv_layers, page_bytes, state_bytes) if host_tier else None
+    )
     slots = opts.device_snapshot_slots
     slots = (c + 1 if host_tier else c + 2) if slots is None else slots
-    states = state_bytes * (c + slots + scratch)
+    spec_slots = c * spec.num_speculative_tokens
+    states = state_bytes * (c + slots + scratch + spec_slots)
     pages = _resolve_pages(opts, facts, page_bytes, states, c, len_cfg)
     max_len = min(len_cfg, pages * PAGE_SIZE)
     if opts.max_model_len is not None and max_len < opts.max_model_len:
@@ -510,6 +555,8 @@ def _memory(
         state_image_bytes=state_bytes,
         device_snapshot_slots=slots,
         scratch_entries=scratch,
+        kv_layers=kv_layers,
+        speculative_slots=spec_slots,
         host_cache_bytes=host_bytes,
         host_tier=host_tier,
         host_geometry=host_geometry,
@@ -535,16 +582,19 @@ def resolve(
     rates = facts.rates or (CUDA_NOMINAL if on_cuda else CPU_RATES)
     rate = rates.prefill_flops_per_s(dtype)
     solo = _solo_chunk(opts, model, chunk, on_cuda, len_cfg, rate)
-    graphs = bool(opts.cuda_graphs) and on_cuda
+    spec = resolve_speculation(opts)
+    # speculation runs eagerly, one step at a time: no CUDA graphs, no step run ahead
+    graphs = bool(opts.cuda_graphs) and on_cuda and spec.speculative is None
     graph_tokens = min(opts.prefill_graph_tokens, chunk)
     graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
-    memory = _memory(opts, model, facts, (dtype, kv_dtype), len_cfg, int(graph_tokens > 0))
+    scratch = int(graph_tokens > 0)
+    memory = _memory(opts, model, facts, (dtype, kv_dtype), len_cfg, scratch, spec)
     host_tier = memory.host_tier
     scheduling = Scheduling(
         prefill_chunk=chunk,
         solo_prefill_chunk=solo,
         concurrent_prefill=bool(opts.concurrent_prefill),
-        overlap_decode=bool(opts.overlap_decode),
+        overlap_decode=bool(opts.overlap_decode) and spec.speculative is None,
         seed=int(opts.seed),
         check_invariants=bool(opts.check_invariants),
     )
@@ -561,7 +611,9 @@ def resolve(
         op_choices=op_choices(opts),
     )
     persistence = Persistence(prefix_cache_file=opts.prefix_cache_file)
-    return EngineConfig(opts.model, opts.quantization, memory, scheduling, cache, ops, persistence)
+    return EngineConfig(
+        opts.model, opts.quantization, memory, scheduling, cache, ops, persistence, spec
+    )
 
 
 def _rate_fields(rates: DeviceRates, prefill_rate: float) -> dict:

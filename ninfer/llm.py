@@ -56,6 +56,7 @@ def _load(options: EngineOptions, device: str):
     from ninfer.models.config import Qwen35Config
     from ninfer.tokenizer import Tokenizer
 
+    mtp = options.speculative == "mtp"  # load the checkpoint's draft head too
     if options.model is None:
         from ninfer.demo import DEMO_DIR, demo_config, demo_weights_seed
         from ninfer.models.presets import build_random_model
@@ -64,8 +65,9 @@ def _load(options: EngineOptions, device: str):
 
         def build(dtype):
             return build_random_model(
-                config, dtype, device, seed=demo_weights_seed, quantization=options.quantization
-            )
+                config, dtype, device, seed=demo_weights_seed,
+                quantization=options.quantization, mtp=mtp,
+            )  # fmt: skip
     else:
         from ninfer.models.weights import load_model
 
@@ -75,7 +77,7 @@ def _load(options: EngineOptions, device: str):
         config = Qwen35Config.from_file(path)
 
         def build(dtype):
-            return load_model(path, dtype, device, options.quantization)
+            return load_model(path, dtype, device, options.quantization, mtp=mtp)
 
     tokenizer = Tokenizer.from_dir(path)
     template = ChatTemplate(tokenizer) if tokenizer.chat_template is not None else None

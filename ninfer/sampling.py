@@ -1,5 +1,8 @@
 """Next-token sampling for a batch of rows, each with its own SamplingParams.
 
+Speculative decoding's acceptance rule (`accept_drafts`) lives here too: it draws from the
+same distributions `sample` does.
+
 Order of operations (as vLLM's V1 sampler): temperature, min-p, top-k, top-p, then one draw
 per row. Greedy rows (temperature 0) take the argmax of the raw logits, exactly. A draw is the
 exponential race argmax(p / E), E ~ Exp(1): one `exponential_` over all unseeded rows from the
@@ -109,7 +112,7 @@ def _filter_mask(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Te
     return top_remove if remove is None else remove | top_remove
 
 
-def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """One token per row: argmax(p / E) with E ~ Exp(1) is a draw from p."""
     noise = torch.empty_like(probs)
     unseeded = [i for i, g in enumerate(generators) if g is None]
@@ -183,10 +186,63 @@ def sample(
         remove = _filter_mask(scaled, params)
         if remove is not None:
             scaled = scaled.masked_fill(remove, float("-inf"))
-        drawn = _draw(scaled.softmax(dim=-1), generators)
+        drawn = draw(scaled.softmax(dim=-1), generators)
         if all(sampled_rows):
             chosen = drawn
         else:
             mask = torch.tensor(sampled_rows, device=logits.device)
             chosen = torch.where(mask, drawn, logits.argmax(dim=-1))
     return SampleResult(chosen, _logprobs(logits, chosen, params), len(params))
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[R, V] fp32: the distribution `sample` draws from for each row of `logits` under one
+    request's `params` (temperature, then the filters). Not for greedy params."""
+    scaled = logits.float() / params.temperature
+    remove = _filter_mask(scaled, [params] * logits.shape[0])
+    if remove is not None:
+        scaled = scaled.masked_fill(remove, float("-inf"))
+    return scaled.softmax(dim=-1)
+
+
+def accept_drafts(
+    logits: torch.Tensor,
+    drafts: list[int],
+    draft_probs: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> list[int]:
+    """The tokens one speculative verify row yields: 1 .. k + 1 of them.
+
+    `logits` [k + 1, V]: the target's at the row's positions (row j follows draft j);
+    `drafts`: the k draft tokens; `draft_probs` [k, V]: the distributions they were drawn from
+    (None for greedy params). Greedy: the drafts while they equal the target's argmax, then the
+    argmax where they stop (or after the last). Sampled: the standard rejection rule, so the
+    tokens follow the target's distribution whatever the drafts: draft j is kept with
+    probability min(1, p_j(d) / q_j(d)); at the first rejection a token is drawn from
+    norm(max(p_j - q_j, 0)), and after k acceptances one from p_k. Every draw uses `generator`
+    (None: the global RNG), so a seeded request is reproducible."""
+    k = len(drafts)
+    if logits.shape[0] != k + 1:
+        raise ValueError(f"accept_drafts: {logits.shape[0]} logits rows for {k} drafts")
+    if params.greedy:
+        target = logits.argmax(dim=-1).tolist()
+        out = []
+        for j, d in enumerate(drafts):
+            out.append(target[j])
+            if d != target[j]:
+                return out
+        return out + [target[k]]
+    p = probabilities(logits, params)
+    u = torch.rand(k, generator=generator, device=generator.device if generator else p.device)
+    p_d = p[torch.arange(k), drafts].tolist() if k else []
+    q_d = draft_probs[torch.arange(k), drafts].tolist() if k else []
+    for j in range(k):
+        if q_d[j] > 0 and u[j].item() * q_d[j] <= p_d[j]:
+            continue
+        residual = (p[j] - draft_probs[j]).clamp_min_(0)
+        if not float(residual.sum()) > 0:  # q covers p exactly where they differ by rounding
+            residual = p[j]
+        token = int(draw((residual / residual.sum()).unsqueeze(0), [generator])[0])
+        return drafts[:j] + [token]
+    return drafts + [int(draw(p[k : k + 1], [generator])[0])]

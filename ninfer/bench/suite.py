@@ -47,6 +47,9 @@ class BenchSpec:
     cache_tree_blocks: int | None = None
     resume_new_tokens: int = 64
     resume_histories: list[int] | None = None  # None: prompt_tokens
+    # decode with speculation: a controlled draft of this per-position acceptance (None: the
+    # model's own MTP head)
+    draft_acceptance: float | None = None
 
 
 @dataclass(slots=True)
@@ -88,11 +91,14 @@ def load(spec: BenchSpec) -> Loaded:
     quantization = engine.get("quantization")
     if quantization is not None:
         label += f", {quantization} at load"
+    mtp = engine.get("speculative") == "mtp"  # the draft head too
     if spec.model is not None:
-        model = load_model(spec.model, dtype, device, quantization)
+        model = load_model(spec.model, dtype, device, quantization, mtp=mtp)
     else:
         seed = spec.seed if spec.preset is not None else demo_weights_seed
-        model = build_random_model(cfg, dtype, device, seed=seed, quantization=quantization)
+        model = build_random_model(
+            cfg, dtype, device, seed=seed, quantization=quantization, mtp=mtp
+        )
     tokenizer = Tokenizer.from_dir(tok_dir)
     template = ChatTemplate(tokenizer) if tokenizer.chat_template is not None else None
     return Loaded(label, model, tokenizer, template, device, dtype, torch_dtype(memory.kv_dtype))
@@ -177,6 +183,7 @@ def _throughput(spec: BenchSpec, loaded: Loaded, counts, machine: dict, log) -> 
             part["rows"] = bench_decode(
                 llm, cfg, counts, spec.prompt_tokens[0], spec.decode_tokens,
                 spec.batch_sizes, machine, itemsize, kv_itemsize, seed=spec.seed,
+                draft_acceptance=spec.draft_acceptance,
             )  # fmt: skip
             with profiled("decode", part, spec.profile_dir):  # a few steps, largest batch
                 if spec.profile_dir is not None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import random
 import time
 
+from ninfer.bench import speculative
 from ninfer.bench.model_math import ParamCounts, decode_step_bytes, prefill_flops
 from ninfer.models.config import Qwen35Config
 
@@ -164,7 +165,12 @@ def staggered_steps(batch: int, prompt_tokens: int, prefill_chunk: int) -> int:
 def bench_decode(
     llm, cfg: Qwen35Config, counts: ParamCounts, prompt_tokens: int, decode_tokens: int,
     batch_sizes: list[int], bounds: dict, itemsize: int, kv_itemsize: int, seed: int = 0,
+    draft_acceptance: float | None = None,
 ) -> list[dict]:  # fmt: skip
+    """Decode throughput per batch size. With speculation on, each row also says the draft
+    acceptance and the tokens per verify step; `draft_acceptance`: a controlled draft of that
+    per-position acceptance (`ninfer.bench.speculative`; each prompt is run once greedily
+    first, untimed, for the target's own tokens)."""
     rng = random.Random(seed)
     llm.generate(random_prompts(rng, cfg.vocab_size, 1, prompt_tokens), greedy(decode_tokens))
     # The copy figure is HBM traffic per second (each copied byte read and written): a decode
@@ -174,16 +180,20 @@ def bench_decode(
     chunk, lanes = engine.scheduling.prefill_chunk, engine.memory.max_concurrency
     rows = []
     for batch in batch_sizes:
+        e2e_prompts = random_prompts(rng, cfg.vocab_size, batch, prompt_tokens)
+        steady_max = decode_tokens + 1 + staggered_steps(batch, prompt_tokens, chunk)
+        prompts = random_prompts(rng, cfg.vocab_size, batch, prompt_tokens)
+        if draft_acceptance is not None and llm.engine.speculator is not None:
+            _control_draft(llm, cfg, [(e2e_prompts, decode_tokens), (prompts, steady_max)],
+                           draft_acceptance, seed)  # fmt: skip
+        before = speculative.snapshot(llm)
         # End to end, as before: generate(), the staggered start included.
-        outs = llm.generate(random_prompts(rng, cfg.vocab_size, batch, prompt_tokens),
-                            greedy(decode_tokens))  # fmt: skip
+        outs = llm.generate(e2e_prompts, greedy(decode_tokens))
         e2e_s = max(o.metrics.decode_s for o in outs)
         tokens = sum(max(len(o.token_ids) - 1, 0) for o in outs)
         e2e_tps = tokens / e2e_s if e2e_s > 0 else 0.0
         errors = [o.error for o in outs if o.error]
         # Steady state: streamed, long enough for about decode_tokens all-decoding steps.
-        steady_max = decode_tokens + 1 + staggered_steps(batch, prompt_tokens, chunk)
-        prompts = random_prompts(rng, cfg.vocab_size, batch, prompt_tokens)
         times, stream_errors = stream_batch(llm, prompts, greedy(steady_max))
         errors += stream_errors
         window = decode_window(times)
@@ -214,7 +224,23 @@ def bench_decode(
             "e2e_fraction_of_bound": e2e_tps / bound_tps,
             "errors": errors,
         })  # fmt: skip
+        if before is not None:
+            rows[-1].update(speculative.stats_since(llm, before))
+            rows[-1]["spec_draft_acceptance"] = draft_acceptance
     return rows
+
+
+def _control_draft(llm, cfg, runs, accept: float, seed: int) -> None:
+    """Install a controlled draft over the greedy outputs of `runs` ((prompts, max_tokens)
+    each), computed now with the proposals the head makes."""
+    llm.engine.speculator.propose = None
+    expected = {}
+    for prompts, n in runs:
+        for p, o in zip(prompts, llm.generate(prompts, greedy(n)), strict=True):
+            ids = p["prompt_token_ids"]
+            expected[tuple(ids)] = list(ids) + o.token_ids
+    propose = speculative.controlled_draft(expected, accept, cfg.vocab_size, seed)
+    llm.engine.speculator.propose = propose
 
 
 def greedy(max_tokens: int):

@@ -7,7 +7,9 @@ Each figure is printed beside its physical bound (decode, both the steady state 
 in which every lane decodes and end to end: bytes per step over the measured memory bandwidth;
 prefill: FLOPs over the measured matmul peak; restore: bytes over the measured copy bandwidth).
 `--json` writes every number; `--profile DIR` writes Chrome traces;
-`--compare-hf` adds transformers on the same weights; `--plot` draws TTFT per turn.
+`--compare-hf` adds transformers on the same weights; `--plot` draws TTFT per turn. With
+`--speculative mtp` the decode part also prints the draft acceptance and the tokens per verify
+step; `--draft-acceptance A` replaces the head's proposals by a controlled draft.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ PRESET_NAMES = ("0.8B", "2B", "4B", "9B", "27B", "35B-A3B")
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in 0..1, got {text}")
+    return value
 
 
 def _parts(text: str) -> list[str]:
@@ -60,6 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode: tokens per request end to end, and about the all-decoding "
                    "steps the steady-state figure is measured over")  # fmt: skip
     p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 8], help="e.g. 1,4,8")
+    p.add_argument("--draft-acceptance", type=_fraction, metavar="A",
+                   help="decode with --speculative: a controlled draft, each proposal the "
+                   "target's own next token with probability A, else another (random "
+                   "weights accept almost nothing)")  # fmt: skip
     p.add_argument("--turns", type=int, default=4, help="turns per session in the TTFT trace "
                    "(its shared prefix is about the largest --prompt-tokens)")  # fmt: skip
     p.add_argument("--trace", default="chat", help=" | ".join(TRACES))
@@ -107,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         cache_tree_blocks=args.cache_tree_blocks,
         resume_new_tokens=args.resume_new_tokens,
         resume_histories=args.resume_history,
+        draft_acceptance=args.draft_acceptance,
     )
     console = output_console()
     # progress on stderr: stdout holds the tables alone, for a file or a pipe

@@ -79,9 +79,15 @@ def decode(rows: list[dict]) -> Table:
         t.add_row("", "steady", rate(x["steady_tokens_per_s"], "tok/s") if step else "too short",
                   pct(x["steady_fraction_of_bound"]), ms(step) if step else "-",
                   f"{x['steady_window_steps']} steps")  # fmt: skip
+        spec = x.get("spec_tokens_per_step") is not None
         t.add_row("", "end to end", rate(x["e2e_tokens_per_s"], "tok/s"),
                   pct(x["e2e_fraction_of_bound"]), "", f"{x['e2e_max_tokens']} tok/lane",
-                  end_section=True)  # fmt: skip
+                  end_section=not spec)  # fmt: skip
+        if spec:
+            drafts = x.get("spec_draft_acceptance")
+            source = "MTP head" if drafts is None else f"controlled draft a={drafts:g}"
+            t.add_row("", "speculative", f"{x['spec_tokens_per_step']:.2f} tok/step",
+                      pct(x["spec_acceptance"]), "", source, end_section=True)  # fmt: skip
     return t
 
 

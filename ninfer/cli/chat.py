@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import time
 
 from rich.console import Console
@@ -82,6 +83,7 @@ class Chat:
             max_tokens=self.max_tokens, temperature=self.args.temperature, top_p=self.args.top_p
         )
         console, split = self.console, ReasoningSplitter(thinking=self.thinking)
+        before = _speculation_stats(self.llm)
         start, ttft, n_tokens, final = time.perf_counter(), None, 0, None
         try:
             stream = self.llm.stream(self.messages, params, enable_thinking=self.thinking)
@@ -111,7 +113,9 @@ class Chat:
         stopped = final is None or final.finish_reason == "abort"
         if not stopped:
             note = reuse_note(final, self.previous, self.cache_on)
-            console.print(turn_line(final, note), style="cyan", highlight=False, soft_wrap=True)
+            spec = None if before is None else _speculation_stats(self.llm).since(before)
+            line = turn_line(final, note, spec)
+            console.print(line, style="cyan", highlight=False, soft_wrap=True)
         else:
             line = stopped_line(n_tokens, ttft, final)
             console.print(line, style="yellow", highlight=False, soft_wrap=True)
@@ -120,6 +124,12 @@ class Chat:
             self.previous = [] if final is None else [*final.prompt_token_ids, *final.token_ids]
         else:
             self.messages.pop()
+
+
+def _speculation_stats(llm):
+    """A copy of the engine's speculation counters (None with speculation off)."""
+    spec = llm.engine.speculator
+    return None if spec is None else llm.engine.call(lambda: dataclasses.replace(spec.stats))
 
 
 def draw(console: Console, segments: list[tuple[str, bool]]) -> None:

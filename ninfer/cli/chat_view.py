@@ -66,14 +66,19 @@ class ReasoningSplitter:
         return msg
 
 
-def turn_line(out: Any, reuse: str = "") -> str:
+def turn_line(out: Any, reuse: str = "", speculation: Any = None) -> str:
     """The compact line after a finished turn, from the final RequestOutput; `reuse` (from
-    `reuse_note`) says what the cached tokens were, or why there were none."""
+    `reuse_note`) says what the cached tokens were, or why there were none; `speculation`: the
+    turn's `SpeculationStats` (MTP on), its tokens per step and draft acceptance."""
     u, m = out.usage, out.metrics
     note = f" ({reuse})" if reuse else ""
+    mtp = ""
+    if speculation is not None and speculation.verify_rows:
+        mtp = (f"MTP {speculation.tokens_per_row:.2f} tok/step, "
+               f"{speculation.acceptance:.0%} accepted · ")  # fmt: skip
     return (
         f"prompt {u.prompt_tokens} tok · cached {u.cached_tokens}{note} · "
-        f"TTFT {m.ttft_s * 1e3:.0f} ms · decode {m.decode_tokens_per_s:.1f} tok/s · "
+        f"TTFT {m.ttft_s * 1e3:.0f} ms · decode {m.decode_tokens_per_s:.1f} tok/s · {mtp}"
         f"{u.completion_tokens} tok ({out.finish_reason})"
     )
 

@@ -46,6 +46,7 @@ from ninfer.engine.kv.state import KVState, engine_cost_model
 from ninfer.engine.request import Request
 from ninfer.engine.roster import Roster
 from ninfer.engine.scheduler import InPass, plan_step
+from ninfer.engine.speculative import Speculator
 from ninfer.engine.stepper import InFlight, Stepper
 from ninfer.forward import ModelCache
 from ninfer.request import EngineError
@@ -88,9 +89,15 @@ class Engine:
         self._admission = Admission(
             cfg.memory, cfg.scheduling, mem, self._roster, tokenizer, make_gen, self.device
         )
+        self.speculator: Speculator | None = None
+        if cfg.speculation.speculative == "mtp":
+            spec_slots = mem.states.scratch_slots[cfg.memory.scratch_entries :]
+            k = cfg.speculation.num_speculative_tokens
+            self.speculator = Speculator(self.runner, mem.states, k, spec_slots)
         self._stepper = Stepper(
-            cfg.memory, cfg.scheduling, self.runner, mem, self._roster, self.eos, self.vocab_size
-        )
+            cfg.memory, cfg.scheduling, self.runner, mem, self._roster, self.eos, self.vocab_size,
+            self.speculator,
+        )  # fmt: skip
         self._containment = Containment(self._roster, self._stepper, self.device)
         # rows that snapshot inside their pass: those no prefill graph replays, on the ops' grid
         self.in_pass: InPass | None = InPass(cfg.ops.prefill_graph_tokens, ops.tap_stride)

@@ -32,6 +32,8 @@ from ninfer.engine.kv.state import KVState
 from ninfer.engine.request import Request
 from ninfer.engine.roster import Roster
 from ninfer.engine.scheduler import Slice, may_admit
+from ninfer.engine.speculative import Speculator
+from ninfer.page import PAGE_SIZE
 
 
 @dataclass(slots=True)
@@ -56,6 +58,7 @@ class Stepper:
         roster: Roster,
         eos: tuple[int, ...],
         vocab_size: int,
+        speculator: Speculator | None = None,
     ) -> None:
         self.memory, self.scheduling = memory, scheduling
         self.runner = runner
@@ -64,12 +67,18 @@ class Stepper:
         self.eos = eos
         self.vocab_size = vocab_size  # the logits' width (structured outputs' masks)
         self.device = runner.device
+        # speculative decoding (`engine/speculative.py`): decode rows of the lanes it serves
+        # verify their drafts, several tokens per step
+        self.speculator = speculator
         self.inflight: InFlight | None = None  # a decode step launched, tokens not yet read
         self.overlapped_steps = 0  # steps launched before the previous one's tokens were read
 
     def _launch(self, rows: list[Row], lanes: list[KVLane], feed=None, mask=None) -> Launched:
-        """runner.launch; a non-fatal fault becomes a StepFault naming the step's lanes."""
+        """runner.launch (the speculator's with speculation on); a non-fatal fault becomes a
+        StepFault naming the step's lanes."""
         try:
+            if self.speculator is not None:
+                return self.speculator.launch(rows, lanes, mask)
             return self.runner.launch(rows, feed, mask)
         except Exception as e:
             if faults.is_fatal(e):
@@ -81,6 +90,9 @@ class Stepper:
         runnable: list[Slice] = []
         suspended: list[KVLane] = []
         for s in slices:
+            drafts, verify = self._drafts(s.lane)
+            if drafts and not self.kv_state.budget.grow(s.lane, s.end + len(drafts)):
+                drafts = drafts[: len(s.lane.pages) * PAGE_SIZE - s.end]  # what its pages hold
             if not self.kv_state.budget.grow(s.lane, s.end):
                 suspended.append(s.lane)  # the pool cannot extend it: suspend, never cut short
                 continue
@@ -88,7 +100,7 @@ class Stepper:
             lane = s.lane
             rows.append(
                 Row(
-                    token_ids=lane.tokens[s.start : s.end],
+                    token_ids=lane.tokens[s.start : s.end] + drafts,
                     ctx_len=s.start,
                     slot=lane.slot,
                     pages=lane.pages,
@@ -96,6 +108,7 @@ class Stepper:
                     generator=lane.request.generator,
                     before_layer=self.kv_state.first_pass_hook(lane),
                     taps=tuple((p - s.start, phys) for p, phys in taps),
+                    verify=verify,
                 )
             )
             runnable.append(s)
@@ -105,10 +118,12 @@ class Stepper:
             self._suspend(suspended)
         launched = None
         if rows:
-            mask = self._token_mask([s.lane for s in runnable if s.samples])
-            launched = self._launch(rows, [s.lane for s in runnable], mask=mask)
-        for s in runnable:
-            s.lane.computed = s.end
+            plain = [
+                s.lane for s, r in zip(runnable, rows, strict=True) if s.samples and not r.verify
+            ]
+            launched = self._launch(rows, [s.lane for s in runnable], mask=self._token_mask(plain))
+        for s, r in zip(runnable, rows, strict=True):
+            s.lane.computed = s.start + len(r.token_ids)  # a verify row's: set when settled
         flight = InFlight(runnable, launched)
         if (
             launched is not None
@@ -118,6 +133,14 @@ class Stepper:
             self.inflight = flight  # settled after the next step is launched
         else:
             self.settle(flight)
+
+    def _drafts(self, lane: KVLane) -> tuple[list[int], bool]:
+        """(draft tokens, whether the row verifies them) of the lane's next row: a decode row
+        of a lane the speculator serves verifies its drafts (perhaps none)."""
+        spec = self.speculator
+        if spec is None or lane.prefilling or not spec.speculates(lane):
+            return [], False
+        return spec.verify_tokens(lane), True
 
     def _suspend(self, lanes: list[KVLane]) -> None:
         """§9.5: the pool cannot extend these lanes (their steps are settled). Each is released
@@ -232,9 +255,14 @@ class Stepper:
         now = time.perf_counter()
         roster = self.roster
         failed: list[tuple[KVLane, str]] = []
+        verify = [bool(r.verify) for r in flight.launched.rows] if flight.launched else []
+        advanced: list[KVLane] = []
         for i, s in enumerate(flight.slices):
             lane, req = s.lane, s.lane.request
+            appended = 0
             if req.finish_reason is not None or lane not in roster.lanes:
+                if verify and verify[i]:
+                    self.speculator.settle_row(flight.launched, i, lane, s.start, 0)
                 continue
             try:  # a fault in this lane's sampling or detokenization fails it alone
                 if result.errors[i] is not None:
@@ -243,12 +271,25 @@ class Stepper:
                 if token is not None:
                     if not lane.prefilling and not req.prefill_done_t:
                         req.prefill_done_t = now
-                    self._append(req, token, result.logprobs[i], now)
+                    run = self.speculator.cut(lane, token) if verify[i] else [token]
+                    for t in run:
+                        self._append(req, t, result.logprobs[i], now)
+                        appended += 1
+                        if req.finish_reason is not None:
+                            break  # a stop among a verify row's tokens: the rest is dropped
             except Exception as e:
                 if faults.is_fatal(e):
                     raise
                 failed.append((lane, f"{type(e).__name__}: {e}"))
                 continue
+            finally:
+                if verify and verify[i]:
+                    self.speculator.settle_row(flight.launched, i, lane, s.start, appended)
+            advanced.append(lane)
+        pending = []  # the head's K/V first, so that what the cache commits includes it
+        if self.speculator is not None and flight.launched is not None:
+            pending = self.speculator.bridge(flight.launched, flight.slices, advanced)
+        for lane in advanced:
             self.kv_state.after_advance(lane)
         for lane, message in failed:
             roster.fail(lane, message)
@@ -256,12 +297,23 @@ class Stepper:
             roster.vouch(RuntimeError(failed[0][1]))
         for lane in [ln for ln in roster.lanes if ln.request.finish_reason is not None]:
             roster.finish(lane)
+        if self.speculator is not None:
+            self._draft(pending)
         for lane in roster.lanes:
             req = lane.request
             if req.stream:
                 delta = outputs.stream_delta(req)
                 if delta is not None:
                     req.sink.put(delta)
+
+    def _draft(self, pending: list) -> None:
+        """The speculator's drafts for the lanes' next verify rows, after the pages for the
+        head's chain are mapped where the pool allows (a lane that cannot grow drafts fewer)."""
+        spec, lanes = self.speculator, self.roster.lanes
+        for lane, *_ in pending:
+            if lane in lanes:
+                self.kv_state.budget.grow(lane, lane.computed + spec.k - 1)
+        spec.draft(pending, lanes, self.memory.max_model_len)
 
     def _append(self, req: Request, token: int, logprobs, now: float) -> None:
         if not req.t_first:

@@ -13,7 +13,8 @@ finishing lane's image without a copy (`adopt_endpoint` swaps ownership), as des
 Invariant (checked by `check_invariants`): the active free list, the lanes' slots and the
 `snap_phys` table partition 0..S-1, and the active side always has exactly C slots.
 
-Mutates: `acquire` / `release` / `adopt_endpoint` change ownership; `tap` / `resume` copy images.
+Mutates: `acquire` / `release` / `adopt_endpoint` change ownership; `tap` / `resume` /
+`copy_image` copy images.
 """
 
 from __future__ import annotations
@@ -94,6 +95,12 @@ class StatePool:
         old = self.snap_phys[snap]
         self.snap_phys[snap] = lane_phys
         return old
+
+    def copy_image(self, src: int, dst: int) -> None:
+        """Copy physical slot `src`'s image into physical slot `dst` (2 device copies,
+        queued): a speculative lane's state rolled back to its accepted tokens."""
+        self.conv[dst].copy_(self.conv[src])
+        self.ssm[dst].copy_(self.ssm[src])
 
     # ---- invariants -----------------------------------------------------------------------
     def check_invariants(self, lane_slots: Iterable[int]) -> None:

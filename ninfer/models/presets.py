@@ -98,12 +98,18 @@ def build_random_model(
     device: str | torch.device,
     seed: int = 0,
     quantization: str | None = None,
+    mtp: bool = False,
 ) -> Qwen35ForCausalLM:
     """A randomly initialised model allocated directly on `device` (nothing on the host);
     `quantization` "fp8" then quantises it as `LLM(quantization="fp8")` quantises a checkpoint
-    (`ninfer.models.quant.on_the_fly`)."""
+    (`ninfer.models.quant.on_the_fly`); `mtp`: with a random MTP draft head (the target's
+    weights are the same either way)."""
     scheme = on_the_fly(quantization)  # ValueError naming `quantization` before any work
     model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
+    if mtp:
+        from ninfer.models.mtp import add_mtp_head
+
+        add_mtp_head(model, dtype, "meta")
     model.to_empty(device=device)
     model.tie_weights()
     model.init_buffers()

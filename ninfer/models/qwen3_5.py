@@ -330,11 +330,18 @@ class SparseMoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen35Config, layer_id: int, factory: dict) -> None:
+    """Layer `layer_id` of the model; or, with `kv_index`, a full-attention layer outside
+    `cfg.layer_types` (the MTP head's) whose K/V go to `cache.kv[kv_index]`."""
+
+    def __init__(
+        self, cfg: Qwen35Config, layer_id: int, factory: dict, kv_index: int | None = None
+    ) -> None:
         super().__init__()
-        self.is_full = cfg.layer_types[layer_id] == "full_attention"
+        self.is_full = kv_index is not None or cfg.layer_types[layer_id] == "full_attention"
         if self.is_full:
-            self.self_attn = GatedAttention(cfg, cfg.full_layer_ids.index(layer_id), factory)
+            if kv_index is None:
+                kv_index = cfg.full_layer_ids.index(layer_id)
+            self.self_attn = GatedAttention(cfg, kv_index, factory)
         else:
             self.linear_attn = GatedDeltaNet(cfg, cfg.gdn_layer_ids.index(layer_id), factory)
         if cfg.is_moe:
@@ -386,7 +393,10 @@ class TextModel(nn.Module):
 
 class Qwen35ForCausalLM(nn.Module):
     """Qwen3.5 text model with its LM head. `forward` returns fp32 logits of the tokens at
-    `batch.logits_indices`. State is read from and written to `cache` in place."""
+    `batch.logits_indices`; `forward_hidden` also the final-norm hidden state of every token
+    (what the MTP draft head reads). State is read from and written to `cache` in place.
+    `mtp`: the checkpoint's MTP draft head (`ninfer.models.mtp.Qwen35MTP`, set by
+    `ninfer.models.mtp.add_mtp_head`) or None."""
 
     def __init__(
         self,
@@ -400,6 +410,7 @@ class Qwen35ForCausalLM(nn.Module):
         self.model = TextModel(config, factory)
         self.lm_head = _linear(config.hidden_size, config.vocab_size, factory)
         self.quant_scheme = None  # the QuantScheme of its FP8 modules (`ninfer.models.quantize`)
+        self.mtp: nn.Module | None = None
         self.tie_weights()
         self.init_buffers()
 
@@ -422,14 +433,32 @@ class Qwen35ForCausalLM(nn.Module):
         """Fuses the projections of every layer (see the module docstring). Idempotent."""
         for layer in self.model.layers:
             layer.fuse()
+        if self.mtp is not None:
+            self.mtp.fuse()
 
-    @torch.no_grad()
-    def forward(self, batch: ForwardBatch, cache: ModelCache, ops: Ops) -> torch.Tensor:
+    def _layers(self, batch: ForwardBatch, cache: ModelCache, ops: Ops):
+        """(residual stream, last MLP output) of every token after the last layer."""
         x, delta = self.model.embed_tokens(batch.input_ids), None
         for i, layer in enumerate(self.model.layers):
             if batch.before_layer is not None:
                 batch.before_layer(i)
             x, delta = layer(x, delta, batch, cache, ops, self.model.inv_freq)
+        return x, delta
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, cache: ModelCache, ops: Ops) -> torch.Tensor:
+        x, delta = self._layers(batch, cache, ops)
         rows = batch.logits_indices
         _, x = ops.add_rms_norm(x[rows], delta[rows], self.model.norm.weight, self.model.norm.eps)
         return ops.linear(x, weight_of(self.lm_head)).float()
+
+    @torch.no_grad()
+    def forward_hidden(
+        self, batch: ForwardBatch, cache: ModelCache, ops: Ops
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fp32 logits of the tokens at `batch.logits_indices`, the final-norm hidden state
+        [T, H] of every token). The norm is row-wise, so the logits are `forward`'s."""
+        x, delta = self._layers(batch, cache, ops)
+        _, hidden = ops.add_rms_norm(x, delta, self.model.norm.weight, self.model.norm.eps)
+        logits = ops.linear(hidden[batch.logits_indices], weight_of(self.lm_head)).float()
+        return logits, hidden

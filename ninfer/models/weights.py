@@ -3,8 +3,8 @@
 Accepts one `model.safetensors` or shards listed by `model.safetensors.index.json`; keys under
 `model.` (transformers' text models) or `model.language_model.` (the Hub's multimodal layout);
 MoE experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]) or per expert
-(`mlp.experts.{e}.{gate,up,down}_proj.weight`). The vision tower (`model.visual.*`) and the MTP
-head (`mtp.*`) are skipped.
+(`mlp.experts.{e}.{gate,up,down}_proj.weight`). The vision tower (`model.visual.*`) is skipped,
+and so is the MTP draft head (`mtp.*`) unless it is asked for (`mtp=True`: `model.mtp`).
 
 FP8 checkpoints (config.json's `quantization_config`, `ninfer.models.quant`): the modules the
 scheme converts are made FP8 before loading (`ninfer.models.quantize`) and take the e4m3
@@ -41,7 +41,7 @@ logger = logging.getLogger("ninfer.models")
 INDEX_FILE = "model.safetensors.index.json"
 SKIPPED_PREFIXES = ("model.visual.", "mtp.")
 _PER_EXPERT = re.compile(
-    r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight(?:_scale_inv)?)$"
+    r"^((?:model|mtp)\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight(?:_scale_inv)?)$"
 )
 SCALE = "weight_scale_inv"  # the model's name of an FP8 weight's scale
 
@@ -73,13 +73,15 @@ def load_model(
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
     quantization: str | None = None,
+    mtp: bool = False,
 ) -> Qwen35ForCausalLM:
     """Builds the model described by `path`/config.json and loads its weights in `dtype` on
     `device` (the config is `model.config`); FP8 weights stay FP8. `quantization` "fp8"
     quantises a dense checkpoint's linears at load (`ninfer.models.quant.on_the_fly`; an FP8
-    checkpoint loads as it is). Raises ValueError naming any missing, unexpected, mis-shaped
-    or mistyped tensor, one holding NaN or infinite values, or a malformed
-    `quantization_config`."""
+    checkpoint loads as it is); `mtp`: its MTP draft head too. Raises ValueError naming any
+    missing, unexpected, mis-shaped or mistyped tensor, one holding NaN or infinite values, or
+    a malformed `quantization_config`; with `mtp`, naming `speculative` when the checkpoint has
+    no `mtp.*` tensor."""
     config = Qwen35Config.from_file(path)
     device = torch.device(device)
     scheme = checkpoint_scheme(path)
@@ -87,6 +89,10 @@ def load_model(
     if scheme is not None:  # already FP8: loaded as it is
         on_the_fly_scheme = None
     model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
+    if mtp:
+        from ninfer.models.mtp import add_mtp_head
+
+        add_mtp_head(model, dtype, "meta")
     if scheme is not None:
         to_fp8_layout(model, scheme)
     loader = _Loader(model, dtype, device, scheme.scale_name if scheme else SCALE)
@@ -133,7 +139,7 @@ class _Loader:
 
     def add(self, key: str, source) -> None:
         """Places tensor `key` of `source` (an open safetensors file)."""
-        name = _canonical_name(key, self.scale_name)
+        name = _canonical_name(key, self.scale_name, self.model.mtp is not None)
         if name is None:
             self.skipped += 1
             return
@@ -187,6 +193,10 @@ class _Loader:
 
     def finish(self) -> None:
         """Raises ValueError naming the first missing tensors, if any."""
+        if self.model.mtp is not None and not any(n.startswith("mtp.") for n in self.loaded):
+            raise ValueError(
+                "speculative='mtp': the checkpoint has no MTP draft head (no mtp.* tensors)"
+            )
         missing = []
         for name in self.expected:
             if name in self.loaded:
@@ -212,10 +222,10 @@ class _Loader:
             raise ValueError(f"missing tensors in the checkpoint: {missing[:5]}{more}")
 
 
-def _canonical_name(key: str, scale_name: str) -> str | None:
+def _canonical_name(key: str, scale_name: str, mtp: bool = False) -> str | None:
     """The model's parameter name for a checkpoint key (a weight's scale named `scale_name`
-    becomes SCALE), None for tensors to skip."""
-    if key.startswith(SKIPPED_PREFIXES):
+    becomes SCALE), None for tensors to skip (`mtp`: the MTP head's are kept)."""
+    if key.startswith(SKIPPED_PREFIXES) and not (mtp and key.startswith("mtp.")):
         return None
     if key.endswith("." + scale_name):
         key = key.removesuffix(scale_name) + SCALE

@@ -129,6 +129,27 @@ def test_bench_all_on_the_demo_model(ninfer, tmp_path, monkeypatch):
     assert "not shown" not in block
 
 
+def test_bench_decode_with_speculation(ninfer, tmp_path):
+    """`bench decode --speculative mtp --draft-acceptance A` prints, per batch size, the tokens
+    per verify step and the acceptance of a controlled draft; without A, the head's own."""
+    out = tmp_path / "d.json"
+    common = ("bench", "decode", "--prompt-tokens", "16", "--decode-tokens", "12",
+              "--batch-sizes", "1,2", "--speculative", "mtp", "--num-speculative-tokens", "2",
+              *ENGINE_FLAGS)  # fmt: skip
+    run = ninfer(*common, "--draft-acceptance", "1", "--json", str(out))
+    assert run.returncode == 0, run.stderr + run.stdout
+    rows = json.loads(out.read_text())["decode"]["rows"]
+    for row in rows:
+        assert not row["errors"] and row["spec_draft_acceptance"] == 1.0
+        assert row["spec_acceptance"] > 0.5 and 1.5 < row["spec_tokens_per_step"] <= 3
+    assert "controlled draft a=1" in run.stdout and "tok/step" in run.stdout
+    run = ninfer(*common, "--json", str(out))
+    assert run.returncode == 0, run.stderr + run.stdout
+    row = json.loads(out.read_text())["decode"]["rows"][0]
+    assert row["spec_draft_acceptance"] is None and 1 <= row["spec_tokens_per_step"] <= 3
+    assert "MTP head" in run.stdout
+
+
 def test_no_bench_table_has_two_columns_with_one_heading():
     from ninfer.cli import bench_view
 

@@ -14,7 +14,8 @@ _FLAG_LIST = (
     "--model --device --dtype --kv-dtype --max-concurrency --prefill-chunk --max-model-len "
     "--kv-capacity --host-cache-mib --device-snapshot-slots --cache-taps-per-request "
     "--cache-tap-ladder --cache-tap-min-gap --prefix-cache-file --no-prefix-reuse "
-    "--concurrent-prefill --no-compile --no-cuda-graphs --quantization --seed"
+    "--concurrent-prefill --no-compile --no-cuda-graphs --quantization --seed --speculative "
+    "--num-speculative-tokens"
 )
 API_FLAGS = _FLAG_LIST.split()
 
@@ -40,6 +41,13 @@ def test_each_subcommand_takes_the_engine_flags(command):
     kwargs = engine_kwargs(build_parser().parse_args(argv))
     assert kwargs == {"max_concurrency": 2, "prefix_reuse": False, "kv_capacity": 4096,
                       "compile": False, "cache_tap_ladder": 512, "dtype": "float32"}  # fmt: skip
+
+
+def test_speculative_flags_parse_to_their_keywords():
+    args = build_parser().parse_args(
+        ["chat", "--speculative", "mtp", "--num-speculative-tokens", "2"]
+    )
+    assert engine_kwargs(args) == {"speculative": "mtp", "num_speculative_tokens": 2}
 
 
 def test_flags_left_out_are_not_passed():
@@ -102,6 +110,20 @@ def test_turn_line_has_the_four_figures():
     assert turn_line(out) == (
         "prompt 120 tok · cached 64 · TTFT 12 ms · decode 45.7 tok/s · 2 tok (stop)"
     )
+
+
+def test_turn_line_shows_the_speculation_when_on():
+    from ninfer.cli.chat_view import turn_line
+    from ninfer.engine.speculative import SpeculationStats
+
+    out = RequestOutput("r", [1], [2, 3], "x", "stop", usage=Usage(120, 2, 64),
+                        metrics=Metrics(ttft_s=0.0123, decode_tokens_per_s=45.67))  # fmt: skip
+    stats = SpeculationStats(verify_rows=10, drafted=30, accepted=21, emitted=31)
+    assert turn_line(out, speculation=stats) == (
+        "prompt 120 tok · cached 64 · TTFT 12 ms · decode 45.7 tok/s · "
+        "MTP 3.10 tok/step, 70% accepted · 2 tok (stop)"
+    )
+    assert turn_line(out, speculation=SpeculationStats()) == turn_line(out)
 
 
 def test_malformed_kv_capacity_is_a_clear_error(capsys):

@@ -170,3 +170,22 @@ def test_the_dtype_table_agrees_with_torch():
         assert isinstance(torch_dtype(name), torch.dtype)
         assert itemsize(name) == torch_dtype(name).itemsize
     assert torch_dtype("fp8_e4m3") == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("k", [None, 1, 4])
+def test_speculation_adds_the_heads_kv_layer_and_scratch_slots_and_runs_eagerly(k):
+    plain = resolve(EngineOptions(kv_capacity=8192), TINY, CUDA)
+    cfg = resolve(EngineOptions(kv_capacity=8192, speculative="mtp", num_speculative_tokens=k),
+                  TINY, CUDA)  # fmt: skip
+    want_k = 3 if k is None else k
+    assert (cfg.speculation.speculative, cfg.speculation.num_speculative_tokens) == ("mtp", want_k)
+    n_fa = len(TINY.full_layer_ids)
+    assert (plain.memory.kv_layers, cfg.memory.kv_layers) == (n_fa, n_fa + 1)
+    assert cfg.memory.kv_page_bytes * n_fa == plain.memory.kv_page_bytes * (n_fa + 1)
+    assert cfg.memory.host_geometry.n_fa_layers == n_fa + 1
+    assert (plain.memory.speculative_slots, cfg.memory.speculative_slots) == (0, 8 * want_k)
+    assert plain.ops.cuda_graphs and plain.scheduling.overlap_decode
+    assert not cfg.ops.cuda_graphs and not cfg.scheduling.overlap_decode
+    described = cfg.describe()
+    assert (described["speculative"], described["num_speculative_tokens"]) == ("mtp", want_k)
+    assert plain.speculation.speculative is None and plain.speculation.num_speculative_tokens == 0

@@ -178,7 +178,7 @@ def test_cuda_raising_copy_mid_batch_degrades(model, copy):
 
 def test_cuda_sampling_fault_rewinds_seeded_neighbours(model):
     """A batch sampling fault is retried row by row from each seeded CUDA generator's state
-    before the step (runner._sample: get_state / set_state): the injected fault strikes after
+    before the step (runner.sample_rows: get_state / set_state): the injected fault strikes after
     the real sampler has drawn for the whole batch, every row is then sampled alone, and each
     draws what it draws in the same run without the fault. No row fails, so both runs keep the
     same batches and the tokens are equal, not merely close. Without the rewind every generator

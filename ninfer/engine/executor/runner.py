@@ -52,6 +52,9 @@ class Row:
     # (offset, physical slot) pairs: snapshot the row's state after its first `offset` tokens
     # into that slot, inside the pass (`forward.StateTap`; eager steps only)
     taps: tuple[tuple[int, int], ...] = ()
+    # a speculative verify row (`ninfer.engine.speculative`): logits of every token, not only
+    # the last (`sample` set)
+    verify: bool = False
 
 
 @dataclass(slots=True)
@@ -177,10 +180,11 @@ class Runner:
         n_rows, n_tok = len(rows), sum(q_lens)
         width = max(len(r.pages) for r in rows)
         want = [i for i, r in enumerate(rows) if r.sample is not None]
+        n_logits = sum(q_lens[i] if rows[i].verify else 1 for i in want)
         # one int64 host buffer: ids | positions | slot_mapping | cu_q | slots | logits idx | table,
         # each segment 16-byte aligned (Triton specializes kernels on pointer alignment: views at
         # odd offsets would compile new kernel variants whenever the parity of T or R changes)
-        sizes = [n_tok, n_tok, n_tok, n_rows + 1, n_rows, len(want), n_rows * width]
+        sizes = [n_tok, n_tok, n_tok, n_rows + 1, n_rows, n_logits, n_rows * width]
         padded = [n + (n & 1) for n in sizes]
         host = torch.zeros(sum(padded), dtype=torch.int64)
         ids, pos, smap, cu, slots, lidx, table = _segments(host, padded, sizes)
@@ -197,7 +201,13 @@ class Runner:
         else:  # row by row: no gathers over the tokens (host time grows with them)
             _fill_prefill_rows(rows, table2d, ids, pos, smap)
         slots.copy_(torch.tensor([r.slot for r in rows], dtype=torch.int64))
-        lidx.copy_(cu[1:][torch.tensor(want, dtype=torch.int64)] - 1)
+        if n_logits == len(want):
+            lidx.copy_(cu[1:][torch.tensor(want, dtype=torch.int64)] - 1)
+        else:  # verify rows: every token's logits, in row order
+            starts = cu.tolist()
+            spans = (range(starts[i] if rows[i].verify else starts[i + 1] - 1, starts[i + 1])
+                     for i in want)  # fmt: skip
+            lidx.copy_(_int64(itertools.chain.from_iterable(spans)))
         if self.device.type == "cuda":
             host = host.pin_memory()
         dev = host.to(self.device, non_blocking=True)
@@ -273,10 +283,10 @@ class Runner:
         if not want:
             return Launched(rows, None)
         if callable(mask):
-            return Launched(rows, None, deferred=lambda: self._sample(logits, want, mask()))
-        return Launched(rows, self._sample(logits, want, mask))
+            return Launched(rows, None, deferred=lambda: self.sample_rows(logits, want, mask()))
+        return Launched(rows, self.sample_rows(logits, want, mask))
 
-    def _sample(self, logits: torch.Tensor, want: list[Row], mask=None):
+    def sample_rows(self, logits: torch.Tensor, want: list[Row], mask=None):
         """Sample every row at once; if that raises, row by row, so that a row whose sampling
         fails fails alone (`RowSamples.errors`) and the others get their tokens."""
         if mask is not None:

@@ -50,6 +50,13 @@ def slab_bytes(page_bytes: int) -> int:
     return -(-page_bytes // 4096) * 4096
 
 
+def kv_layer_types(layer_types: tuple[str, ...], kv_layers: int) -> tuple[str, ...]:
+    """The model's layer types, plus one full-attention entry per KV layer beyond the model's
+    (the MTP head's, whose K/V every page and Host slab carries after the model's)."""
+    extra = kv_layers - layer_types.count("full_attention")
+    return tuple(layer_types) + ("full_attention",) * extra
+
+
 def engine_cost_model(cache: CachePolicy, prefill_chunk: int, model_config):
     """The cache's cost model for this model on this device: the prefill FLOPs of the model's
     shape and the rates `resolve()` recorded (`ninfer.costs`; the scheduler's pass sizing uses
@@ -88,7 +95,7 @@ class KVState:
         self.streams = Streams(device)
         self.kv = KVPool(
             memory.kv_pages,
-            len(mc.full_layer_ids),
+            memory.kv_layers,  # the model's full-attention layers, then the MTP head's
             mc.num_key_value_heads,
             mc.head_dim,
             torch_dtype(memory.kv_dtype),
@@ -106,7 +113,7 @@ class KVState:
             mc.linear_value_head_dim,
             torch_dtype(memory.dtype),
             device,
-            scratch=memory.scratch_entries,
+            scratch=memory.scratch_entries + memory.speculative_slots,
         )
         self.transfer: Transfer = DeviceOnlyTransfer()
         self.host_slabs = None  # the Host tier's HostSlabs (read by the cache file's load/save)
@@ -196,7 +203,7 @@ class KVState:
             self.kv.kv,
             self.states.conv,
             self.states.ssm,
-            model_config.layer_types,
+            kv_layer_types(model_config.layer_types, memory.kv_layers),
             self.streams,
             timing=True,  # CUDA: timed events give metrics.restore_s (no-op on the CPU)
         )

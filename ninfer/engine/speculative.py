@@ -1,0 +1,347 @@
+"""Speculative decoding with the checkpoint's MTP head: drafting, verification, acceptance and
+the exact roll-back of the rejected tokens (engine thread only).
+
+A lane that speculates (`speculates`: no grammar, no logprobs) decodes K + 1 tokens per step:
+
+    step       verify row: [t_F, d_1 .. d_k] at positions F .. F+k (one target pass, logits of
+               every token, StateTaps after 1 .. k tokens into scratch slots)
+    accept     `sampling.accept_drafts`: greedy = the longest prefix of drafts the target's
+               argmax agrees with, plus the target's token after it; sampled = rejection sampling
+    settle     the Stepper appends the n tokens (fewer when one stops the request, or at a
+               chat's output boundary: `cut`); `settle_row` sets computed = F + n and copies
+               the state after n tokens of the row into the lane's slot
+               (`StatePool.copy_image`) unless n = k + 1
+    bridge     the MTP head runs over the positions the pass committed (`bridge`), before the
+               cache commits them
+    draft      `draft`: draft 1 from the bridge's logits, then k - 1 one-token head passes
+
+The roll-back of the GDN state is the per-position snapshot design: the verify pass writes
+the state after each of its first k tokens into a scratch slot (`forward.StateTap`), and the
+accepted one is copied into the lane's slot. An op set that snapshots only on a coarser grid
+(`Ops.tap_stride > 1`: the CUDA kernels) saves the lane's state before the pass instead and,
+when a draft is rejected, restores it and runs the accepted tokens again (`replay`).
+Attention K/V needs no roll-back: positions past the frontier are rewritten before anything
+reads them (a pass reads [0, its own position]).
+
+The head's K/V lives in its own entry of every KV page (`MemoryGeometry.kv_layers`), one token
+behind the target: head position p reads the target's final hidden state at p and the token at
+p + 1. After every pass over a lane's row [s, e) (a prefill chunk, or a verify row of which
+n tokens were accepted: e = s + n) the head runs over the same positions ("bridge") with the
+tokens [s + 1, e] (the last one sampled by that pass, or a prompt token), so its K/V covers
+what the target's does wherever the cache commits or publishes a page; the bridge's last
+logits are draft 1 for a lane that samples next, and k - 1 one-token head passes (their own
+hidden fed back) draft the rest. A lane resumed from the
+prefix cache starts bridging at its resumed frontier: the head's K/V below it comes with the
+cached pages. Drafts are only proposals: whatever the head's K/V holds, the output is the
+target's, verified.
+
+Runs eagerly (no CUDA graphs, no step run ahead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ninfer.engine.executor.runner import Row, Runner, StepResult
+from ninfer.engine.kv.lane import KVLane
+from ninfer.memory.state_pool import StatePool
+from ninfer.page import PAGE_SIZE
+from ninfer.sampling import accept_drafts, draw, probabilities
+
+
+@dataclass(slots=True)
+class Draft:
+    """A lane's proposals for its next verify row: tokens and, for a sampled request, the
+    distributions [k, V] they were drawn from."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class SpeculationStats:
+    """Counters since the engine started: verify rows run, draft tokens proposed and accepted,
+    tokens the verify rows yielded (accepted drafts plus the target's own, before stops)."""
+
+    verify_rows: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_row(self) -> float:
+        return self.emitted / self.verify_rows if self.verify_rows else 0.0
+
+    def since(self, before: SpeculationStats) -> SpeculationStats:
+        """The counts after `before` (an earlier copy)."""
+        return SpeculationStats(
+            self.verify_rows - before.verify_rows, self.drafted - before.drafted,
+            self.accepted - before.accepted, self.emitted - before.emitted,
+        )  # fmt: skip
+
+
+@dataclass(slots=True)
+class SpecLaunched:
+    """A step with verify rows, run and accepted: `result()` gives each row's tokens (a list
+    for a verify row). `hidden` [T, H]: the target's final hidden states of the pass; `starts`:
+    each row's first flat token; `taps[i]`: row i's scratch slots by offset (1 .. k)."""
+
+    rows: list[Row]
+    hidden: torch.Tensor
+    starts: list[int]
+    step: StepResult
+    taps: dict[int, list[int]] = field(default_factory=dict)
+
+    def sample(self) -> None:
+        """Nothing to do (sampled at launch); `Launched`'s interface."""
+
+    def result(self) -> StepResult:
+        return self.step
+
+
+class Speculator:
+    """Drafts with `runner.model.mtp`, verifies and accepts; owns the lanes' drafts
+    (`drafts`, by lane id), the scratch slots of the verify taps and the counters (`stats`).
+    `propose`, when set, replaces the head's proposals: (lane, k) -> k tokens (benches and
+    tests: a controlled draft; a sampled request draws nothing then, its draft distribution is
+    the proposal itself). The head runs either way."""
+
+    def __init__(self, runner: Runner, states: StatePool, k: int, scratch: list[int]) -> None:
+        if runner.model.mtp is None:
+            raise ValueError("speculative='mtp': the model has no MTP draft head")
+        self.runner, self.states, self.k = runner, states, k
+        # an op set that cannot snapshot at every offset: save and replay instead (`launch`)
+        self.replay = runner.ops.tap_stride != 1
+        self.scratch = scratch  # k physical slots per verify row of a step
+        self.drafts: dict[int, Draft] = {}
+        self.stats = SpeculationStats()
+        self.propose: Callable[[KVLane, int], list[int]] | None = None
+
+    @staticmethod
+    def speculates(lane: KVLane) -> bool:
+        req = lane.request
+        return req.matcher is None and req.params.logprobs is None
+
+    def verify_tokens(self, lane: KVLane) -> list[int]:
+        """The drafts the lane's next decode row verifies ([] for none)."""
+        draft = self.drafts.get(lane.lane_id)
+        return [] if draft is None else list(draft.tokens)
+
+    # ---- the verify step -------------------------------------------------------------------
+    def launch(self, rows: list[Row], lanes: list[KVLane], mask=None) -> SpecLaunched:
+        """Run the step's target pass (prefill rows, plain decode rows and verify rows; row i
+        is lanes[i]'s), sample the plain rows (`mask`: their structured outputs' masks) and
+        accept the verify rows against the lanes' drafts. Each verify row gets its scratch
+        slots as taps here (with `replay`: one scratch slot, the lane's state saved into it
+        before the pass)."""
+        taps, used = {}, 0
+        for i, r in enumerate(rows):
+            if r.verify and len(r.token_ids) > 1:
+                n = 1 if self.replay else len(r.token_ids) - 1
+                slots = self.scratch[used : used + n]
+                used += n
+                taps[i] = slots
+                if self.replay:
+                    self.states.copy_image(r.slot, slots[0])
+                else:
+                    r.taps = r.taps + tuple((o + 1, s) for o, s in enumerate(slots))
+        runner = self.runner
+        batch = runner.build_batch(rows)
+        logits, hidden = runner.model.forward_hidden(batch, runner.cache, runner.ops)
+        if batch.before_layer is not None:  # a Host restore: the head's K/V entry is the layer
+            batch.before_layer(len(runner.model.model.layers))  # after the model's (`bridge`)
+        n = len(rows)
+        step = StepResult(tokens=[None] * n, logprobs=[None] * n, errors=[None] * n)
+        plain, plain_rows, at = [], [], 0
+        for i, r in enumerate(rows):
+            if r.sample is None:
+                continue
+            width = len(r.token_ids) if r.verify else 1
+            if r.verify:
+                draft = self.drafts.pop(lanes[i].lane_id, None)
+                probs = None if draft is None or draft.probs is None else draft.probs
+                step.tokens[i] = self._accept(r, logits[at : at + width], probs)
+            else:
+                plain.append(at)
+                plain_rows.append(i)
+            at += width
+        if plain:
+            sampled = runner.sample_rows(logits[plain], [rows[i] for i in plain_rows], mask)
+            tokens = sampled.token_ids.tolist()
+            errors = getattr(sampled, "errors", None)
+            for j, i in enumerate(plain_rows):
+                step.tokens[i] = tokens[j]
+                step.logprobs[i] = sampled.logprobs[j]
+                step.errors[i] = errors[j] if errors is not None else None
+        starts = batch.cu_q.tolist()
+        return SpecLaunched(rows, hidden, starts, step, taps)
+
+    def _accept(self, row: Row, logits: torch.Tensor, probs: torch.Tensor | None) -> list[int]:
+        drafts = row.token_ids[1:]
+        if probs is not None:
+            probs = probs[: len(drafts)]
+        tokens = accept_drafts(logits, drafts, probs, row.sample, row.generator)
+        st = self.stats
+        st.verify_rows += 1
+        st.drafted += len(drafts)
+        st.accepted += len(tokens) - 1
+        st.emitted += len(tokens)
+        return tokens
+
+    def settle_row(self, launched: SpecLaunched, i: int, lane: KVLane, start: int, n: int) -> None:
+        """Row i of `launched` (lane's verify row from `start`) yielded n appended tokens (0:
+        none, the lane ended): the frontier moves to start + max(n, 1) and the lane's slot gets
+        the state after that many tokens of the row."""
+        offset = max(n, 1)
+        lane.computed = start + offset
+        slots = launched.taps.get(i, [])
+        row = launched.rows[i]
+        if not slots or offset == len(row.token_ids):
+            return
+        if not self.replay:
+            self.states.copy_image(slots[offset - 1], lane.slot)
+            return
+        # the state before the row, then the accepted tokens again (their K/V rewritten as is)
+        self.states.copy_image(slots[0], lane.slot)
+        tokens = row.token_ids[:offset]
+        again = Row(tokens, start, lane.slot, lane.pages, row.sample, row.generator)
+        runner = self.runner
+        runner.model(runner.build_batch([again]), runner.cache, runner.ops)
+
+    # ---- the head: bridge, then drafts -------------------------------------------------------
+    def bridge(self, launched: SpecLaunched, slices, advanced: list[KVLane]) -> list:
+        """Run the head over the positions the step committed for each lane of `advanced` (its
+        row's tokens appended, its frontier moved), before they are committed to the cache:
+        head position p of the row reads the target's hidden state at p and token p + 1 (the
+        last one sampled by the step, or a prompt token). Returns, per lane that decodes next,
+        (lane, row, draft-1 logits, the head's hidden state at its last position)."""
+        rows, hidden, lanes = [], [], []
+        for i, s in enumerate(slices):
+            lane = s.lane
+            n = lane.computed - s.start
+            if lane not in advanced or not self.speculates(lane) or n <= 0:
+                continue
+            if len(lane.tokens) < lane.computed + 1:
+                continue  # the token after the frontier is not known
+            decodes = not lane.prefilling and lane.request.finish_reason is None
+            rows.append(
+                Row(
+                    token_ids=lane.tokens[s.start + 1 : lane.computed + 1],
+                    ctx_len=s.start,
+                    slot=lane.slot,
+                    pages=lane.pages,
+                    sample=lane.request.params if decodes else None,
+                    generator=lane.request.generator,
+                )
+            )
+            first = launched.starts[i]
+            hidden.append(launched.hidden[first : first + n])
+            lanes.append(lane)
+        if not rows:
+            return []
+        logits, out = self._head(rows, torch.cat(hidden))
+        last = torch.tensor([len(r.token_ids) for r in rows]).cumsum(0) - 1
+        pending, at = [], 0
+        for j, (row, lane) in enumerate(zip(rows, lanes, strict=True)):
+            if row.sample is not None:
+                pending.append((lane, row, logits[at], out[int(last[j])]))
+                at += 1
+        return pending
+
+    def draft(self, pending: list, live: list[KVLane], max_model_len: int) -> None:
+        """Draft the next verify row's tokens of each `pending` lane still running (`bridge`),
+        and forget the drafts of lanes that have ended."""
+        live_ids = {lane.lane_id for lane in live}
+        for lane_id in [i for i in self.drafts if i not in live_ids]:
+            del self.drafts[lane_id]
+        chain = [
+            (lane, row, self._draft_len(lane, max_model_len), logits, hidden)
+            for lane, row, logits, hidden in pending
+            if lane.lane_id in live_ids
+        ]
+        self._chain(chain)
+
+    @staticmethod
+    def cut(lane: KVLane, tokens: list[int]) -> list[int]:
+        """The first tokens of a verify row's, up to a chat's output boundary (§7.7, the
+        publisher's `_output_boundary_pays`): after a token the template re-renders the reply
+        after (`</think>`) one more is kept, so the frontier lands right after it; a token it
+        re-renders before (`<tool_call>`) is the last kept, so the frontier lands right before
+        it. The next step yields the rest, so the frontier stops there as it does without
+        speculation. (Greedy: the same tokens; sampled: a stop decided by the tokens drawn so
+        far keeps them the target's.)"""
+        hints = lane.request.hints
+        before, after = hints.output_before, (*hints.output_after, *hints.output_before)
+        if not (before or after):
+            return tokens
+        for j, t in enumerate(tokens):
+            if t in before or (j > 0 and tokens[j - 1] in after):
+                return tokens[: j + 1]
+        return tokens
+
+    def _draft_len(self, lane: KVLane, max_model_len: int) -> int:
+        """Drafts for the lane's next verify row: at most K, within max_model_len and
+        max_tokens, and within its pages (chain step j writes the head's K/V at position
+        computed + j - 2)."""
+        f = lane.computed
+        room = len(lane.pages) * PAGE_SIZE - f + 1
+        return max(0, min(self.k, max_model_len - f - 1, lane.request.tokens_left() - 1, room))
+
+    def _chain(self, chain: list) -> None:
+        """Draft tokens 1 .. k of each lane: token 1 from the bridge logits, each next one
+        from a one-token head pass over the previous one and the head's own hidden state."""
+        state = []
+        for lane, row, k, logits, hidden in chain:
+            self.drafts.pop(lane.lane_id, None)
+            if k == 0:
+                continue
+            draft = Draft([], [] if not row.sample.greedy else None)
+            self._pick(draft, row, logits)
+            self.drafts[lane.lane_id] = draft
+            state.append((lane, row, k, hidden))
+        for step in range(1, self.k):
+            todo = [(ln, r, k, h) for ln, r, k, h in state if k > step]
+            if not todo:
+                break
+            rows = [
+                Row([self.drafts[ln.lane_id].tokens[-1]], ln.computed + step - 1, ln.slot,
+                    ln.pages, r.sample, r.generator)
+                for ln, r, _, _ in todo
+            ]  # fmt: skip
+            logits, out = self._head(rows, torch.stack([h for _, _, _, h in todo]))
+            state = []
+            for j, (ln, r, k, _) in enumerate(todo):
+                self._pick(self.drafts[ln.lane_id], r, logits[j])
+                state.append((ln, r, k, out[j]))
+        for lane, _, k, _, _ in chain:
+            draft = self.drafts.get(lane.lane_id)
+            if draft is None:
+                continue
+            if self.propose is not None:
+                draft.tokens = list(self.propose(lane, k))[:k]
+                if draft.probs is not None:  # a point mass on each proposal
+                    vocab = draft.probs[0].shape[-1]
+                    tokens = torch.tensor(draft.tokens, device=draft.probs[0].device)
+                    draft.probs = torch.nn.functional.one_hot(tokens, vocab).float()
+            elif isinstance(draft.probs, list):
+                draft.probs = torch.stack(draft.probs)
+
+    def _pick(self, draft: Draft, row: Row, logits: torch.Tensor) -> None:
+        if row.sample.greedy:
+            draft.tokens.append(int(logits.argmax()))
+            return
+        probs = probabilities(logits.unsqueeze(0), row.sample)
+        draft.tokens.append(int(draw(probs, [row.generator])[0]))
+        draft.probs.append(probs[0])
+
+    def _head(self, rows: list[Row], hidden: torch.Tensor):
+        runner = self.runner
+        batch = runner.build_batch(rows)
+        return runner.model.mtp(batch, hidden, runner.cache, runner.ops, runner.model)

@@ -1,0 +1,263 @@
+"""MTP speculative decoding through the engine (`ninfer.engine.speculative`): greedy output
+token-identical to plain decode for K = 1..4, with and without the prefix cache, across turns
+and a Host restore; seeded sampling reproducible; the acceptance counters. Tiny dense and MoE
+models with a random MTP head (it accepts almost nothing), and a controlled draft (`propose`)
+that proposes the plain run's own tokens, each wrong with a set probability, so that every
+acceptance length occurs."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from engine_helpers import TINY, VOCAB, assert_idle, greedy, rand_tokens
+
+from ninfer.bench.speculative import controlled_draft
+from ninfer.llm import LLM
+from ninfer.models.presets import build_random_model
+from ninfer.request import SamplingParams
+
+TINY_MOE = dataclasses.replace(
+    TINY, intermediate_size=0, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mtp_models():
+    """Tiny dense and MoE models with a random MTP head (fp32, CPU)."""
+    return {
+        "dense": build_random_model(TINY, torch.float32, "cpu", seed=1, mtp=True),
+        "moe": build_random_model(TINY_MOE, torch.float32, "cpu", seed=2, mtp=True),
+    }
+
+
+@pytest.fixture
+def make_spec_llm(mtp_models):
+    """make_spec_llm(kind, **kwargs) -> LLM over mtp_models[kind]; closed at teardown."""
+    made: list[LLM] = []
+
+    def factory(kind: str = "dense", tokenizer=None, chat_template=None, **kwargs) -> LLM:
+        opts = dict(device="cpu", prefill_chunk=64, max_concurrency=4, kv_capacity=16384,
+                    host_cache_mib=16, check_invariants=True)  # fmt: skip
+        opts.update(kwargs)
+        llm = LLM.from_model(mtp_models[kind], tokenizer, chat_template, **opts)
+        made.append(llm)
+        return llm
+
+    yield factory
+    for llm in made:
+        llm.close()
+
+
+def controlled(llm: LLM, expected: dict[tuple, list[int]], accept: float, seed: int) -> None:
+    """Drafts of `llm` become the plain run's own next tokens (`expected`: prompt -> prompt +
+    plain output), each replaced by another token with probability 1 - accept."""
+    llm.engine.speculator.propose = controlled_draft(expected, accept, VOCAB, seed)
+
+
+def _prompts(seed: int, n: int = 3) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [rand_tokens(rng, rng.randrange(20, 150)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("reuse", [True, False])
+def test_greedy_matches_plain_decode(make_spec_llm, kind, k, reuse):
+    """Three lanes at once, with the random head and with a controlled draft at acceptance
+    0.6: the same tokens as plain decode, and the counters add up."""
+    prompts = _prompts(10 + k)
+    params = [greedy(n) for n in (37, 50, 23)]
+    plain = make_spec_llm(kind, prefix_reuse=reuse)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    spec = make_spec_llm(kind, prefix_reuse=reuse, speculative="mtp", num_speculative_tokens=k)
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    expected = {tuple(p): p + w for p, w in zip(prompts, want, strict=True)}
+    controlled(spec, expected, accept=0.6, seed=k)
+    again = [p + [7] for p in prompts]  # new prompts: no request resumes a finished reply
+    want2 = [o.token_ids for o in plain.generate(again, params)]
+    expected = {tuple(p): p + w for p, w in zip(again, want2, strict=True)}
+    before = spec.engine.call(lambda: dataclasses.replace(spec.engine.speculator.stats))
+    controlled(spec, expected, accept=0.6, seed=k)
+    assert [o.token_ids for o in spec.generate(again, params)] == want2
+    st = spec.engine.call(lambda: spec.engine.speculator.stats)
+    rows, drafted = st.verify_rows - before.verify_rows, st.drafted - before.drafted
+    accepted, emitted = st.accepted - before.accepted, st.emitted - before.emitted
+    assert emitted == rows + accepted and 0 < accepted < drafted <= k * rows
+    assert emitted >= sum(p.max_tokens for p in params) - len(params)  # first tokens: prefill
+    assert_idle(spec)
+
+
+@pytest.mark.parametrize("accept", [0.0, 1.0])
+def test_acceptance_counters_at_the_extremes(make_spec_llm, accept):
+    """A draft always right accepts everything it drafts (K + 1 tokens per verify row but where
+    the request's end trims it); one always wrong accepts nothing (one token per row)."""
+    prompts = _prompts(3, n=2)
+    params = greedy(41)
+    plain = make_spec_llm(prefix_reuse=False)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    spec = make_spec_llm(prefix_reuse=False, speculative="mtp", num_speculative_tokens=3)
+    controlled(spec, {tuple(p): p + w for p, w in zip(prompts, want, strict=True)}, accept, 0)
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    st = spec.engine.call(lambda: spec.engine.speculator.stats)
+    if accept == 1.0:
+        assert st.accepted == st.drafted and st.emitted == 2 * 40
+        assert st.verify_rows == 2 * 10  # 40 tokens after the first: 4 per row
+    else:
+        assert st.accepted == 0 and st.emitted == st.verify_rows == 2 * 40
+
+
+def test_stops_inside_an_accepted_run(make_spec_llm):
+    """A stop token and max_tokens that fall inside a verify row's accepted tokens end the
+    request where plain decode ends it; the rest of the row is dropped."""
+    prompt = _prompts(4, n=1)[0]
+    plain = make_spec_llm()
+    full = plain.generate([prompt], greedy(60))[0].token_ids
+    stop = full[17]
+    params = SamplingParams(max_tokens=60, temperature=0, stop_token_ids=[stop])
+    want = plain.generate([prompt], params)[0]
+    spec = make_spec_llm(speculative="mtp", num_speculative_tokens=4)
+    controlled(spec, {tuple(prompt): prompt + full}, accept=1.0, seed=0)
+    got = spec.generate([prompt], params)[0]
+    assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+    short = spec.generate([prompt + [9]], greedy(6))[0]
+    assert short.token_ids == plain.generate([prompt + [9]], greedy(6))[0].token_ids
+    assert_idle(spec)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_multi_turn_and_host_restore_match_plain(make_spec_llm, k):
+    """A conversation of three turns, each resuming from the previous reply's endpoint (the
+    head re-bridged from the resumed frontier), the last one after other requests pushed it
+    off the Device (a Host restore): the same tokens as plain decode, with the same reuse."""
+    kwargs = dict(host_cache_mib=4, device_snapshot_slots=2, kv_capacity=24 * 64,
+                  max_concurrency=2)  # fmt: skip
+    plain = make_spec_llm(**kwargs)
+    spec = make_spec_llm(speculative="mtp", num_speculative_tokens=k, **kwargs)
+    for llm in (plain, spec):
+        rng = random.Random(20)
+        history = rand_tokens(rng, 150)
+        outs = []
+        for turn in range(3):
+            if turn == 2:
+                for _ in range(7):
+                    llm.generate([rand_tokens(rng, 300)], greedy(20))
+            out = llm.generate([history], greedy(30))[0]
+            ledger = llm.memory_ledger()  # restored pages (the head's K/V rides in each page)
+            restored = out.usage.restored_host_bytes
+            pages = (restored - ledger["state_image_bytes"]) / ledger["kv_page_bytes"]
+            outs.append((out.token_ids, out.usage.cached_tokens, pages if restored else 0))
+            history = history + out.token_ids + rand_tokens(rng, 20)
+        if llm is plain:
+            want = outs
+    assert outs == want
+    assert want[1][1] > 0 and want[2][2] > 0  # turn 2 resumed, turn 3 restored from the Host
+    assert spec.memory_ledger()["kv_page_bytes"] == 2 * plain.memory_ledger()["kv_page_bytes"]
+    assert_idle(spec)
+
+
+def test_seeded_sampling_is_reproducible(make_spec_llm):
+    """A seeded sampled request draws the same tokens in two engines, and with a neighbour."""
+    prompts = _prompts(5, n=2)
+    params = SamplingParams(max_tokens=30, temperature=0.8, top_k=50, seed=123, ignore_eos=True)
+    a = make_spec_llm(speculative="mtp", num_speculative_tokens=2)
+    b = make_spec_llm(speculative="mtp", num_speculative_tokens=2)
+    first = a.generate([prompts[0]], params)[0].token_ids
+    assert len(first) == 30
+    other = SamplingParams(max_tokens=30, temperature=1.0, ignore_eos=True)
+    assert b.generate(prompts, [params, other])[0].token_ids == first
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        LLM.from_model(build_random_model(TINY, torch.float32, "cpu"), device="cpu",
+                       speculative="mtp", num_speculative_tokens=5)  # fmt: skip
+    with pytest.raises(ValueError, match="speculative"):
+        LLM.from_model(build_random_model(TINY, torch.float32, "cpu"), device="cpu",
+                       speculative="eagle")  # fmt: skip
+    with pytest.raises(ValueError, match="speculative"):  # no MTP head
+        LLM.from_model(build_random_model(TINY, torch.float32, "cpu"), device="cpu",
+                       kv_capacity=4096, speculative="mtp")  # fmt: skip
+    with pytest.raises(ValueError, match="num_speculative_tokens needs speculative"):
+        LLM.from_model(build_random_model(TINY, torch.float32, "cpu"), device="cpu",
+                       kv_capacity=4096, num_speculative_tokens=2)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tokens", "want"),
+    [
+        ([5, 6, 7], [5, 6, 7]),  # no boundary
+        ([5, 90, 6, 7], [5, 90, 6]),  # after `</think>` (90): one more, then the frontier
+        ([90, 6, 7], [90, 6]),
+        ([5, 6, 91, 7], [5, 6, 91]),  # `<tool_call>` (91): the frontier lands before it
+        ([91, 7], [91]),
+        ([5, 6, 7, 90], [5, 6, 7, 90]),
+    ],
+)
+def test_a_verify_row_stops_at_an_output_boundary(tokens, want):
+    from types import SimpleNamespace
+
+    from ninfer.engine.speculative import Speculator
+
+    hints = SimpleNamespace(output_after=(90,), output_before=(91,))
+    lane = SimpleNamespace(request=SimpleNamespace(hints=hints))
+    assert Speculator.cut(lane, tokens) == want
+    plain = SimpleNamespace(
+        request=SimpleNamespace(hints=SimpleNamespace(output_after=(), output_before=()))
+    )
+    assert Speculator.cut(plain, tokens) == tokens
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_replay_roll_back_matches_plain(make_spec_llm, kind):
+    """The roll-back an op set without per-token snapshots takes (`Speculator.replay`: the
+    state saved before the verify pass, restored and the accepted tokens run again): the same
+    tokens as plain decode, across partial acceptances."""
+    prompts = _prompts(30)
+    params = [greedy(n) for n in (33, 41, 19)]
+    plain = make_spec_llm(kind)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    spec = make_spec_llm(kind, speculative="mtp", num_speculative_tokens=3)
+    spec.engine.speculator.replay = True
+    controlled(spec, {tuple(p): p + w for p, w in zip(prompts, want, strict=True)}, 0.6, 1)
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    st = spec.engine.call(lambda: spec.engine.speculator.stats)
+    assert 0 < st.accepted < st.drafted
+    assert_idle(spec)
+
+
+def test_grammar_and_logprobs_lanes_decode_plainly_beside_speculating_ones(
+    make_spec_llm, demo_text
+):
+    """A request with a grammar and one with logprobs decode one token a step (the same
+    tokens, logprobs and text as plain decode) in the same steps as a speculating lane."""
+    from ninfer.request import StructuredOutputsParams
+
+    tok, template = demo_text
+    prompts = _prompts(40)
+    params = [
+        greedy(30),
+        SamplingParams(max_tokens=12, temperature=0,
+                       structured_outputs=StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2,5}")),
+        SamplingParams(max_tokens=25, temperature=0, ignore_eos=True, logprobs=3),
+    ]  # fmt: skip
+    plain = make_spec_llm(tokenizer=tok, chat_template=template)
+    want = plain.generate(prompts, params)
+    spec = make_spec_llm(tokenizer=tok, chat_template=template, speculative="mtp",
+                         num_speculative_tokens=3)  # fmt: skip
+    expected = {tuple(p): p + o.token_ids for p, o in zip(prompts, want, strict=True)}
+    controlled(spec, expected, accept=0.8, seed=2)
+    got = spec.generate(prompts, params)
+    for w, g in zip(want, got, strict=True):
+        assert (g.token_ids, g.text) == (w.token_ids, w.text)
+    # the batch's shapes differ from plain decode's (verify rows), so its GEMMs round apart
+    got_lp, want_lp = got[2].logprobs, want[2].logprobs
+    assert [d.keys() for d in got_lp] == [d.keys() for d in want_lp]
+    for g, w in zip(got_lp, want_lp, strict=True):
+        assert all(abs(g[t] - w[t]) < 1e-4 for t in w)
+    st = spec.engine.call(lambda: spec.engine.speculator.stats)
+    assert st.accepted > 0 and st.emitted == 29  # only the first request's tokens after one
+    assert_idle(spec)

@@ -1,0 +1,56 @@
+"""MTP speculative decoding on CUDA (CudaOps, bf16, eager; the op set snapshots on a 64-token
+grid, so rejected drafts roll back by save-and-replay, `Speculator.replay`): greedy output of
+three lanes against plain decode on the same engine settings, with a controlled draft so that
+every acceptance length occurs. bf16 verify passes (K + 1 tokens a row) do not match one-token
+decode bit for bit, so the outputs must agree until a near-tie: at the first difference, plain
+decode's own logprob gap between its token and the speculative one is small. Skipped without
+CUDA or without flashinfer / fla / triton."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import CUDA_TINY
+
+from ninfer.bench.speculative import controlled_draft
+from ninfer.llm import LLM
+from ninfer.models.presets import build_random_model
+from ninfer.request import SamplingParams
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+for _mod in ("triton", "flashinfer", "fla"):
+    pytest.importorskip(_mod)
+
+PROMPTS = [list(range(5, 155)), [(7 * i) % 2000 + 4 for i in range(70)], list(range(300, 333))]
+NEAR_TIE = 0.1  # nats between plain decode's top two where bf16 may pick either
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_matches_plain_decode_up_to_near_ties(k):
+    model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=11, mtp=True)
+    opts = dict(device="cuda", compile=False, max_concurrency=4, kv_capacity=16384,
+                host_cache_mib=64, check_invariants=True)  # fmt: skip
+    plain = LLM.from_model(model, **opts)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=2)
+    want = plain.generate(PROMPTS, params)
+    spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=k, **opts)
+    assert spec.engine.speculator.replay  # the CUDA GDN kernels' tap grid
+    expected = {tuple(p): p + o.token_ids for p, o in zip(PROMPTS, want, strict=True)}
+    spec.engine.speculator.propose = controlled_draft(expected, 0.6, CUDA_TINY.vocab_size, k)
+    got = spec.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    for w, g in zip(want, got, strict=True):
+        pairs = enumerate(zip(w.token_ids, g.token_ids, strict=True))
+        n = next((i for i, (a, b) in pairs if a != b), None)
+        if n is None:
+            assert len(g.token_ids) == 40
+            continue
+        lp = w.logprobs[n]
+        gap = lp[w.token_ids[n]] - lp.get(g.token_ids[n], float("-inf"))
+        assert gap < NEAR_TIE, (n, gap)
+    st = spec.engine.speculator.stats
+    assert 0 < st.accepted < st.drafted
+    spec.check_idle()
+    plain.close()
+    spec.close()

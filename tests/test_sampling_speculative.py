@@ -1,0 +1,120 @@
+"""Speculative decoding's acceptance rule (`ninfer.sampling.accept_drafts`): greedy keeps the
+longest prefix the target's argmax agrees with; sampled outputs follow the target's
+distribution whatever the draft's (chi-square over a small vocabulary, many draws, synthetic
+draft / target pairs), after the temperature and the filters; seeded draws reproduce."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ninfer.request import SamplingParams
+from ninfer.sampling import accept_drafts, probabilities
+
+V = 5
+# 4 degrees of freedom: P(chi2 > 18.5) = 0.001; the joint test's 24: P(chi2 > 51.2) = 0.001
+CHI2_4, CHI2_24 = 18.5, 51.2
+# per position: a target distribution, and a draft distribution far from it
+TARGET = torch.tensor(
+    [[0.40, 0.25, 0.20, 0.10, 0.05], [0.05, 0.05, 0.10, 0.30, 0.50], [0.2, 0.2, 0.2, 0.2, 0.2],
+     [0.70, 0.10, 0.10, 0.05, 0.05], [0.1, 0.3, 0.1, 0.3, 0.2]]
+)  # fmt: skip
+DRAFT = torch.tensor(
+    [[0.05, 0.05, 0.10, 0.30, 0.50], [0.40, 0.25, 0.20, 0.10, 0.05], [0.6, 0.1, 0.1, 0.1, 0.1],
+     [0.0, 0.0, 0.5, 0.5, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]]
+)  # fmt: skip
+SAMPLED = SamplingParams(temperature=1.0)
+
+
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs.double().flatten() * counts.sum()
+    counts = counts.double().flatten()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "a token the target excludes was emitted"
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def _drafts(k: int, gen: torch.Generator) -> list[int]:
+    return [int(torch.multinomial(DRAFT[j], 1, generator=gen)) for j in range(k)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_first_token_follows_the_target(k):
+    """Token 1 of a verify row is distributed as the target's p_0, whatever the draft."""
+    gen = torch.Generator().manual_seed(k)
+    logits = TARGET[: k + 1].log()
+    counts = torch.zeros(V)
+    for _ in range(8_000):
+        tokens = accept_drafts(logits, _drafts(k, gen), DRAFT[:k], SAMPLED, gen)
+        assert 1 <= len(tokens) <= k + 1
+        counts[tokens[0]] += 1
+    assert _chi_square(counts, TARGET[0]) < CHI2_4
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_two_tokens_follow_the_target_jointly(k):
+    """The first two output tokens, taking the second from a next verify row when the first row
+    yields one (its positions shifted by one), are distributed as p_0 x p_1 (here the target's
+    rows do not depend on the tokens before them)."""
+    gen = torch.Generator().manual_seed(10 + k)
+    logits = TARGET.log()  # k + 2 rows at most: a second row starts one position later
+    counts = torch.zeros(V, V)
+    for _ in range(10_000):
+        tokens = accept_drafts(logits[: k + 1], _drafts(k, gen), DRAFT[:k], SAMPLED, gen)
+        if len(tokens) == 1:
+            drafts = [int(torch.multinomial(DRAFT[j + 1], 1, generator=gen)) for j in range(k)]
+            more = accept_drafts(logits[1 : k + 2], drafts, DRAFT[1 : k + 1], SAMPLED, gen)
+            tokens = tokens + more
+        counts[tokens[0], tokens[1]] += 1
+    assert _chi_square(counts, TARGET[0][:, None] * TARGET[1][None, :]) < CHI2_24
+
+
+def test_a_wrong_rule_is_caught():
+    """The test's power: accepting every draft outright gives the draft's distribution, which
+    the chi-square rejects by far."""
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(V)
+    for _ in range(8_000):
+        counts[_drafts(1, gen)[0]] += 1
+    assert _chi_square(counts, TARGET[0]) > 100 * CHI2_4
+
+
+def test_filters_and_temperature_are_the_targets():
+    """With top_k = 3 and temperature 0.7 the output follows `probabilities`, the distribution
+    `sample` draws from: tokens outside the top 3 never appear."""
+    params = SamplingParams(temperature=0.7, top_k=3)
+    gen = torch.Generator().manual_seed(3)
+    logits = TARGET[:3].log()
+    target = probabilities(logits[:1], params)[0]
+    assert (target > 0).sum() == 3
+    counts = torch.zeros(V)
+    for _ in range(8_000):
+        counts[accept_drafts(logits, _drafts(2, gen), DRAFT[:2], params, gen)[0]] += 1
+    assert _chi_square(counts, target) < CHI2_4
+
+
+def test_seeded_draws_reproduce():
+    logits = TARGET[:4].log()
+    runs = []
+    for _ in range(2):
+        gen = torch.Generator().manual_seed(7)
+        runs.append([accept_drafts(logits, [3, 0, 4], DRAFT[:3], SAMPLED, gen) for _ in range(50)])
+    assert runs[0] == runs[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, V - 1), min_size=2, max_size=5),
+    st.lists(st.integers(0, V - 1), min_size=4, max_size=4),
+)
+def test_greedy_keeps_the_longest_agreeing_prefix(argmax, drafts):
+    """Greedy: the drafts while each equals the target's argmax at its position, then the
+    target's argmax where they stop (or after the last draft)."""
+    k = len(argmax) - 1
+    drafts = drafts[:k]
+    logits = torch.nn.functional.one_hot(torch.tensor(argmax), V).float()
+    got = accept_drafts(logits, drafts, None, SamplingParams(temperature=0), None)
+    n = next((j for j in range(k) if drafts[j] != argmax[j]), k)
+    assert got == drafts[:n] + [argmax[n]]
