@@ -274,14 +274,16 @@ class LLM:
         return self._job(prompt, frozen, None, stream, grammar=grammar)
 
     def _compile(self, params: SamplingParams):
-        """The compiled grammar of `params.structured_outputs` (None without one); ValueError
-        naming the field when it cannot be compiled (compiled grammars are cached)."""
-        spec = params.structured_outputs
-        if spec is None:
+        """The compiled grammar of `params.structured_outputs` with its thinking budget (None
+        without either); ValueError naming the field when it cannot be compiled or enforced
+        (compiled grammars are cached)."""
+        spec, budget = params.structured_outputs, params.thinking_token_budget
+        if spec is None and budget is None:
             return None
         if self._grammars is None:
-            raise ValueError("structured_outputs: needs a tokenizer (this model has none)")
-        return self._grammars.compile(spec)
+            name = "structured_outputs" if spec is not None else "thinking_token_budget"
+            raise ValueError(f"{name}: needs a tokenizer (this model has none)")
+        return self._grammars.compile(spec, thinking_budget=budget)
 
     def _check_prompt(self, prompt: forms.PromptInput, field: str) -> None:
         forms.validate(prompt, self._model_config.vocab_size, self._cfg.memory.max_model_len)

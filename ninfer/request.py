@@ -133,6 +133,11 @@ class SamplingParams:
     the full vocabulary (before the sampling filters) plus the chosen token's. With
     `structured_outputs` they are those of the constrained distribution (tokens the grammar
     forbids have -inf), as vLLM and SGLang report them.
+
+    `thinking_token_budget=b` (vLLM's name) caps the reasoning: when the prompt leaves a
+    `<think>` block open (Qwen3.5's generation prompt with thinking on), the reply may spend at
+    most b tokens inside it; the token after the b-th is forced to `</think>` (0: at once).
+    None: no cap. A prompt that opens no block leaves it nothing to do.
     """
 
     max_tokens: int = 256
@@ -146,6 +151,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -175,6 +181,10 @@ class SamplingParams:
             logprobs = _int_field("logprobs", self.logprobs, 0, MAX_LOGPROBS, rng)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {_show(self.ignore_eos)}")
+        budget = None
+        if self.thinking_token_budget is not None:
+            rule = ">= 0 (or None)"
+            budget = _int_field("thinking_token_budget", self.thinking_token_budget, 0, None, rule)
         structured = self.structured_outputs
         if structured is not None:
             if not isinstance(structured, StructuredOutputsParams):
@@ -195,6 +205,7 @@ class SamplingParams:
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             structured_outputs=structured,
+            thinking_token_budget=budget,
         )
 
     @property

@@ -9,7 +9,10 @@ next, as a bitmask over the vocabulary (xgrammar, the engine vLLM and SGLang use
 Reasoning: when the prompt opens a `<think>` block it does not close (Qwen3.5's generation
 prompt with thinking on), the grammar applies from the token after the generated `</think>`;
 the reasoning stays free (as vLLM's reasoning parser does). EOS is allowed only where the
-grammar accepts; once the grammar has accepted EOS it constrains nothing more.
+grammar accepts; once the grammar has accepted EOS it constrains nothing more. A thinking
+budget (`SamplingParams.thinking_token_budget`, with or without a grammar) bounds that free
+part: once the reply has spent the budget inside the open block, the next token's mask is
+`</think>` alone. A request with a budget and no grammar never loads xgrammar.
 
 xgrammar is imported at the first compile: an engine that serves no structured request never
 loads it. This module knows nothing about the engine; `ninfer.sampling.apply_token_mask`
@@ -78,9 +81,24 @@ class Grammars:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=2)
             return self._compiler
 
-    def compile(self, spec: StructuredOutputsParams, field: str = "structured_outputs") -> Grammar:
-        """The compiled grammar of `spec` (validated); ValueError naming `field.<kind>` when
-        the engine cannot compile it. Compiled grammars are cached by their text."""
+    def compile(
+        self,
+        spec: StructuredOutputsParams | None,
+        field: str = "structured_outputs",
+        thinking_budget: int | None = None,
+    ) -> Grammar:
+        """The compiled grammar of `spec` (validated; None: no grammar) with the reasoning
+        budget `thinking_budget` (None: none); ValueError naming `field.<kind>` when the engine
+        cannot compile it, or `thinking_token_budget` when the tokenizer has no `<think>` /
+        `</think>` tokens. Compiled grammars are cached by their text."""
+        if thinking_budget is not None and self._think is None:
+            raise ValueError(
+                f"thinking_token_budget: the tokenizer has no {THINK_OPEN} / {THINK_CLOSE} tokens"
+            )
+        compiled = None if spec is None else self._compile(spec, field)
+        return Grammar(compiled, self._think, thinking_budget)
+
+    def _compile(self, spec: StructuredOutputsParams, field: str):
         kind, value = spec.kind()
         compiler = self._get_compiler()
         try:
@@ -105,7 +123,7 @@ class Grammars:
             raise ValueError(f"{field}.{kind}: not supported: {e}") from None
         except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own errors
             raise ValueError(f"{field}.{kind}: cannot compile: {_error_text(e)}") from None
-        return Grammar(compiled, self._think)
+        return compiled
 
 
 def _trimmed_values(original: dict, checked: dict) -> dict:
@@ -168,28 +186,34 @@ def tool_call_tag(tools: list[dict], choice: str, parallel: bool = True) -> dict
 
 
 class Grammar:
-    """A compiled grammar; `start` makes a request's matcher (any thread)."""
+    """A compiled grammar (or none) and a reasoning budget (or none); `start` makes a
+    request's matcher (any thread)."""
 
-    __slots__ = ("_compiled", "_think")
+    __slots__ = ("_compiled", "_think", "_budget")
 
-    def __init__(self, compiled, think: tuple[int, int] | None) -> None:
-        self._compiled = compiled
+    def __init__(self, compiled, think: tuple[int, int] | None, budget: int | None = None) -> None:
+        self._compiled = compiled  # xgrammar's CompiledGrammar, or None (a budget alone)
         self._think = think
+        self._budget = budget
 
     def start(self, prompt: list[int]) -> Matcher:
-        """A fresh matcher for a request with this prompt: it waits for `</think>` when the
-        prompt leaves a `<think>` block open."""
-        import xgrammar as xgr
+        """A fresh matcher for a request with this prompt: while the prompt's `<think>` block
+        is open, it waits for `</think>` (forcing it once the budget is spent)."""
+        matcher = None
+        if self._compiled is not None:
+            import xgrammar as xgr
 
-        waiting = None
-        if self._think is not None:
-            opened, closed = (
-                _last_index(prompt, self._think[0]),
-                _last_index(prompt, self._think[1]),
-            )
-            if opened > closed:
-                waiting = self._think[1]
-        return Matcher(xgr.GrammarMatcher(self._compiled), waiting)
+            matcher = xgr.GrammarMatcher(self._compiled)
+        close = self._think[1] if think_open(prompt, self._think) else None
+        return Matcher(matcher, close, self._budget)
+
+
+def think_open(prompt: list[int], think: tuple[int, int] | None) -> bool:
+    """Whether `prompt` leaves a reasoning block open: its last `<think>` (`think[0]`) comes
+    after its last `</think>` (`think[1]`). False without think tokens."""
+    if think is None:
+        return False
+    return _last_index(prompt, think[0]) > _last_index(prompt, think[1])
 
 
 def _last_index(tokens: list[int], token: int) -> int:
@@ -200,36 +224,64 @@ def _last_index(tokens: list[int], token: int) -> int:
 
 
 class Matcher:
-    """One request's grammar state, advanced by each committed token (engine thread)."""
+    """One request's constraint state, advanced by each committed token (engine thread): the
+    reasoning block the prompt left open (free, or `</think>` forced once `budget` tokens were
+    spent in it), then the grammar (if any) from the token after `</think>`."""
 
-    __slots__ = ("_m", "_waiting")
+    __slots__ = ("_m", "_close", "_budget", "_spent")
 
-    def __init__(self, matcher, waiting_for: int | None) -> None:
-        self._m = matcher
-        self._waiting = waiting_for  # the `</think>` id while the reasoning runs, else None
+    def __init__(self, matcher, close: int | None, budget: int | None = None) -> None:
+        self._m = matcher  # xgrammar's GrammarMatcher, or None (a budget alone)
+        self._close = close  # the `</think>` id while the reasoning block is open, else None
+        self._budget = budget
+        self._spent = 0  # tokens generated inside the open block
+
+    def _forcing(self, pending: int = 0) -> bool:
+        """Whether the open block's budget forces `</think>`, `pending` tokens from now."""
+        return self._budget is not None and self._spent + pending >= self._budget
 
     @property
     def active(self) -> bool:
-        """Whether the grammar constrains the next token."""
-        return self._waiting is None and not self._m.is_terminated()
+        """Whether the matcher constrains the next token."""
+        if self._close is not None:
+            return self._forcing()
+        return self._m is not None and not self._m.is_terminated()
+
+    def may_constrain(self, pending: int) -> bool:
+        """Whether the token after `pending` tokens sampled but not accepted yet may be
+        constrained (False: it is surely free, whatever those tokens are)."""
+        if self._close is not None:
+            return self._m is not None or self._forcing(pending)
+        return self.active
 
     def accept(self, token: int) -> None:
-        """Advance by a committed token; ValueError when the grammar rejects it."""
-        if self._waiting is not None:
-            if token == self._waiting:
-                self._waiting = None
+        """Advance by a committed token; ValueError when the grammar rejects it, or when the
+        spent budget forced `</think>` and the token is another."""
+        if self._close is not None:
+            if token == self._close:
+                self._close = None
+            elif self._forcing():
+                raise ValueError(f"thinking budget: token {token} where </think> was forced")
+            else:
+                self._spent += 1
             return
-        if self._m.is_terminated():
+        if self._m is None or self._m.is_terminated():
             return
         if not self._m.accept_token(token):
             raise ValueError(f"structured output: the grammar rejects token {token}")
 
     def fill(self, bits: torch.Tensor, row: int) -> None:
-        self._m.fill_next_token_bitmask(bits, row)
+        """Write the next token's allowed set into `bits[row]` (only when `active`)."""
+        if self._close is None:
+            self._m.fill_next_token_bitmask(bits, row)
+            return
+        bits[row].zero_()
+        word, bit = divmod(self._close, 32)
+        bits[row, word] = (1 << bit) - (1 << 32 if bit == 31 else 0)  # int32: bit 31 is the sign
 
 
 def token_mask(matchers: list[Matcher | None], vocab_size: int, pin: bool) -> TokenMask | None:
-    """The bitmask of the sampling rows whose grammar constrains their next token (None: no
+    """The bitmask of the sampling rows whose matcher constrains their next token (None: no
     row is constrained). `pin`: page-locked, for a non-blocking copy to the GPU."""
     rows = [i for i, m in enumerate(matchers) if m is not None and m.active]
     if not rows:
@@ -238,3 +290,9 @@ def token_mask(matchers: list[Matcher | None], vocab_size: int, pin: bool) -> To
     for k, i in enumerate(rows):
         matchers[i].fill(bits, k)
     return TokenMask(rows, bits)
+
+
+def may_constrain(matchers: list[Matcher | None], pending: int) -> bool:
+    """Whether any row's token after `pending` tokens not accepted yet may be constrained: the
+    step launched before those tokens are read must then wait for them to compute its mask."""
+    return any(m is not None and m.may_constrain(pending) for m in matchers)

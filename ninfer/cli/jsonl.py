@@ -4,10 +4,10 @@ Input line: an object with exactly one of `prompt` (str), `prompt_token_ids` (li
 `messages` (list of {"role", "content", ...}); optional `id` (a string or an integer; default:
 the 1-based line number), `cache_breakpoints` (prompts), `tools` and `enable_thinking`
 (messages), and any SamplingParams field (max_tokens, temperature, top_p, top_k, min_p, seed,
-stop, stop_token_ids, ignore_eos, logprobs, structured_outputs as vLLM's object: {"json":
-schema} | {"regex": ...} | {"choice": [...]} | {"grammar": ...} | {"json_object": true}), or
-OpenAI's `response_format` ({"type": "json_schema", "json_schema": {"schema": ...}} |
-{"type": "json_object"}). A key outside these is an error on that line (a
+stop, stop_token_ids, ignore_eos, logprobs, thinking_token_budget, structured_outputs as
+vLLM's object: {"json": schema} | {"regex": ...} | {"choice": [...]} | {"grammar": ...} |
+{"json_object": true}), or OpenAI's `response_format` ({"type": "json_schema", "json_schema":
+{"schema": ...}} | {"type": "json_object"}). A key outside these is an error on that line (a
 misspelled field must not be ignored), and so is a value of the wrong type, named with the type
 it needs. A line that cannot become a request gets an `error` instead of a request; nothing
 here raises on bad input.
@@ -73,6 +73,7 @@ FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "stop_token_ids": (lambda v: v is None or _ints(v), "a list of integers"),
     "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
     "logprobs": (lambda v: v is None or _int(v), "an integer (top-k per token) or null"),
+    "thinking_token_budget": (lambda v: v is None or _int(v), "an integer or null"),
 }
 
 

@@ -74,7 +74,7 @@ class Request:
     error: str | None = None  # set before submission: finish at once with this error
     blocks: Any = None  # ninfer.cache.keys.PromptBlocks of `tokens`, built by Engine.submit
     coalesced: bool = False  # waited at least once for a prefilling sibling (§12.2)
-    grammar: Any = None  # ninfer.structured.Grammar of params.structured_outputs, or None
+    grammar: Any = None  # ninfer.structured.Grammar: structured_outputs, thinking budget; or None
     tokens: list[int] = field(default_factory=list)  # prompt + generated (set from `prompt`)
     detok: Any = None  # incremental detokenizer state (ninfer.detokenizer)
     generator: torch.Generator | None = None

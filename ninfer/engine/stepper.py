@@ -200,10 +200,11 @@ class Stepper:
         ]
         if not self.runner.can_overlap(rows):
             return False
-        # A structured output's mask for this step needs the token of the step in flight: the
-        # forward is launched now and its sampling once that step is settled, the mask computed
-        # on the host while the GPU runs the forward. A step without one samples at once.
-        constrained = any(lane.request.matcher is not None for lane in lanes)
+        # A mask (structured output, spent thinking budget) for this step needs the token of
+        # the step in flight: the forward is launched now and its sampling once that step is
+        # settled, the mask computed on the host while the GPU runs the forward. A step that
+        # no mask may constrain samples at once.
+        constrained = structured.may_constrain([ln.request.matcher for ln in lanes], pending=1)
         mask = (lambda: self._token_mask(lanes)) if constrained else None
         feed = flight.launched.feed(list(range(len(rows))))
         launched = self._launch(rows, lanes, feed, mask=mask)

@@ -8,7 +8,10 @@ Anthropic checks it (`check_cache_control`). Usage splits the prompt as Anthropi
 A stream's `message_start` carries that split as the request's first token fixes it (the same
 figures as its final `message_delta`); `stop_sequence` names the stop string that ended a reply.
 `thinking: {"type": "disabled"}` turns Qwen's thinking off, `{"type": "enabled"}` on; left out,
-the template's default holds (`chat_template_kwargs` may set it too).
+the template's default holds (`chat_template_kwargs` may set it too). Its `budget_tokens`
+(checked as Anthropic checks it: an integer >= 1024, below `max_tokens`) is enforced: the
+reasoning ends with `</think>` after that many tokens (`SamplingParams.thinking_token_budget`);
+`{"type": "enabled"}` without it leaves the reasoning unbounded.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from ninfer.request import RequestOutput, StructuredOutputsParams, Usage
 from ninfer.server.errors import ApiError
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolEnd, ToolStart
 from ninfer.server.wire import Structured, check_max_tokens, tool_structured
+
+MIN_THINKING_BUDGET = 1024  # Anthropic's least thinking.budget_tokens
 
 
 class MessagesRequest(BaseModel):
@@ -101,6 +106,25 @@ def enable_thinking(req: MessagesRequest) -> bool | None:
     if kind not in ("enabled", "disabled", "adaptive"):
         raise ApiError(f"thinking.type must be enabled or disabled, got {kind!r}", "thinking.type")
     return kind != "disabled"
+
+
+def thinking_budget(req: MessagesRequest) -> int | None:
+    """`thinking.budget_tokens` as the engine's thinking budget (None: not set); an ApiError
+    naming it unless it is an integer >= MIN_THINKING_BUDGET below `max_tokens`, with type
+    enabled (Anthropic's rules)."""
+    thinking = req.thinking or {}
+    if "budget_tokens" not in thinking:
+        return None
+    budget, where = thinking["budget_tokens"], "thinking.budget_tokens"
+    if thinking.get("type") != "enabled":
+        raise ApiError(f"{where}: only with thinking.type enabled", where)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < MIN_THINKING_BUDGET:
+        raise ApiError(
+            f"{where}: must be an integer >= {MIN_THINKING_BUDGET}, got {budget!r}", where
+        )
+    if budget >= req.max_tokens:
+        raise ApiError(f"max_tokens: must be greater than {where} ({budget})", where)
+    return budget
 
 
 def _text_of(content, where: str) -> str:

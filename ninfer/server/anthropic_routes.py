@@ -77,6 +77,7 @@ async def messages(request: Request, srv: Srv):
         top_k=req.top_k,
         stop=req.stop_sequences,
         structured=None if structured is None else structured.spec,
+        thinking_token_budget=anth.thinking_budget(req),
     )
     sfield = None if structured is None else structured.field
     params = await srv.offload(srv.validate, rendered, params, "messages", sfield)

@@ -48,6 +48,9 @@ class _Request(BaseModel):
     # OpenAI's routing hint for its cache; one engine finds reuse by content, so it is only
     # checked (a string) and does not change the output
     prompt_cache_key: str | None = None
+    # (vLLM's extension) the most tokens a reply spends inside the `<think>` block its prompt
+    # leaves open; `</think>` is forced after them (`SamplingParams.thinking_token_budget`)
+    thinking_token_budget: int | None = None
 
 
 class ChatRequest(_Request):

@@ -429,4 +429,5 @@ def _params(srv, req, rendered, max_tokens, field: str, k, n: int, structured=No
         logprobs=k,
         ignore_eos=req.ignore_eos,
         structured=None if structured is None else structured.spec,
+        thinking_token_budget=req.thinking_token_budget,
     )

@@ -44,6 +44,7 @@ def sampling_params(
     logprobs: int | None = None,
     ignore_eos: bool = False,
     structured: StructuredOutputsParams | None = None,
+    thinking_token_budget: int | None = None,
 ) -> SamplingParams:
     """The checked SamplingParams (`SamplingParams.validated`, the one set of rules) of wire
     fields, every bad value an ApiError naming its field. The wire adds only its defaults (a
@@ -66,6 +67,7 @@ def sampling_params(
         logprobs=logprobs,
         ignore_eos=ignore_eos,
         structured_outputs=structured,
+        thinking_token_budget=thinking_token_budget,
         **{name: value for name, value in given.items() if value is not None},
     )
     try:

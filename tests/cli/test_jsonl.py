@@ -46,6 +46,7 @@ def test_an_unknown_field_is_an_error_naming_it_and_the_known_fields(name, sugge
         ("stop", 5, '"stop" must be a string or a list of strings, got 5 (an integer)'),
         ("stop_token_ids", 7, '"stop_token_ids" must be a list of integers, got 7'),
         ("ignore_eos", 1, '"ignore_eos" must be true or false, got 1 (an integer)'),
+        ("thinking_token_budget", "3", '"thinking_token_budget" must be an integer or null'),
         ("id", 1.5, '"id" must be a string or an integer, got 1.5 (a number)'),
     ],
 )
@@ -58,6 +59,8 @@ def test_a_good_line_and_line_defaults():
     assert job.error is None and job.id == "a" and job.params.seed == 2**64 - 1
     job = parse_line(3, '{"prompt": "hi", "max_tokens": 5}', {"max_tokens": 9, "top_p": 0.5})
     assert job.id == 3 and job.params.max_tokens == 5 and job.params.top_p == 0.5
+    job = parse_line(4, '{"prompt": "hi", "thinking_token_budget": 0}', {})
+    assert job.error is None and job.params.thinking_token_budget == 0
 
 
 def test_a_repeated_id_fails_the_repeat_alone(tmp_path):

@@ -24,7 +24,8 @@ def _body(text: str, stream: bool) -> dict:
         "model": MODEL,
         "messages": [{"role": "user", "content": text}],
         "max_tokens": LONG,
-        "ignore_eos": True,
+        "ignore_eos": True,  # OpenAI routes; /messages has none: its greedy reply runs long
+        "temperature": 0,
         "stream": stream,
         "chat_template_kwargs": {"enable_thinking": False},
     }

@@ -170,7 +170,7 @@ def test_anthropic_burst_is_one_delta_per_block(burst):
         "tools": ANTHROPIC_TOOLS,
         "max_tokens": 50,
         "stream": True,
-        "thinking": {"type": "enabled", "budget_tokens": 1024},  # REPLY starts in <think>
+        "thinking": {"type": "enabled"},  # REPLY starts in <think>
     }
     events = _sse(burst, "/messages", body)
     assert _wakeups(burst) == before + 1
