@@ -7,9 +7,9 @@ every step of the window (the mask is computed on the host while the GPU runs th
 free lanes are greedy with EOS ignored. With --preset (random weights) the grammar sees the
 demo tokenizer's vocabulary; a checkpoint (--model) gives its real per-token mask cost.
 
-    python tools/bench_structured.py                               # demo model on the CPU
-    python tools/bench_structured.py --preset 9B --device cuda     # the lead's H200 check
-    python tools/bench_structured.py --model /path/ckpt --device cuda --batch 8 --constrained 4
+    python -m ninfer.bench.structured                              # demo model on the CPU
+    python -m ninfer.bench.structured --preset 9B --device cuda    # the lead's H200 check
+    python -m ninfer.bench.structured --model /path/ckpt --device cuda --batch 8 --constrained 4
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import statistics
 import threading
 import time
 
-from ninfer import SamplingParams, StructuredOutputsParams
 from ninfer.bench.suite import BenchSpec, load
 from ninfer.bench.throughput import decode_window
-from ninfer.cli.bench import PRESET_NAMES
 from ninfer.cli.main import add_engine_flags, engine_kwargs
-from ninfer.request import StreamDelta
+from ninfer.models.presets import PRESETS
+from ninfer.request import SamplingParams, StreamDelta, StructuredOutputsParams
 
 SCHEMA = {
     "type": "array",
@@ -43,16 +42,16 @@ SCHEMA = {
 }
 
 
-def _args() -> argparse.Namespace:
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", choices=PRESET_NAMES, help="released shape, random weights")
+    p.add_argument("--preset", choices=tuple(PRESETS), help="released shape, random weights")
     p.add_argument("--batch", type=int, default=8, help="lanes decoding together")
     p.add_argument("--constrained", type=int, default=4, help="of them, constrained")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--decode-tokens", type=int, default=256, help="tokens per lane")
     p.add_argument("--repeat", type=int, default=3, help="runs of each (medians reported)")
     add_engine_flags(p)
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def _stream(llm, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[float]]:
@@ -74,8 +73,8 @@ def _stream(llm, prompts: list[list[int]], params: list[SamplingParams]) -> list
     return times
 
 
-def main() -> None:
-    args = _args()
+def main(argv: list[str] | None = None) -> None:
+    args = _args(argv)
     engine = engine_kwargs(args)
     spec = BenchSpec(parts=[], preset=args.preset, model=engine.get("model"), engine=engine)
     loaded = load(spec)

@@ -13,10 +13,10 @@ the engine thread for the GIL) per streamed token and per request, loop wake-ups
 and response writes per token.
 
     # CPU smoke test (demo model): in-process, then the server in-process too
-    python tools/bench_serve.py --small --inprocess --json /tmp/inproc.json
-    python tools/bench_serve.py --small --url http://127.0.0.1:8000 --compare /tmp/inproc.json
+    python -m ninfer.bench.serving --small --inprocess --json /tmp/inproc.json
+    python -m ninfer.bench.serving --small --url http://127.0.0.1:8000 --compare /tmp/inproc.json
     # the server's loop cost per token (demo model on CPU: `ninfer serve` first)
-    python tools/bench_serve.py --url http://127.0.0.1:8000 --server-cpu --levels 8 --reply 128 \
+    python -m ninfer.bench.serving --url http://127.0.0.1:8000 --server-cpu --levels 8 --reply 128 \
         --turns 1 --sessions-per-client 1 --system-words 200 --user-words 30
 
 Every figure is a benchmark's, not a test's.
@@ -145,7 +145,7 @@ def _level(concurrency: int, samples: list[Sample], wall_s: float) -> Level:
 
 # ---- in-process ------------------------------------------------------------------------------
 def run_inprocess(llm, shape: Shape, levels: list[int], warm: bool = False) -> list[Level]:
-    from ninfer import SamplingParams
+    from ninfer.request import SamplingParams
 
     params = SamplingParams(max_tokens=shape.reply, temperature=0, ignore_eos=True)
 
@@ -335,7 +335,7 @@ def _llm(a):
         from ninfer.bench.suite import BenchSpec, load
 
         return load(BenchSpec(parts=[], preset=a.preset, engine=engine)).make_llm(engine)
-    from ninfer import LLM
+    from ninfer.llm import LLM
 
     return LLM(**engine)
 
