@@ -145,7 +145,7 @@ def _level(concurrency: int, samples: list[Sample], wall_s: float) -> Level:
 
 # ---- in-process ------------------------------------------------------------------------------
 def run_inprocess(llm, shape: Shape, levels: list[int], warm: bool = False) -> list[Level]:
-    from ninfer.request import SamplingParams
+    from ninfer.request import RequestOutput, SamplingParams
 
     params = SamplingParams(max_tokens=shape.reply, temperature=0, ignore_eos=True)
 
@@ -159,7 +159,7 @@ def run_inprocess(llm, shape: Shape, levels: list[int], warm: bool = False) -> l
             final = None
             for event in llm.stream(history, params, enable_thinking=False):
                 now = time.perf_counter()
-                if hasattr(event, "usage"):
+                if isinstance(event, RequestOutput):
                     final = event
                     continue
                 if event.token_ids:
