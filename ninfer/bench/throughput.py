@@ -192,16 +192,9 @@ def bench_decode(
         bound_tps = batch * read_bw / step_bytes
         e2e, errors = _end_to_end(llm, e2e_prompts, decode_tokens, bound_tps)
         steady, stream_errors = _steady_state(llm, prompts, steady_max, lanes, bound_tps)
-        rows.append({
-            "batch": batch,
-            "prompt_tokens": prompt_tokens,
-            "step_bytes": step_bytes,
-            "bound_tokens_per_s": bound_tps,
-            "bound_step_seconds": step_bytes / read_bw,
-            **steady,
-            **e2e,
-            "errors": errors + stream_errors,
-        })  # fmt: skip
+        rows.append({"batch": batch, "prompt_tokens": prompt_tokens, "step_bytes": step_bytes,
+                     "bound_tokens_per_s": bound_tps, "bound_step_seconds": step_bytes / read_bw,
+                     **steady, **e2e, "errors": errors + stream_errors})  # fmt: skip
         if before is not None:
             rows[-1].update(speculative.stats_since(llm, before))
             rows[-1]["spec_draft_acceptance"] = draft_acceptance
