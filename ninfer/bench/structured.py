@@ -73,6 +73,33 @@ def _stream(llm, prompts: list[list[int]], params: list[SamplingParams]) -> list
     return times
 
 
+def _mixes(batch: int, constrained: int, n: int) -> dict[str, list[SamplingParams]]:
+    """The lanes' parameters: all free, then `constrained` of them bound by SCHEMA."""
+    free = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    bound = SamplingParams(
+        max_tokens=n, temperature=0.0, structured_outputs=StructuredOutputsParams(json=SCHEMA)
+    )
+    return {
+        "all_free": [free] * batch,
+        "constrained": [bound] * constrained + [free] * (batch - constrained),
+    }
+
+
+def _runs(llm, mixes: dict[str, list[SamplingParams]], prompts, repeat: int) -> dict:
+    """Steady-state tokens/s of each mix, `repeat` runs each on fresh `prompts()`, after one
+    warm-up run of each (allocations, the grammar's compile); a run with no window in which
+    every lane decodes gives no figure."""
+    for params in mixes.values():
+        _stream(llm, prompts(), params)
+    figures: dict[str, list[float]] = {name: [] for name in mixes}
+    for _ in range(repeat):
+        for name, params in mixes.items():
+            window = decode_window(_stream(llm, prompts(), params))
+            if window["step_seconds"]:
+                figures[name].append(len(params) / window["step_seconds"])
+    return figures
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
     engine = engine_kwargs(args)
@@ -81,27 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     llm = loaded.make_llm(engine, max_concurrency=max(args.batch, 1))
     rng = random.Random(engine.get("seed", 0))
     vocab = min(loaded.tokenizer.vocab_size, loaded.model.config.vocab_size)
-    n = args.decode_tokens
-    free = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    bound = SamplingParams(
-        max_tokens=n, temperature=0.0, structured_outputs=StructuredOutputsParams(json=SCHEMA)
-    )
 
     def prompts() -> list[list[int]]:
         return [[rng.randrange(16, vocab - 1) for _ in range(args.prompt_tokens)]] * args.batch
 
-    mixes = {
-        "all_free": [free] * args.batch,
-        "constrained": [bound] * args.constrained + [free] * (args.batch - args.constrained),
-    }
-    for params in mixes.values():  # warm-up: allocations, the grammar's compile
-        _stream(llm, prompts(), params)
-    figures: dict[str, list[float]] = {name: [] for name in mixes}
-    for _ in range(args.repeat):
-        for name, params in mixes.items():
-            window = decode_window(_stream(llm, prompts(), params))
-            if window["step_seconds"]:
-                figures[name].append(args.batch / window["step_seconds"])
+    mixes = _mixes(args.batch, args.constrained, args.decode_tokens)
+    figures = _runs(llm, mixes, prompts, args.repeat)
     free_tps = statistics.median(figures["all_free"]) if figures["all_free"] else None
     bound_tps = statistics.median(figures["constrained"]) if figures["constrained"] else None
     print(
@@ -110,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                 "model": loaded.label,
                 "batch": args.batch,
                 "constrained_lanes": args.constrained,
-                "decode_tokens": n,
+                "decode_tokens": args.decode_tokens,
                 "all_free_tokens_per_s": free_tps,
                 "constrained_tokens_per_s": bound_tps,
                 "ratio": bound_tps / free_tps if free_tps and bound_tps else None,
