@@ -187,47 +187,57 @@ def bench_decode(
             _control_draft(llm, cfg, [(e2e_prompts, decode_tokens), (prompts, steady_max)],
                            draft_acceptance, seed)  # fmt: skip
         before = speculative.snapshot(llm)
-        # End to end, as before: generate(), the staggered start included.
-        outs = llm.generate(e2e_prompts, greedy(decode_tokens))
-        e2e_s = max(o.metrics.decode_s for o in outs)
-        tokens = sum(max(len(o.token_ids) - 1, 0) for o in outs)
-        e2e_tps = tokens / e2e_s if e2e_s > 0 else 0.0
-        errors = [o.error for o in outs if o.error]
-        # Steady state: streamed, long enough for about decode_tokens all-decoding steps.
-        times, stream_errors = stream_batch(llm, prompts, greedy(steady_max))
-        errors += stream_errors
-        window = decode_window(times)
-        if batch > lanes:
-            note = f"batch > max_concurrency {lanes}: never all decoding"
-            window.update(step_seconds=None, note=note)
-        step_s = window["step_seconds"]
-        steady_tps = batch / step_s if step_s else None
         context = prompt_tokens + steady_max // 2  # the bound at the streamed run's middle
         step_bytes = decode_step_bytes(cfg, counts, batch, context, itemsize, kv_itemsize)
         bound_tps = batch * read_bw / step_bytes
-        rows.append({
-            "batch": batch,
-            "prompt_tokens": prompt_tokens,
-            "step_bytes": step_bytes,
-            "bound_tokens_per_s": bound_tps,
-            "bound_step_seconds": step_bytes / read_bw,
-            "steady_max_tokens": steady_max,
-            "steady_window_steps": window["steps"],
-            "steady_window_seconds": window["seconds"],
-            "steady_step_seconds": step_s,
-            "steady_tokens_per_s": steady_tps,
-            "steady_fraction_of_bound": steady_tps / bound_tps if steady_tps else None,
-            "steady_note": window["note"],
-            "e2e_max_tokens": decode_tokens,
-            "e2e_decode_seconds": e2e_s,
-            "e2e_tokens_per_s": e2e_tps,
-            "e2e_fraction_of_bound": e2e_tps / bound_tps,
-            "errors": errors,
-        })  # fmt: skip
+        e2e, errors = _end_to_end(llm, e2e_prompts, decode_tokens, bound_tps)
+        steady, stream_errors = _steady_state(llm, prompts, steady_max, lanes, bound_tps)
+        rows.append({"batch": batch, "prompt_tokens": prompt_tokens, "step_bytes": step_bytes,
+                     "bound_tokens_per_s": bound_tps, "bound_step_seconds": step_bytes / read_bw,
+                     **steady, **e2e, "errors": errors + stream_errors})  # fmt: skip
         if before is not None:
             rows[-1].update(speculative.stats_since(llm, before))
             rows[-1]["spec_draft_acceptance"] = draft_acceptance
     return rows
+
+
+def _end_to_end(llm, prompts: list[dict], max_tokens: int, bound_tps: float):
+    """Decode through generate(), the staggered start included: the row's e2e_* figures and the
+    outputs' errors."""
+    outs = llm.generate(prompts, greedy(max_tokens))
+    seconds = max(o.metrics.decode_s for o in outs)
+    tokens = sum(max(len(o.token_ids) - 1, 0) for o in outs)
+    tps = tokens / seconds if seconds > 0 else 0.0
+    figures = {
+        "e2e_max_tokens": max_tokens,
+        "e2e_decode_seconds": seconds,
+        "e2e_tokens_per_s": tps,
+        "e2e_fraction_of_bound": tps / bound_tps,
+    }
+    return figures, [o.error for o in outs if o.error]
+
+
+def _steady_state(llm, prompts: list[dict], max_tokens: int, lanes: int, bound_tps: float):
+    """Decode streamed, long enough for about `max_tokens` all-decoding steps, timed over the
+    steps in which every lane decodes (`decode_window`): the row's steady_* figures and the
+    streams' errors. A batch over `lanes` never decodes all at once: no figure."""
+    times, errors = stream_batch(llm, prompts, greedy(max_tokens))
+    window = decode_window(times)
+    if len(prompts) > lanes:
+        note = f"batch > max_concurrency {lanes}: never all decoding"
+        window.update(step_seconds=None, note=note)
+    step_s = window["step_seconds"]
+    tps = len(prompts) / step_s if step_s else None
+    figures = {
+        "steady_max_tokens": max_tokens,
+        "steady_window_steps": window["steps"],
+        "steady_window_seconds": window["seconds"],
+        "steady_step_seconds": step_s,
+        "steady_tokens_per_s": tps,
+        "steady_fraction_of_bound": tps / bound_tps if tps else None,
+        "steady_note": window["note"],
+    }
+    return figures, errors
 
 
 def _control_draft(llm, cfg, runs, accept: float, seed: int) -> None:

@@ -25,7 +25,7 @@ from ninfer import structured
 from ninfer.cache.keys import prepare_prompt
 from ninfer.config import MemoryGeometry, Scheduling
 from ninfer.engine import faults, outputs
-from ninfer.engine.executor.runner import Launched, Row, Runner
+from ninfer.engine.executor.runner import Launched, Row, Runner, StepResult
 from ninfer.engine.faults import StepFault
 from ninfer.engine.kv.lane import KVLane
 from ninfer.engine.kv.state import KVState
@@ -247,13 +247,41 @@ class Stepper:
         """Read a launched step's tokens: append them (stop checks), advance the frontiers'
         bookkeeping (commits, taps, publication), finish lanes, stream deltas. A lane that
         finished after the step was launched is skipped (its token is discarded)."""
+        result = self._result(flight)
+        advanced, failed = self._append_tokens(flight, result, time.perf_counter())
+        roster = self.roster
+        pending = []  # the head's K/V first, so that what the cache commits includes it
+        if self.speculator is not None and flight.launched is not None:
+            pending = self.speculator.bridge(flight.launched, flight.slices, advanced)
+        for lane in advanced:
+            self.kv_state.after_advance(lane)
+        for lane, message in failed:
+            roster.fail(lane, message)
+        if failed:
+            roster.vouch(RuntimeError(failed[0][1]))
+        for lane in [ln for ln in roster.lanes if ln.request.finish_reason is not None]:
+            roster.finish(lane)
+        if self.speculator is not None:
+            self._draft(pending)
+        self._stream_deltas()
+
+    @staticmethod
+    def _result(flight: InFlight) -> StepResult | None:
+        """The step's tokens (None when it launched nothing); a failure to read them fails
+        the step's lanes."""
         try:
-            result = flight.launched.result() if flight.launched is not None else None
+            return flight.launched.result() if flight.launched is not None else None
         except Exception as e:  # reading the step's tokens failed: the step's lanes fail
             if faults.is_fatal(e):
                 raise
             raise StepFault([s.lane for s in flight.slices], e) from e
-        now = time.perf_counter()
+
+    def _append_tokens(
+        self, flight: InFlight, result: StepResult | None, now: float
+    ) -> tuple[list[KVLane], list[tuple[KVLane, str]]]:
+        """Append each live lane's tokens to its request (a verify row: the run the speculator
+        accepts, cut at a stop). Returns the lanes that advanced and the (lane, message) of
+        those whose sampling or detokenization failed (each fails alone)."""
         roster = self.roster
         failed: list[tuple[KVLane, str]] = []
         verify = [bool(r.verify) for r in flight.launched.rows] if flight.launched else []
@@ -287,20 +315,11 @@ class Stepper:
                 if verify and verify[i]:
                     self.speculator.settle_row(flight.launched, i, lane, s.start, appended)
             advanced.append(lane)
-        pending = []  # the head's K/V first, so that what the cache commits includes it
-        if self.speculator is not None and flight.launched is not None:
-            pending = self.speculator.bridge(flight.launched, flight.slices, advanced)
-        for lane in advanced:
-            self.kv_state.after_advance(lane)
-        for lane, message in failed:
-            roster.fail(lane, message)
-        if failed:
-            roster.vouch(RuntimeError(failed[0][1]))
-        for lane in [ln for ln in roster.lanes if ln.request.finish_reason is not None]:
-            roster.finish(lane)
-        if self.speculator is not None:
-            self._draft(pending)
-        for lane in roster.lanes:
+        return advanced, failed
+
+    def _stream_deltas(self) -> None:
+        """Each streaming request's new tokens and text since its last delta, to its sink."""
+        for lane in self.roster.lanes:
             req = lane.request
             if req.stream:
                 delta = outputs.stream_delta(req)

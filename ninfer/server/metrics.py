@@ -35,8 +35,8 @@ class _CacheCollector:
 class _LoopCollector:
     """The server's own host cost: its event loop's CPU time (the loop thread runs no model
     code, and it competes with the engine thread for the GIL), loop wake-ups for engine
-    events, and streamed body writes (`tools/bench_serve.py --server-cpu` divides them by the
-    tokens streamed)."""
+    events, and streamed body writes (`python -m ninfer.bench.serving --server-cpu` divides them
+    by the tokens streamed)."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self._metrics = metrics

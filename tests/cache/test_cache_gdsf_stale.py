@@ -1,6 +1,6 @@
 """§9.3: a snapshot published above a superseded one re-values the retained snapshots below it.
 
-Found by the soak (tools/soak.py): a new snapshot S that takes over a superseded dependent B
+Found by the soak (ninfer.bench.soak): a new snapshot S that takes over a superseded dependent B
 changes the nearest retained ancestor, hence C(s), of every retained snapshot hanging below B,
 not just of B. Only B was marked dirty, so their cached H kept the old (root-based) value and
 GDSF evicted in the wrong order.

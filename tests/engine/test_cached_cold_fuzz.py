@@ -1,7 +1,7 @@
-"""Cached = cold under a random mix (`ninfer.bench.cached_cold`, run long by
-tools/fuzz_cached_cold.py), CI-sized: seeded rounds of requests sharing prefixes, with random
-sampling settings, cancels and early-closed streams, through an LLM whose prefix cache (small
-Device pool, Host tier) persists across rounds; each request run again without a cache.
+"""Cached = cold under a random mix (`python -m ninfer.bench.cached_cold` runs it long),
+CI-sized: seeded rounds of requests sharing prefixes, with random sampling settings, cancels
+and early-closed streams, through an LLM whose prefix cache (small Device pool, Host tier)
+persists across rounds; each request run again without a cache.
 
 The criterion: every completed reply equals the cold run's and every cancelled or closed one is
 a prefix of it, except where the two differ only at a near-tie: up to and including the first

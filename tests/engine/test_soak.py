@@ -1,4 +1,4 @@
-"""The soak (`ninfer.bench.soak`, run by tools/soak.py), CI-sized: hundreds of requests over
+"""The soak (`python -m ninfer.bench.soak` runs it long), CI-sized: hundreds of requests over
 shared prefixes through 8 lanes with random cancellations, a small Device pool and a Host tier
 (evictions and restores), invariants checked every few steps; nothing is lost, nothing leaks,
 repeats agree."""

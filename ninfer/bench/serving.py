@@ -13,10 +13,10 @@ the engine thread for the GIL) per streamed token and per request, loop wake-ups
 and response writes per token.
 
     # CPU smoke test (demo model): in-process, then the server in-process too
-    python tools/bench_serve.py --small --inprocess --json /tmp/inproc.json
-    python tools/bench_serve.py --small --url http://127.0.0.1:8000 --compare /tmp/inproc.json
+    python -m ninfer.bench.serving --small --inprocess --json /tmp/inproc.json
+    python -m ninfer.bench.serving --small --url http://127.0.0.1:8000 --compare /tmp/inproc.json
     # the server's loop cost per token (demo model on CPU: `ninfer serve` first)
-    python tools/bench_serve.py --url http://127.0.0.1:8000 --server-cpu --levels 8 --reply 128 \
+    python -m ninfer.bench.serving --url http://127.0.0.1:8000 --server-cpu --levels 8 --reply 128 \
         --turns 1 --sessions-per-client 1 --system-words 200 --user-words 30
 
 Every figure is a benchmark's, not a test's.
@@ -144,41 +144,47 @@ def _level(concurrency: int, samples: list[Sample], wall_s: float) -> Level:
 
 
 # ---- in-process ------------------------------------------------------------------------------
+def _inprocess_session(llm, shape: Shape, params, system: str, s: int, out: list[Sample]):
+    """One session's turns through `LLM.stream`, a sample per turn appended to `out`."""
+    from ninfer.request import RequestOutput
+
+    history = [{"role": "system", "content": system}]
+    for t in range(shape.turns):
+        history.append({"role": "user", "content": _user(shape, s, t)})
+        t0 = time.perf_counter()
+        first = last = None
+        text = ""
+        final = None
+        for event in llm.stream(history, params, enable_thinking=False):
+            now = time.perf_counter()
+            if isinstance(event, RequestOutput):
+                final = event
+                continue
+            if event.token_ids:
+                first = first or now
+                last = now
+            text += event.text
+        n = final.usage.completion_tokens
+        decode = (n - 1) / (last - first) if n > 1 and last > first else 0.0
+        out.append(
+            Sample(first - t0, decode, final.usage.prompt_tokens, final.usage.cached_tokens, n)
+        )
+        history.append({"role": "assistant", "content": text})
+
+
 def run_inprocess(llm, shape: Shape, levels: list[int], warm: bool = False) -> list[Level]:
-    from ninfer import SamplingParams
+    from ninfer.request import SamplingParams
 
     params = SamplingParams(max_tokens=shape.reply, temperature=0, ignore_eos=True)
-
-    def session(level: int, s: int, out: list[Sample]) -> None:
-        history = [{"role": "system", "content": _system(shape, 0 if warm else level)}]
-        for t in range(shape.turns):
-            history.append({"role": "user", "content": _user(shape, s, t)})
-            t0 = time.perf_counter()
-            first = last = None
-            text = ""
-            final = None
-            for event in llm.stream(history, params, enable_thinking=False):
-                now = time.perf_counter()
-                if hasattr(event, "usage"):
-                    final = event
-                    continue
-                if event.token_ids:
-                    first = first or now
-                    last = now
-                text += event.text
-            n = final.usage.completion_tokens
-            decode = (n - 1) / (last - first) if n > 1 and last > first else 0.0
-            out.append(
-                Sample(first - t0, decode, final.usage.prompt_tokens, final.usage.cached_tokens, n)
-            )
-            history.append({"role": "assistant", "content": text})
-
     results = []
     for c in levels:
         samples: list[Sample] = []
+        system = _system(shape, 0 if warm else c)
         threads = [
-            threading.Thread(target=session, args=(c, s + 1000 * warm, samples))
-            for s in range(c * shape.sessions_per_client)
+            threading.Thread(
+                target=_inprocess_session, args=(llm, shape, params, system, s, samples)
+            )
+            for s in range(1000 * warm, 1000 * warm + c * shape.sessions_per_client)
         ]
         # at most c sessions at once: start them in waves of c
         t0 = time.perf_counter()
@@ -335,7 +341,7 @@ def _llm(a):
         from ninfer.bench.suite import BenchSpec, load
 
         return load(BenchSpec(parts=[], preset=a.preset, engine=engine)).make_llm(engine)
-    from ninfer import LLM
+    from ninfer.llm import LLM
 
     return LLM(**engine)
 

@@ -7,9 +7,9 @@ every step of the window (the mask is computed on the host while the GPU runs th
 free lanes are greedy with EOS ignored. With --preset (random weights) the grammar sees the
 demo tokenizer's vocabulary; a checkpoint (--model) gives its real per-token mask cost.
 
-    python tools/bench_structured.py                               # demo model on the CPU
-    python tools/bench_structured.py --preset 9B --device cuda     # the lead's H200 check
-    python tools/bench_structured.py --model /path/ckpt --device cuda --batch 8 --constrained 4
+    python -m ninfer.bench.structured                              # demo model on the CPU
+    python -m ninfer.bench.structured --preset 9B --device cuda    # the lead's H200 check
+    python -m ninfer.bench.structured --model /path/ckpt --device cuda --batch 8 --constrained 4
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import statistics
 import threading
 import time
 
-from ninfer import SamplingParams, StructuredOutputsParams
 from ninfer.bench.suite import BenchSpec, load
 from ninfer.bench.throughput import decode_window
-from ninfer.cli.bench import PRESET_NAMES
 from ninfer.cli.main import add_engine_flags, engine_kwargs
-from ninfer.request import StreamDelta
+from ninfer.models.presets import PRESETS
+from ninfer.request import SamplingParams, StreamDelta, StructuredOutputsParams
 
 SCHEMA = {
     "type": "array",
@@ -43,16 +42,16 @@ SCHEMA = {
 }
 
 
-def _args() -> argparse.Namespace:
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", choices=PRESET_NAMES, help="released shape, random weights")
+    p.add_argument("--preset", choices=tuple(PRESETS), help="released shape, random weights")
     p.add_argument("--batch", type=int, default=8, help="lanes decoding together")
     p.add_argument("--constrained", type=int, default=4, help="of them, constrained")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--decode-tokens", type=int, default=256, help="tokens per lane")
     p.add_argument("--repeat", type=int, default=3, help="runs of each (medians reported)")
     add_engine_flags(p)
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def _stream(llm, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[float]]:
@@ -74,35 +73,47 @@ def _stream(llm, prompts: list[list[int]], params: list[SamplingParams]) -> list
     return times
 
 
-def main() -> None:
-    args = _args()
+def _mixes(batch: int, constrained: int, n: int) -> dict[str, list[SamplingParams]]:
+    """The lanes' parameters: all free, then `constrained` of them bound by SCHEMA."""
+    free = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    bound = SamplingParams(
+        max_tokens=n, temperature=0.0, structured_outputs=StructuredOutputsParams(json=SCHEMA)
+    )
+    return {
+        "all_free": [free] * batch,
+        "constrained": [bound] * constrained + [free] * (batch - constrained),
+    }
+
+
+def _runs(llm, mixes: dict[str, list[SamplingParams]], prompts, repeat: int) -> dict:
+    """Steady-state tokens/s of each mix, `repeat` runs each on fresh `prompts()`, after one
+    warm-up run of each (allocations, the grammar's compile); a run with no window in which
+    every lane decodes gives no figure."""
+    for params in mixes.values():
+        _stream(llm, prompts(), params)
+    figures: dict[str, list[float]] = {name: [] for name in mixes}
+    for _ in range(repeat):
+        for name, params in mixes.items():
+            window = decode_window(_stream(llm, prompts(), params))
+            if window["step_seconds"]:
+                figures[name].append(len(params) / window["step_seconds"])
+    return figures
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _args(argv)
     engine = engine_kwargs(args)
     spec = BenchSpec(parts=[], preset=args.preset, model=engine.get("model"), engine=engine)
     loaded = load(spec)
     llm = loaded.make_llm(engine, max_concurrency=max(args.batch, 1))
     rng = random.Random(engine.get("seed", 0))
     vocab = min(loaded.tokenizer.vocab_size, loaded.model.config.vocab_size)
-    n = args.decode_tokens
-    free = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    bound = SamplingParams(
-        max_tokens=n, temperature=0.0, structured_outputs=StructuredOutputsParams(json=SCHEMA)
-    )
 
     def prompts() -> list[list[int]]:
         return [[rng.randrange(16, vocab - 1) for _ in range(args.prompt_tokens)]] * args.batch
 
-    mixes = {
-        "all_free": [free] * args.batch,
-        "constrained": [bound] * args.constrained + [free] * (args.batch - args.constrained),
-    }
-    for params in mixes.values():  # warm-up: allocations, the grammar's compile
-        _stream(llm, prompts(), params)
-    figures: dict[str, list[float]] = {name: [] for name in mixes}
-    for _ in range(args.repeat):
-        for name, params in mixes.items():
-            window = decode_window(_stream(llm, prompts(), params))
-            if window["step_seconds"]:
-                figures[name].append(args.batch / window["step_seconds"])
+    mixes = _mixes(args.batch, args.constrained, args.decode_tokens)
+    figures = _runs(llm, mixes, prompts, args.repeat)
     free_tps = statistics.median(figures["all_free"]) if figures["all_free"] else None
     bound_tps = statistics.median(figures["constrained"]) if figures["constrained"] else None
     print(
@@ -111,7 +122,7 @@ def main() -> None:
                 "model": loaded.label,
                 "batch": args.batch,
                 "constrained_lanes": args.constrained,
-                "decode_tokens": n,
+                "decode_tokens": args.decode_tokens,
                 "all_free_tokens_per_s": free_tps,
                 "constrained_tokens_per_s": bound_tps,
                 "ratio": bound_tps / free_tps if free_tps and bound_tps else None,
