@@ -170,7 +170,7 @@ def _run_streams(llm, jobs: list[LineJob], writer: _Writer, max_in_flight: int) 
             else:
                 results.put(output_record(job.id, final))
         except Exception as exc:  # a request the engine refused: that line's error
-            results.put(error_record(job, f"line {job.lineno}: {exc}"))
+            results.put(error_record(job, job.engine_error(exc)))
         finally:
             slots.release()
 

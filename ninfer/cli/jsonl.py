@@ -86,6 +86,15 @@ class LineJob:
     chat_kwargs: dict = field(default_factory=dict)
     error: str | None = None
     duplicate: bool = False  # a repeated id: its error record carries no id (see read_jobs)
+    structured_field: str | None = None  # the line's field a structured output came from
+
+    def engine_error(self, exc: Exception) -> str:
+        """The error text of a request the engine refused, naming the line's own field where
+        the engine names `structured_outputs` for a `response_format` line."""
+        text = str(exc)
+        if self.structured_field and text.startswith("structured_outputs"):
+            text = f"{self.structured_field}: {text.partition(': ')[2]}"
+        return f"line {self.lineno}: {text}"
 
 
 def id_key(job_id: Any) -> str:
@@ -170,9 +179,11 @@ def _fill(job: LineJob, obj: dict, defaults: dict[str, Any]) -> str | None:
         if "response_format" in obj and "structured_outputs" in obj:
             return 'set "response_format" or "structured_outputs", not both'
         if "response_format" in obj:
-            sampling["structured_outputs"] = StructuredOutputsParams.from_response_format(
-                obj["response_format"]
-            )
+            spec = StructuredOutputsParams.from_response_format(obj["response_format"])
+            sampling["structured_outputs"] = spec
+            if spec is not None:
+                schema = "" if spec.json_object else ".json_schema.schema"
+                job.structured_field = "response_format" + schema
         elif sampling.get("structured_outputs") is not None:
             so = StructuredOutputsParams.from_dict(sampling["structured_outputs"])
             sampling["structured_outputs"] = so

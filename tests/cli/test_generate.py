@@ -170,3 +170,6 @@ def test_response_format_lines_give_documents_of_their_schema(tmp_path):
     assert doc["n"] in range(10) and doc["s"] in ("a", "b") and set(doc) == {"n", "s"}
     assert re.fullmatch("[0-9]{3}-[a-z]{2}", by_id["re"]["text"])
     assert "oneOf" in by_id["bad"]["error"] and by_id["bad"]["finish_reason"] == "error"
+    # the error names the field the line used, not the engine's internal one
+    assert "response_format.json_schema.schema: " in by_id["bad"]["error"]
+    assert "structured_outputs" not in by_id["bad"]["error"]
