@@ -151,6 +151,7 @@ class LLM:
         from ninfer.sampling import make_generator
 
         self._weights = weights_summary(model)
+        self._supports_images = bool(getattr(model, "supports_images", False))
 
         ops = select_ops(device, cfg.ops.compile, cfg.ops.op_choices)
         identity = identity or functools.partial(path_identity, cfg.model, cfg.quantization)
@@ -197,6 +198,12 @@ class LLM:
     @property
     def tokenizer(self):
         return self._tokenizer
+
+    @property
+    def supports_images(self) -> bool:
+        """Whether the model takes image content parts (it has a vision tower); without one,
+        every media part is refused with a ValueError naming it."""
+        return self._supports_images
 
     @property
     def engine(self) -> Engine:
@@ -373,15 +380,19 @@ class LLM:
         e.g. `enable_thinking`, go to the template): its token ids, the tap planner's hints
         (breakpoints after `cache_control` messages, the end of the tools/system turn, message
         starts, the generation opener) and the text. ValueError when the model has no
-        template or the template rejects the conversation, or when its text alone is longer
+        template, when a content part carries a medium the model cannot take (naming the part:
+        `vision.parts.check_media`), when the template rejects the conversation, or when its
+        text alone is longer
         than any `max_model_len` tokens could hold (`Tokenizer.max_text_chars`): checked before
         it is encoded, and before it is rendered when its messages and tools already are
         (`chat_template.text_floor`). With `tools_breakpoint` (Anthropic's `cache_control` on a
         tool), the end of the tools/system turn is a client breakpoint."""
         from ninfer.chat_template import TooLong
+        from ninfer.vision.parts import check_media
 
         if self._template is None:
             raise ValueError("messages: this model has no chat template")
+        check_media(messages, self._supports_images)
         max_len = self._cfg.memory.max_model_len
         max_chars = self._template.tokenizer.max_text_chars(max_len)
         try:  # a conversation no tokenization could fit is refused before it is encoded

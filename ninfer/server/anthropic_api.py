@@ -24,6 +24,7 @@ from ninfer.request import RequestOutput, StructuredOutputsParams, Usage
 from ninfer.server.errors import ApiError
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolEnd, ToolStart
 from ninfer.server.wire import Structured, check_max_tokens, tool_structured
+from ninfer.vision.parts import media_kind, refusal
 
 MIN_THINKING_BUDGET = 1024  # Anthropic's least thinking.budget_tokens
 
@@ -127,8 +128,16 @@ def thinking_budget(req: MessagesRequest) -> int | None:
     return budget
 
 
-def _text_of(content, where: str) -> str:
-    """A tool_result's content as text."""
+def _refuse_media(block, at: str, supports_images: bool) -> None:
+    """An ApiError naming a media block (`at`) the model cannot take (`vision.parts`)."""
+    kind = media_kind(block)
+    why = None if kind is None else refusal(kind, at, supports_images)
+    if why is not None:
+        raise ApiError(why, at)
+
+
+def _text_of(content, where: str, supports_images: bool) -> str:
+    """A tool_result's content as text (a media block refused naming it)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -137,6 +146,7 @@ def _text_of(content, where: str) -> str:
         raise ApiError(f"{where}.content must be a string or a list of blocks", f"{where}.content")
     texts = []
     for j, block in enumerate(content):
+        _refuse_media(block, f"{where}.content[{j}]", supports_images)
         if not isinstance(block, dict) or block.get("type") != "text":
             raise ApiError(
                 f"{where}.content[{j}]: only text blocks are supported", f"{where}.content[{j}]"
@@ -167,9 +177,9 @@ def _system(system) -> list[dict]:
     return [{"role": "system", "content": parts}]
 
 
-def _user(blocks: list, where: str) -> list[dict]:
+def _user(blocks: list, where: str, supports_images: bool) -> list[dict]:
     """A user message's blocks: each tool_result becomes a tool message, runs of text a user
-    message (in order)."""
+    message (in order); a media block is refused naming it."""
     out: list[dict] = []
     texts: list[dict] = []
 
@@ -180,6 +190,7 @@ def _user(blocks: list, where: str) -> list[dict]:
 
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
+        _refuse_media(block, at, supports_images)
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             p = {"type": "text", "text": str(block.get("text", ""))}
@@ -188,7 +199,7 @@ def _user(blocks: list, where: str) -> list[dict]:
             texts.append(p)
         elif kind == "tool_result":
             flush()
-            text = _text_of(block.get("content"), at)
+            text = _text_of(block.get("content"), at, supports_images)
             if block.get("is_error"):
                 text = f"Error: {text}"
             msg: dict[str, Any] = {
@@ -241,7 +252,9 @@ def _assistant(blocks: list, where: str) -> dict:
     return msg
 
 
-def convert_messages(req: MessagesRequest) -> list[dict]:
+def convert_messages(req: MessagesRequest, supports_images: bool = False) -> list[dict]:
+    """The request's system and messages as the template's messages (ApiError naming the
+    message or block); `supports_images`: the model takes image blocks."""
     out = _system(req.system)
     check_conversation(req.messages)
     for i, m in enumerate(req.messages):
@@ -256,7 +269,7 @@ def convert_messages(req: MessagesRequest) -> list[dict]:
                 f"{where}.content must be a string or a list of blocks", f"{where}.content"
             )
         elif m["role"] == "user":
-            out.extend(_user(content, where))
+            out.extend(_user(content, where, supports_images))
         else:
             out.append(_assistant(content, where))
         if m.get("cache_control") and out:

@@ -160,6 +160,11 @@ class EngineDriver:
     def tokenizer(self):
         return self.llm.tokenizer
 
+    @property
+    def supports_images(self) -> bool:
+        """The model takes image content parts (it has a vision tower)."""
+        return self.llm.supports_images
+
     def _max_text_chars(self) -> int | None:
         """The longest text that could fit in `max_model_len` tokens
         (`Tokenizer.max_text_chars`); None without a tokenizer."""
