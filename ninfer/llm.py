@@ -380,19 +380,18 @@ class LLM:
         e.g. `enable_thinking`, go to the template): its token ids, the tap planner's hints
         (breakpoints after `cache_control` messages, the end of the tools/system turn, message
         starts, the generation opener) and the text. ValueError when the model has no
-        template, when a content part carries a medium the model cannot take (naming the part:
-        `vision.parts.check_media`), when the template rejects the conversation, or when its
-        text alone is longer
+        template, when a content part carries a medium the model cannot take or an image that
+        cannot be decoded (naming the part: `vision.parts.normalise_messages`), when the
+        template rejects the conversation, or when its text alone is longer
         than any `max_model_len` tokens could hold (`Tokenizer.max_text_chars`): checked before
         it is encoded, and before it is rendered when its messages and tools already are
         (`chat_template.text_floor`). With `tools_breakpoint` (Anthropic's `cache_control` on a
         tool), the end of the tools/system turn is a client breakpoint."""
         from ninfer.chat_template import TooLong
-        from ninfer.vision.parts import check_media
 
         if self._template is None:
             raise ValueError("messages: this model has no chat template")
-        check_media(messages, self._supports_images)
+        messages, images = self._images(messages)
         max_len = self._cfg.memory.max_model_len
         max_chars = self._template.tokenizer.max_text_chars(max_len)
         try:  # a conversation no tokenization could fit is refused before it is encoded
@@ -402,6 +401,11 @@ class LLM:
                 f"messages: {e.chars} characters is more than max_model_len={max_len} tokens "
                 "can hold"
             ) from None
+        if images:
+            from ninfer.vision.parts import IMAGE_PAD, check_placeholders
+
+            pad_id = self._template.tokenizer.token_to_id(IMAGE_PAD)
+            check_placeholders(r.token_ids, pad_id, len(images))
         h = r.hints
         explicit = set(h.explicit)
         if tools_breakpoint:
@@ -414,7 +418,18 @@ class LLM:
             output_after=h.output_after,
             output_before=h.output_before,
         )
-        return ChatPrompt(forms.PromptInput(list(r.token_ids), hints), r.text)
+        return ChatPrompt(forms.PromptInput(list(r.token_ids), hints, tuple(images)), r.text)
+
+    def _images(self, messages: list) -> tuple[list, list]:
+        """(the messages as the template takes them, their decoded images in placeholder
+        order): media parts refused without a vision tower, image parts decoded (paths read:
+        the caller is this process), each naming its part (`ninfer.vision.parts`)."""
+        from ninfer.vision.parts import normalise_messages, split_images
+
+        if not isinstance(messages, list):
+            return messages, []
+        normalised = normalise_messages(messages, self._supports_images, local_files=True)
+        return split_images(normalised)
 
     def render_prompt(self, prompt) -> forms.PromptInput:
         """One prompt in any of `generate`'s forms (text, token ids, a dict with

@@ -17,6 +17,8 @@ from ninfer.engine.request import PromptHints
 class PromptInput:
     token_ids: list[int]
     hints: PromptHints
+    # decoded RGB images, one per image placeholder in `token_ids`, in order (ninfer.vision)
+    images: tuple = ()
 
 
 def is_conversation(obj: object) -> bool:

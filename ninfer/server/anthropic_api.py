@@ -23,8 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from ninfer.request import RequestOutput, StructuredOutputsParams, Usage
 from ninfer.server.errors import ApiError
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolEnd, ToolStart
-from ninfer.server.wire import Structured, check_max_tokens, tool_structured
-from ninfer.vision.parts import media_kind, refusal
+from ninfer.server.wire import Structured, check_max_tokens, media_part, tool_structured
 
 MIN_THINKING_BUDGET = 1024  # Anthropic's least thinking.budget_tokens
 
@@ -128,31 +127,35 @@ def thinking_budget(req: MessagesRequest) -> int | None:
     return budget
 
 
-def _refuse_media(block, at: str, supports_images: bool) -> None:
-    """An ApiError naming a media block (`at`) the model cannot take (`vision.parts`)."""
-    kind = media_kind(block)
-    why = None if kind is None else refusal(kind, at, supports_images)
-    if why is not None:
-        raise ApiError(why, at)
-
-
-def _text_of(content, where: str, supports_images: bool) -> str:
-    """A tool_result's content as text (a media block refused naming it)."""
+def _tool_content(content, where: str, supports_images: bool) -> str | list[dict]:
+    """A tool_result's content: its text blocks joined by newlines or, with an image among
+    them, its text and image parts in order (a media block decoded or refused naming it)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise ApiError(f"{where}.content must be a string or a list of blocks", f"{where}.content")
-    texts = []
+    parts = []
     for j, block in enumerate(content):
-        _refuse_media(block, f"{where}.content[{j}]", supports_images)
-        if not isinstance(block, dict) or block.get("type") != "text":
-            raise ApiError(
-                f"{where}.content[{j}]: only text blocks are supported", f"{where}.content[{j}]"
-            )
-        texts.append(str(block.get("text", "")))
-    return "\n".join(texts)
+        at = f"{where}.content[{j}]"
+        media = media_part(block, at, supports_images)
+        if media is not None:
+            parts.append(media)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append({"type": "text", "text": str(block.get("text", ""))})
+        else:
+            raise ApiError(f"{at}: only text and image blocks are supported", at)
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
+
+
+def _errored(content: str | list[dict]) -> str | list[dict]:
+    """A tool_result's content with `is_error` set, as the template shows it."""
+    if isinstance(content, str):
+        return f"Error: {content}"
+    return [{"type": "text", "text": "Error: "}, *content]
 
 
 def _marked_inside(content) -> bool:
@@ -178,33 +181,33 @@ def _system(system) -> list[dict]:
 
 
 def _user(blocks: list, where: str, supports_images: bool) -> list[dict]:
-    """A user message's blocks: each tool_result becomes a tool message, runs of text a user
-    message (in order); a media block is refused naming it."""
+    """A user message's blocks: each tool_result becomes a tool message, runs of text and
+    image blocks a user message (in order); a media block is decoded or refused naming it."""
     out: list[dict] = []
-    texts: list[dict] = []
+    parts: list[dict] = []
 
     def flush() -> None:
-        if texts:
-            out.append({"role": "user", "content": list(texts)})
-            texts.clear()
+        if parts:
+            out.append({"role": "user", "content": list(parts)})
+            parts.clear()
 
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
-        _refuse_media(block, at, supports_images)
+        media = media_part(block, at, supports_images)
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
+        if media is not None:
+            parts.append(media)
+        elif kind == "text":
             p = {"type": "text", "text": str(block.get("text", ""))}
             if block.get("cache_control"):
                 p["cache_control"] = block["cache_control"]
-            texts.append(p)
+            parts.append(p)
         elif kind == "tool_result":
             flush()
-            text = _text_of(block.get("content"), at, supports_images)
-            if block.get("is_error"):
-                text = f"Error: {text}"
+            content = _tool_content(block.get("content"), at, supports_images)
             msg: dict[str, Any] = {
                 "role": "tool",
-                "content": text,
+                "content": _errored(content) if block.get("is_error") else content,
                 "tool_call_id": block.get("tool_use_id"),
             }
             if block.get("cache_control") or _marked_inside(block.get("content")):

@@ -22,8 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from ninfer.request import RequestOutput
 from ninfer.server.errors import ApiError
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolStart
-from ninfer.server.wire import MAX_TOP_LOGPROBS, token_text
-from ninfer.vision.parts import media_kind, refusal
+from ninfer.server.wire import MAX_TOP_LOGPROBS, media_part, token_text
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -117,9 +116,9 @@ def chat_logprobs_k(req: ChatRequest) -> int | None:
 
 # ---- messages --------------------------------------------------------------------------------
 def _content(content, where: str, supports_images: bool):
-    """A message's content as the template takes it: a string or a list of text parts (their
-    cache_control kept: it is a breakpoint). A media part is refused naming it
-    (`vision.parts.refusal`)."""
+    """A message's content as the template takes it: a string or a list of text and image
+    parts (their cache_control kept: it is a breakpoint). A media part is decoded or refused
+    naming it (`wire.media_part`)."""
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -129,10 +128,10 @@ def _content(content, where: str, supports_images: bool):
         at = f"{where}.content[{j}]"
         if isinstance(part, str):
             part = {"type": "text", "text": part}
-        medium = media_kind(part)
-        why = None if medium is None else refusal(medium, at, supports_images)
-        if why is not None:
-            raise ApiError(why, at)
+        media = media_part(part, at, supports_images)
+        if media is not None:
+            parts.append(media)
+            continue
         if not isinstance(part, dict) or part.get("type", "text") != "text":
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise ApiError(f"{at}: unsupported content part {kind!r} (text only)", at)

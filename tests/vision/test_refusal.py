@@ -121,3 +121,9 @@ def test_stream_and_render_chat_refuse_too(llm):
     with pytest.raises(ValueError, match="vision tower"):
         llm.render_chat(image)
     _served_normally(llm)
+
+
+def test_a_string_part_saying_image_is_text_not_a_placeholder(llm):
+    """The official template tests a string part for the substring "image"."""
+    chat = llm.render_chat([{"role": "user", "content": ["Describe the image", " please."]}])
+    assert "Describe the image please." in chat.text and "<|vision_start|>" not in chat.text
