@@ -49,6 +49,7 @@ def test_openai_media_part_is_a_400_naming_it(served, name, part, kind, position
     assert err["message"].startswith(f"{where}: {kind} input ")
     if kind in ("image", "video"):
         assert "vision tower (this model has none)" in err["message"]
+    _answers(served)
 
 
 def test_openai_streamed_request_is_refused_before_the_stream(served):
@@ -86,6 +87,7 @@ def test_anthropic_media_block_is_a_400_naming_it(served, name, content, where, 
         data = r.json()
         assert data["type"] == "error" and data["error"]["type"] == "invalid_request_error"
         assert data["error"]["message"].startswith(f"{where}: {kind} input ")
+    _answers(served)
 
 
 def test_anthropic_image_in_a_tool_result_is_refused_naming_it(served):

@@ -13,7 +13,7 @@ from PIL import Image
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
-from ninfer import LLM
+from ninfer import LLM, SamplingParams
 from ninfer.chat_template import ChatTemplate
 from ninfer.models.presets import build_random_model
 from ninfer.models.qwen3_5 import Qwen35ForCausalLM
@@ -80,3 +80,17 @@ def test_a_broken_image_fails_alone_naming_its_part(seeing_llm):
         seeing_llm.render_chat(broken)
     with pytest.raises(ValueError, match=r"^messages\[0\]\.content\[0\]: video input is not"):
         seeing_llm.render_chat([{"role": "user", "content": [{"type": "video", "video": "v"}]}])
+
+
+def test_decoded_images_are_refused_by_an_engine_that_cannot_feed_them(seeing_llm):
+    """The flagged model is the text model: its engine has no input for pixels, so a prompt
+    carrying images fails alone instead of being answered as if there were none."""
+    image = [{"role": "user", "content": [{"image": pattern()}, "What is it?"]}]
+    plain = [{"role": "user", "content": "hi"}]
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    with pytest.raises(ValueError, match="1 images were decoded, but the engine does not feed"):
+        seeing_llm.chat(image, params)
+    refused, answered = seeing_llm.chat([image, plain], params)
+    assert refused.finish_reason == "error" and "does not feed images" in refused.error
+    assert answered.finish_reason == "length" and len(answered.token_ids) == 3
+    seeing_llm.check_idle()
