@@ -106,7 +106,9 @@ def _from_data_url(url: str, where: str, limits: MediaLimits) -> bytes:
         raise ValueError(f"{where}: a data: URL needs a comma before its data")
     media_type, *params = header.split(";")
     if not media_type.lower().startswith("image/"):
-        raise ValueError(f"{where}: the data: URL holds {media_type or 'text'!r}, not an image")
+        raise ValueError(
+            f"{where}: the data: URL holds {_short(media_type or 'text')}, not an image"
+        )
     if "base64" not in (p.strip().lower() for p in params):
         raise ValueError(f"{where}: only base64 data: URLs are read (`;base64,`)")
     return _base64(payload, where, limits)
@@ -120,10 +122,14 @@ def _from_block(block: dict, where: str, limits: MediaLimits) -> bytes:
             f"{where}: remote image URLs are not fetched (send a data: URL or base64 image)"
         )
     if kind != "base64":
-        raise ValueError(f"{where}: image source type {kind!r} is not supported (base64 only)")
+        raise ValueError(
+            f"{where}: image source type {_short(kind)} is not supported (base64 only)"
+        )
     media_type = block.get("media_type")
     if not isinstance(media_type, str) or not media_type.lower().startswith("image/"):
-        raise ValueError(f"{where}: source.media_type must be an image type, got {media_type!r}")
+        raise ValueError(
+            f"{where}: source.media_type must be an image type, got {_short(media_type)}"
+        )
     data = block.get("data")
     if not isinstance(data, str):
         raise ValueError(f"{where}: source.data must be a base64 string")
@@ -151,7 +157,9 @@ def _read_file(path: Path, where: str, limits: MediaLimits) -> bytes:
             return f.read(limits.max_bytes + 1)
     except OSError as e:
         reason = e.strerror or type(e).__name__
-        raise ValueError(f"{where}: cannot read the image file {str(path)!r} ({reason})") from None
+        raise ValueError(
+            f"{where}: cannot read the image file {_short(str(path))} ({reason})"
+        ) from None
 
 
 def _open(data: bytes, where: str) -> Image.Image:
@@ -189,6 +197,12 @@ def _finish(image: Image.Image, where: str, limits: MediaLimits) -> Image.Image:
             f"{where}: the image cannot be decoded ({type(e).__name__}{': ' if detail else ''}"
             f"{detail})"
         ) from None
+
+
+def _short(value: Any, most: int = 80) -> str:
+    """`repr(value)` cut to `most` characters: a sender's text quoted in an error stays short."""
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

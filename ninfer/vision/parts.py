@@ -45,6 +45,7 @@ PART_MEDIA: dict[str, str] = {
 }
 # keys the official template renders as a vision placeholder whatever the part's type
 _PLACEHOLDER_KEYS: dict[str, str] = {"image": "image", "image_url": "image", "video": "video"}
+IMAGE_PAD = "<|image_pad|>"  # the placeholder token the template writes for each image
 
 
 def media_kind(part: Any) -> str | None:
@@ -155,9 +156,6 @@ def split_images(messages: list) -> tuple[list, list[Image.Image]]:
 
 def _is_image(part: Any) -> bool:
     return isinstance(part, dict) and isinstance(part.get("image"), Image.Image)
-
-
-IMAGE_PAD = "<|image_pad|>"  # the placeholder token the template writes for each image
 
 
 def check_placeholders(token_ids: list[int], pad_id: int | None, n_images: int) -> None:

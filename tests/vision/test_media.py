@@ -213,6 +213,13 @@ def test_bad_data_urls_and_base64_blocks_are_refused():
     _refused(data_url(encode(pattern(), "TIFF"), "image/tiff"), "supported format")
 
 
+def test_what_a_sender_wrote_is_quoted_short():
+    for source in ("data:" + "x" * 100_000 + ";base64,AA", "y" * 100_000):
+        with pytest.raises(ValueError) as e:
+            decode_image(source, WHERE, local_files=True)
+        assert len(str(e.value)) < 200 and "..." in str(e.value)
+
+
 def _mutated(data: bytes, edits: list[tuple[int, int]], cut: int) -> bytes:
     raw = bytearray(data)
     for position, value in edits:
