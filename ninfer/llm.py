@@ -374,7 +374,7 @@ class LLM:
     # ---- rendered prompts, submitted with a callback (servers) --------------------------------
     def render_chat(
         self, messages: list[dict], tools: list[dict] | None = None, *,
-        tools_breakpoint: bool = False, **template_kwargs: Any,
+        tools_breakpoint: bool = False, local_files: bool = True, **template_kwargs: Any,
     ) -> ChatPrompt:  # fmt: skip
         """One conversation rendered with the checkpoint's chat template (`template_kwargs`,
         e.g. `enable_thinking`, go to the template): its token ids, the tap planner's hints
@@ -386,12 +386,13 @@ class LLM:
         than any `max_model_len` tokens could hold (`Tokenizer.max_text_chars`): checked before
         it is encoded, and before it is rendered when its messages and tools already are
         (`chat_template.text_floor`). With `tools_breakpoint` (Anthropic's `cache_control` on a
-        tool), the end of the tools/system turn is a client breakpoint."""
+        tool), the end of the tools/system turn is a client breakpoint. `local_files`: image
+        parts may name files to read (a server passes False: its clients' paths are refused)."""
         from ninfer.chat_template import TooLong
 
         if self._template is None:
             raise ValueError("messages: this model has no chat template")
-        messages, images = self._images(messages)
+        messages, images = self._images(messages, local_files)
         max_len = self._cfg.memory.max_model_len
         max_chars = self._template.tokenizer.max_text_chars(max_len)
         try:  # a conversation no tokenization could fit is refused before it is encoded
@@ -420,15 +421,15 @@ class LLM:
         )
         return ChatPrompt(forms.PromptInput(list(r.token_ids), hints, tuple(images)), r.text)
 
-    def _images(self, messages: list) -> tuple[list, list]:
+    def _images(self, messages: list, local_files: bool) -> tuple[list, list]:
         """(the messages as the template takes them, their decoded images in placeholder
-        order): media parts refused without a vision tower, image parts decoded (paths read:
-        the caller is this process), each naming its part (`ninfer.vision.parts`)."""
+        order): media parts refused without a vision tower, image parts decoded (files read
+        with `local_files`), each naming its part (`ninfer.vision.parts`)."""
         from ninfer.vision.parts import normalise_messages, split_images
 
         if not isinstance(messages, list):
             return messages, []
-        normalised = normalise_messages(messages, self._supports_images, local_files=True)
+        normalised = normalise_messages(messages, self._supports_images, local_files=local_files)
         return split_images(normalised)
 
     def render_prompt(self, prompt) -> forms.PromptInput:

@@ -32,6 +32,7 @@ _RENDERER_NAMES = frozenset(
         "documents",
         "add_generation_prompt",
         "max_chars",
+        "local_files",
     }
 )
 
@@ -194,7 +195,7 @@ class EngineDriver:
         if taken:
             raise ValueError(f"chat_template_kwargs: {taken} cannot be set here")
         chat = self.llm.render_chat(
-            messages, tools, tools_breakpoint=tool_breakpoint, **template_kwargs
+            messages, tools, tools_breakpoint=tool_breakpoint, local_files=False, **template_kwargs
         )
         return Rendered(chat.prompt, chat.text)
 

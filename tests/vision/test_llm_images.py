@@ -94,3 +94,12 @@ def test_decoded_images_are_refused_by_an_engine_that_cannot_feed_them(seeing_ll
     assert refused.finish_reason == "error" and "does not feed images" in refused.error
     assert answered.finish_reason == "length" and len(answered.token_ids) == 3
     seeing_llm.check_idle()
+
+
+def test_a_server_renders_without_reading_files(seeing_llm, tmp_path):
+    path = tmp_path / "a.png"
+    path.write_bytes(encode(pattern(), "PNG"))
+    messages = [{"role": "user", "content": [{"type": "image", "image": str(path)}]}]
+    assert len(seeing_llm.render_chat(messages).prompt.images) == 1
+    with pytest.raises(ValueError, match=r"^messages\[0\]\.content\[0\]: .*files are not read"):
+        seeing_llm.render_chat(messages, local_files=False)
