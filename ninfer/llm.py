@@ -151,6 +151,7 @@ class LLM:
         from ninfer.sampling import make_generator
 
         self._weights = weights_summary(model)
+        self._supports_images = bool(getattr(model, "supports_images", False))
 
         ops = select_ops(device, cfg.ops.compile, cfg.ops.op_choices)
         identity = identity or functools.partial(path_identity, cfg.model, cfg.quantization)
@@ -197,6 +198,12 @@ class LLM:
     @property
     def tokenizer(self):
         return self._tokenizer
+
+    @property
+    def supports_images(self) -> bool:
+        """Whether the model takes image content parts (it has a vision tower); without one,
+        every media part is refused with a ValueError naming it."""
+        return self._supports_images
 
     @property
     def engine(self) -> Engine:
@@ -367,21 +374,25 @@ class LLM:
     # ---- rendered prompts, submitted with a callback (servers) --------------------------------
     def render_chat(
         self, messages: list[dict], tools: list[dict] | None = None, *,
-        tools_breakpoint: bool = False, **template_kwargs: Any,
+        tools_breakpoint: bool = False, local_files: bool = True, **template_kwargs: Any,
     ) -> ChatPrompt:  # fmt: skip
         """One conversation rendered with the checkpoint's chat template (`template_kwargs`,
         e.g. `enable_thinking`, go to the template): its token ids, the tap planner's hints
         (breakpoints after `cache_control` messages, the end of the tools/system turn, message
         starts, the generation opener) and the text. ValueError when the model has no
-        template or the template rejects the conversation, or when its text alone is longer
+        template, when a content part carries a medium the model cannot take or an image that
+        cannot be decoded (naming the part: `vision.parts.normalise_messages`), when the
+        template rejects the conversation, or when its text alone is longer
         than any `max_model_len` tokens could hold (`Tokenizer.max_text_chars`): checked before
         it is encoded, and before it is rendered when its messages and tools already are
         (`chat_template.text_floor`). With `tools_breakpoint` (Anthropic's `cache_control` on a
-        tool), the end of the tools/system turn is a client breakpoint."""
+        tool), the end of the tools/system turn is a client breakpoint. `local_files`: image
+        parts may name files to read (a server passes False: its clients' paths are refused)."""
         from ninfer.chat_template import TooLong
 
         if self._template is None:
             raise ValueError("messages: this model has no chat template")
+        messages, images = self._images(messages, local_files)
         max_len = self._cfg.memory.max_model_len
         max_chars = self._template.tokenizer.max_text_chars(max_len)
         try:  # a conversation no tokenization could fit is refused before it is encoded
@@ -391,6 +402,11 @@ class LLM:
                 f"messages: {e.chars} characters is more than max_model_len={max_len} tokens "
                 "can hold"
             ) from None
+        if images:
+            from ninfer.vision.parts import IMAGE_PAD, check_placeholders
+
+            pad_id = self._template.tokenizer.token_to_id(IMAGE_PAD)
+            check_placeholders(r.token_ids, pad_id, len(images))
         h = r.hints
         explicit = set(h.explicit)
         if tools_breakpoint:
@@ -403,7 +419,18 @@ class LLM:
             output_after=h.output_after,
             output_before=h.output_before,
         )
-        return ChatPrompt(forms.PromptInput(list(r.token_ids), hints), r.text)
+        return ChatPrompt(forms.PromptInput(list(r.token_ids), hints, tuple(images)), r.text)
+
+    def _images(self, messages: list, local_files: bool) -> tuple[list, list]:
+        """(the messages as the template takes them, their decoded images in placeholder
+        order): media parts refused without a vision tower, image parts decoded (files read
+        with `local_files`), each naming its part (`ninfer.vision.parts`)."""
+        from ninfer.vision.parts import normalise_messages, split_images
+
+        if not isinstance(messages, list):
+            return messages, []
+        normalised = normalise_messages(messages, self._supports_images, local_files=local_files)
+        return split_images(normalised)
 
     def render_prompt(self, prompt) -> forms.PromptInput:
         """One prompt in any of `generate`'s forms (text, token ids, a dict with

@@ -26,6 +26,7 @@ HELP = """\
 /reset          forget the conversation (the system prompt stays)
 /system TEXT    set the system prompt and start over (/system alone clears it)
 /stats          prefix cache: a summary line, then the figures of each tier
+/image PATH     attach an image to your next message (a model with a vision tower)
 /exit           leave (also Ctrl+D, or Ctrl+C twice at the prompt)
 Up / Down recall earlier messages (kept across runs), Ctrl+R searches them.
 Multi-line input: end a line with \\ to continue it, or put \"\"\" alone on a line to open and
@@ -74,6 +75,40 @@ class Chat:
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.previous: list[int] | None = None  # the previous turn's prompt and reply tokens
+        self.attached: list = []  # decoded images for the next user message (/image)
+
+    def attach(self, path: str) -> str:
+        """`/image PATH`: decode the image now (so a bad file is said at once) and keep it for
+        the next user message; the line to print (markup), also when nothing was attached."""
+        from ninfer.vision.media import decode_image
+
+        if not self.llm.supports_images:
+            return (
+                "[yellow]this model takes no images (it has no vision tower); "
+                "the conversation goes on without it[/]"
+            )
+        path = path.strip().strip("'\"")
+        if not path:
+            return "[red]/image needs a path[/] (/image PATH)"
+        try:
+            image = decode_image(path, "/image", local_files=True)
+        except ValueError as exc:
+            return f"[red]{escape(str(exc))}[/]"
+        self.attached.append(image)
+        n = len(self.attached)
+        return (
+            f"[dim]image attached ({image.width}x{image.height}); "
+            f"{n} will go with your next message[/]"
+        )
+
+    def add_user(self, text: str) -> None:
+        """The user message: `text` after the attached images, which it takes."""
+        if not self.attached:
+            self.messages.append({"role": "user", "content": text})
+            return
+        parts = [{"type": "image", "image": image} for image in self.attached]
+        self.messages.append({"role": "user", "content": [*parts, {"type": "text", "text": text}]})
+        self.attached = []
 
     def reply(self) -> None:
         """Streams one reply into the console and appends it to `messages` (see module doc)."""
@@ -184,10 +219,12 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"[dim]{what}[/]")
             elif command == "/stats":
                 console.print(stats_table(llm.cache_stats(), cfg))
+            elif command == "/image":
+                console.print(chat.attach(rest))
             elif command.startswith("/") and "/" not in command[1:]:  # not a path
                 console.print(f"[red]unknown command {escape(command)}[/] (/help lists them)")
             elif text.strip():
-                chat.messages.append({"role": "user", "content": text})
+                chat.add_user(text)
                 chat.reply()
     console.print("[dim]bye[/]")
     return 0

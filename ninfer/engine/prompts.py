@@ -17,6 +17,8 @@ from ninfer.engine.request import PromptHints
 class PromptInput:
     token_ids: list[int]
     hints: PromptHints
+    # decoded RGB images, one per image placeholder in `token_ids`, in order (ninfer.vision)
+    images: tuple = ()
 
 
 def is_conversation(obj: object) -> bool:
@@ -64,6 +66,11 @@ def from_prompt(obj: object, tokenizer) -> PromptInput:
 def validate(prompt: PromptInput, vocab_size: int, max_model_len: int) -> None:
     """Raise ValueError naming the field when the prompt cannot be served."""
     ids = prompt.token_ids
+    if prompt.images:  # no path carries pixels into the model: refused, never answered blind
+        raise ValueError(
+            f"messages: {len(prompt.images)} images were decoded, but the engine does not feed "
+            "images to the model"
+        )
     if not ids:
         raise ValueError("prompt: empty prompt (0 tokens)")
     lo, hi = min(ids), max(ids)

@@ -414,6 +414,11 @@ class Qwen35ForCausalLM(nn.Module):
         self.tie_weights()
         self.init_buffers()
 
+    @property
+    def supports_images(self) -> bool:
+        """Whether image content parts can be served: this text model has no vision tower."""
+        return False
+
     def tie_weights(self) -> None:
         """Points lm_head at the embedding when the config ties them (call after replacing the
         embedding parameter)."""

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from ninfer.request import RequestOutput, StructuredOutputsParams, Usage
 from ninfer.server.errors import ApiError
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolEnd, ToolStart
-from ninfer.server.wire import Structured, check_max_tokens, tool_structured
+from ninfer.server.wire import Structured, check_max_tokens, media_part, tool_structured
 
 MIN_THINKING_BUDGET = 1024  # Anthropic's least thinking.budget_tokens
 
@@ -127,22 +127,35 @@ def thinking_budget(req: MessagesRequest) -> int | None:
     return budget
 
 
-def _text_of(content, where: str) -> str:
-    """A tool_result's content as text."""
+def _tool_content(content, where: str, supports_images: bool) -> str | list[dict]:
+    """A tool_result's content: its text blocks joined by newlines or, with an image among
+    them, its text and image parts in order (a media block decoded or refused naming it)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise ApiError(f"{where}.content must be a string or a list of blocks", f"{where}.content")
-    texts = []
+    parts = []
     for j, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") != "text":
-            raise ApiError(
-                f"{where}.content[{j}]: only text blocks are supported", f"{where}.content[{j}]"
-            )
-        texts.append(str(block.get("text", "")))
-    return "\n".join(texts)
+        at = f"{where}.content[{j}]"
+        media = media_part(block, at, supports_images)
+        if media is not None:
+            parts.append(media)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append({"type": "text", "text": str(block.get("text", ""))})
+        else:
+            raise ApiError(f"{at}: only text and image blocks are supported", at)
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
+
+
+def _errored(content: str | list[dict]) -> str | list[dict]:
+    """A tool_result's content with `is_error` set, as the template shows it."""
+    if isinstance(content, str):
+        return f"Error: {content}"
+    return [{"type": "text", "text": "Error: "}, *content]
 
 
 def _marked_inside(content) -> bool:
@@ -167,33 +180,34 @@ def _system(system) -> list[dict]:
     return [{"role": "system", "content": parts}]
 
 
-def _user(blocks: list, where: str) -> list[dict]:
-    """A user message's blocks: each tool_result becomes a tool message, runs of text a user
-    message (in order)."""
+def _user(blocks: list, where: str, supports_images: bool) -> list[dict]:
+    """A user message's blocks: each tool_result becomes a tool message, runs of text and
+    image blocks a user message (in order); a media block is decoded or refused naming it."""
     out: list[dict] = []
-    texts: list[dict] = []
+    parts: list[dict] = []
 
     def flush() -> None:
-        if texts:
-            out.append({"role": "user", "content": list(texts)})
-            texts.clear()
+        if parts:
+            out.append({"role": "user", "content": list(parts)})
+            parts.clear()
 
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
+        media = media_part(block, at, supports_images)
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
+        if media is not None:
+            parts.append(media)
+        elif kind == "text":
             p = {"type": "text", "text": str(block.get("text", ""))}
             if block.get("cache_control"):
                 p["cache_control"] = block["cache_control"]
-            texts.append(p)
+            parts.append(p)
         elif kind == "tool_result":
             flush()
-            text = _text_of(block.get("content"), at)
-            if block.get("is_error"):
-                text = f"Error: {text}"
+            content = _tool_content(block.get("content"), at, supports_images)
             msg: dict[str, Any] = {
                 "role": "tool",
-                "content": text,
+                "content": _errored(content) if block.get("is_error") else content,
                 "tool_call_id": block.get("tool_use_id"),
             }
             if block.get("cache_control") or _marked_inside(block.get("content")):
@@ -241,7 +255,9 @@ def _assistant(blocks: list, where: str) -> dict:
     return msg
 
 
-def convert_messages(req: MessagesRequest) -> list[dict]:
+def convert_messages(req: MessagesRequest, supports_images: bool = False) -> list[dict]:
+    """The request's system and messages as the template's messages (ApiError naming the
+    message or block); `supports_images`: the model takes image blocks."""
     out = _system(req.system)
     check_conversation(req.messages)
     for i, m in enumerate(req.messages):
@@ -256,7 +272,7 @@ def convert_messages(req: MessagesRequest) -> list[dict]:
                 f"{where}.content must be a string or a list of blocks", f"{where}.content"
             )
         elif m["role"] == "user":
-            out.extend(_user(content, where))
+            out.extend(_user(content, where, supports_images))
         else:
             out.append(_assistant(content, where))
         if m.get("cache_control") and out:

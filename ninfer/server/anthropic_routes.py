@@ -42,7 +42,7 @@ def _render(srv: Serving, req: anth.MessagesRequest) -> tuple[Rendered, list[dic
     refuse_unimplemented(req, "messages")
     anth.check_sampling(req, srv.driver.max_model_len)
     check_cache_control(req.tools, req.system, req.messages, req.cache_control)
-    msgs = anth.convert_messages(req)
+    msgs = anth.convert_messages(req, srv.driver.supports_images)
     tools, tool_marked = anth.convert_tools(req)
     kwargs = dict(req.chat_template_kwargs or {})
     thinking = anth.enable_thinking(req)

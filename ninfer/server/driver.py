@@ -32,6 +32,7 @@ _RENDERER_NAMES = frozenset(
         "documents",
         "add_generation_prompt",
         "max_chars",
+        "local_files",
     }
 )
 
@@ -160,6 +161,11 @@ class EngineDriver:
     def tokenizer(self):
         return self.llm.tokenizer
 
+    @property
+    def supports_images(self) -> bool:
+        """The model takes image content parts (it has a vision tower)."""
+        return self.llm.supports_images
+
     def _max_text_chars(self) -> int | None:
         """The longest text that could fit in `max_model_len` tokens
         (`Tokenizer.max_text_chars`); None without a tokenizer."""
@@ -189,7 +195,7 @@ class EngineDriver:
         if taken:
             raise ValueError(f"chat_template_kwargs: {taken} cannot be set here")
         chat = self.llm.render_chat(
-            messages, tools, tools_breakpoint=tool_breakpoint, **template_kwargs
+            messages, tools, tools_breakpoint=tool_breakpoint, local_files=False, **template_kwargs
         )
         return Rendered(chat.prompt, chat.text)
 

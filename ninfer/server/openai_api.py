@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from ninfer.request import RequestOutput
 from ninfer.server.errors import ApiError
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolStart
-from ninfer.server.wire import MAX_TOP_LOGPROBS, token_text
+from ninfer.server.wire import MAX_TOP_LOGPROBS, media_part, token_text
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -115,23 +115,26 @@ def chat_logprobs_k(req: ChatRequest) -> int | None:
 
 
 # ---- messages --------------------------------------------------------------------------------
-def _content(content, where: str):
-    """A message's content as the template takes it: a string or a list of text parts (their
-    cache_control kept: it is a breakpoint)."""
+def _content(content, where: str, supports_images: bool):
+    """A message's content as the template takes it: a string or a list of text and image
+    parts (their cache_control kept: it is a breakpoint). A media part is decoded or refused
+    naming it (`wire.media_part`)."""
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise ApiError(f"{where}.content must be a string or a list of parts", f"{where}.content")
     parts = []
     for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
         if isinstance(part, str):
             part = {"type": "text", "text": part}
+        media = media_part(part, at, supports_images)
+        if media is not None:
+            parts.append(media)
+            continue
         if not isinstance(part, dict) or part.get("type", "text") != "text":
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise ApiError(
-                f"{where}.content[{j}]: unsupported content part {kind!r} (text only)",
-                f"{where}.content[{j}]",
-            )
+            raise ApiError(f"{at}: unsupported content part {kind!r} (text only)", at)
         if not isinstance(part.get("text"), str):
             raise ApiError(f"{where}.content[{j}].text must be a string", f"{where}.content[{j}]")
         p = {"type": "text", "text": part["text"]}
@@ -174,8 +177,9 @@ def _tool_calls(calls, where: str) -> list[dict]:
     return out
 
 
-def convert_messages(messages: list) -> list[dict]:
-    """OpenAI chat messages -> the template's messages (ApiError naming the message)."""
+def convert_messages(messages: list, supports_images: bool = False) -> list[dict]:
+    """OpenAI chat messages -> the template's messages (ApiError naming the message or the
+    content part); `supports_images`: the model takes image parts."""
     if not messages:
         raise ApiError("messages must be a non-empty list", "messages")
     out = []
@@ -188,7 +192,7 @@ def convert_messages(messages: list) -> list[dict]:
             raise ApiError(f"{where}.role must be one of {list(ROLES)}, got {role!r}", where)
         msg: dict[str, Any] = {
             "role": "system" if role == "developer" else role,
-            "content": _content(m.get("content"), where),
+            "content": _content(m.get("content"), where, supports_images),
         }
         if m.get("cache_control"):
             msg["cache_control"] = m["cache_control"]

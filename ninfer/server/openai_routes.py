@@ -90,7 +90,7 @@ def _chat_render(srv: Serving, req: oai.ChatRequest) -> tuple[Rendered, list[dic
     refuse_unimplemented(req, "chat")
     oai.check_penalties(req)
     n = check_n(req.n)
-    messages = oai.convert_messages(req.messages)
+    messages = oai.convert_messages(req.messages, srv.driver.supports_images)
     tools = oai.render_tools(req.tools, req.tool_choice)
     kwargs = dict(req.chat_template_kwargs or {})
     if not all(isinstance(k, str) and k.isidentifier() for k in kwargs):

@@ -1,4 +1,5 @@
-"""What both wire formats share: sampling parameters, request ids, the reply parser's setup."""
+"""What both wire formats share: sampling parameters, request ids, the reply parser's setup,
+media content parts."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 
 from ninfer.request import SamplingParams, StructuredOutputsParams
 from ninfer.server.errors import ApiError
+from ninfer.vision.parts import image_part, media_kind, refusal
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -19,6 +21,23 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+def media_part(part, at: str, supports_images: bool) -> dict | None:
+    """A content part that carries media, normalised (`vision.parts.image_part`: an image
+    decoded from a data: URL or base64, never from a file or a remote URL); None for any other
+    part. An ApiError naming the part (`at`) when the model cannot take its medium or the
+    image cannot be read."""
+    kind = media_kind(part)
+    if kind is None:
+        return None
+    why = refusal(kind, at, supports_images)
+    if why is not None:
+        raise ApiError(why, at)
+    try:
+        return image_part(part, at)
+    except ValueError as e:
+        raise ApiError(str(e), at) from None
 
 
 MAX_WIRE_TEMPERATURE = 2.0  # OpenAI's range is [0, 2] (Anthropic's [0, 1]: anthropic_api.py)
