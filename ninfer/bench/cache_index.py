@@ -35,20 +35,12 @@ def _time(fn: Callable[[], object], repeats: int) -> dict[str, float]:
     return {"min_ms": round(min(runs), 4), "median_ms": round(statistics.median(runs), 4)}
 
 
-def build_tree(
-    prompt_data: bytes, tree_blocks: int, snapshots: int, seed: int = 0
-) -> tuple[PrefixIndex, float]:
-    """A Host-only tree of `tree_blocks` nodes: the prompt's own path plus branches hanging off
-    it at random depths, `snapshots` snapshots (some on the prompt path, the rest at branch
-    ends). Returns the index and the build time in seconds."""
-    rng = random.Random(seed)
-    t0 = time.perf_counter()
-    gc.disable()  # a million long-lived nodes: generational GC would rescan them repeatedly
+def _empty_index(tree_blocks: int, snapshots: int) -> PrefixIndex:
+    """An empty index whose Host tier holds `tree_blocks` blocks and `snapshots` + 1 images."""
     slab = 4096
     image_slabs = 2
-    main_blocks = len(prompt_data) // BLOCK_BYTES
     host_slabs = tree_blocks + (snapshots + 1) * (image_slabs + 1)
-    ix = PrefixIndex(
+    return PrefixIndex(
         CacheConfig(
             slab_bytes=slab,
             image_bytes=image_slabs * slab,
@@ -59,6 +51,19 @@ def build_tree(
         ),
         CacheCostModel.h200(),
     )
+
+
+def build_tree(
+    prompt_data: bytes, tree_blocks: int, snapshots: int, seed: int = 0
+) -> tuple[PrefixIndex, float]:
+    """A Host-only tree of `tree_blocks` nodes: the prompt's own path plus branches hanging off
+    it at random depths, `snapshots` snapshots (some on the prompt path, the rest at branch
+    ends). Returns the index and the build time in seconds."""
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    gc.disable()  # a million long-lived nodes: generational GC would rescan them repeatedly
+    main_blocks = len(prompt_data) // BLOCK_BYTES
+    ix = _empty_index(tree_blocks, snapshots)
     path = []
     parent = ROOT
     for b in range(min(main_blocks, tree_blocks)):
@@ -118,15 +123,25 @@ def run_cache_bench(
         "matched_blocks": len(q.match.path),
         "candidates": len(q.match.candidates),
         "chosen_frontier": q.frontier,
+        **_time_prompt_paths(ix, tokens, prompt, params, repeats),
+        "plan_taps": _time(plan, repeats),
+        "taps": [(t.position, t.placement.name, t.priority) for t in taps],
+        "host_victim_scan": _time(ix.host_tier.victim, repeats),
+        "host_revalue_all": revalue,
+    }
+
+
+def _time_prompt_paths(
+    ix: PrefixIndex, tokens: list[int], prompt: PromptBlocks, params: QuoteParams, repeats: int
+) -> dict[str, dict[str, float]]:
+    """`_time` of each step from the prompt's token ids to its quote, by name."""
+    data, n_tokens = prompt.data, prompt.n_tokens
+    return {
         "pack_tokens": _time(lambda: pack_tokens(tokens), repeats),
         "split_and_hash": _time(lambda: hash_blocks(split_blocks(data)), repeats),
         "match": _time(lambda: ix.match(prompt), repeats),
         "quote_match_and_choice": _time(lambda: ix.quote(prompt, params), repeats),
         "hash_match_choice": _time(lambda: _hash_match_choose(ix, data, n_tokens, params), repeats),
-        "plan_taps": _time(plan, repeats),
-        "taps": [(t.position, t.placement.name, t.priority) for t in taps],
-        "host_victim_scan": _time(ix.host_tier.victim, repeats),
-        "host_revalue_all": revalue,
     }
 
 

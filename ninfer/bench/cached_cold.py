@@ -218,6 +218,13 @@ class _Workload:
             **kw,
         )
 
+    def remember(self, req: FuzzRequest, reply: list[int]) -> None:
+        """Keep a completed request's prompt, prompt + reply and conversation for later rounds."""
+        self.seen.append(req.prompt)
+        self.seen.append(req.prompt + reply)
+        if req.messages:
+            self.chats.append(req.messages)
+
     def request(self, rnd: int, index: int) -> FuzzRequest:
         rng = self.rng
         messages = self.conversation() if self.chat and rng.random() < 0.25 else None
@@ -452,29 +459,38 @@ def run_cached_cold(
         hot = _run_round(llm, reqs, round_timeout_s)
         cold = _run_cold(cold_llm, reqs)
         for req, h, c in zip(reqs, hot, cold, strict=True):
-            report.requests += 1
-            if h.finish_reason == "error" or c.finish_reason == "error":
-                report.errors.append(f"round {rnd} request {req.index}: an error output")
-                continue
-            report.compared[h.finish_reason] = report.compared.get(h.finish_reason, 0) + 1
-            m = compare(req, h, c, vocab, report, tol)
+            m = _tally(report, rnd, req, h, c, vocab, tol)
             if m is not None:
-                report.mismatches.append(m)
                 print(f"[cached=cold] seed {seed} {m.describe()}", file=out, flush=True)
-            if h.finish_reason in ("stop", "length"):
-                work.seen.append(req.prompt)
-                work.seen.append(req.prompt + h.token_ids)
-                if req.messages:
-                    work.chats.append(req.messages)
-        print(
-            f"[cached=cold] seed {seed} round {rnd + 1}/{rounds}: {report.requests} requests, "
-            f"{len(report.mismatches)} mismatches, max drift {report.max_drift:.2e}, "
-            f"{time.perf_counter() - t0:.1f} s",
-            file=out,
-            flush=True,
-        )
+            if h.finish_reason in ("stop", "length") and c.finish_reason != "error":
+                work.remember(req, h.token_ids)
+        line = _round_line(seed, rnd, rounds, report, time.perf_counter() - t0)
+        print(line, file=out, flush=True)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _tally(report: FuzzReport, rnd: int, req: FuzzRequest, hot: Outcome, cold: Outcome,
+           vocab: int, tol: Tolerance) -> Mismatch | None:  # fmt: skip
+    """Count one request's outcomes into `report`; returns its mismatch (recorded too) or None."""
+    report.requests += 1
+    if hot.finish_reason == "error" or cold.finish_reason == "error":
+        report.errors.append(f"round {rnd} request {req.index}: an error output")
+        return None
+    report.compared[hot.finish_reason] = report.compared.get(hot.finish_reason, 0) + 1
+    m = compare(req, hot, cold, vocab, report, tol)
+    if m is not None:
+        report.mismatches.append(m)
+    return m
+
+
+def _round_line(seed: int, rnd: int, rounds: int, report: FuzzReport, seconds: float) -> str:
+    """The progress line after round `rnd`: the report's figures so far."""
+    return (
+        f"[cached=cold] seed {seed} round {rnd + 1}/{rounds}: {report.requests} requests, "
+        f"{len(report.mismatches)} mismatches, max drift {report.max_drift:.2e}, "
+        f"{seconds:.1f} s"
+    )
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:

@@ -14,6 +14,8 @@ Each figure is printed beside the measured copy bandwidth (bytes read + written 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ninfer.models.config import Qwen35Config
@@ -33,18 +35,10 @@ def _state_pool(cfg: Qwen35Config, slots: int, dtype: torch.dtype, device: torch
     return conv, ssm
 
 
-def bench_restore(
-    cfg: Qwen35Config,
-    device: torch.device,
-    dtype: torch.dtype,
-    kv_dtype: torch.dtype,
-    pages: int = 16,
-    iters: int = 10,
-    bounds: dict[str, float] | None = None,
-) -> dict:
-    """Times each copy kind; returns {kind: {bytes, seconds, bytes_per_s, bound_bytes_per_s,
-    fraction_of_bound}}. `bounds` (bounds.machine_bounds) gives the copy bandwidth (read +
-    write) for Device copies and the Host link bandwidth for Host copies."""
+def _copy_cases(
+    cfg: Qwen35Config, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype, pages: int
+) -> dict[str, tuple[int, Callable[[], object]]]:
+    """{kind: (bytes copied, the copy)} over tensors of the engine's layouts, allocated here."""
     pin = device.type == "cuda"
     conv, ssm = _state_pool(cfg, 2, dtype, device)
     h_conv = torch.empty_like(conv[0], device="cpu", pin_memory=pin)
@@ -59,10 +53,7 @@ def bench_restore(
     def copy_pairs(pairs):
         return lambda: [dst.copy_(src, non_blocking=pin) for dst, src in pairs]
 
-    # A Device copy reads and writes each byte, so it runs at half the measured copy traffic.
-    device_bound = (bounds or {}).get("copy_bytes_per_s", 0.0) / 2
-    link_bound = (bounds or {}).get("link_bytes_per_s", 0.0)
-    cases = {
+    return {
         "tap": (image_bytes, copy_pairs([(conv[1], conv[0]), (ssm[1], ssm[0])])),
         "resume": (image_bytes, copy_pairs([(conv[0], conv[1]), (ssm[0], ssm[1])])),
         "image_offload": (image_bytes, copy_pairs([(h_conv, conv[0]), (h_ssm, ssm[0])])),
@@ -70,6 +61,24 @@ def bench_restore(
         "kv_offload": (kv_bytes, copy_pairs(list(zip(h_kv, kv, strict=True)))),
         "kv_restore": (kv_bytes, copy_pairs(list(zip(kv, h_kv, strict=True)))),
     }
+
+
+def bench_restore(
+    cfg: Qwen35Config,
+    device: torch.device,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    pages: int = 16,
+    iters: int = 10,
+    bounds: dict[str, float] | None = None,
+) -> dict:
+    """Times each copy kind; returns {kind: {bytes, seconds, bytes_per_s, bound_bytes_per_s,
+    fraction_of_bound}}. `bounds` (bounds.machine_bounds) gives the copy bandwidth (read +
+    write) for Device copies and the Host link bandwidth for Host copies."""
+    cases = _copy_cases(cfg, device, dtype, kv_dtype, pages)
+    # A Device copy reads and writes each byte, so it runs at half the measured copy traffic.
+    device_bound = (bounds or {}).get("copy_bytes_per_s", 0.0) / 2
+    link_bound = (bounds or {}).get("link_bytes_per_s", 0.0)
     results = {}
     for name, (nbytes, fn) in cases.items():
         seconds = timeit(fn, device, iters)
@@ -81,5 +90,6 @@ def bench_restore(
             "bound_bytes_per_s": bound,
             "fraction_of_bound": nbytes / seconds / bound if bound else None,
         }
+    image_bytes, kv_bytes = cases["tap"][0], cases["kv_offload"][0]
     results["params"] = {"pages": pages, "image_bytes": image_bytes, "kv_run_bytes": kv_bytes}
     return results

@@ -17,7 +17,7 @@ import torch
 
 from ninfer import probe
 from ninfer.bench import PARTS as PARTS  # re-exported
-from ninfer.bench.model_math import matmul_params_read, param_counts
+from ninfer.bench.model_math import ParamCounts, matmul_params_read, param_counts
 from ninfer.bench.profiling import profiled
 from ninfer.bench.restore import bench_restore
 from ninfer.bench.resume import bench_resume
@@ -108,27 +108,10 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
     log("building the model...")
     loaded = load(spec)
     cfg = loaded.model.config
-    counts = param_counts(cfg)
-    if loaded.model.quant_scheme is not None:  # the decode bound reads FP8 bytes
-        from ninfer.models.quantize import weight_bytes
-
-        per_token = weight_bytes(loaded.model).per_token
-        counts = replace(counts, weight_itemsize=per_token / matmul_params_read(cfg, counts))
+    counts = _param_counts(loaded)
     log("measuring machine bounds...")
     machine = probe.machine_bounds(loaded.device, loaded.dtype)
-    results: dict = {
-        "meta": {
-            "model": loaded.label,
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "kv_dtype": str(loaded.kv_dtype).removeprefix("torch."),
-            "params": counts.total,
-            "torch": torch.__version__,
-            "machine": platform.machine(),
-            "engine": {k: v for k, v in spec.engine.items() if k != "model"},
-        },
-        "bounds": machine,
-    }
+    results: dict = {"meta": _meta(spec, loaded, counts.total), "bounds": machine}
     if "prefill" in spec.parts or "decode" in spec.parts:
         results.update(_throughput(spec, loaded, counts, machine, log))
         release_memory()
@@ -140,12 +123,7 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
     if "resume" in spec.parts:
         histories = spec.resume_histories or spec.prompt_tokens
         log(f"resume from the Host tier ({histories} history tokens; last round profiled)...")
-        results["resume"] = bench_resume(
-            lambda **o: loaded.make_llm(spec.engine, **o), cfg, histories, machine,
-            new=spec.resume_new_tokens, seed=spec.seed, profile_dir=spec.profile_dir,
-            itemsize=loaded.dtype.itemsize,
-            kv_itemsize=loaded.kv_dtype.itemsize,
-        )  # fmt: skip
+        results["resume"] = _resume(spec, loaded, histories, machine)
     if "restore" in spec.parts:
         log("restore and tap copies...")
         part = results["restore"] = {}
@@ -162,6 +140,42 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
             lambda: loaded.make_llm(spec.engine), cfg.vocab_size, seed=spec.seed, scale=scale
         )
     return results
+
+
+def _param_counts(loaded: Loaded) -> ParamCounts:
+    """The model's parameter counts; a quantised model's carry the bytes it reads per weight."""
+    cfg = loaded.model.config
+    counts = param_counts(cfg)
+    if loaded.model.quant_scheme is not None:  # the decode bound reads FP8 bytes
+        from ninfer.models.quantize import weight_bytes
+
+        per_token = weight_bytes(loaded.model).per_token
+        counts = replace(counts, weight_itemsize=per_token / matmul_params_read(cfg, counts))
+    return counts
+
+
+def _meta(spec: BenchSpec, loaded: Loaded, params: int) -> dict:
+    """What the figures were measured on: model, device, dtypes, versions, engine options."""
+    return {
+        "model": loaded.label,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "kv_dtype": str(loaded.kv_dtype).removeprefix("torch."),
+        "params": params,
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "engine": {k: v for k, v in spec.engine.items() if k != "model"},
+    }
+
+
+def _resume(spec: BenchSpec, loaded: Loaded, histories: list[int], machine: dict) -> dict:
+    """bench_resume over `histories` on fresh engines (its last round profiled)."""
+    return bench_resume(
+        lambda **o: loaded.make_llm(spec.engine, **o), loaded.model.config, histories, machine,
+        new=spec.resume_new_tokens, seed=spec.seed, profile_dir=spec.profile_dir,
+        itemsize=loaded.dtype.itemsize,
+        kv_itemsize=loaded.kv_dtype.itemsize,
+    )  # fmt: skip
 
 
 def _throughput(spec: BenchSpec, loaded: Loaded, counts, machine: dict, log) -> dict:

@@ -154,11 +154,7 @@ class PrefixCacheFile:
         except (ValueError, OSError, KeyError, TypeError) as e:
             if changed:
                 kv_state.reset_index()  # nothing half-restored
-            logger.warning(
-                "prefix cache file %s not used: %s; the save at shutdown replaces it",
-                self.path,
-                e,
-            )
+            self._not_used(e)
             return 0
         self.last_load = IoResult(nbytes, time.perf_counter() - t0)
         self._report(plan, tables, geometry, index.host.n_slabs)
@@ -212,6 +208,12 @@ class PrefixCacheFile:
                 describe_plan(plan, tables, geometry.slab_bytes),
                 needed_mib(n_slabs, geometry.slab_bytes),
             )
+
+    def _not_used(self, why: Exception) -> None:
+        """The one warning of a load that found the file unusable (`why`)."""
+        logger.warning(
+            "prefix cache file %s not used: %s; the save at shutdown replaces it", self.path, why
+        )
 
     def _none_fit(self, plan, tables, geometry, n_slabs: int) -> None:
         logger.warning(

@@ -200,10 +200,7 @@ def save_file(
             sums = write_payload(f, slabs, sources, abandoned, batch_bytes)
             if sums is None:
                 return None
-            real = head(sums)
-            assert len(real) == len(placeholder), "head length depends on its checksums"
-            f.seek(0)
-            _write_all(f, memoryview(real))
+            _rewrite_head(f, head(sums), placeholder)
             os.fsync(f.fileno())
             size = f.seek(0, os.SEEK_END)
         if abandoned():
@@ -216,6 +213,13 @@ def save_file(
         if not done:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+
+
+def _rewrite_head(f, real: bytes, placeholder: bytes) -> None:
+    """Overwrite the placeholder head at the file's start with the real one, of its length."""
+    assert len(real) == len(placeholder), "head length depends on its checksums"
+    f.seek(0)
+    _write_all(f, memoryview(real))
 
 
 def temp_prefix(path: Path) -> str:

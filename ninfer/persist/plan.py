@@ -57,17 +57,10 @@ def collect(index, meta: dict) -> SaveSet:
     chosen: list = []
     needed: set[int] = set()
     for s in index.snapshots.by_id.values():
-        if s.host_state != _RESIDENT:
-            continue
-        path = []
-        node = nodes[s.anchor]
-        while node.id != ROOT and node.host_state == _RESIDENT:
-            path.append(node.id)
-            node = nodes[node.parent]
-        if node.id != ROOT:
-            continue  # a path block without a landed Host copy
-        chosen.append(s)
-        needed.update(path)
+        path = _host_path(nodes, s)
+        if path is not None:
+            chosen.append(s)
+            needed.update(path)
     order = sorted(needed, key=lambda nid: (nodes[nid].depth, nid))  # parents first
     pos = {ROOT: -1}
     blocks: list[BlockRecord] = []
@@ -79,25 +72,35 @@ def collect(index, meta: dict) -> SaveSet:
         sources.append(n.host_slab)
     snaps: list[SnapshotRecord] = []
     for s in sorted(chosen, key=lambda s: (s.frontier, s.id)):
-        image = tuple(range(len(sources), len(sources) + len(s.host_slabs)))
-        sources.extend(s.host_slabs)
-        tail_slab = -1
-        if s.tail:
-            tail_slab = len(sources)
-            sources.append(s.tail_slab)
-        snaps.append(
-            SnapshotRecord(
-                pos[s.anchor],
-                s.frontier,
-                s.hits,
-                int(s.kind),
-                s.tail,
-                tail_slab,
-                image,
-                s.superseded,
-            )
-        )
+        snaps.append(_snapshot_record(s, pos[s.anchor], sources))
     return SaveSet(Tables(meta, blocks, snaps, [0] * len(sources)), sources)
+
+
+def _host_path(nodes, s) -> list[int] | None:
+    """`s`'s anchor path (node ids, anchor first); None unless it and `s` are Host-resident."""
+    if s.host_state != _RESIDENT:
+        return None
+    path = []
+    node = nodes[s.anchor]
+    while node.id != ROOT and node.host_state == _RESIDENT:
+        path.append(node.id)
+        node = nodes[node.parent]
+    if node.id != ROOT:
+        return None  # a path block without a landed Host copy
+    return path
+
+
+def _snapshot_record(s, anchor: int, sources: list[int]) -> SnapshotRecord:
+    """`s`'s table record; appends its image's, then its tail's, Host slabs to `sources`."""
+    image = tuple(range(len(sources), len(sources) + len(s.host_slabs)))
+    sources.extend(s.host_slabs)
+    tail_slab = -1
+    if s.tail:
+        tail_slab = len(sources)
+        sources.append(s.tail_slab)
+    return SnapshotRecord(
+        anchor, s.frontier, s.hits, int(s.kind), s.tail, tail_slab, image, s.superseded
+    )
 
 
 # ---- partial restore (design §5.5 plan_host_restore) ----------------------------------------
@@ -146,19 +149,9 @@ def plan_restore(
     if total <= capacity_slabs:
         every = list(range(len(tables.snapshots)))
         return RestorePlan(list(range(len(tables.blocks))), every, total, True, total, min_slabs)
-    order = sorted(
-        range(len(tables.snapshots)),
-        key=lambda i: (
-            tables.snapshots[i].superseded,
-            -density(
-                tables.snapshots[i], len(paths[i]), geometry, prefill_seconds, restore_seconds
-            ),
-            i,
-        ),
-    )
     taken_blocks: set[int] = set()
     kept, dropped, used = [], [], 0
-    for i in order:
+    for i in _by_priority(tables, paths, geometry, prefill_seconds, restore_seconds):
         new = [b for b in paths[i] if b not in taken_blocks]
         need = tables.snapshots[i].n_slabs + len(new)
         if used + need <= capacity_slabs:
@@ -169,6 +162,26 @@ def plan_restore(
             dropped.append(i)
     return RestorePlan(
         sorted(taken_blocks), sorted(kept), used, False, total, min_slabs, sorted(dropped)
+    )
+
+
+def _by_priority(
+    tables: Tables,
+    paths: list[list[int]],
+    geometry: SlabGeometry,
+    prefill_seconds: Callable[[int, int], float],
+    restore_seconds: Callable[[int], float],
+) -> list[int]:
+    """The snapshots' table indices: retained before superseded, then by falling `density`."""
+    return sorted(
+        range(len(tables.snapshots)),
+        key=lambda i: (
+            tables.snapshots[i].superseded,
+            -density(
+                tables.snapshots[i], len(paths[i]), geometry, prefill_seconds, restore_seconds
+            ),
+            i,
+        ),
     )
 
 

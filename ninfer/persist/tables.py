@@ -183,18 +183,9 @@ def _parse_body(meta: dict, body: bytes, n_slabs: int, flags: bool = True) -> Ta
         off += 4 * k
         tail = body[off : off + tail_len * TOKEN_BYTES]
         off += tail_len * TOKEN_BYTES
-        d = depth[anchor] if 0 <= anchor < n_blocks else -1  # out of range: refused below
-        if not -1 <= anchor < n_blocks or frontier != PAGE_SIZE * (d + 1) + tail_len:
-            raise ValueError(f"snapshot {i}: anchor {anchor} / frontier {frontier} disagree")
-        if tail_len >= PAGE_SIZE or (tail_slab >= 0) != (tail_len > 0) or kind > max(SnapshotKind):
-            raise ValueError(f"snapshot {i}: bad tail or kind")
-        if (anchor, tail) in keys:
-            raise ValueError(f"snapshot {i}: duplicate (anchor, tail)")
-        keys.add((anchor, tail))
-        SnapshotKind(kind)
-        snaps.append(
-            SnapshotRecord(anchor, frontier, hits, kind, tail, tail_slab, image, superseded)
-        )
+        snap = SnapshotRecord(anchor, frontier, hits, kind, tail, tail_slab, image, superseded)
+        _check_snapshot(i, snap, tail_len, depth, keys)
+        snaps.append(snap)
     sums = list(struct.unpack_from(f"<{n_slabs}Q", body, off))
     if off + 8 * n_slabs != len(body):
         raise ValueError("table length disagrees with its counts")
@@ -204,6 +195,21 @@ def _parse_body(meta: dict, body: bytes, n_slabs: int, flags: bool = True) -> Ta
     if sorted(used) != list(range(n_slabs)):
         raise ValueError("file slabs are not each used exactly once")
     return Tables(meta, blocks, snaps, sums)
+
+
+def _check_snapshot(i: int, s: SnapshotRecord, tail_len: int, depth: list[int], keys: set) -> None:
+    """ValueError unless snapshot `i` fits the blocks' `depth` and adds a new key to `keys`."""
+    n_blocks = len(depth)
+    d = depth[s.anchor] if 0 <= s.anchor < n_blocks else -1  # out of range: refused below
+    if not -1 <= s.anchor < n_blocks or s.frontier != PAGE_SIZE * (d + 1) + tail_len:
+        raise ValueError(f"snapshot {i}: anchor {s.anchor} / frontier {s.frontier} disagree")
+    bad_kind = s.kind > max(SnapshotKind)
+    if tail_len >= PAGE_SIZE or (s.tail_slab >= 0) != (tail_len > 0) or bad_kind:
+        raise ValueError(f"snapshot {i}: bad tail or kind")
+    if (s.anchor, s.tail) in keys:
+        raise ValueError(f"snapshot {i}: duplicate (anchor, tail)")
+    keys.add((s.anchor, s.tail))
+    SnapshotKind(s.kind)
 
 
 def check_compatible(tables: Tables, fingerprint: dict, geometry: SlabGeometry) -> None:
