@@ -191,16 +191,17 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         tl.store(ids + t * per + offs_j, picked, mask=j_ok)
 
     @triton.jit
-    def _scales(srows, k0, K, ok, BLOCK_K: tl.constexpr, BK_W, ROW_SCALE: tl.constexpr):
-        """FP8 scales of the weight tile [R0, R1, BLOCK_K] at K step k0 whose rows' scale rows
-        start at the pointers `srows` [R0, R1]: [R0, R1, 1] when the step lies in one scale
-        block (ROW_SCALE), else gathered per element [R0, R1, BLOCK_K]; `ok` masks the rows."""
+    def _scaled(wf, srows, k0, K, ok, BLOCK_K: tl.constexpr, BK_W, ROW_SCALE: tl.constexpr):
+        """The fp32 weight tile `wf` [R0, R1, BLOCK_K] at K step k0 times its FP8 scales, whose
+        rows' scale rows start at the pointers `srows` [R0, R1]: one scale per row when the
+        step lies in one scale block (ROW_SCALE), else gathered per element; `ok` masks the
+        rows. Both branches return the tile's shape (Triton types a function's returns alike)."""
         if ROW_SCALE:
-            return tl.load(srows + k0 // BK_W, mask=ok, other=0.0)[:, :, None]
+            return wf * tl.load(srows + k0 // BK_W, mask=ok, other=0.0)[:, :, None]
         blk = (k0 + tl.arange(0, BLOCK_K)) // BK_W
         k_ok = (k0 + tl.arange(0, BLOCK_K)) < K
         m = ok[:, :, None] & k_ok[None, None, :]
-        return tl.load(srows[:, :, None] + blk[None, None, :], mask=m, other=0.0)
+        return wf * tl.load(srows[:, :, None] + blk[None, None, :], mask=m, other=0.0)
 
     @triton.jit
     def _dot_rows(
@@ -209,7 +210,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
     ):  # fmt: skip
         """fp32 dot products [R0, R1] of the K-long unit-stride rows starting at the pointers
         `rows` [R0, R1] with vec [K]; row_ok [R0, R1] or [R0, 1]. Products are summed per lane
-        over K and reduced once at the end. FP8: each weight times its scale (`_scales`, scale
+        over K and reduced once at the end. FP8: each weight times its scale (`_scaled`, scale
         rows at `srows`, BK_W columns per scale block) before the product."""
         offs_k = tl.arange(0, BLOCK_K)
         ptrs = rows[:, :, None] + offs_k[None, None, :]
@@ -225,7 +226,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
             wf = w.to(tl.float32)
             if FP8:
                 ok = tl.broadcast_to(row_ok, srows.shape)
-                wf = wf * _scales(srows, k0, K, ok, BLOCK_K, BK_W, ROW_SCALE)
+                wf = _scaled(wf, srows, k0, K, ok, BLOCK_K, BK_W, ROW_SCALE)
             acc += wf * v.to(tl.float32)[None, None, :]
         return tl.sum(acc, axis=2)
 
@@ -314,7 +315,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
                 r = tl.load(rows + k0, mask=n_ok & k_ok, other=0.0)
             rf = r.to(tl.float32)
             if FP8:
-                rf = rf * _scales(srows, k0, K, s_ok, BLOCK_K, BK_W, ROW_SCALE)
+                rf = _scaled(rf, srows, k0, K, s_ok, BLOCK_K, BK_W, ROW_SCALE)
             acc += rf * v.to(tl.float32)
             if SHARED:
                 if EVEN:
