@@ -24,7 +24,7 @@ for _mod in ("triton", "flashinfer", "fla"):
     pytest.importorskip(_mod)
 
 PROMPTS = [list(range(5, 155)), [(7 * i) % 2000 + 4 for i in range(70)], list(range(300, 333))]
-NEAR_TIE = 0.1  # nats between plain decode's top two where bf16 may pick either
+NEAR_TIE = 0.1  # nats between plain decode's token and another where bf16 may pick either
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -33,7 +33,7 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k):
     opts = dict(device="cuda", compile=False, max_concurrency=4, kv_capacity=16384,
                 host_cache_mib=64, check_invariants=True)  # fmt: skip
     plain = LLM.from_model(model, **opts)
-    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=2)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=20)
     want = plain.generate(PROMPTS, params)
     spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=k, **opts)
     assert spec.engine.speculator.replay  # the CUDA GDN kernels' tap grid
@@ -48,7 +48,8 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k):
             continue
         lp = w.logprobs[n]
         gap = lp[w.token_ids[n]] - lp.get(g.token_ids[n], float("-inf"))
-        assert gap < NEAR_TIE, (n, gap)
+        rank = sorted(lp, key=lp.get, reverse=True).index(g.token_ids[n]) if gap < 1e9 else None
+        assert gap < NEAR_TIE, (k, n, gap, rank)  # rank None: not in plain decode's top 20
     st = spec.engine.speculator.stats
     assert 0 < st.accepted < st.drafted
     spec.check_idle()
