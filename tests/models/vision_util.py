@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
 from ninfer.forward import Embeds
+from ninfer.models.qwen3_5 import Qwen35ForCausalLM
 from ninfer.models.weights import load_model
 from ninfer.vision.positions import expand_image_pads, mrope_positions
 from ninfer.vision.preprocess import ImageProcessorConfig, process_image
@@ -87,13 +89,20 @@ def save_checkpoint(hf, path: Path) -> Path:
     return path
 
 
-def load_pair(name: str, path: Path, seed: int = 0):
-    """(transformers model, ninfer model with its tower, processor config) from one saved
-    checkpoint."""
+class Pair(NamedTuple):
+    """A transformers model and ninfer's, loaded from the checkpoint it saved at `path`."""
+
+    hf: Qwen3_5ForConditionalGeneration
+    model: Qwen35ForCausalLM  # with its tower
+    processor: ImageProcessorConfig
+    path: Path
+
+
+def load_pair(name: str, path: Path, seed: int = 0) -> Pair:
     hf = random_hf_vlm(name, seed)
     save_checkpoint(hf, path)
     model = load_model(path, dtype=torch.float32, vision=True)
-    return hf, model, ImageProcessorConfig.from_file(path)
+    return Pair(hf, model, ImageProcessorConfig.from_file(path), path)
 
 
 class Prompt:
@@ -103,7 +112,7 @@ class Prompt:
         merge = model.model.visual.config.spatial_merge_size
         done = [process_image(im, pcfg) for im in images]
         self.grids = [p.grid for p in done]
-        self.pixels = torch.cat([p.pixel_values for p in done])
+        self.pixels = torch.cat([p.pixel_values for p in done]) if done else None
         self.ids, self.spans = expand_image_pads(ids, IMAGE, self.grids, merge)
         self.positions, self.delta = mrope_positions(len(self.ids), self.spans, merge)
         rows = [torch.arange(s.start, s.end(merge)) for s in self.spans]
