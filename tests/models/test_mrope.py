@@ -78,3 +78,32 @@ def test_config_fields():
                        ({"mrope_section": [8, 8]}, "mrope_section")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             Qwen35Config.from_hf_dict({**raw, "rope_parameters": {**raw["rope_parameters"], **bad}})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_ops_take_per_frequency_positions():
+    """`CudaOps.qk_norm_rope` with [T, R/2] positions runs the torch path (its Triton kernel
+    reads 1-D positions): the reference's result, bit for bit; with t = h = w, the Triton
+    kernel's 1-D result within bf16 rounding."""
+    for module in ("flashinfer", "fla", "triton"):
+        pytest.importorskip(module)
+    from ninfer.ops.cuda import CudaOps
+
+    cfg = Qwen35Config.from_hf_dict(_config(256, 0.25, None).to_dict())
+    model = Qwen35ForCausalLM(cfg, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k = (torch.randn(37, h, 256, device="cuda", generator=g).bfloat16() for h in (4, 2))
+    wq, wk = (torch.randn(256, device="cuda", generator=g).bfloat16() * 0.1 for _ in "qk")
+    pos3 = torch.randint(0, 100_000, (3, 37), device="cuda", generator=g)
+    batch = make_batch([Row(list(range(37)), 0, 0, [0])], device="cuda")
+    batch.mrope_positions = pos3
+    args = (wq, wk, 1e-6, model.rope_positions(batch), model.model.inv_freq, cfg.rotary_dim)
+    got = CudaOps("cuda").qk_norm_rope(q, k, *args)
+    want = ReferenceOps().qk_norm_rope(q, k, *args)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    batch.mrope_positions = pos3[:1].expand(3, -1)
+    per_freq = CudaOps("cuda").qk_norm_rope(q, k, *args[:3], model.rope_positions(batch), *args[4:])
+    one_d = CudaOps("cuda").qk_norm_rope(q, k, *args[:3], pos3[0], *args[4:])
+    for a, b in zip(per_freq, one_d, strict=True):
+        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 1e-2

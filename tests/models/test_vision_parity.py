@@ -111,3 +111,24 @@ def test_text_model_loads_the_same_without_the_tower(pair):
     text = dict(text_only.named_parameters())
     assert set(text) == {n for n, _ in model.named_parameters()} - tower
     assert all(torch.equal(p, text[n]) for n, p in model.named_parameters() if n in text)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_with_cuda_ops(pair, ref_ops):
+    """The same prompt on CUDA (`CudaOps`, fp32: the ops that take no fp32 run the reference
+    on the GPU) as on the CPU: the tower, the embeddings and the 3-D positions on the device."""
+    for module in ("flashinfer", "fla", "triton"):
+        pytest.importorskip(module)
+    from ninfer.ops.cuda import CudaOps
+
+    _, model, pcfg, path = pair
+    ids = _text(3, 2) + _placeholder() + _text(4, 3) + _placeholder() + _text(5, 4)
+    prompt = Prompt(model, pcfg, ids, [_image(64, 48, 5), _image(20, 90, 6)])
+    want, want_tokens = ninfer_run(model, prompt, ref_ops, STEPS)
+    gpu = load_model(path, dtype=torch.float32, device="cuda", vision=True)
+    ops = CudaOps("cuda")
+    ops.configure(gpu.config.head_dims, "float32", "float32")
+    got, tokens = ninfer_run(gpu, prompt, ops, STEPS)
+    assert (got.cpu() - want).abs().max().item() < 1e-3
+    assert tokens == want_tokens

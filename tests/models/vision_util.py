@@ -122,18 +122,20 @@ class Prompt:
 @torch.no_grad()
 def ninfer_run(model, prompt: Prompt, ops, steps: int) -> tuple[torch.Tensor, list[int]]:
     """(prompt logits [n, vocab], `steps` greedy tokens): one prefill pass with the image
-    embeddings and 3-D positions, then one decode row per token at index + rope_delta."""
-    n = len(prompt.ids)
-    cache = make_cache(model.config, num_pages=-(-(n + steps) // 64), num_slots=1)
+    embeddings and 3-D positions, then one decode row per token at index + rope_delta (on the
+    model's device)."""
+    n, dev = len(prompt.ids), model.lm_head.weight.device
+    cache = make_cache(model.config, -(-(n + steps) // 64), 1, model.lm_head.weight.dtype, dev)
     pages = list(range(cache.kv[0].shape[0]))
-    batch = make_batch([Row(prompt.ids, 0, 0, pages)])
-    batch.mrope_positions = prompt.positions
+    batch = make_batch([Row(prompt.ids, 0, 0, pages)], dev)
+    batch.mrope_positions = prompt.positions.to(dev)
     if prompt.grids:
-        batch.embeds = Embeds(prompt.rows, model.model.visual(prompt.pixels, prompt.grids))
+        embeds = model.model.visual(prompt.pixels.to(dev), prompt.grids)
+        batch.embeds = Embeds(prompt.rows.to(dev), embeds)
     logits = model(batch, cache, ops)
     tokens = [int(logits[-1].argmax())]
     for i in range(n, n + steps - 1):
-        step = make_batch([Row([tokens[-1]], i, 0, pages)])
+        step = make_batch([Row([tokens[-1]], i, 0, pages)], dev)
         step.positions += prompt.delta
         tokens.append(int(model(step, cache, ops)[-1].argmax()))
     return logits, tokens
