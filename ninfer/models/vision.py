@@ -90,6 +90,10 @@ class VisionConfig:
         if act not in _ACTIVATIONS:
             raise ValueError(f"config.json: vision hidden_act {act!r} is not supported")
         rope = v.get("rope_parameters") or {}
+        if not isinstance(rope, dict):
+            raise ValueError(
+                f"config.json: vision 'rope_parameters' must be an object, got {rope!r}"
+            )
         ints = ("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size")
         ints += ("patch_size", "temporal_patch_size", "spatial_merge_size")
         cfg = cls(

@@ -80,14 +80,13 @@ def load_model(
     vision: bool = False,
 ) -> Qwen35ForCausalLM:
     """Builds the model described by `path`/config.json and loads its weights in `dtype` on
-        `device` (the config is `model.config`); FP8 weights stay FP8. `quantization` "fp8"
-        quantises a dense checkpoint's linears at load (`ninfer.models.quant.on_the_fly`; an FP8
-        checkpoint loads as it is); `mtp`: its MTP draft head too; `vision`: its vision tower too
-    (a checkpoint without one loads text-only, `model.model.visual` None). Raises ValueError
-    naming any
-        missing, unexpected, mis-shaped or mistyped tensor, one holding NaN or infinite values, or
-        a malformed `quantization_config`; with `mtp`, naming `speculative` when the checkpoint has
-        no `mtp.*` tensor."""
+    `device` (the config is `model.config`); FP8 weights stay FP8. `quantization` "fp8"
+    quantises a dense checkpoint's linears at load (`ninfer.models.quant.on_the_fly`; an FP8
+    checkpoint loads as it is); `mtp`: its MTP draft head too; `vision`: its vision tower too
+    (`model.model.visual`; a checkpoint without one loads text-only, `visual` None). Raises
+    ValueError naming any missing, unexpected, mis-shaped or mistyped tensor, one holding NaN
+    or infinite values, or a malformed `quantization_config` or `vision_config`; with `mtp`,
+    naming `speculative` when the checkpoint has no `mtp.*` tensor."""
     config = Qwen35Config.from_file(path)
     device = torch.device(device)
     scheme = checkpoint_scheme(path)

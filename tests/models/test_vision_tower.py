@@ -12,6 +12,8 @@ from transformers import Qwen3_5VisionConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
 from ninfer.models.config import Qwen35Config
+from ninfer.models.quant import FINE_GRAINED, OFFICIAL_NOT_CONVERT, QuantScheme
+from ninfer.models.quantize import quantize_
 from ninfer.models.qwen3_5 import Qwen35ForCausalLM
 from ninfer.models.vision import VisionConfig, VisionModel, add_vision_tower
 from ninfer.models.weights import load_model
@@ -160,3 +162,18 @@ def test_tower_on_cuda_bf16_matches_fp32_cpu():
     gpu.init_buffers()
     out = gpu(pixels.cuda(), grids).float().cpu()
     assert ((out - ref).norm() / ref.norm()).item() < 2e-2
+
+
+@pytest.mark.parametrize("keep", [OFFICIAL_NOT_CONVERT, ("lm_head",)], ids=["official", "bare"])
+def test_fp8_quantisation_keeps_the_tower_dense(tmp_path, keep):
+    """Whatever the scheme's keep list, the tower stays in the model dtype."""
+    _, model, _, path = load_pair("section-3-3-2", tmp_path)
+    fp8 = quantize_(load_model(path, dtype=torch.float32, vision=True), _scheme(keep))
+    assert any(type(m).__name__ == "Fp8Linear" for m in fp8.model.layers.modules())
+    dense = dict(model.model.visual.named_parameters())
+    for n, p in fp8.model.visual.named_parameters():
+        assert p.dtype == torch.float32 and torch.equal(p, dense[n]), n
+
+
+def _scheme(keep: tuple[str, ...]) -> QuantScheme:
+    return QuantScheme(FINE_GRAINED, (16, 16), keep, "weight_scale_inv")
