@@ -121,6 +121,11 @@ class VisionConfig:
 
     def check(self) -> None:
         """ValueError naming a field whose value the tower cannot take."""
+        sizes = ("depth", "hidden_size", "num_heads", "intermediate_size", "patch_size")
+        sizes += ("temporal_patch_size", "spatial_merge_size", "out_hidden_size", "in_channels")
+        for name in sizes:
+            if getattr(self, name) < 1:
+                raise ValueError(f"config.json: vision {name} must be >= 1")
         side = int(round(self.num_position_embeddings**0.5))
         if side * side != self.num_position_embeddings:
             raise ValueError("config.json: vision num_position_embeddings must be a square")

@@ -96,6 +96,7 @@ def test_config_reads_every_field():
         ({"num_position_embeddings": 15}, "square"),
         ({"depth": "2"}, "depth"),
         ({"patch_size": None}, "patch_size"),
+        ({"spatial_merge_size": 0}, "spatial_merge_size"),
     ],
 )
 def test_config_refuses_bad_fields(change, match):
