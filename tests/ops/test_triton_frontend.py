@@ -8,6 +8,7 @@ helper once did) fails here, before any device time is spent.
 from __future__ import annotations
 
 import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -51,3 +52,83 @@ def test_fp8_scale_helper_types_for_both_scale_layouts(row_scale):
     one scale block) and for per-element gathered scales."""
     _to_ttir(_scaled_tile, {"scales": "*fp32", "out": "*fp32", "ROW_SCALE": "constexpr"},
              {"ROW_SCALE": row_scale})  # fmt: skip
+
+
+_DTYPES = {
+    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+    torch.float8_e4m3fn: "fp8e4nv", torch.int32: "i32", torch.int64: "i64",
+    torch.uint8: "u8", torch.int8: "i8", torch.bool: "i1",
+}  # fmt: skip
+
+
+def _arg_type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + _DTYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton type for {type(value).__name__}")
+
+
+def _launches(monkeypatch, call) -> list[tuple]:
+    """(JITFunction, its arguments by name) of every kernel launch `call()` makes, captured
+    instead of run (CPU tensors stand in for CUDA ones); an autotuned kernel is launched once
+    per config, through its heuristics if it has any."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    seen: list[tuple] = []
+
+    def jit_run(self, *args, grid, warmup, **kwargs):
+        values = dict(zip(self.arg_names, args, strict=False))
+        values.update({k: v for k, v in kwargs.items() if k in self.arg_names})
+        seen.append((self, values))
+
+    def tuned_run(self, *args, **kwargs):
+        kwargs.pop("grid", None), kwargs.pop("warmup", None)
+        for cfg in self.configs:
+            self.fn.run(*args, grid=None, warmup=False, **kwargs, **cfg.kwargs)
+
+    monkeypatch.setattr(JITFunction, "run", jit_run)
+    monkeypatch.setattr(Autotuner, "run", tuned_run)
+    call()
+    return seen
+
+
+def _compile_launches(launches) -> int:
+    """Runs the front end for every captured launch; returns how many compiled."""
+    for fn, values in launches:
+        constexprs, signature = {}, {}
+        for p in fn.params:
+            v = values.get(p.name, p.default)
+            if p.is_constexpr:
+                constexprs[p.name] = v
+                signature[p.name] = "constexpr"
+            else:
+                signature[p.name] = _arg_type(v)
+        _to_ttir(fn, signature, constexprs)
+    return len(launches)
+
+
+@pytest.mark.parametrize("block", [(128, 128), (1, 0)], ids=["block128", "per-channel"])
+@pytest.mark.parametrize("n", [1, 8])
+def test_fp8_moe_decode_kernels_compile(monkeypatch, n, block):
+    """The routed-expert decode kernels on FP8 weights (35B-A3B's expert shapes, top-8), every
+    autotune config, through Triton's front end for sm_90."""
+    from ninfer.ops.fp8 import quantize_fp8
+
+    e, h, i, top_k = 8, 2048, 512, 4
+    blk = (1, h) if block == (1, 0) else block
+    gate_up = quantize_fp8(torch.randn(e, 2 * i, h) * 0.02, blk)
+    down = quantize_fp8(torch.randn(e, h, i) * 0.02, (1, i) if block == (1, 0) else block)
+    x = torch.randn(n, h).to(torch.bfloat16)
+    weights = torch.rand(n, top_k)
+    ids = torch.randint(0, e, (n, top_k), dtype=torch.int32)
+    launches = _launches(
+        monkeypatch, lambda: moe._experts(x, gate_up, down, weights, ids, top_k, None)
+    )
+    assert {f.__name__ for f, _ in launches} == {"_gate_up_silu_kernel", "_down_sum_kernel"}
+    assert _compile_launches(launches) >= 2
