@@ -23,7 +23,7 @@ import json
 import json.scanner
 import math
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -213,36 +213,6 @@ def _same(value, noop) -> bool:
 def serving(request: Request) -> Serving:
     """The routes' dependency: the app's `Serving`."""
     return request.app.state.serving
-
-
-_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
-_PIECE_ITEMS = 32  # a list longer than this is encoded element by element
-
-
-def json_bytes(body: dict) -> bytes:
-    """A response body as JSON. A reply of many choices with top logprobs runs to megabytes:
-    one call of the C encoder would hold the GIL (and stall the engine thread) for all of it,
-    the pure-Python encoder for ten times as long. So long lists are encoded element by
-    element, each piece by one short C call."""
-    return "".join(_json_pieces(body)).encode()
-
-
-def _json_pieces(value) -> Iterator[str]:
-    if isinstance(value, dict):
-        yield "{"
-        for i, (key, item) in enumerate(value.items()):
-            yield ("," if i else "") + _ENCODE(str(key)) + ":"
-            yield from _json_pieces(item)
-        yield "}"
-    elif isinstance(value, list) and len(value) > _PIECE_ITEMS:
-        yield "["
-        for i, item in enumerate(value):
-            if i:
-                yield ","
-            yield from _json_pieces(item)
-        yield "]"
-    else:
-        yield _ENCODE(value)
 
 
 def sse(data: dict | str, event: str | None = None) -> str:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ninfer.request import RequestOutput
 from ninfer.server.errors import ApiError
+from ninfer.server.jsontext import RawJson, encode
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolStart
 from ninfer.server.wire import MAX_TOP_LOGPROBS, media_part, token_text
 
@@ -323,34 +324,33 @@ def _lp(value: float) -> float:
 
 
 def chat_logprobs(out: RequestOutput, tokenizer, k: int) -> dict | None:
+    """The choice's `logprobs` object: `content`, one entry a generated token, built as JSON
+    text (`jsontext.RawJson`: a reply of n x max_tokens x k entries adds no objects for the
+    garbage collector to walk)."""
     if out.logprobs is None:
         return None
-    seen: dict[int, tuple[str, list[int]]] = {}  # token id -> (text, bytes), shared read-only
+    seen: dict[int, tuple[str, str]] = {}  # token id -> (its text, its UTF-8 bytes) as JSON
 
-    def piece(token_id: int) -> tuple[str, list[int]]:
+    def piece(token_id: int) -> tuple[str, str]:
         entry = seen.get(token_id)
         if entry is None:
             text = token_text(tokenizer, token_id)
-            entry = seen[token_id] = (text, list(text.encode()))
+            entry = seen[token_id] = (encode(text), encode(list(text.encode())))
         return entry
 
-    content = []
+    entries = []
     for tok, top in zip(out.token_ids, out.logprobs, strict=False):
         text, raw = piece(tok)
         ranked = sorted(top.items(), key=lambda kv: -kv[1])[:k]
-        tops = []
-        for i, lp in ranked:
-            t, b = piece(i)
-            tops.append({"token": t, "logprob": _lp(lp), "bytes": b})
-        content.append(
-            {
-                "token": text,
-                "logprob": _lp(top.get(tok, 0.0)),
-                "bytes": raw,
-                "top_logprobs": tops,
-            }
+        tops = ", ".join(
+            f'{{"token": {t}, "logprob": {encode(_lp(lp))}, "bytes": {b}}}'
+            for t, b, lp in ((*piece(i), lp) for i, lp in ranked)
         )
-    return {"content": content}
+        lp = encode(_lp(top.get(tok, 0.0)))
+        entries.append(
+            f'{{"token": {text}, "logprob": {lp}, "bytes": {raw}, "top_logprobs": [{tops}]}}'
+        )
+    return {"content": RawJson("[" + ", ".join(entries) + "]")}
 
 
 def completion_logprobs(out: RequestOutput, tokenizer, k: int) -> dict | None:

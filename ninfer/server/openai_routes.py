@@ -22,7 +22,6 @@ from ninfer.server import openai_api as oai
 from ninfer.server.context import (
     Serving,
     failure,
-    json_bytes,
     merge,
     or_disconnect,
     refuse_unimplemented,
@@ -31,6 +30,7 @@ from ninfer.server.context import (
 )
 from ninfer.server.driver import Rendered
 from ninfer.server.errors import ApiError, from_value_error, openai_body
+from ninfer.server.jsontext import json_bytes
 from ninfer.server.tool_calls import OutputParser, parse_text, tool_schemas
 from ninfer.server.wire import (
     Structured,
