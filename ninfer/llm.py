@@ -51,12 +51,15 @@ def _sampler(logits, params, generators):
 
 
 def _load(options: EngineOptions, device: str):
-    """(model config, tokenizer, chat template or None, weights builder)."""
+    """(model config, tokenizer, chat template or None, weights builder, image processor or
+    None: a checkpoint with a `vision_config` and a `preprocessor_config.json` loads its
+    vision tower too)."""
     from ninfer.chat_template import ChatTemplate
     from ninfer.models.config import Qwen35Config
     from ninfer.tokenizer import Tokenizer
 
     mtp = options.speculative == "mtp"  # load the checkpoint's draft head too
+    processor = None
     if options.model is None:
         from ninfer.demo import DEMO_DIR, demo_config, demo_weights_seed
         from ninfer.models.presets import build_random_model
@@ -75,13 +78,26 @@ def _load(options: EngineOptions, device: str):
         if not (path / "config.json").is_file():
             raise ValueError(f"model: {str(path)!r} is not a checkpoint folder (no config.json)")
         config = Qwen35Config.from_file(path)
+        processor = _image_processor(path)
+        vision = processor is not None
 
         def build(dtype):
-            return load_model(path, dtype, device, options.quantization, mtp=mtp)
+            return load_model(path, dtype, device, options.quantization, mtp=mtp, vision=vision)
 
     tokenizer = Tokenizer.from_dir(path)
     template = ChatTemplate(tokenizer) if tokenizer.chat_template is not None else None
-    return config, tokenizer, template, build
+    return config, tokenizer, template, build, processor
+
+
+def _image_processor(path: Path):
+    """The checkpoint's `ImageProcessorConfig` when it has a vision tower and a processor
+    config, else None (a text-only load)."""
+    from ninfer.models.vision import VisionConfig
+    from ninfer.vision.preprocess import ImageProcessorConfig
+
+    if not (path / "preprocessor_config.json").is_file() or VisionConfig.from_file(path) is None:
+        return None
+    return ImageProcessorConfig.from_file(path)
 
 
 def _check_cache_file(options: EngineOptions) -> EngineOptions:
@@ -103,13 +119,16 @@ class LLM:
         from it); an unknown keyword raises TypeError, a bad value ValueError naming it."""
         opts = _options(model, options)
         facts = probe_device(opts.device)
-        config, tokenizer, template, build = _load(opts, facts.device)
-        self._init(opts, facts, config, tokenizer, template, build)
+        config, tokenizer, template, build, processor = _load(opts, facts.device)
+        self._init(opts, facts, config, tokenizer, template, build, image_processor=processor)
 
     @classmethod
-    def from_model(cls, model, tokenizer=None, chat_template=None, **kwargs) -> LLM:
+    def from_model(
+        cls, model, tokenizer=None, chat_template=None, image_processor=None, **kwargs
+    ) -> LLM:
         """An LLM over an already built `Qwen35ForCausalLM` (tests, benchmarks); its dtype and
-        device must match the resolved options."""
+        device must match the resolved options. `image_processor`: the `ImageProcessorConfig`
+        of a model with a vision tower."""
         self = cls.__new__(cls)
         options = _options(None, kwargs)
         facts = probe_device(options.device)
@@ -123,10 +142,14 @@ class LLM:
             chat_template,
             lambda _dtype: model,
             identity=lambda: model_identity(model),
+            image_processor=image_processor,
         )
         return self
 
-    def _init(self, options, facts, config, tokenizer, template, build, identity=None) -> None:
+    def _init(
+        self, options, facts, config, tokenizer, template, build, identity=None,
+        image_processor=None,
+    ) -> None:  # fmt: skip
         t_start = time.perf_counter()
         options = _check_cache_file(options)
         on_cuda = facts.device.startswith("cuda")
@@ -151,7 +174,9 @@ class LLM:
         from ninfer.sampling import make_generator
 
         self._weights = weights_summary(model)
-        self._supports_images = bool(getattr(model, "supports_images", False))
+        self._image_processor = image_processor
+        self._supports_images = image_processor is not None and model.supports_images
+        self._vision_ids = _vision_ids(model) if self._supports_images else ()
 
         ops = select_ops(device, cfg.ops.compile, cfg.ops.op_choices)
         identity = identity or functools.partial(path_identity, cfg.model, cfg.quantization)
@@ -257,6 +282,7 @@ class LLM:
             stream=stream,
             error=error,
             grammar=grammar,
+            images=prompt.images if prompt is not None else None,
         )
 
     def _prepare(self, make_input, params, single: bool, stream=False, field="prompt") -> Request:
@@ -293,7 +319,10 @@ class LLM:
         return self._grammars.compile(spec, thinking_budget=budget)
 
     def _check_prompt(self, prompt: forms.PromptInput, field: str) -> None:
-        forms.validate(prompt, self._model_config.vocab_size, self._cfg.memory.max_model_len)
+        forms.validate(
+            prompt, self._model_config.vocab_size, self._cfg.memory.max_model_len,
+            self._vision_ids,
+        )  # fmt: skip
         if prompt.token_ids and any(  # a tokenizer or template returned non-int ids
             isinstance(t, bool) or not isinstance(t, int) for t in prompt.token_ids
         ):
@@ -402,24 +431,33 @@ class LLM:
                 f"messages: {e.chars} characters is more than max_model_len={max_len} tokens "
                 "can hold"
             ) from None
+        ids, prompt_images = list(r.token_ids), None
         if images:
-            from ninfer.vision.parts import IMAGE_PAD, check_placeholders
-
-            pad_id = self._template.tokenizer.token_to_id(IMAGE_PAD)
-            check_placeholders(r.token_ids, pad_id, len(images))
+            ids, prompt_images = self._expand_images(ids, images)
         h = r.hints
-        explicit = set(h.explicit)
+        at = prompt_images.shift if prompt_images is not None else list
+        explicit = set(at(h.explicit))
         if tools_breakpoint:
-            explicit.update(h.structural)
+            explicit.update(at(h.structural))
         hints = forms.PromptHints(
             explicit=sorted(explicit),
-            structural=list(h.structural),
-            opener=h.opener,
-            message_starts=list(h.message_starts),
+            structural=at(h.structural),
+            opener=None if h.opener is None else at([h.opener])[0],
+            message_starts=at(h.message_starts),
             output_after=h.output_after,
             output_before=h.output_before,
         )
-        return ChatPrompt(forms.PromptInput(list(r.token_ids), hints, tuple(images)), r.text)
+        return ChatPrompt(forms.PromptInput(ids, hints, prompt_images), r.text)
+
+    def _expand_images(self, ids: list[int], images: list):
+        """(the ids with each image's pad tokens, its `PromptImages`): ValueError unless the
+        template wrote one `<|image_pad|>` per image, or naming an image it cannot process."""
+        from ninfer.engine.images import PromptImages
+        from ninfer.vision.parts import IMAGE_PAD, check_placeholders
+
+        pad_id = self._template.tokenizer.token_to_id(IMAGE_PAD)
+        check_placeholders(ids, pad_id, len(images))
+        return PromptImages.build(ids, pad_id, images, self._image_processor)
 
     def _images(self, messages: list, local_files: bool) -> tuple[list, list]:
         """(the messages as the template takes them, their decoded images in placeholder
@@ -600,6 +638,16 @@ class _CallbackSink:
 
 
 # Field names a request's input error may name (else it is prefixed with the form's field).
+def _vision_ids(model) -> tuple[int, ...]:
+    """The token ids only a prompt with images may hold (the tower's config)."""
+    tower = model.model.visual
+    if tower is None:
+        return ()
+    c = tower.config
+    ids = (c.image_token_id, c.video_token_id, c.vision_start_token_id, c.vision_end_token_id)
+    return ids
+
+
 _INPUT_FIELDS = ("prompt", "messages", "cache_breakpoints", "tools", "max_model_len")
 
 

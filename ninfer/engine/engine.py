@@ -40,6 +40,7 @@ from ninfer.engine.admission import Admission
 from ninfer.engine.containment import Containment, failure_text
 from ninfer.engine.executor import warmup
 from ninfer.engine.executor.runner import Runner
+from ninfer.engine.images import media_items
 from ninfer.engine.inbox import Inbox
 from ninfer.engine.kv.lane import KVLane
 from ninfer.engine.kv.state import KVState, engine_cost_model
@@ -158,7 +159,7 @@ class Engine:
         if not self._thread.is_alive():
             raise RuntimeError("the engine is closed")
         reuse = job.error is None and self.prefix_reuse
-        job.blocks = prepare_prompt(job.prompt) if reuse else None
+        job.blocks = prepare_prompt(job.prompt, media_items(job)) if reuse else None
         job.t_submit = time.perf_counter()
         self._inbox.put("job", job)
 

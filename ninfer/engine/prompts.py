@@ -8,7 +8,9 @@ field; the caller decides whether that fails the call (one prompt) or one output
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from ninfer.engine.request import PromptHints
 
@@ -17,8 +19,9 @@ from ninfer.engine.request import PromptHints
 class PromptInput:
     token_ids: list[int]
     hints: PromptHints
-    # decoded RGB images, one per image placeholder in `token_ids`, in order (ninfer.vision)
-    images: tuple = ()
+    # its images (`engine.images.PromptImages`: pixels, spans, positions; `token_ids` holds
+    # each image's pad tokens), or None
+    images: Any = None
 
 
 def is_conversation(obj: object) -> bool:
@@ -63,14 +66,12 @@ def from_prompt(obj: object, tokenizer) -> PromptInput:
     return PromptInput(ids, PromptHints(explicit=sorted(set(breakpoints))))
 
 
-def validate(prompt: PromptInput, vocab_size: int, max_model_len: int) -> None:
-    """Raise ValueError naming the field when the prompt cannot be served."""
+def validate(
+    prompt: PromptInput, vocab_size: int, max_model_len: int, vision_ids: Collection[int] = ()
+) -> None:
+    """Raise ValueError naming the field when the prompt cannot be served. `vision_ids`: the
+    image pad / vision token ids, which only a prompt with images may hold."""
     ids = prompt.token_ids
-    if prompt.images:  # no path carries pixels into the model: refused, never answered blind
-        raise ValueError(
-            f"messages: {len(prompt.images)} images were decoded, but the engine does not feed "
-            "images to the model"
-        )
     if not ids:
         raise ValueError("prompt: empty prompt (0 tokens)")
     lo, hi = min(ids), max(ids)
@@ -79,6 +80,8 @@ def validate(prompt: PromptInput, vocab_size: int, max_model_len: int) -> None:
         raise ValueError(
             f"prompt_token_ids: token id {bad} is outside the vocabulary [0, {vocab_size})"
         )
+    if prompt.images is None and vision_ids and not set(vision_ids).isdisjoint(ids):
+        raise ValueError("prompt: holds image pad / vision tokens but carries no images")
     if len(ids) > max_model_len:
         raise ValueError(f"prompt: {len(ids)} tokens is longer than max_model_len={max_model_len}")
     n = len(ids)

@@ -75,6 +75,7 @@ class Request:
     blocks: Any = None  # ninfer.cache.keys.PromptBlocks of `tokens`, built by Engine.submit
     coalesced: bool = False  # waited at least once for a prefilling sibling (§12.2)
     grammar: Any = None  # ninfer.structured.Grammar: structured_outputs, thinking budget; or None
+    images: Any = None  # engine.images.PromptImages of a prompt with images, or None
     tokens: list[int] = field(default_factory=list)  # prompt + generated (set from `prompt`)
     detok: Any = None  # incremental detokenizer state (ninfer.detokenizer)
     generator: torch.Generator | None = None

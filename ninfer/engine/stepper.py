@@ -27,6 +27,7 @@ from ninfer.config import MemoryGeometry, Scheduling
 from ninfer.engine import faults, outputs
 from ninfer.engine.executor.runner import Launched, Row, Runner, StepResult
 from ninfer.engine.faults import StepFault
+from ninfer.engine.images import media_items
 from ninfer.engine.kv.lane import KVLane
 from ninfer.engine.kv.state import KVState
 from ninfer.engine.request import Request
@@ -109,6 +110,7 @@ class Stepper:
                     before_layer=self.kv_state.first_pass_hook(lane),
                     taps=tuple((p - s.start, phys) for p, phys in taps),
                     verify=verify,
+                    images=self._row_images(lane, s.start, s.end + len(drafts)),
                 )
             )
             runnable.append(s)
@@ -157,9 +159,16 @@ class Stepper:
             req = lane.request
             req.suspensions += 1
             if req.blocks is not None:
-                req.blocks = prepare_prompt(req.tokens)
+                req.blocks = prepare_prompt(req.tokens, media_items(req))
             reqs.append(req)
         self.roster.waiting.extendleft(reversed(reqs))
+
+    def _row_images(self, lane: KVLane, start: int, end: int):
+        """A row's image inputs (`engine.images.RowImages`) when its request has images."""
+        images = lane.request.images
+        if images is None:
+            return None
+        return images.row_inputs(start, end, self.runner.encode_image)
 
     def _decode_only(self, flight: InFlight, rows: list[Row]) -> bool:
         """Whether every row decodes one sampled token and the runner can run ahead of it."""
@@ -185,6 +194,8 @@ class Stepper:
         lanes = [s.lane for s in flight.slices]
         if len(lanes) != len(self.roster.lanes) or any(r.cancelled.is_set() for r in waiting):
             return False
+        if any(ln.request.images is not None for ln in lanes):
+            return False  # its rows carry 3-D positions: built by the plain step
         for lane in lanes:
             req = lane.request
             if req.cancelled.is_set() or req.finish_reason is not None:

@@ -1,24 +1,26 @@
-"""`LLM.render_chat` over a model that says it has a vision tower: image parts decoded, their
-pixels carried on the prompt in placeholder order, one `<|image_pad|>` per image checked.
-(The tower itself is not here: the model is the tiny text model, flagged.)"""
+"""`LLM.render_chat` over a model that says it has a vision tower: image parts decoded and
+processed, carried on the prompt in placeholder order, one `<|image_pad|>` per image checked.
+(The tower itself is not here: the model is the tiny text model, flagged; the engine's use
+of images is tests/vision/test_engine_images.py.)"""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from fixtures.tiny_tokenizer import build_tiny_bpe
-from media_helpers import data_url, encode, pattern, pixels
+from media_helpers import data_url, encode, pattern
 from PIL import Image
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
-from ninfer import LLM, SamplingParams
+from ninfer import LLM
 from ninfer.chat_template import ChatTemplate
 from ninfer.models.presets import build_random_model
 from ninfer.models.qwen3_5 import Qwen35ForCausalLM
 from ninfer.tokenizer import Tokenizer
+from ninfer.vision.preprocess import ImageProcessorConfig, process_image
 from tests.engine.engine_helpers import TINY
+from tests.models.vision_util import PREPROCESSOR
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -40,7 +42,9 @@ def seeing_llm(tmp_path_factory):
     model = build_random_model(TINY, torch.float32, "cpu", seed=1)
     model.__class__ = _FlaggedWithTower
     options = dict(device="cpu", max_concurrency=2, kv_capacity=4096, host_cache_mib=0)
-    with LLM.from_model(model, tokenizer=tok, chat_template=ChatTemplate(tok), **options) as llm:
+    pcfg = ImageProcessorConfig.from_dict(PREPROCESSOR)
+    template = ChatTemplate(tok)
+    with LLM.from_model(model, tok, template, image_processor=pcfg, **options) as llm:
         yield llm
 
 
@@ -59,9 +63,12 @@ def test_images_ride_on_the_prompt_in_placeholder_order(seeing_llm, tmp_path):
     chat = seeing_llm.render_chat(messages)
     assert chat.text.count(PLACEHOLDER) == 2
     pad = seeing_llm.tokenizer.token_to_id("<|image_pad|>")
-    assert chat.prompt.token_ids.count(pad) == 2
-    got = [pixels(i) for i in chat.prompt.images]
-    assert np.array_equal(got[0], pixels(first)) and np.array_equal(got[1], pixels(second))
+    images = chat.prompt.images
+    pcfg = ImageProcessorConfig.from_dict(PREPROCESSOR)
+    want = [process_image(im, pcfg) for im in (first, second)]
+    assert [p.digest for p in images.images] == [w.digest for w in want]
+    assert chat.prompt.token_ids.count(pad) == sum(w.num_tokens for w in want)
+    assert [s.num_tokens(2) for s in images.spans] == [w.num_tokens for w in want]
 
 
 def test_text_that_spells_the_placeholder_is_refused(seeing_llm):
@@ -71,7 +78,7 @@ def test_text_that_spells_the_placeholder_is_refused(seeing_llm):
 
 
 def test_text_only_prompts_carry_no_images(seeing_llm):
-    assert seeing_llm.render_chat([{"role": "user", "content": "hi"}]).prompt.images == ()
+    assert seeing_llm.render_chat([{"role": "user", "content": "hi"}]).prompt.images is None
 
 
 def test_a_broken_image_fails_alone_naming_its_part(seeing_llm):
@@ -82,24 +89,10 @@ def test_a_broken_image_fails_alone_naming_its_part(seeing_llm):
         seeing_llm.render_chat([{"role": "user", "content": [{"type": "video", "video": "v"}]}])
 
 
-def test_decoded_images_are_refused_by_an_engine_that_cannot_feed_them(seeing_llm):
-    """The flagged model is the text model: its engine has no input for pixels, so a prompt
-    carrying images fails alone instead of being answered as if there were none."""
-    image = [{"role": "user", "content": [{"image": pattern()}, "What is it?"]}]
-    plain = [{"role": "user", "content": "hi"}]
-    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
-    with pytest.raises(ValueError, match="1 images were decoded, but the engine does not feed"):
-        seeing_llm.chat(image, params)
-    refused, answered = seeing_llm.chat([image, plain], params)
-    assert refused.finish_reason == "error" and "does not feed images" in refused.error
-    assert answered.finish_reason == "length" and len(answered.token_ids) == 3
-    seeing_llm.check_idle()
-
-
 def test_a_server_renders_without_reading_files(seeing_llm, tmp_path):
     path = tmp_path / "a.png"
     path.write_bytes(encode(pattern(), "PNG"))
     messages = [{"role": "user", "content": [{"type": "image", "image": str(path)}]}]
-    assert len(seeing_llm.render_chat(messages).prompt.images) == 1
+    assert len(seeing_llm.render_chat(messages).prompt.images.images) == 1
     with pytest.raises(ValueError, match=r"^messages\[0\]\.content\[0\]: .*files are not read"):
         seeing_llm.render_chat(messages, local_files=False)

@@ -210,6 +210,7 @@ class DecodeGraphs(_Graphs):
                 and r.ctx_len > 0
                 and r.sample is not None
                 and r.before_layer is None
+                and r.images is None
                 and r.ctx_len // PAGE_SIZE < min(len(r.pages), self.max_pages)
                 for r in rows
             )
@@ -418,6 +419,7 @@ class PrefillGraphs(_Graphs):
             b is not None
             and b.graph is not None
             and r.before_layer is None
+            and r.images is None
             and not r.taps
             and n_pages <= min(len(r.pages), self.max_pages)
         )

@@ -28,11 +28,12 @@ import array
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from ninfer.engine.faults import is_fatal
-from ninfer.forward import ForwardBatch, ModelCache, StateTap, check_state_taps
+from ninfer.forward import Embeds, ForwardBatch, ModelCache, StateTap, check_state_taps
 from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 from ninfer.sampling import apply_token_mask
@@ -55,6 +56,9 @@ class Row:
     # a speculative verify row (`ninfer.engine.speculative`): logits of every token, not only
     # the last (`sample` set)
     verify: bool = False
+    # a row of a request with images (`engine.images.RowImages`): its tokens' (t, h, w)
+    # positions and image embeddings; the pass then runs eagerly
+    images: Any = None
 
 
 @dataclass(slots=True)
@@ -226,11 +230,38 @@ class Runner:
             logits_indices=lidx,
             before_layer=_join_hooks([r.before_layer for r in rows if r.before_layer]),
         )
+        if any(r.images is not None for r in rows):
+            self._add_images(batch, rows, cu.tolist())
         taps = tuple(StateTap(i, o, d) for i, r in enumerate(rows) for o, d in r.taps)
         if taps:
             check_state_taps(taps, q_lens, [r.slot for r in rows])
             batch.state_taps = taps
         return batch
+
+    @torch.no_grad()
+    def encode_image(self, pixel_values: torch.Tensor, grids: list) -> torch.Tensor:
+        """The vision tower's output [tokens, hidden] for whole images' `pixel_values`."""
+        tower = self.model.model.visual
+        dtype = next(tower.parameters()).dtype
+        return tower(pixel_values.to(self.device, dtype), grids)
+
+    def _add_images(self, batch: ForwardBatch, rows: list[Row], starts: list[int]) -> None:
+        """The pass's [3, T] positions (text rows t = h = w = their position) and the image
+        embeddings of the rows that carry them."""
+        parts, at, values = [], [], []
+        for r, start in zip(rows, starts, strict=False):
+            im = r.images
+            if im is None:
+                n = len(r.token_ids)
+                parts.append(torch.arange(r.ctx_len, r.ctx_len + n).expand(3, -1))
+                continue
+            parts.append(im.positions)
+            if im.rows is not None:
+                at.append(im.rows + start)
+                values.append(im.values)
+        batch.mrope_positions = torch.cat(parts, dim=1).to(self.device)
+        if at:
+            batch.embeds = Embeds(torch.cat(at).to(self.device), torch.cat(values))
 
     def forward(self, rows: list[Row], feed: Feed | None = None) -> torch.Tensor:
         """Logits [N, vocab] fp32 of the rows that sample: a graph replay for a pure-decode

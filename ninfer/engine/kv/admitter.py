@@ -178,8 +178,10 @@ class Admitter:
         fork = lane.cached_prefix_tokens
         if fork - lane.cached_tokens >= FORK_MIN_TOKENS and fork < lane.prompt_len:
             hints.append(TapHint(fork, HintKind.EXPLICIT))
+        blocks = lane.request.blocks
         taps = self.index.plan_taps(
-            lane.lane_id, lane.prompt_len, hints, resumed_from_endpoint=lane.resumed_endpoint
-        )
+            lane.lane_id, lane.prompt_len, hints, blocks.vision_spans if blocks else (),
+            resumed_from_endpoint=lane.resumed_endpoint,
+        )  # fmt: skip
         lane.taps = [(t.position, t.placement == Placement.EXACT) for t in taps]
         lane.boundary_taps = {t.position for t in taps if t.boundary}
