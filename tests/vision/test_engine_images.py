@@ -63,3 +63,74 @@ def test_image_tokens_without_images_are_refused(vl):
         vl.generate([1, 2, pad, 3], GREEDY)
     with pytest.raises(ValueError, match="^prompt: holds image pad / vision tokens"):
         vl.generate("look: <|vision_start|>", GREEDY)
+
+
+LONG = " ".join(f"word{i}" for i in range(90))  # some 3 blocks of text after the image
+
+
+def _span_starts(llm, messages) -> list[tuple[int, int]]:
+    images = llm.render_chat(messages).prompt.images
+    return [(s.start, s.end(images.merge)) for s in images.spans]
+
+
+def _not_inside(at: int, spans) -> bool:
+    return all(not lo < at < hi for lo, hi in spans)
+
+
+def test_same_image_hits_a_different_one_misses_past_its_start(checkpoint):
+    """Images of the same size give identical tokens: only the media key tells them apart."""
+    with LLM(str(checkpoint[0]), host_cache_mib=0, **OPTIONS) as llm:
+        a, b = _ask(_image(40, 40, 3), text=LONG), _ask(_image(40, 40, 4), text=LONG)
+        assert llm.render_chat(a).prompt.token_ids == llm.render_chat(b).prompt.token_ids
+        spans = _span_starts(llm, a)
+        cold = llm.chat(a, GREEDY)[0]
+        warm = llm.chat(a, GREEDY)[0]
+        other = llm.chat(b, GREEDY)[0]
+        assert cold.usage.cached_tokens == 0
+        assert warm.usage.cached_tokens > spans[0][1] and warm.token_ids == cold.token_ids
+        assert other.usage.cached_tokens <= spans[0][0]
+        assert other.usage.cached_prefix_tokens <= spans[0][0]
+        for out in (warm, other):
+            assert _not_inside(out.usage.cached_tokens, spans)
+        llm.check_idle()
+
+
+def test_a_cached_second_turn_equals_a_cold_one(checkpoint):
+    """The second turn resumes past the image in its history; its tokens equal a cold run's
+    (the cached run never re-encodes the image before its frontier, the cold one does)."""
+    first = _ask(_image(33, 71, 5), text=LONG)
+    with LLM(str(checkpoint[0]), host_cache_mib=0, **OPTIONS) as llm:
+        reply = llm.chat(first, GREEDY)[0]
+        turn = first + [
+            {"role": "assistant", "content": reply.text},
+            {"role": "user", "content": [_image_part(_image(64, 20, 6)), "And this one?"]},
+        ]
+        warm = llm.chat(turn, GREEDY)[0]
+        spans = _span_starts(llm, turn)
+    with LLM(str(checkpoint[0]), prefix_reuse=False, host_cache_mib=0, **OPTIONS) as cold_llm:
+        cold = cold_llm.chat(turn, GREEDY)[0]
+    assert warm.usage.cached_tokens > spans[0][1] and cold.usage.cached_tokens == 0
+    assert _not_inside(warm.usage.cached_tokens, spans)
+    assert warm.token_ids == cold.token_ids
+
+
+def _image_part(image) -> dict:
+    return {"image": image}
+
+
+def test_text_prompts_are_the_same_with_and_without_the_tower(checkpoint, tmp_path):
+    """A checkpoint without its processor config loads text-only: the same text prompts give
+    the same tokens and the same cache behaviour (keys without media)."""
+    import shutil
+
+    text_only = tmp_path / "text"
+    shutil.copytree(checkpoint[0], text_only)
+    (text_only / "preprocessor_config.json").unlink()
+    messages = [{"role": "user", "content": LONG}]
+    runs = []
+    for folder in (checkpoint[0], text_only):
+        with LLM(str(folder), host_cache_mib=0, **OPTIONS) as llm:
+            outs = [llm.chat(messages, GREEDY)[0] for _ in range(2)]
+            runs.append([(o.token_ids, o.usage.cached_tokens) for o in outs])
+            assert llm.supports_images == (folder == checkpoint[0])
+    assert runs[0] == runs[1] and runs[0][1][1] > 0

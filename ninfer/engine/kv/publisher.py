@@ -170,7 +170,7 @@ class Publisher:
         while (lane.committed_blocks + 1) * PAGE_SIZE <= lane.computed:
             b = lane.committed_blocks
             data = pack_tokens(lane.tokens[b * PAGE_SIZE : (b + 1) * PAGE_SIZE])
-            result = index.commit_block(lane.lane_id, b, data, lane.pages[b])
+            result = index.commit_block(lane.lane_id, b, data, lane.pages[b], _extra(lane, b))
             if result.kind != CommitKind.DUPLICATE:
                 lane.private[b] = False  # the node owns the page from now on
             if result.kind == CommitKind.INSERTED and (b + 1) * PAGE_SIZE <= lane.prompt_len:
@@ -318,3 +318,12 @@ class Publisher:
         lane.pages, lane.private = [], []
         self.budget.unreserve(lane)
         self.states.release(lane.slot)
+
+
+def _extra(lane: KVLane, b: int) -> int:
+    """Block b's media key (`cache.keys.media_block_extras`): 0 past the prompt's keyed blocks
+    (a later block inherits the images' identity through its parent)."""
+    blocks = lane.request.blocks
+    if blocks is None or b >= len(blocks.extras):
+        return 0
+    return blocks.extras[b]
