@@ -122,6 +122,8 @@ class Admission:
                     continue
                 if spans and any(sp.strictly_inside(f) for sp in spans):
                     continue  # never resume inside a Vision span (§6.1.3)
+                if spans and _tail_over_media(spans, start // 4, f):
+                    continue  # the tail's tokens are compared, not its media keys
                 cands.append((s, st))
         cands.sort(key=lambda c: -c[0].frontier)
         return path, cands, root_stats
@@ -212,3 +214,9 @@ def _unique(items: list[SourceCost | None]) -> list[SourceCost]:
         if o is not None and all(o is not p for p in out):
             out.append(o)
     return out
+
+
+def _tail_over_media(spans, begin: int, frontier: int) -> bool:
+    """Whether a snapshot tail [begin, frontier) overlaps a Vision span: its placeholder
+    tokens are the same for different media, and only whole blocks carry the media key."""
+    return any(sp.begin < frontier and begin < sp.end for sp in spans)

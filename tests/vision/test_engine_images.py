@@ -134,3 +134,24 @@ def test_text_prompts_are_the_same_with_and_without_the_tower(checkpoint, tmp_pa
             runs.append([(o.token_ids, o.usage.cached_tokens) for o in outs])
             assert llm.supports_images == (folder == checkpoint[0])
     assert runs[0] == runs[1] and runs[0][1][1] > 0
+
+
+def test_a_snapshot_tail_over_a_different_image_is_not_resumed(checkpoint):
+    """A short first turn (no full block) leaves its snapshot's tail over the image's pads:
+    the same conversation with another image of the same size must not resume from it."""
+    with LLM(str(checkpoint[0]), host_cache_mib=0, **OPTIONS) as llm:
+        first = llm.chat(_ask(_image(24, 24, 7), text="Hi"), GREEDY)[0]
+
+        def turn(seed):
+            history = _ask(_image(24, 24, seed), text="Hi")
+            return history + [
+                {"role": "assistant", "content": first.text},
+                {"role": "user", "content": LONG},
+            ]
+
+        other = llm.chat(turn(8), GREEDY)[0]
+        spans = _span_starts(llm, turn(8))
+    with LLM(str(checkpoint[0]), prefix_reuse=False, host_cache_mib=0, **OPTIONS) as cold_llm:
+        cold = cold_llm.chat(turn(8), GREEDY)[0]
+    assert other.usage.cached_tokens <= spans[0][0]
+    assert other.token_ids == cold.token_ids
