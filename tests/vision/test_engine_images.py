@@ -155,3 +155,20 @@ def test_a_snapshot_tail_over_a_different_image_is_not_resumed(checkpoint):
         cold = cold_llm.chat(turn(8), GREEDY)[0]
     assert other.usage.cached_tokens <= spans[0][0]
     assert other.token_ids == cold.token_ids
+
+
+@pytest.mark.parametrize("chunk", [16, 24])
+def test_chunked_prefill_splits_a_span_and_equals_transformers(checkpoint, chunk):
+    """Short chunks cut the image's pads: the text model sees them in pieces, the
+    tower the whole image (encoded once, kept for the later chunk)."""
+    text = " ".join(f"w{i}" for i in range(30))
+    messages = _ask(_image(40, 36, 9), text=text)
+    options = {**OPTIONS, "prefill_chunk": chunk, "solo_prefill_chunk": chunk}
+    with LLM(str(checkpoint[0]), prefix_reuse=False, host_cache_mib=0, **options) as llm:
+        spans = _span_starts(llm, messages)
+        assert any(lo < k * chunk < hi for lo, hi in spans for k in range(1, 4))
+        runner, encoded = llm.engine.runner, []
+        encode = runner.encode_image
+        runner.encode_image = lambda pixels, grids: encoded.append(grids) or encode(pixels, grids)
+        _check_against_hf(llm, checkpoint[1], messages)
+        assert len(encoded) == 1 and runner.split_steps == 0

@@ -75,8 +75,8 @@ def wait_for_sibling(
     `frontier`: what the cache serves the head now. Mutates the chosen sibling's planned taps
     (an exact Boundary tap at the target) when rule 3 applies.
     """
-    if timeout_s <= 0 or job.blocks is None:
-        return False
+    if timeout_s <= 0 or job.blocks is None or job.images is not None:
+        return False  # Vision prompts do not coalesce (their placeholders match any image)
     n = len(job.prompt)
     best: tuple[int, KVLane, _Target] | None = None
     for lane in lanes:
