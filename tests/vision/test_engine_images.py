@@ -171,4 +171,4 @@ def test_chunked_prefill_splits_a_span_and_equals_transformers(checkpoint, chunk
         encode = runner.encode_image
         runner.encode_image = lambda pixels, grids: encoded.append(grids) or encode(pixels, grids)
         _check_against_hf(llm, checkpoint[1], messages)
-        assert len(encoded) == 1 and runner.split_steps == 0
+        assert len(encoded) == 1
