@@ -115,6 +115,9 @@ class EngineOptions:
     host_cache_mib: int = _opt(
         8192, "Host (CPU memory) tier of the prefix cache in MiB; 0: Device tier only "
         "(default 8192)", metavar="MIB", kind=int, lo=0)  # fmt: skip
+    encoder_cache_mib: int = _opt(
+        256, "Device memory for the vision tower's outputs, kept by image across requests, in "
+        "MiB (default 256)", metavar="MIB", kind=int, lo=0)  # fmt: skip
     device_snapshot_slots: int | None = _opt(
         None, "recurrent-state snapshots kept on the Device (default: derived)", metavar="N",
         kind=int, lo=1)  # fmt: skip
@@ -278,6 +281,7 @@ class Scheduling:
     overlap_decode: bool
     seed: int
     check_invariants: bool
+    encoder_cache_bytes: int = 256 << 20  # the vision tower's outputs kept by image digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,6 +601,7 @@ def resolve(
         overlap_decode=bool(opts.overlap_decode) and spec.speculative is None,
         seed=int(opts.seed),
         check_invariants=bool(opts.check_invariants),
+        encoder_cache_bytes=int(opts.encoder_cache_mib) << 20,
     )
     cache = CachePolicy(
         prefix_reuse=bool(opts.prefix_reuse),

@@ -77,6 +77,8 @@ class CacheStats:
     prefill_tokens: int = 0  # prompt tokens run through prefill passes (not resumed ones)
     host_faults: int = 0  # Host copies / slab allocations that raised (entries Device-only)
     suspensions: int = 0  # requests suspended because the pool could not extend them (§9.5)
+    encoder_cache_hits: int = 0  # images whose vision tower output an earlier request left
+    encoder_cache_misses: int = 0  # images run through the vision tower
 
     def as_dict(self) -> dict[str, int | float]:
         return asdict(self)

@@ -16,6 +16,7 @@ an image never encodes it):
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -101,19 +102,52 @@ class PromptImages:
 
     def row_inputs(self, start: int, end: int, encode: Callable) -> RowImages:
         """The inputs of a pass over tokens [start, end): positions, and the embeddings of
-        the pad tokens inside it, each overlapping image encoded whole by `encode(pixel_values,
-        [grid])` once."""
+        the pad tokens inside it, each overlapping image encoded whole by `encode(processed
+        image)` once for the request."""
         rows, values = [], []
         for k, span in enumerate(self.spans):
             lo, hi = max(start, span.start), min(end, span.end(self.merge))
             if lo >= hi:
                 continue
             if k not in self.encoded:
-                p = self.images[k]
-                self.encoded[k] = encode(p.pixel_values, [p.grid])
+                self.encoded[k] = encode(self.images[k])
             rows.append(torch.arange(lo - start, hi - start))
             values.append(self.encoded[k][lo - span.start : hi - span.start])
         out = RowImages(self.row_positions(start, end))
         if rows:
             out.rows, out.values = torch.cat(rows), torch.cat(values)
         return out
+
+
+class EncoderCache:
+    """The vision tower's outputs by image digest, least recently used first out, within
+    `capacity` bytes (an output larger than that is not kept); hits and misses counted in
+    `counters` (`engine.kv.counters.EngineCounters`)."""
+
+    def __init__(self, capacity: int, counters) -> None:
+        self.capacity = capacity
+        self.counters = counters
+        self.used = 0
+        self._outputs: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+
+    def encode(self, image: ProcessedImage, tower: Callable) -> torch.Tensor:
+        """`tower(pixel_values, [grid])` of `image`, or the output kept for its digest."""
+        out = self._outputs.get(image.digest)
+        if out is not None:
+            self._outputs.move_to_end(image.digest)
+            self.counters.encoder_cache_hits += 1
+            return out
+        self.counters.encoder_cache_misses += 1
+        out = tower(image.pixel_values, [image.grid])
+        self._keep(image.digest, out)
+        return out
+
+    def _keep(self, digest: bytes, out: torch.Tensor) -> None:
+        size = out.numel() * out.element_size()
+        if size > self.capacity:
+            return
+        while self.used + size > self.capacity:
+            _, old = self._outputs.popitem(last=False)
+            self.used -= old.numel() * old.element_size()
+        self._outputs[digest] = out
+        self.used += size

@@ -27,7 +27,7 @@ from ninfer.config import MemoryGeometry, Scheduling
 from ninfer.engine import faults, outputs
 from ninfer.engine.executor.runner import Launched, Row, Runner, StepResult
 from ninfer.engine.faults import StepFault
-from ninfer.engine.images import media_items
+from ninfer.engine.images import EncoderCache, media_items
 from ninfer.engine.kv.lane import KVLane
 from ninfer.engine.kv.state import KVState
 from ninfer.engine.request import Request
@@ -73,6 +73,8 @@ class Stepper:
         self.speculator = speculator
         self.inflight: InFlight | None = None  # a decode step launched, tokens not yet read
         self.overlapped_steps = 0  # steps launched before the previous one's tokens were read
+        # the vision tower's outputs by image, across requests (`engine.images`)
+        self.encoder_cache = EncoderCache(scheduling.encoder_cache_bytes, kv_state.counters)
 
     def _launch(self, rows: list[Row], lanes: list[KVLane], feed=None, mask=None) -> Launched:
         """runner.launch (the speculator's with speculation on); a non-fatal fault becomes a
@@ -168,7 +170,8 @@ class Stepper:
         images = lane.request.images
         if images is None:
             return None
-        return images.row_inputs(start, end, self.runner.encode_image)
+        tower = self.runner.encode_image
+        return images.row_inputs(start, end, lambda im: self.encoder_cache.encode(im, tower))
 
     def _decode_only(self, flight: InFlight, rows: list[Row]) -> bool:
         """Whether every row decodes one sampled token and the runner can run ahead of it."""

@@ -172,3 +172,22 @@ def test_chunked_prefill_splits_a_span_and_equals_transformers(checkpoint, chunk
         runner.encode_image = lambda pixels, grids: encoded.append(grids) or encode(pixels, grids)
         _check_against_hf(llm, checkpoint[1], messages)
         assert len(encoded) == 1
+
+
+def test_the_encoder_cache_keeps_an_image_across_requests(checkpoint):
+    """The same image under another question: its prefix is recomputed from before the image
+    (the text differs after it), and the tower's output comes from the encoder cache."""
+    image = _image(30, 30, 10)
+    with LLM(str(checkpoint[0]), host_cache_mib=0, **OPTIONS) as llm:
+        first = llm.chat(_ask(image, text="One?"), GREEDY)[0]
+        st = llm.cache_stats()
+        assert (st.encoder_cache_hits, st.encoder_cache_misses) == (0, 1)
+        again = llm.chat(_ask(image, text="Two?"), GREEDY)[0]
+        st = llm.cache_stats()
+        assert (st.encoder_cache_hits, st.encoder_cache_misses) == (1, 1)
+        llm.chat(_ask(_image(30, 30, 11), text="Two?"), GREEDY)
+        assert llm.cache_stats().encoder_cache_misses == 2
+    with LLM(str(checkpoint[0]), prefix_reuse=False, encoder_cache_mib=0, **OPTIONS) as cold:
+        assert cold.chat(_ask(image, text="Two?"), GREEDY)[0].token_ids == again.token_ids
+        assert cold.chat(_ask(image, text="One?"), GREEDY)[0].token_ids == first.token_ids
+        assert cold.cache_stats().encoder_cache_hits == 0

@@ -15,3 +15,5 @@ class EngineCounters:
     prefill_tokens: int = 0  # tokens run through prefill passes
     host_faults: int = 0  # Host copies / slab allocations that raised (entries left Device-only)
     suspensions: int = 0  # lanes the pool could not extend, suspended to resume later (§9.5)
+    encoder_cache_hits: int = 0  # images whose tower output was kept from an earlier request
+    encoder_cache_misses: int = 0  # images run through the vision tower

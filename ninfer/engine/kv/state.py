@@ -400,6 +400,8 @@ class KVState:
         st.prefill_tokens = c.prefill_tokens
         st.host_faults = c.host_faults
         st.suspensions = c.suspensions
+        st.encoder_cache_hits = c.encoder_cache_hits
+        st.encoder_cache_misses = c.encoder_cache_misses
         st.prefetches = self.prefetcher.batches
         return st
 
