@@ -191,3 +191,22 @@ def test_the_encoder_cache_keeps_an_image_across_requests(checkpoint):
         assert cold.chat(_ask(image, text="Two?"), GREEDY)[0].token_ids == again.token_ids
         assert cold.chat(_ask(image, text="One?"), GREEDY)[0].token_ids == first.token_ids
         assert cold.cache_stats().encoder_cache_hits == 0
+
+
+def test_hints_move_past_the_images(vl):
+    """The template's message starts (and opener) are positions of the rendered prompt with
+    one pad per image: they land on the same tokens once the pads are expanded."""
+    image = _image(40, 24, 12)
+    messages = [
+        {"role": "system", "content": "You see."},
+        *_ask(image, text="First?"),
+        {"role": "assistant", "content": "A picture."},
+        {"role": "user", "content": "Second?"},
+    ]
+    chat = vl.render_chat(messages)
+    ids, hints = chat.prompt.token_ids, chat.prompt.hints
+    text = vl.render_chat(messages[:1] + messages[2:])
+    start = vl.tokenizer.token_to_id("<|im_start|>")
+    assert [ids[p] for p in hints.message_starts] == [start] * len(hints.message_starts)
+    assert len(hints.message_starts) == 4 and hints.opener is not None
+    assert ids[hints.opener :] == text.prompt.token_ids[text.prompt.hints.opener :]
