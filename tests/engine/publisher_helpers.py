@@ -26,7 +26,7 @@ class RecordingCache:
         self._slots = iter(range(4))
         self.duplicates: set[int] = set()
 
-    def commit_block(self, lane, b, data, page):
+    def commit_block(self, lane, b, data, page, extra=0):
         assert lane == LANE
         self.calls.append(("commit", b, page))
         return SimpleNamespace(kind=CommitKind.INSERTED)

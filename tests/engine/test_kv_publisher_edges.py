@@ -170,7 +170,7 @@ class _Cache:
 
         return checked
 
-    def commit_block(self, lane, b, data, page):
+    def commit_block(self, lane, b, data, page, extra=0):
         self.calls.append(("commit", b, page))
         return SimpleNamespace(kind=CommitKind.INSERTED)
 
