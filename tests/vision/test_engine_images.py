@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from ninfer import LLM, SamplingParams
@@ -210,3 +212,35 @@ def test_hints_move_past_the_images(vl):
     assert [ids[p] for p in hints.message_starts] == [start] * len(hints.message_starts)
     assert len(hints.message_starts) == 4 and hints.opener is not None
     assert ids[hints.opener :] == text.prompt.token_ids[text.prompt.hints.opener :]
+
+
+@pytest.fixture(scope="module")
+def cold(checkpoint):
+    with LLM(str(checkpoint[0]), prefix_reuse=False, encoder_cache_mib=0, **OPTIONS) as llm:
+        yield llm
+
+
+SIDES = st.integers(4, 80)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    images=st.lists(st.tuples(SIDES, SIDES, st.integers(0, 99)), min_size=1, max_size=2),
+    words=st.lists(st.integers(0, 70), min_size=3, max_size=3),
+)
+def test_cached_runs_equal_cold_ones(vl, cold, images, words):
+    """Random image sizes and places in the prompt: a run served from the cache (the same
+    prompt again, then another question after the same history) gives a cold run's tokens."""
+    parts = [" ".join(f"t{i}" for i in range(words[0]))]
+    for (w, h, seed), n in zip(images, words[1:], strict=False):
+        parts += [{"image": _image(w, h, seed)}, " ".join(f"u{i}" for i in range(n))]
+    history = [{"role": "user", "content": [p for p in parts if p]}]
+    follow = history + [
+        {"role": "assistant", "content": "Seen."},
+        {"role": "user", "content": "More?"},
+    ]
+    for messages in (history, history, follow):
+        warm = vl.chat(messages, GREEDY)[0]
+        spans = _span_starts(vl, messages)
+        assert _not_inside(warm.usage.cached_tokens, spans)
+        assert warm.token_ids == cold.chat(messages, GREEDY)[0].token_ids
