@@ -28,10 +28,13 @@ def _tokenizer(folder: Path) -> dict[str, int]:
 
 
 @torch.no_grad()
-def build_vl_checkpoint(folder: Path, seed: int = 0) -> Qwen3_5ForConditionalGeneration:
-    """Writes the checkpoint into `folder`; returns transformers' model of it."""
+def build_vl_checkpoint(
+    folder: Path, seed: int = 0, name: str = "section-3-3-2"
+) -> Qwen3_5ForConditionalGeneration:
+    """Writes the checkpoint (text config `TEXT[name]`) into `folder`; returns transformers'
+    model of it."""
     ids = _tokenizer(folder)
-    text = {**TEXT["section-3-3-2"], "vocab_size": ids["size"], "tie_word_embeddings": False}
+    text = {**TEXT[name], "vocab_size": ids["size"], "tie_word_embeddings": False}
     config = Qwen3_5Config(
         text_config=text, vision_config={**VISION, "out_hidden_size": text["hidden_size"]},
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
