@@ -225,6 +225,11 @@ class LLM:
         return self._tokenizer
 
     @property
+    def image_processor(self):
+        """The checkpoint's `ImageProcessorConfig` (None without a vision tower)."""
+        return self._image_processor
+
+    @property
     def supports_images(self) -> bool:
         """Whether the model takes image content parts (it has a vision tower); without one,
         every media part is refused with a ValueError naming it."""
