@@ -31,8 +31,11 @@ def _image(side: int, seed: int) -> Image.Image:
 
 
 def _turns(image: Image.Image) -> tuple[list[dict], list[dict]]:
-    """(the first turn, the second with the first and its reply in the history)."""
-    first = [{"role": "user", "content": [{"image": image}, "Describe the picture."]}]
+    """(the first turn, the second with the first and its reply in the history). The first
+    turn's text fills a few blocks past the image: a resume frontier needs whole blocks over
+    an image (a snapshot's tail never covers one)."""
+    ask = "Describe the picture: " + " ".join(f"detail {i}," for i in range(60))
+    first = [{"role": "user", "content": [{"image": image}, ask]}]
     second = first + [
         {"role": "assistant", "content": "A field of coloured noise."},
         {"role": "user", "content": "What colour dominates?"},
