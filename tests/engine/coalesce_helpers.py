@@ -16,6 +16,8 @@ CHUNKS_ONLY = CacheCostModel(0.0, 0.0, 0.01, 512, 1e9, 0.0)
 
 
 class _Blocks:
+    vision_spans = ()
+
     def __init__(self, hashes):
         self.hashes = hashes
 

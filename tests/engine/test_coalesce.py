@@ -110,6 +110,8 @@ def test_shared_new_prefix_is_prefilled_once(make_llm):
 
 
 class _Blocks:
+    vision_spans = ()
+
     def __init__(self, hashes):
         self.hashes = hashes
 

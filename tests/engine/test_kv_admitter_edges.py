@@ -70,7 +70,7 @@ class _Planner:
         self.taps = taps
         self.asked = []
 
-    def plan_taps(self, lane_id, n, hints, resumed_from_endpoint):
+    def plan_taps(self, lane_id, n, hints, vision_spans=(), resumed_from_endpoint=None):
         self.asked.append((lane_id, n, list(hints), resumed_from_endpoint))
         return self.taps
 
@@ -260,7 +260,7 @@ class _CachedIndex:
     def activate(self, lane_id):
         self.calls.append(("activate", lane_id))
 
-    def plan_taps(self, lane_id, n, hints, resumed_from_endpoint):
+    def plan_taps(self, lane_id, n, hints, vision_spans=(), resumed_from_endpoint=None):
         self.planned.append((lane_id, n, resumed_from_endpoint))
         return []
 
