@@ -439,19 +439,8 @@ class LLM:
         ids, prompt_images = list(r.token_ids), None
         if images:
             ids, prompt_images = self._expand_images(ids, images)
-        h = r.hints
         at = prompt_images.shift if prompt_images is not None else list
-        explicit = set(at(h.explicit))
-        if tools_breakpoint:
-            explicit.update(at(h.structural))
-        hints = forms.PromptHints(
-            explicit=sorted(explicit),
-            structural=at(h.structural),
-            opener=None if h.opener is None else at([h.opener])[0],
-            message_starts=at(h.message_starts),
-            output_after=h.output_after,
-            output_before=h.output_before,
-        )
+        hints = _chat_hints(r.hints, at, tools_breakpoint)
         return ChatPrompt(forms.PromptInput(ids, hints, prompt_images), r.text)
 
     def _expand_images(self, ids: list[int], images: list):
@@ -645,6 +634,23 @@ class _CallbackSink:
 
 
 # Field names a request's input error may name (else it is prefixed with the form's field).
+def _chat_hints(h, at: Callable, tools_breakpoint: bool) -> forms.PromptHints:
+    """The template's hints as the engine takes them: positions moved by `at` (past expanded
+    image pads), the end of the tools/system turn a client breakpoint with
+    `tools_breakpoint`."""
+    explicit = set(at(h.explicit))
+    if tools_breakpoint:
+        explicit.update(at(h.structural))
+    return forms.PromptHints(
+        explicit=sorted(explicit),
+        structural=at(h.structural),
+        opener=None if h.opener is None else at([h.opener])[0],
+        message_starts=at(h.message_starts),
+        output_after=h.output_after,
+        output_before=h.output_before,
+    )
+
+
 def _vision_ids(model) -> tuple[int, ...]:
     """The token ids only a prompt with images may hold (the tower's config)."""
     tower = model.model.visual

@@ -249,7 +249,7 @@ class Runner:
         """The pass's [3, T] positions (text rows t = h = w = their position) and the image
         embeddings of the rows that carry them."""
         parts, at, values = [], [], []
-        for r, start in zip(rows, starts, strict=False):
+        for r, start in zip(rows, starts[:-1], strict=True):
             im = r.images
             if im is None:
                 n = len(r.token_ids)
