@@ -31,6 +31,11 @@ an op set may only serve offsets that are multiples of its `tap_stride`.
     taps         |---- offset a ---->|              |
                  |---------- offset b ------------->|
     slot a holds the state after tokens [0, a) of the row, slot b after [0, b)
+
+Images (`mrope_positions`, `embeds`): Qwen3.5 rotates each token at three positions (t, h, w;
+interleaved mRoPE, `ninfer.vision.positions`). Text tokens have t = h = w, and so do all
+tokens after an image's last one (at their index plus the request's rope delta), so only a
+pass holding image tokens needs the 3-D positions; RoPE then ignores `positions`.
 """
 
 from __future__ import annotations
@@ -57,6 +62,11 @@ class ForwardBatch:
     # the first prefill pass wait there on the layer's copy event). None: nothing to wait for.
     before_layer: Callable[[int], None] | None = None
     state_taps: tuple[StateTap, ...] = ()  # see the module docstring
+    # A pass over image tokens (see the module docstring): the [3, T] int64 (t, h, w) rotary
+    # positions of every token, and the rows whose input embedding is an image's. None: text
+    # only, every token rotated at `positions` (t = h = w).
+    mrope_positions: torch.Tensor | None = None
+    embeds: Embeds | None = None
 
     @property
     def num_rows(self) -> int:
@@ -70,6 +80,14 @@ class ForwardBatch:
     def is_decode(self) -> bool:
         """True when every row is a one-token row continuing a cached context."""
         return all(q == 1 for q in self.q_lens) and all(c > 0 for c in self.ctx_lens)
+
+
+class Embeds(NamedTuple):
+    """Input embeddings that replace the token embeddings of some rows of a pass (a vision
+    tower's output at its image pad tokens)."""
+
+    rows: torch.Tensor  # [N] int64 flat token indices
+    values: torch.Tensor  # [N, hidden]
 
 
 class StateTap(NamedTuple):

@@ -41,6 +41,8 @@ class Qwen35Config:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10_000_000.0
     partial_rotary_factor: float = 0.25
+    # rotary frequencies per position axis (t, h, w) of the interleaved multimodal RoPE
+    mrope_section: tuple[int, ...] = (11, 11, 10)
     max_position_embeddings: int = 262_144
     tie_word_embeddings: bool = False
     eos_token_ids: tuple[int, ...] = ()
@@ -63,6 +65,18 @@ class Qwen35Config:
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def rope_axes(self) -> tuple[int, ...]:
+        """The position axis (0 t, 1 h, 2 w) that rotates each of the R/2 rotary frequencies
+        (interleaved mRoPE, as transformers' Qwen3.5): frequency i takes h when i % 3 == 1
+        and i < 3 * mrope_section[1], w when i % 3 == 2 and i < 3 * mrope_section[2], else t.
+        Text tokens have t = h = w, so for them this is plain 1-D RoPE."""
+        h, w = (3 * n for n in self.mrope_section[1:])
+        return tuple(
+            1 if i % 3 == 1 and i < h else 2 if i % 3 == 2 and i < w else 0
+            for i in range(self.rotary_dim // 2)
+        )
 
     @property
     def head_dims(self) -> HeadDims:
@@ -99,6 +113,7 @@ class Qwen35Config:
         d = asdict(self)
         d["layer_types"] = list(self.layer_types)
         d["eos_token_ids"] = list(self.eos_token_ids)
+        d["mrope_section"] = list(self.mrope_section)
         return d
 
     # ---- parsing --------------------------------------------------------------------------
@@ -108,7 +123,7 @@ class Qwen35Config:
         model_type = raw["model_type"]
         n_layers = _require(raw, "num_hidden_layers")
         layer_types = _layer_types(raw, n_layers)
-        theta, partial = _rope(raw)
+        theta, partial, mrope_section = _rope(raw)
         eos = raw.get("eos_token_id")
         eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
         eos_ids = tuple(_typed("eos_token_id", e, int) for e in eos_list)
@@ -144,6 +159,7 @@ class Qwen35Config:
             rms_norm_eps=_get(raw, "rms_norm_eps", 1e-6, float),
             rope_theta=theta,
             partial_rotary_factor=partial,
+            mrope_section=mrope_section,
             max_position_embeddings=_get(raw, "max_position_embeddings", 32768, int),
             tie_word_embeddings=_get(raw, "tie_word_embeddings", False, bool),
             eos_token_ids=eos_ids,
@@ -244,9 +260,10 @@ def _layer_types(raw: dict[str, Any], n_layers: int) -> list[str]:
     return layer_types
 
 
-def _rope(raw: dict[str, Any]) -> tuple[float, float]:
-    """(rope_theta, partial_rotary_factor): from `rope_parameters` (or `rope_scaling`), else
-    the top level; only the default rope type is supported."""
+def _rope(raw: dict[str, Any]) -> tuple[float, float, tuple[int, ...]]:
+    """(rope_theta, partial_rotary_factor, mrope_section): from `rope_parameters` (or
+    `rope_scaling`), else the top level; only the default rope type and the interleaved
+    multimodal layout are supported."""
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     if not isinstance(rope, dict):
         raise ValueError(f"config.json: 'rope_parameters' must be an object, got {rope!r}")
@@ -257,4 +274,9 @@ def _rope(raw: dict[str, Any]) -> tuple[float, float]:
     partial = _get(
         rope, "partial_rotary_factor", _get(raw, "partial_rotary_factor", 0.25, float), float
     )
-    return theta, partial
+    if not _get(rope, "mrope_interleaved", True, bool):
+        raise ValueError("config.json: mrope_interleaved false is not supported")
+    section = rope.get("mrope_section") or [11, 11, 10]
+    if not isinstance(section, list) or len(section) != 3:
+        raise ValueError(f"config.json: 'mrope_section' must be 3 integers, got {section!r}")
+    return theta, partial, tuple(_typed("mrope_section", n, int) for n in section)

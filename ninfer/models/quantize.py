@@ -5,7 +5,8 @@
 modules: each nn.Linear the scheme converts becomes an `Fp8Linear`, each MoE block's experts
 become FP8 when the scheme converts their per-expert projections. Never converted, whatever the
 scheme says: the MoE router (`mlp.gate`) and `shared_expert_gate`, which the routing ops read
-as plain weights (the releases keep them bf16), and an LM head tied to the embedding.
+as plain weights (the releases keep them bf16), an LM head tied to the embedding, and the
+vision tower (`model.visual`, bf16 in the FP8 releases too).
 `dequantize_` turns an FP8 model back into the dense model it stands for (the tests' oracle);
 `weight_bytes()` counts what a decode step reads. Knows nothing about files.
 """
@@ -22,6 +23,7 @@ from ninfer.models.quant import QuantScheme
 from ninfer.models.qwen3_5 import Experts, Qwen35ForCausalLM, SparseMoE
 
 _ROUTERS = ("gate", "shared_expert_gate")
+_TOWER = "model.visual."
 
 
 def fp8_targets(model: Qwen35ForCausalLM, scheme: QuantScheme) -> tuple[list[str], list[str]]:
@@ -33,7 +35,8 @@ def fp8_targets(model: Qwen35ForCausalLM, scheme: QuantScheme) -> tuple[list[str
     tied = model.config.tie_word_embeddings
     linears, experts = [], []
     for name, m in model.named_modules():
-        if isinstance(m, nn.Linear) and name not in routers and not (tied and name == "lm_head"):
+        kept = name in routers or (tied and name == "lm_head") or name.startswith(_TOWER)
+        if isinstance(m, nn.Linear) and not kept:
             if scheme.converts(name):
                 linears.append(name)
         elif isinstance(m, Experts):

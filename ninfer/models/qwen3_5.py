@@ -214,15 +214,19 @@ class GatedAttention(nn.Module):
         cache: ModelCache,
         ops: Ops,
         inv_freq: torch.Tensor,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`positions`: the rotary positions ([T], or [T, R/2] per frequency: multimodal RoPE,
+        `Qwen35ForCausalLM.rope_positions`); None: `batch.positions`."""
         cfg, t, hd = self.cfg, x.shape[0], self.cfg.head_dim
+        positions = batch.positions if positions is None else positions
         # Per head, q_proj rows are [q_h | gate_h] (interleaved, not all q then all gates).
         q, k, v = self._project(x, ops)
         q, gate = q.view(t, -1, 2 * hd).chunk(2, dim=-1)
         k, v = k.view(t, -1, hd), v.view(t, -1, hd)
         q, k = ops.qk_norm_rope(
-            q, k, self.q_norm.weight, self.k_norm.weight, cfg.rms_norm_eps, batch.positions,
-            inv_freq, cfg.rotary_dim,
+            q, k, self.q_norm.weight, self.k_norm.weight, cfg.rms_norm_eps, positions, inv_freq,
+            cfg.rotary_dim,
         )  # fmt: skip
         f = self.kv_index
         k_scale = cache.k_scale[f] if cache.k_scale is not None else None
@@ -363,13 +367,15 @@ class DecoderLayer(nn.Module):
         cache: ModelCache,
         ops: Ops,
         inv_freq: torch.Tensor,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual stream, the previous layer's MLP output not yet added to it) ->
-        (residual stream, this layer's MLP output). The add is fused into the next norm."""
+        (residual stream, this layer's MLP output). The add is fused into the next norm.
+        `positions`: as `GatedAttention.forward`'s."""
         norm = self.input_layernorm
         x, h = ops.add_rms_norm(x, delta, norm.weight, norm.eps)
         if self.is_full:
-            delta = self.self_attn(h, batch, cache, ops, inv_freq)
+            delta = self.self_attn(h, batch, cache, ops, inv_freq, positions)
         else:
             delta = self.linear_attn(h, batch, cache, ops)
         norm = self.post_attention_layernorm
@@ -378,7 +384,10 @@ class DecoderLayer(nn.Module):
 
 
 class TextModel(nn.Module):
-    """`model.*`: embed_tokens, layers, norm, and the rotary inv_freq buffer (not a weight)."""
+    """`model.*`: embed_tokens, layers, norm, the rotary buffers inv_freq and rope_axes (not
+    weights), and `visual`: the vision tower (`ninfer.models.vision.VisionModel`, set by
+    `ninfer.models.vision.add_vision_tower`, run by the caller: its output reaches the model
+    as `ForwardBatch.embeds`) or None."""
 
     def __init__(self, cfg: Qwen35Config, factory: dict) -> None:
         super().__init__()
@@ -389,6 +398,8 @@ class TextModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         # set by Qwen35ForCausalLM.init_buffers
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self.register_buffer("rope_axes", torch.empty(0, dtype=torch.int64), persistent=False)
+        self.visual: nn.Module | None = None
 
 
 class Qwen35ForCausalLM(nn.Module):
@@ -426,12 +437,29 @@ class Qwen35ForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def init_buffers(self) -> None:
-        """(Re)computes the non-persistent rotary inv_freq [R/2] fp32 on the embedding's device
-        (needed after building on the meta device)."""
+        """(Re)computes the non-persistent rotary buffers on the embedding's device (needed
+        after building on the meta device): inv_freq [R/2] fp32 and rope_axes [R/2] int64
+        (`Qwen35Config.rope_axes`)."""
         r = self.config.rotary_dim
         device = self.model.embed_tokens.weight.device
         exponents = torch.arange(0, r, 2, dtype=torch.float32, device=device) / r
         self.model.inv_freq = 1.0 / (self.config.rope_theta**exponents)
+        self.model.rope_axes = torch.tensor(self.config.rope_axes, device=device)
+
+    def rope_positions(self, batch: ForwardBatch) -> torch.Tensor:
+        """The rotary positions of the pass: `batch.positions` [T], or with
+        `batch.mrope_positions` [3, T] the position of each token and frequency [T, R/2]
+        (frequency i at axis rope_axes[i])."""
+        if batch.mrope_positions is None:
+            return batch.positions
+        return batch.mrope_positions[self.model.rope_axes].t()
+
+    def input_embeddings(self, batch: ForwardBatch) -> torch.Tensor:
+        """[T, H]: the token embeddings, `batch.embeds` replacing its rows."""
+        x = self.model.embed_tokens(batch.input_ids)
+        if batch.embeds is None:
+            return x
+        return x.index_copy(0, batch.embeds.rows, batch.embeds.values.to(x.dtype))
 
     @torch.no_grad()
     def fuse_projections(self) -> None:
@@ -443,11 +471,12 @@ class Qwen35ForCausalLM(nn.Module):
 
     def _layers(self, batch: ForwardBatch, cache: ModelCache, ops: Ops):
         """(residual stream, last MLP output) of every token after the last layer."""
-        x, delta = self.model.embed_tokens(batch.input_ids), None
+        x, delta = self.input_embeddings(batch), None
+        positions = self.rope_positions(batch)
         for i, layer in enumerate(self.model.layers):
             if batch.before_layer is not None:
                 batch.before_layer(i)
-            x, delta = layer(x, delta, batch, cache, ops, self.model.inv_freq)
+            x, delta = layer(x, delta, batch, cache, ops, self.model.inv_freq, positions)
         return x, delta
 
     @torch.no_grad()

@@ -3,8 +3,10 @@
 Accepts one `model.safetensors` or shards listed by `model.safetensors.index.json`; keys under
 `model.` (transformers' text models) or `model.language_model.` (the Hub's multimodal layout);
 MoE experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]) or per expert
-(`mlp.experts.{e}.{gate,up,down}_proj.weight`). The vision tower (`model.visual.*`) is skipped,
-and so is the MTP draft head (`mtp.*`) unless it is asked for (`mtp=True`: `model.mtp`).
+(`mlp.experts.{e}.{gate,up,down}_proj.weight`). The vision tower (`model.visual.*`) and the
+MTP draft head (`mtp.*`) are skipped unless asked for (`vision=True`, on a checkpoint whose
+config.json has a `vision_config`: `model.model.visual`, in `dtype`, never FP8; `mtp=True`:
+`model.mtp`).
 
 FP8 checkpoints (config.json's `quantization_config`, `ninfer.models.quant`): the modules the
 scheme converts are made FP8 before loading (`ninfer.models.quantize`) and take the e4m3
@@ -34,6 +36,7 @@ from ninfer.models.config import Qwen35Config
 from ninfer.models.quant import checkpoint_scheme, on_the_fly
 from ninfer.models.quantize import quantize_, to_fp8_layout
 from ninfer.models.qwen3_5 import Qwen35ForCausalLM
+from ninfer.models.vision import VisionConfig, add_vision_tower
 from ninfer.ops.fp8 import FP8_DTYPE
 
 logger = logging.getLogger("ninfer.models")
@@ -74,14 +77,16 @@ def load_model(
     device: str | torch.device = "cpu",
     quantization: str | None = None,
     mtp: bool = False,
+    vision: bool = False,
 ) -> Qwen35ForCausalLM:
     """Builds the model described by `path`/config.json and loads its weights in `dtype` on
     `device` (the config is `model.config`); FP8 weights stay FP8. `quantization` "fp8"
     quantises a dense checkpoint's linears at load (`ninfer.models.quant.on_the_fly`; an FP8
-    checkpoint loads as it is); `mtp`: its MTP draft head too. Raises ValueError naming any
-    missing, unexpected, mis-shaped or mistyped tensor, one holding NaN or infinite values, or
-    a malformed `quantization_config`; with `mtp`, naming `speculative` when the checkpoint has
-    no `mtp.*` tensor."""
+    checkpoint loads as it is); `mtp`: its MTP draft head too; `vision`: its vision tower too
+    (`model.model.visual`; a checkpoint without one loads text-only, `visual` None). Raises
+    ValueError naming any missing, unexpected, mis-shaped or mistyped tensor, one holding NaN
+    or infinite values, or a malformed `quantization_config` or `vision_config`; with `mtp`,
+    naming `speculative` when the checkpoint has no `mtp.*` tensor."""
     config = Qwen35Config.from_file(path)
     device = torch.device(device)
     scheme = checkpoint_scheme(path)
@@ -95,6 +100,9 @@ def load_model(
         add_mtp_head(model, dtype, "meta")
     if scheme is not None:
         to_fp8_layout(model, scheme)
+    vision_config = VisionConfig.from_file(path) if vision else None
+    if vision_config is not None:
+        add_vision_tower(model, vision_config, dtype, "meta")
     loader = _Loader(model, dtype, device, scheme.scale_name if scheme else SCALE)
     for file in checkpoint_files(path):
         try:
@@ -112,6 +120,8 @@ def load_model(
         )
     model.tie_weights()
     model.init_buffers()
+    if vision_config is not None:
+        model.model.visual.init_buffers()
     if on_the_fly_scheme is not None:
         quantize_(model, on_the_fly_scheme)
     return model.eval()
@@ -139,7 +149,9 @@ class _Loader:
 
     def add(self, key: str, source) -> None:
         """Places tensor `key` of `source` (an open safetensors file)."""
-        name = _canonical_name(key, self.scale_name, self.model.mtp is not None)
+        name = _canonical_name(
+            key, self.scale_name, self.model.mtp is not None, self.model.model.visual is not None
+        )
         if name is None:
             self.skipped += 1
             return
@@ -222,10 +234,14 @@ class _Loader:
             raise ValueError(f"missing tensors in the checkpoint: {missing[:5]}{more}")
 
 
-def _canonical_name(key: str, scale_name: str, mtp: bool = False) -> str | None:
+def _canonical_name(
+    key: str, scale_name: str, mtp: bool = False, vision: bool = False
+) -> str | None:
     """The model's parameter name for a checkpoint key (a weight's scale named `scale_name`
-    becomes SCALE), None for tensors to skip (`mtp`: the MTP head's are kept)."""
-    if key.startswith(SKIPPED_PREFIXES) and not (mtp and key.startswith("mtp.")):
+    becomes SCALE), None for tensors to skip (`mtp`: the MTP head's are kept; `vision`: the
+    tower's)."""
+    kept = (mtp and key.startswith("mtp.")) or (vision and key.startswith("model.visual."))
+    if key.startswith(SKIPPED_PREFIXES) and not kept:
         return None
     if key.endswith("." + scale_name):
         key = key.removesuffix(scale_name) + SCALE

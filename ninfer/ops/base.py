@@ -87,9 +87,11 @@ class Ops(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Partial NeoX RoPE on the first `rotary_dim` dims of each head (pairs (i, i + R/2)).
 
-        q [T, Hq, D], k [T, Hkv, D], positions [T] int64, inv_freq [R/2] fp32. cos/sin are
-        computed in fp32 and cast to the q dtype before use (as transformers does). Returns new
-        tensors (q, k) of the same shapes; dims >= rotary_dim pass through.
+        q [T, Hq, D], k [T, Hkv, D], positions [T] int64 (or [T, R/2]: a position per token
+        and frequency, frequency i rotating by positions[:, i] * inv_freq[i]; the multimodal
+        RoPE of passes over image tokens), inv_freq [R/2] fp32. cos/sin are computed in fp32
+        and cast to the q dtype before use (as transformers does). Returns new tensors (q, k) of
+        the same shapes; dims >= rotary_dim pass through.
         """
         ...
 
@@ -106,8 +108,8 @@ class Ops(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """An attention layer's q / k norms then RoPE: exactly
         `rope(rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps), positions, inv_freq,
-        rotary_dim)` (q, k [T, H, D], any token and head strides). A fast path may do both in
-        one kernel per tensor (rotation in fp32, rounded once)."""
+        rotary_dim)` (q, k [T, H, D], any token and head strides; positions as `rope`'s). A
+        fast path may do both in one kernel per tensor (rotation in fp32, rounded once)."""
         ...
 
     def attention(

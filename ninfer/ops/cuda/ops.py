@@ -196,9 +196,11 @@ class CudaOps(ReferenceOps):
         inv_freq: torch.Tensor,
         rotary_dim: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One Triton launch per tensor (`glue.norm_rope`), else the compiled norms and RoPE."""
+        """One Triton launch per tensor (`glue.norm_rope`, 1-D positions), else the compiled
+        norms and RoPE."""
         glue = self._glue
-        fits = self.plan.fast("qk_norm_rope") and glue.norm_rope_fits(q, rotary_dim)
+        fits = self.plan.fast("qk_norm_rope") and positions.dim() == 1
+        fits = fits and glue.norm_rope_fits(q, rotary_dim)
         if fits and glue.norm_rope_fits(k, rotary_dim):
             return (
                 glue.norm_rope(q, q_weight, eps, positions, inv_freq, rotary_dim),

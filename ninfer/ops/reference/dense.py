@@ -58,8 +58,10 @@ def gated_rms_norm_ref(
 def rope_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, R] for positions [T] and inv_freq [R/2] (fp32 math, cast to dtype)."""
-    freqs = positions.float()[:, None] * inv_freq.float()[None, :]
+    """cos, sin [T, R] for positions [T] and inv_freq [R/2] (fp32 math, cast to dtype);
+    positions [T, R/2]: a position per token and frequency (multimodal RoPE)."""
+    pos = positions.float() if positions.dim() == 2 else positions.float()[:, None]
+    freqs = pos * inv_freq.float()[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
