@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import json
 import logging
 import queue
 import threading
@@ -75,13 +76,23 @@ def _load(options: EngineOptions, device: str):
         if not (path / "config.json").is_file():
             raise ValueError(f"model: {str(path)!r} is not a checkpoint folder (no config.json)")
         config = Qwen35Config.from_file(path)
+        vision = _has_vision(path)
 
         def build(dtype):
-            return load_model(path, dtype, device, options.quantization, mtp=mtp)
+            return load_model(path, dtype, device, options.quantization, mtp=mtp, vision=vision)
 
     tokenizer = Tokenizer.from_dir(path)
     template = ChatTemplate(tokenizer) if tokenizer.chat_template is not None else None
     return config, tokenizer, template, build
+
+
+def _has_vision(path: Path) -> bool:
+    """Whether the checkpoint at `path` carries a vision tower to load: a `vision_config` in
+    its config.json and a `preprocessor_config.json` beside it."""
+    if not (path / "preprocessor_config.json").is_file():
+        return False
+    with open(path / "config.json", encoding="utf-8") as f:
+        return json.load(f).get("vision_config") is not None
 
 
 def _check_cache_file(options: EngineOptions) -> EngineOptions:

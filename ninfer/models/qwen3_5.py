@@ -427,8 +427,8 @@ class Qwen35ForCausalLM(nn.Module):
 
     @property
     def supports_images(self) -> bool:
-        """Whether image content parts can be served: this text model has no vision tower."""
-        return False
+        """Whether image content parts can be served: the model has a vision tower."""
+        return self.model.visual is not None
 
     def tie_weights(self) -> None:
         """Points lm_head at the embedding when the config ties them (call after replacing the
