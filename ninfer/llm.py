@@ -95,6 +95,13 @@ def _has_vision(path: Path) -> bool:
         return json.load(f).get("vision_config") is not None
 
 
+def _media_ids(model) -> frozenset[int]:
+    """The placeholder token ids of `model`'s vision tower (`VisionConfig`)."""
+    vc = model.model.visual.config
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return frozenset(getattr(vc, n) for n in names)
+
+
 def _check_cache_file(options: EngineOptions) -> EngineOptions:
     """`prefix_cache_file` made absolute; ValueError for a directory or a missing parent."""
     if options.prefix_cache_file is None:
@@ -163,6 +170,7 @@ class LLM:
 
         self._weights = weights_summary(model)
         self._supports_images = bool(getattr(model, "supports_images", False))
+        self._media_ids = _media_ids(model) if self._supports_images else frozenset()
 
         ops = select_ops(device, cfg.ops.compile, cfg.ops.op_choices)
         identity = identity or functools.partial(path_identity, cfg.model, cfg.quantization)
@@ -304,7 +312,8 @@ class LLM:
         return self._grammars.compile(spec, thinking_budget=budget)
 
     def _check_prompt(self, prompt: forms.PromptInput, field: str) -> None:
-        forms.validate(prompt, self._model_config.vocab_size, self._cfg.memory.max_model_len)
+        max_len = self._cfg.memory.max_model_len
+        forms.validate(prompt, self._model_config.vocab_size, max_len, self._media_ids)
         if prompt.token_ids and any(  # a tokenizer or template returned non-int ids
             isinstance(t, bool) or not isinstance(t, int) for t in prompt.token_ids
         ):

@@ -63,8 +63,15 @@ def from_prompt(obj: object, tokenizer) -> PromptInput:
     return PromptInput(ids, PromptHints(explicit=sorted(set(breakpoints))))
 
 
-def validate(prompt: PromptInput, vocab_size: int, max_model_len: int) -> None:
-    """Raise ValueError naming the field when the prompt cannot be served."""
+def validate(
+    prompt: PromptInput,
+    vocab_size: int,
+    max_model_len: int,
+    media_ids: frozenset[int] = frozenset(),
+) -> None:
+    """Raise ValueError naming the field when the prompt cannot be served. `media_ids`: the
+    vision tower's placeholder tokens (image / video pad, vision start / end), which a prompt
+    without images may not hold (the model would read a pad's embedding as a picture)."""
     ids = prompt.token_ids
     if prompt.images:  # no path carries pixels into the model: refused, never answered blind
         raise ValueError(
@@ -73,6 +80,8 @@ def validate(prompt: PromptInput, vocab_size: int, max_model_len: int) -> None:
         )
     if not ids:
         raise ValueError("prompt: empty prompt (0 tokens)")
+    if media_ids and not prompt.images:
+        _refuse_media_tokens(ids, media_ids)
     lo, hi = min(ids), max(ids)
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
@@ -85,3 +94,13 @@ def validate(prompt: PromptInput, vocab_size: int, max_model_len: int) -> None:
     bad_bp = [b for b in prompt.hints.explicit if not 0 < b <= n]
     if bad_bp:
         raise ValueError(f"cache_breakpoints: positions {bad_bp} are outside (0, {n}]")
+
+
+def _refuse_media_tokens(ids: list[int], media_ids: frozenset[int]) -> None:
+    """ValueError naming the first vision placeholder token of a prompt without images."""
+    for i, tok in enumerate(ids):
+        if tok in media_ids:
+            raise ValueError(
+                f"prompt_token_ids: token {i} (id {tok}) is a vision placeholder, but the prompt "
+                "carries no image"
+            )

@@ -14,7 +14,15 @@ from ninfer import LLM
 from ninfer.llm import _has_vision
 from ninfer.models.weights import load_model
 from ninfer.request import SamplingParams
-from tests.models.vision_util import TEXT_VOCAB, random_hf_vlm, save_checkpoint
+from tests.models.vision_util import (
+    END,
+    IMAGE,
+    START,
+    TEXT_VOCAB,
+    VIDEO,
+    random_hf_vlm,
+    save_checkpoint,
+)
 
 OPTS = dict(device="cpu", prefill_chunk=64, max_concurrency=2, kv_capacity=4096,
             host_cache_mib=8, check_invariants=True)  # fmt: skip
@@ -64,3 +72,24 @@ def test_text_only_prompts_served_the_same_with_and_without_the_tower(checkpoint
     assert tokens_v == tokens_t
     assert stats_v["reuse_tokens"] > 0
     assert stats_v == stats_t
+
+
+@pytest.mark.parametrize("token", [IMAGE, VIDEO, START, END])
+def test_vision_tokens_without_images_refused_naming_the_field(checkpoint, token):
+    """With a tower, token ids holding a vision placeholder but no image are refused naming
+    prompt_token_ids and the position; the text-only model serves them as before."""
+    ids = [5, 6, token, 7]
+    llm = LLM.from_model(load_model(checkpoint, dtype=torch.float32, vision=True), **OPTS)
+    try:
+        with pytest.raises(ValueError, match=r"prompt_token_ids: token 2 \(id"):
+            llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1))
+        ok = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=1))
+        assert len(ok[0].token_ids) == 1
+    finally:
+        llm.close()
+    text_only = LLM.from_model(load_model(checkpoint, dtype=torch.float32), **OPTS)
+    try:
+        out = text_only.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1))
+        assert len(out[0].token_ids) == 1
+    finally:
+        text_only.close()
