@@ -96,8 +96,11 @@ def _has_vision(path: Path) -> bool:
 
 
 def _media_ids(model) -> frozenset[int]:
-    """The placeholder token ids of `model`'s vision tower (`VisionConfig`)."""
-    vc = model.model.visual.config
+    """The placeholder token ids of `model`'s vision tower (`VisionConfig`; none without)."""
+    tower = getattr(model.model, "visual", None)
+    if tower is None:
+        return frozenset()
+    vc = tower.config
     names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     return frozenset(getattr(vc, n) for n in names)
 
