@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ninfer.cache.keys import MediaItem
 from ninfer.engine.request import PromptHints
+
+IMAGE_MODALITY = 0  # MediaItem.modality of an image
 
 
 @dataclass(slots=True)
@@ -104,3 +107,12 @@ def _refuse_media_tokens(ids: list[int], media_ids: frozenset[int]) -> None:
                 f"prompt_token_ids: token {i} (id {tok}) is a vision placeholder, but the prompt "
                 "carries no image"
             )
+
+
+def media_items(vision) -> list[MediaItem]:
+    """The cache's identity of each image of a `ninfer.vision.prompt.VisionPrompt`: the digest
+    of its resized pixels, its grid and where its pad tokens lie (design §5.1)."""
+    return [
+        MediaItem(image.digest, IMAGE_MODALITY, image.grid, start, length)
+        for image, (start, length) in zip(vision.images, vision.span_tokens(), strict=True)
+    ]

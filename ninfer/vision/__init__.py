@@ -11,6 +11,8 @@ tower's inputs and the positions of the image tokens in a prompt.
                     checkpoint's `preprocessor_config.json` says
     positions.py    the 3-D (t, h, w) rotary positions of a prompt with image spans, and the
                     rope delta of the tokens after it
+    prompt.py       a rendered prompt's images processed and its pads expanded: the spans and
+                    the rope delta (`VisionPrompt`)
 
 This package knows nothing about the model, the engine or the cache.
 """
