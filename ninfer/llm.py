@@ -176,7 +176,8 @@ class LLM:
         self._weights = weights_summary(model)
         self._image_processor = image_processor
         self._supports_images = image_processor is not None and model.supports_images
-        self._vision_ids = _vision_ids(model) if self._supports_images else ()
+        # a tower without a processor still reads a placeholder's row as a picture: refused
+        self._vision_ids = _vision_ids(model) if model.supports_images else ()
 
         ops = select_ops(device, cfg.ops.compile, cfg.ops.op_choices)
         identity = identity or functools.partial(path_identity, cfg.model, cfg.quantization)

@@ -80,11 +80,22 @@ def validate(
         raise ValueError(
             f"prompt_token_ids: token id {bad} is outside the vocabulary [0, {vocab_size})"
         )
-    if prompt.images is None and vision_ids and not set(vision_ids).isdisjoint(ids):
-        raise ValueError("prompt: holds image pad / vision tokens but carries no images")
+    if prompt.images is None and vision_ids:
+        _refuse_vision_tokens(ids, frozenset(vision_ids))
     if len(ids) > max_model_len:
         raise ValueError(f"prompt: {len(ids)} tokens is longer than max_model_len={max_model_len}")
     n = len(ids)
     bad_bp = [b for b in prompt.hints.explicit if not 0 < b <= n]
     if bad_bp:
         raise ValueError(f"cache_breakpoints: positions {bad_bp} are outside (0, {n}]")
+
+
+def _refuse_vision_tokens(ids: list[int], vision_ids: frozenset[int]) -> None:
+    """ValueError naming the first vision placeholder token of a prompt without images (the
+    model would read a pad's embedding as a picture)."""
+    for i, tok in enumerate(ids):
+        if tok in vision_ids:
+            raise ValueError(
+                f"prompt: token {i} (id {tok}) is a vision placeholder, but the prompt carries no "
+                "image"
+            )

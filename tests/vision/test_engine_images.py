@@ -59,11 +59,14 @@ def test_two_images_of_different_sizes_equal_transformers(vl, checkpoint):
     _check_against_hf(vl, checkpoint[1], messages)
 
 
+PLACEHOLDER = r"^prompt: token \d+ \(id \d+\) is a vision placeholder"
+
+
 def test_image_tokens_without_images_are_refused(vl):
     pad = vl.tokenizer.token_to_id("<|image_pad|>")
-    with pytest.raises(ValueError, match="^prompt: holds image pad / vision tokens"):
+    with pytest.raises(ValueError, match=PLACEHOLDER):
         vl.generate([1, 2, pad, 3], GREEDY)
-    with pytest.raises(ValueError, match="^prompt: holds image pad / vision tokens"):
+    with pytest.raises(ValueError, match=PLACEHOLDER):
         vl.generate("look: <|vision_start|>", GREEDY)
 
 
