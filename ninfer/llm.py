@@ -177,7 +177,7 @@ class LLM:
         self._image_processor = image_processor
         self._supports_images = image_processor is not None and model.supports_images
         # a tower without a processor still reads a placeholder's row as a picture: refused
-        self._vision_ids = _vision_ids(model) if model.supports_images else ()
+        self._vision_ids = _vision_ids(model) if getattr(model, "supports_images", False) else ()
 
         ops = select_ops(device, cfg.ops.compile, cfg.ops.op_choices)
         identity = identity or functools.partial(path_identity, cfg.model, cfg.quantization)
