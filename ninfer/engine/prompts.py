@@ -80,7 +80,7 @@ def validate(
         raise ValueError(
             f"prompt_token_ids: token id {bad} is outside the vocabulary [0, {vocab_size})"
         )
-    if prompt.images is None and vision_ids:
+    if prompt.images is None and vision_ids and not set(vision_ids).isdisjoint(ids):
         _refuse_vision_tokens(ids, frozenset(vision_ids))
     if len(ids) > max_model_len:
         raise ValueError(f"prompt: {len(ids)} tokens is longer than max_model_len={max_model_len}")

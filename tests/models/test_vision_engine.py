@@ -1,7 +1,7 @@
 """The engine over a checkpoint with a vision tower (issue 40): the tower loads where the
 checkpoint has a `vision_config` and a `preprocessor_config.json`, and a text-only prompt is
 served exactly as without a tower: the same tokens, the same block keys and the same cache
-behaviour (a tower must not change text prefix reuse; vLLM #43587). fp32, CPU."""
+behaviour (a tower must not change text prefix reuse). fp32, CPU."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_text_only_prompts_served_the_same_with_and_without_the_tower(checkpoint
 @pytest.mark.parametrize("token", [IMAGE, VIDEO, START, END])
 def test_vision_tokens_without_images_refused_naming_the_field(checkpoint, token):
     """With a tower, token ids holding a vision placeholder but no image are refused naming
-    prompt_token_ids and the position; the text-only model serves them as before."""
+    the prompt and the token's position; the text-only model serves them as before."""
     ids = [5, 6, token, 7]
     llm = LLM.from_model(load_model(checkpoint, dtype=torch.float32, vision=True), **OPTS)
     try:
