@@ -199,3 +199,31 @@ def test_write_through_and_restore_move_long_runs(make_llm):
 
 def _pairs(batch):
     return [(b.page, b.slab) for b in batch.blocks]
+
+
+def test_idle_check_lands_copies_still_in_flight(make_llm):
+    """A write-through the last step queued lands after the engine went idle (a GPU copy
+    still running when the loop polled): the idle check waits for it, it is not a leak."""
+    from ninfer.memory.transfer import Landed
+
+    llm = _host_llm(make_llm)
+    inner = llm.engine.kv_state.transfer.inner
+    landed_later, poll = [], inner.poll
+
+    def slow_poll() -> Landed:  # every copy is still running when the loop polls
+        landed_later.append(poll())
+        return Landed()
+
+    def drain() -> Landed:
+        done = Landed()
+        for got in [*landed_later, poll()]:
+            done.restores += got.restores
+            done.writes += got.writes
+        landed_later.clear()
+        return done
+
+    inner.poll, inner.drain = slow_poll, drain
+    run(llm, rand_tokens(random.Random(15), 300), 20)
+    assert any(got.writes for got in landed_later)  # the request's write-through is in flight
+    assert_idle(llm)
+    assert llm.cache_stats().nodes_host > 0
