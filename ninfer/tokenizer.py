@@ -139,9 +139,11 @@ class _HFBackend:
 class _SPBackend:
     """A sentencepiece model. Text is split on the control pieces and the added tokens of
     tokenizer_config.json first, so that each encodes as one id (sentencepiece never matches
-    control pieces in text; user-defined pieces it matches by itself)."""
+    control pieces in text; user-defined pieces it matches by itself). An added token whose id
+    in `added_tokens_decoder` lies past the model's pieces (`ids`) extends the vocabulary: it
+    encodes to that id and decodes to its text; ids between the pieces and it are empty."""
 
-    def __init__(self, path: Path, added: dict[str, bool]) -> None:
+    def __init__(self, path: Path, added: dict[str, bool], ids: dict[str, int]) -> None:
         import sentencepiece as spm
 
         self.sp = spm.SentencePieceProcessor(model_file=str(path))
@@ -152,6 +154,8 @@ class _SPBackend:
                 piece = self.sp.id_to_piece(i)
                 if piece:
                     self.atomic[piece] = i
+        self.extra: dict[int, str] = {i: t for t, i in ids.items() if i >= n}
+        self.atomic.update({t: i for i, t in self.extra.items()})
         for t in added:
             if t not in self.atomic and self.sp.piece_to_id(t) != self.sp.unk_id():
                 self.atomic[t] = self.sp.piece_to_id(t)
@@ -161,7 +165,8 @@ class _SPBackend:
         self.longest = len(alts[0]) if alts else 0
 
     def special_ids(self) -> set[int]:
-        return {i for i in self.atomic.values() if self.sp.is_control(i)}
+        n = self.sp.get_piece_size()
+        return {i for i in self.atomic.values() if i < n and self.sp.is_control(i)}
 
     def encode(self, text: str) -> list[int]:
         # sentencepiece releases the GIL while it encodes; the split on the atomic tokens
@@ -207,19 +212,17 @@ class _SPBackend:
         out: list[str] = []
         run: list[int] = []
         for t in ids:
-            if not 0 <= t < n:
-                continue
-            if self.sp.is_control(t):
+            if t in self.extra or (0 <= t < n and self.sp.is_control(t)):
                 out.append(self.sp.decode(run))
-                out.append(self.sp.id_to_piece(t))
+                out.append(self.id_to_token(t))
                 run = []
-            else:
+            elif 0 <= t < n:
                 run.append(t)
         out.append(self.sp.decode(run))
         return "".join(out)
 
     def vocab_size(self) -> int:
-        return self.sp.get_piece_size()
+        return max(self.sp.get_piece_size(), max(self.extra, default=-1) + 1)
 
     def token_to_id(self, token: str) -> int | None:
         if token in self.atomic:
@@ -228,7 +231,9 @@ class _SPBackend:
         return i if self.sp.id_to_piece(i) == token else None
 
     def id_to_token(self, token_id: int) -> str | None:
-        return self.sp.id_to_piece(token_id) if 0 <= token_id < self.vocab_size() else None
+        if token_id in self.extra:
+            return self.extra[token_id]
+        return self.sp.id_to_piece(token_id) if 0 <= token_id < self.sp.get_piece_size() else None
 
     def token_bytes(self) -> list[bytes]:
         sp = self.sp
@@ -240,6 +245,7 @@ class _SPBackend:
                 out.append(sp.id_to_piece(i).encode())
             else:
                 out.append(_sp_piece_bytes(sp.id_to_piece(i)))
+        out += [self.extra.get(i, "").encode() for i in range(len(out), self.vocab_size())]
         return out
 
 
@@ -315,7 +321,7 @@ class Tokenizer:
         if (path / "tokenizer.json").is_file():
             backend: _HFBackend | _SPBackend = _HFBackend(path / "tokenizer.json", added)
         elif (path / "tokenizer.model").is_file():
-            backend = _SPBackend(path / "tokenizer.model", added)
+            backend = _SPBackend(path / "tokenizer.model", added, _added_ids(tok_config))
         else:
             raise FileNotFoundError(f"no tokenizer.json or tokenizer.model in {path}")
         template: str | dict[str, str] | None = tok_config.get("chat_template")
@@ -391,4 +397,14 @@ def _added_tokens(tok_config: dict, only_special: bool) -> dict[str, bool]:
         special = bool(entry.get("special", False)) if isinstance(entry, dict) else False
         if text and (special or not only_special):
             out[text] = special
+    return out
+
+
+def _added_ids(tok_config: dict) -> dict[str, int]:
+    """{content: id} from tokenizer_config.json's `added_tokens_decoder` (keyed by id)."""
+    out: dict[str, int] = {}
+    for tid, entry in (tok_config.get("added_tokens_decoder") or {}).items():
+        text = _token_text(entry)
+        if text and str(tid).isdigit():
+            out[text] = int(tid)
     return out

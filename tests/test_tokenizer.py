@@ -128,3 +128,25 @@ def test_demo_assets():
     assert demo_weights_seed == 0
     total = sum(p.stat().st_size for p in DEMO_DIR.iterdir())
     assert total < 2 * 2**20
+
+
+def test_sentencepiece_added_tokens_past_its_pieces(tmp_path):
+    """Added tokens whose ids lie past the sentencepiece pieces extend the vocabulary: each
+    encodes to its id and decodes to its text; the ids between are empty, and a special one
+    is dropped by `skip_special_tokens`."""
+    config = json.loads((DEMO_DIR / "tokenizer_config.json").read_text())
+    n = Tokenizer.from_dir(DEMO_DIR).vocab_size
+    config["added_tokens_decoder"] |= {
+        str(n + 5): {"content": "<|far|>", "special": True},
+        str(n + 2): {"content": "<|near|>", "special": False},
+    }
+    shutil.copy(DEMO_DIR / "tokenizer.model", tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = Tokenizer.from_dir(tmp_path)
+    ids = tok.encode("a<|near|>b<|far|>")
+    assert ids[-1] == n + 5 and n + 2 in ids
+    assert tok.decode(ids) == "a<|near|>b<|far|>"
+    assert tok.decode(ids, skip_special_tokens=True) == "a<|near|>b"
+    assert tok.vocab_size == n + 6 and tok.id_to_token(n + 5) == "<|far|>"
+    assert tok.id_to_token(n + 3) is None and tok.decode([n + 3]) == ""
+    assert tok.token_bytes[n:] == (b"", b"", b"<|near|>", b"", b"", b"<|far|>")

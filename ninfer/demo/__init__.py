@@ -10,6 +10,9 @@ the engine builds the model from `demo_config()` and the seed.
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from pathlib import Path
 
 from ninfer.models.config import Qwen35Config
@@ -38,3 +41,30 @@ DEMO_MAX_TOKENS = 128  # its replies are noise: short ones keep a CPU chat quick
 def demo_config() -> Qwen35Config:
     """The demo model's configuration, read from `DEMO_DIR/config.json`."""
     return Qwen35Config.from_file(DEMO_DIR / "config.json")
+
+
+# Qwen3.5's vision tokens: their text and the config.json field that holds their id
+VISION_TOKENS = {
+    "<|vision_start|>": "vision_start_token_id",
+    "<|vision_end|>": "vision_end_token_id",
+    "<|image_pad|>": "image_token_id",
+    "<|video_pad|>": "video_token_id",
+}
+
+
+def demo_vision_tokenizer():
+    """The demo's tokenizer (`ninfer.tokenizer.Tokenizer`) with Qwen3.5's vision tokens added at
+    the released ids (`ninfer.models.vision.TOKEN_IDS`), past its own vocabulary: the chat
+    template's image placeholders then encode as they do with a vision checkpoint. The ids are
+    rows of any Qwen3.5-sized embedding (a preset's, not the demo model's)."""
+    from ninfer.models.vision import TOKEN_IDS
+    from ninfer.tokenizer import Tokenizer
+
+    config = json.loads((DEMO_DIR / "tokenizer_config.json").read_text(encoding="utf-8"))
+    added = config["added_tokens_decoder"]
+    for text, field in VISION_TOKENS.items():
+        added[str(TOKEN_IDS[field])] = {"content": text, "special": True}
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(DEMO_DIR / "tokenizer.model", tmp)
+        (Path(tmp) / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+        return Tokenizer.from_dir(tmp)

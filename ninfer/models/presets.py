@@ -1,9 +1,11 @@
 """Released Qwen3.5 shapes (no weights) and deterministic random initialisation.
 
 Shapes are from docs/reference qwen35.md §1. `tie_word_embeddings` is confirmed for 0.8B (tied)
-and 9B / 27B / 35B-A3B (untied); 2B and 4B are assumed tied like the small Qwen3 models. Random
-models exist for benchmarks and memory sizing: their outputs are finite and vary with the input,
-nothing more. Knows nothing about checkpoints on disk.
+and 9B / 27B / 35B-A3B (untied); 2B and 4B are assumed tied like the small Qwen3 models. The
+vision tower (`vision_preset`) and the image processor (`IMAGE_PROCESSOR`) are those of the
+released multimodal checkpoints' config.json and preprocessor_config.json. Random models exist
+for benchmarks and memory sizing: their outputs are finite and vary with the input, nothing
+more. Knows nothing about checkpoints on disk.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from ninfer.models.config import Qwen35Config
 from ninfer.models.quant import on_the_fly
 from ninfer.models.quantize import quantize_
 from ninfer.models.qwen3_5 import Qwen35ForCausalLM
+from ninfer.models.vision import VisionConfig, VisionModel, add_vision_tower
+from ninfer.vision.preprocess import ImageProcessorConfig
 
 _COMMON = dict(
     vocab_size=248_320,
@@ -62,6 +66,23 @@ PRESETS: dict[str, Qwen35Config] = {
     "27B": _preset(5120, 64, 24, 4, 48, tied=False, ffn=17408),
     "35B-A3B": _preset(2048, 40, 16, 2, 32, tied=False, moe=(256, 8, 512, 512)),
 }
+
+
+def vision_preset(out_hidden_size: int) -> VisionConfig:
+    """The released checkpoints' vision tower, emitting `out_hidden_size` (the text model's
+    hidden size) per merged token; the multimodal token ids are Qwen3.5's."""
+    return VisionConfig(
+        depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, patch_size=16,
+        temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=out_hidden_size,
+        num_position_embeddings=2304, hidden_act="gelu_pytorch_tanh",
+    )  # fmt: skip
+
+
+# the released preprocessor_config.json: size {shortest_edge, longest_edge} are pixel counts
+IMAGE_PROCESSOR = ImageProcessorConfig(
+    patch_size=16, temporal_patch_size=2, merge_size=2, min_pixels=65_536,
+    max_pixels=16_777_216, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5),
+)  # fmt: skip
 
 
 @torch.no_grad()
@@ -118,4 +139,39 @@ def build_random_model(
         p.requires_grad_(False)
     if scheme is not None:
         quantize_(model, scheme)
+    return model.eval()
+
+
+@torch.no_grad()
+def init_random_tower_(tower: VisionModel, seed: int) -> None:
+    """Overwrites every parameter of the tower in place, deterministically for a given seed and
+    device type: LayerNorm weights ~ 1 + N(0, 0.1), biases ~ N(0, 0.02), the position grid ~
+    N(0, 0.02), every other matrix ~ N(0, 1 / fan_in) (each layer keeps its input's scale, so
+    27 blocks stay finite in bf16)."""
+    for i, (name, p) in enumerate(tower.named_parameters()):
+        gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + i)
+        if "norm" in name and name.endswith("weight"):
+            p.normal_(1.0, 0.1, generator=gen)
+        elif p.dim() == 1 or name.startswith("pos_embed"):
+            p.normal_(0.0, 0.02, generator=gen)
+        else:
+            p.normal_(0.0, p[0].numel() ** -0.5, generator=gen)
+
+
+def build_random_vl_model(
+    config: Qwen35Config,
+    vision: VisionConfig,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    seed: int = 0,
+) -> Qwen35ForCausalLM:
+    """`build_random_model` with a random vision tower of shape `vision` as
+    `model.model.visual` (in `dtype`; `init_random_tower_` with the same seed)."""
+    model = build_random_model(config, dtype, device, seed)
+    tower = add_vision_tower(model, vision, dtype, "meta")
+    tower.to_empty(device=device)
+    tower.init_buffers()
+    init_random_tower_(tower, seed)
+    for p in tower.parameters():
+        p.requires_grad_(False)
     return model.eval()

@@ -1,12 +1,24 @@
-"""Released shapes and the deterministic random initialisation."""
+"""Released shapes (text models, the vision tower, the image processor) and the deterministic
+random initialisation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
+from PIL import Image
 
-from ninfer.models.presets import PRESETS, build_random_model
+from ninfer.models.presets import (
+    IMAGE_PROCESSOR,
+    PRESETS,
+    build_random_model,
+    build_random_vl_model,
+    vision_preset,
+)
 from ninfer.models.qwen3_5 import Qwen35ForCausalLM
+from ninfer.models.vision import VisionModel
+from ninfer.vision.preprocess import process_image
 from tests.models.util import Row, make_batch, make_cache, narrow
 
 # text-model parameters (the released names also count the vision tower)
@@ -51,3 +63,41 @@ def test_random_model_bf16_outputs_are_finite_and_vary(ref_ops, name):
     assert logits.std(dim=-1).min() > 0.1  # not flat
     assert (logits[1] - logits[2]).abs().max() > 1e-2  # the last token matters
     assert not torch.equal(logits[0], logits[1])
+
+
+def test_vision_preset_is_the_released_tower():
+    """Its parameters are transformers' `Qwen3_5VisionModel`'s at the 9B's width; the processor
+    tiles 32-pixel blocks (a 1024 x 1024 image: 1024 tokens)."""
+    from transformers import Qwen3_5VisionConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+
+    cfg = vision_preset(PRESETS["9B"].hidden_size)
+    fields = ("depth", "hidden_size", "num_heads", "intermediate_size", "patch_size")
+    fields += ("temporal_patch_size", "spatial_merge_size", "num_position_embeddings")
+    with torch.device("meta"):
+        ours = VisionModel(cfg)
+        hf = Qwen3_5VisionModel(
+            Qwen3_5VisionConfig(**{k: getattr(cfg, k) for k in fields}, out_hidden_size=4096)
+        )
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
+    assert (cfg.image_token_id, cfg.vision_start_token_id) == (248056, 248053)
+    assert IMAGE_PROCESSOR.factor == cfg.patch_size * cfg.spatial_merge_size == 32
+    assert process_image(Image.new("RGB", (1024, 1024)), IMAGE_PROCESSOR).num_tokens == 1024
+
+
+def test_random_tower_is_deterministic_and_finite_at_full_depth():
+    """27 blocks at a narrow width in bf16: finite, not flat, varying with the image; LayerNorm
+    weights near 1; the same seed gives the same tower."""
+    text = narrow(PRESETS["9B"], layers=4)
+    tower = replace(vision_preset(text.hidden_size), hidden_size=64, num_heads=4,
+                    intermediate_size=128)  # fmt: skip
+    a = build_random_vl_model(text, tower, torch.bfloat16, "cpu", seed=2).model.visual
+    b = build_random_vl_model(text, tower, torch.bfloat16, "cpu", seed=2).model.visual
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb) and not pa.requires_grad, name
+    assert a.blocks[26].norm1.weight.float().mean().item() == pytest.approx(1.0, abs=0.05)
+    g = torch.Generator().manual_seed(0)
+    pixels = torch.rand(2 * 64, tower.patch_dim, generator=g) * 2 - 1
+    out = a(pixels, [(1, 8, 8), (1, 8, 8)])
+    assert out.shape == (32, text.hidden_size) and out.isfinite().all()
+    assert out.float().std() > 0.1 and not torch.equal(out[:16], out[16:])
