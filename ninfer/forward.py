@@ -25,7 +25,7 @@ Snapshots inside the pass (`state_taps`): each `StateTap` asks the GDN layers to
 conv and recurrent state after its first `offset` tokens into another slot, without splitting
 the row; attention, the dense parts and the pages never see them. Several taps per row, in
 several rows, may share a pass. The ops honour them (`ninfer.ops.base.Ops.causal_conv`, `gdn`);
-an op set may only serve offsets that are multiples of its `tap_stride`.
+an op set serves offsets of at least its `tap_stride`.
 
     row r        |<------------------ q_lens[r] tokens ------------------>|
     taps         |---- offset a ---->|              |

@@ -13,7 +13,8 @@ Chunk ends, for a lane at frontier s with prompt length n (planned exact tap e_x
 
     s                 e_x            s + budget          n
     |-----------------|- - - - - - - - -|- - - - - - - - -|
-    end = min(n, s + budget), cut at the first exact tap e_x in (s, end),
+    end = min(n, s + budget), cut at the first exact tap e_x in (s, end) that the pass cannot
+    take inside itself (`InPass.takes`),
     otherwise floored to a 64-token page boundary when that is still > s (and end < n), so that
     after a non-aligned resume every later chunk boundary is page-aligned and flexible taps,
     which land on chunk boundaries, are aligned too.
@@ -28,7 +29,11 @@ Snapshots inside a pass (`InPass.allows`; `forward.StateTap`): a row longer than
 CUDA-graph bucket (such a pass runs eagerly anyway) whose start lies on the op set's tap grid
 takes its flexible taps strictly inside it at their own positions, in the pass, without a
 split, and the tail snapshot at c (`Slice.in_pass`, `Slice.tail_at`; `Publisher.before_chunk`
-reserves the slots). Any rows of a step may. A final chunk that cannot is cut at c.
+reserves the slots). Any rows of a step may. A final chunk that cannot is cut at c. Such a
+row takes its exact taps inside the pass too, each at its own position, where the op set
+serves the offset (at least `Ops.tap_stride` from the row's start): a cold prompt then runs
+as one pass however many exact taps it holds (the end of its last user message, before the
+generation opener, is one).
 """
 
 from __future__ import annotations
@@ -51,6 +56,11 @@ class InPass:
     def allows(self, start: int, end: int) -> bool:
         return end - start > self.above and start % self.stride == 0
 
+    def takes(self, start: int, end: int, pos: int) -> bool:
+        """Whether a row [start, end) that `allows` takes an exact tap at `pos` inside its
+        pass: the op set serves any offset of at least its stride (`Ops.tap_stride`)."""
+        return self.allows(start, end) and pos - start >= self.stride
+
 
 @dataclass(slots=True)
 class Slice:
@@ -69,13 +79,17 @@ class Slice:
         return self.end == len(self.lane.tokens)
 
 
-def chunk_end(lane: KVLane, budget: int, final_cap: int | None = None) -> int:
+def chunk_end(
+    lane: KVLane, budget: int, final_cap: int | None = None, in_pass: InPass | None = None
+) -> int:
     """End of the next prefill chunk of `lane` with `budget` tokens available (see above),
-    cut at `final_tap` when the final chunk would exceed `final_cap`."""
+    cut at `final_tap` when the final chunk would exceed `final_cap`. With `in_pass`, the chunk
+    is planned as a row snapshotting inside its pass: not cut at the exact taps that such a
+    row takes (the caller checks that the row does)."""
     s, n = lane.computed, lane.prompt_len
     end = min(n, s + budget)
     for pos, exact in lane.taps:
-        if exact and s < pos < end:
+        if exact and s < pos < end and not (in_pass and in_pass.takes(s, end, pos)):
             return pos
     if end < n:
         aligned = end - end % PAGE_SIZE
@@ -119,7 +133,7 @@ def plan_step(
     for lane in lanes:
         if lane.prefilling and budget > 0:
             s = lane.computed
-            end = chunk_end(lane, budget)
+            end = chunk_end(lane, budget, in_pass=in_pass)
             inside = in_pass is not None and in_pass.allows(s, end)
             if not inside:
                 end = chunk_end(lane, budget, prefill_chunk)

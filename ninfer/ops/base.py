@@ -15,7 +15,7 @@ the call.
 In-pass snapshots (`batch.state_taps`, `ninfer.forward.StateTap`): `causal_conv` writes each
 tap's conv state and `gdn` its recurrent state (so `gated_delta` and `conv_gated_delta` both)
 into the tap's slot: the state a pass ending after the row's first `offset` tokens would leave
-in the row's slot. An op set serves offsets that are multiples of its `tap_stride`.
+in the row's slot. An op set serves any offset of at least its `tap_stride`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from ninfer.ops.fp8 import Fp8Weight
 
 class Ops(Protocol):
     name: str
-    # `batch.state_taps` offsets this op set serves: multiples of it (1: any offset)
+    # `batch.state_taps` offsets this op set serves: any offset of at least it (1: any offset);
+    # the grid of snapshot positions it serves cheapest
     tap_stride: int
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from ninfer.engine import engine as loop
 from ninfer.request import SamplingParams
@@ -107,3 +109,47 @@ def test_decoding_lanes_keep_the_short_budget(make_llm, monkeypatch):
     mixed = [s for s in sizes if len(s) > 1]  # steps with decode rows and a prefill chunk
     assert mixed and all(max(s) <= 64 for s in mixed), sizes
     assert sizes[0] == [300], sizes  # the lone first prompt: one pass, its tail tapped inside
+
+
+def _chat(rng: random.Random, turns: int, words: int) -> list[dict]:
+    vocab = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "zeta", "theta", "rho"]
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(vocab) + str(rng.randrange(100)) for _ in range(n))
+
+    conv = [{"role": "system", "content": text(words)}]
+    for _ in range(turns):
+        conv.append({"role": "user", "content": text(rng.randrange(5, words))})
+        conv.append({"role": "assistant", "content": text(rng.randrange(3, 40))})
+    conv.append({"role": "user", "content": text(rng.randrange(5, words))})
+    return conv
+
+
+@given(seed=st.integers(0, 2**16), turns=st.integers(0, 2), words=st.integers(20, 160))
+@settings(
+    max_examples=5,
+    deadline=None,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),  # engine runs per example
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+def test_a_cold_chat_prompt_takes_its_exact_taps_inside_one_pass(
+    make_llm, monkeypatch, seed, turns, words
+):
+    """A lone cold chat prompt runs as one pass with the cache on, as with it off: its exact
+    taps (message boundaries, the end of the last user message before the generation opener)
+    are taken inside the pass, off the page grid, their partial blocks copied after it. A
+    re-rendered follow-up that drops the reply resumes at such a tap and gives the tokens of
+    a cold run."""
+    conv = _chat(random.Random(seed), turns, words)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    cold = make_llm(prefix_reuse=False, solo_prefill_chunk=4096)
+    llm = make_llm(solo_prefill_chunk=4096)
+    steps = _spy_steps(monkeypatch)
+    first = llm.chat([conv], params)[0]
+    passes = [s for step in steps for s in step if s[1] - s[0] > 1]
+    assert passes == [(0, first.usage.prompt_tokens, True)], passes
+    assert first.token_ids == cold.chat([conv], params)[0].token_ids
+    follow = [*conv, {"role": "user", "content": "and then?"}]  # the reply dropped
+    hot, want = llm.chat([follow], params)[0], cold.chat([follow], params)[0]
+    assert hot.token_ids == want.token_ids
+    assert hot.usage.cached_tokens > 0

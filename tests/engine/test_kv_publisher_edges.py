@@ -71,15 +71,17 @@ def test_in_pass_tap_reserves_a_tap_slot_and_records_the_pending_tap():
 
 
 def test_every_in_pass_tap_of_a_chunk_is_reserved_in_order():
-    """Rungs inside one long pass: one snapshot each, at its own position, deepest last."""
+    """Rungs inside one long pass: one snapshot each, at its own position, deepest last; an
+    exact tap inside it too (the scheduler cut the chunk at any the pass could not take)."""
     pub, index, _ = _publisher(SlotGrant(1, None, False, []))
     taps = [(1024, False), (576, False), (640, True), (2048, False), (3008, False)]
     lane = _lane(3000 + 64, taps, 512)
-    assert pub.before_chunk(lane, 512, 3008, in_pass=True) == [(576, 11), (1024, 11), (2048, 11)]
-    assert [a[1] for a in index.asked] == [576, 1024, 2048]
-    assert [t.frontier for t in lane.pending] == [576, 1024, 2048]
+    got = pub.before_chunk(lane, 512, 3008, in_pass=True)
+    assert got == [(576, 11), (640, 11), (1024, 11), (2048, 11)]
+    assert [a[1] for a in index.asked] == [576, 640, 1024, 2048]
+    assert [t.frontier for t in lane.pending] == [576, 640, 1024, 2048]
     assert lane.last_snapshot == 2048
-    assert lane.taps == [(640, True), (3008, False)]  # exact, and at the chunk's end
+    assert lane.taps == [(3008, False)]  # at the chunk's end
 
 
 @pytest.mark.parametrize("last", [640, 641, 700])

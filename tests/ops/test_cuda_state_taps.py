@@ -1,6 +1,7 @@
 """GPU tests: state taps (`forward.StateTap`) in `CudaOps`: one prefill pass over rows with taps
-on their 64-token chunk grid (several per row, fresh rows and rows continuing a cached state)
-leaves in each tap's slot, within the model dtype's rounding, the state that passes split at
+on their 64-token chunk grid, or off it (the chunk's state advanced over the rest: a prompt's
+exact taps), several per row, fresh rows and rows continuing a cached state, leaves in each
+tap's slot, within the model dtype's rounding, the state that passes split at
 the taps leave (the recurrent state is read from fla's chunk states, in k's dtype), computes
 what the split passes compute, and leaves the rows' own states as a pass without taps does.
 Skipped without CUDA or without flashinfer / fla / triton."""
@@ -25,6 +26,10 @@ from ninfer.ops.cuda import CudaOps  # noqa: E402
 ROWS = [(0, 300), (70, 200), (0, 1000), (128, 65)]
 TAPS = [StateTap(0, 64, 4), StateTap(0, 256, 5), StateTap(1, 128, 6), StateTap(2, 512, 7),
         StateTap(2, 960, 8), StateTap(3, 64, 9)]  # fmt: skip
+# off the grid (1 and 63 tokens into a chunk, two in one chunk of a row), beside grid taps
+OFF_GRID = [StateTap(0, 100, 4), StateTap(0, 299, 5), StateTap(1, 129, 6), StateTap(2, 511, 7),
+            StateTap(2, 577, 8), StateTap(2, 600, 10), StateTap(3, 64, 9)]  # fmt: skip
+TAP_SETS = {"grid": TAPS, "off-grid": OFF_GRID}
 TOL = {torch.float32: 2e-3, torch.bfloat16: 3e-2}
 
 
@@ -36,11 +41,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("dims", [(2, 4, 128, 128), (2, 4, 32, 32)], ids=["qkv", "composed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_taps_match_passes_split_at_them(dtype, dims):
+@pytest.mark.parametrize("tap_set", list(TAP_SETS))
+def test_taps_match_passes_split_at_them(dtype, dims, tap_set):
     """dk = 128: the model's path (`conv.causal_conv_qkv`, then `gdn.gdn_prefill`); dk = 32:
     the composition of `causal_conv` and `gdn` (channels the conv cannot split by head)."""
     ops = CudaOps("cuda")
-    layer = Layer(ROWS, len(TAPS), seed=3, device="cuda", dtype=dtype, dims=dims)
+    TAPS = TAP_SETS[tap_set]  # noqa: N806
+    layer = Layer(ROWS, 7, seed=3, device="cuda", dtype=dtype, dims=dims)
     out, conv, ssm = layer.tapped(ops, TAPS)
     ref_out, ref_conv, ref_ssm = layer.split(ops, TAPS)
     plain_out, plain_conv, plain_ssm = layer.tapped(ops, [])
@@ -59,8 +66,9 @@ def test_taps_match_passes_split_at_them(dtype, dims):
         assert rel_err(ssm[t.slot], ref_ssm2[t.slot]) < tol, t
 
 
-def test_a_tap_off_the_chunk_grid_is_refused():
+def test_a_tap_within_the_first_chunk_is_refused():
+    """Its conv state would reach back before the row (the scheduler never asks for one)."""
     ops = CudaOps("cuda")
     layer = Layer(ROWS, 1, seed=0, device="cuda", dtype=torch.bfloat16, dims=(2, 4, 128, 128))
-    with pytest.raises(ValueError, match="multiple of 64"):
-        layer.tapped(ops, [StateTap(0, 100, 4)])
+    with pytest.raises(ValueError, match="below 64"):
+        layer.tapped(ops, [StateTap(0, 40, 4)])

@@ -36,6 +36,9 @@ class PendingTap:
     snap_slot: int  # logical snapshot slot holding the image
     kind: int  # SnapshotKind: TAP, BOUNDARY, PROMPT_END or OUTPUT
     tail_page: int | None = None  # cache-owned copy of the partial block (frontier % 64 != 0)
+    # an in-pass tap off a page boundary: its tail page is filled once the pass has written
+    # the block (`Publisher.after_advance`); not publishable before
+    tail_due: bool = False
 
 
 @dataclass(slots=True)

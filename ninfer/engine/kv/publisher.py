@@ -2,7 +2,9 @@
 
 Tap realization against chunk boundaries (s = chunk start, e = chunk end, n = prompt length):
 
-    exact tap p        the scheduler cut the chunk at p, so e == p: capture at e
+    exact tap p        the scheduler cut the chunk at p, so e == p: capture at e; in a chunk
+                       that snapshots inside its pass, s < p < e: at p, in the pass (the
+                       partial block's tail page is copied after the pass)
     flexible tap p     s < p < e in a chunk that snapshots inside its pass (`Slice.in_pass`):
                        at p, in the pass (the GDN layers write the state there into the slot
                        reserved here: `forward.StateTap`), one snapshot per position; in the
@@ -73,23 +75,28 @@ class Publisher:
     def before_chunk(
         self, lane: KVLane, start: int, end: int, in_pass: bool = False, tail_at: int | None = None
     ) -> list[tuple[int, int]]:
-        """Flexible taps strictly inside the chunk, with `in_pass`: the (position, physical
-        slot) pairs the pass writes the state into (a tap whose slot is not granted is
-        skipped); those in the prompt's last page at `tail_at`, or at the chunk's start. Without
-        `in_pass`, the flexible taps of the prompt's final chunk are taken at its start."""
+        """Taps strictly inside the chunk, with `in_pass`: the (position, physical slot) pairs
+        the pass writes the state into (a tap whose slot or tail page is not granted is
+        skipped): exact taps at their positions (the scheduler cut the chunk at any it could
+        not take so), flexible ones too, those in the prompt's last page at `tail_at`, or at
+        the chunk's start. Without `in_pass`, the flexible taps of the prompt's final chunk are
+        taken at its start."""
         if self.index is None or not lane.taps:
             return []
         n = lane.prompt_len
         if in_pass:
-            inside = [(p, exact) for p, exact in lane.taps if start < p < end and not exact]
+            inside = [(p, exact) for p, exact in lane.taps if start < p < end]
             lane.taps = [t for t in lane.taps if t not in inside]
-            at = {p for p, _ in inside if p <= n - PAGE_SIZE}
-            if len(at) < len(inside):  # the prompt's last page: a snapshot far enough below
+            flexible = [p for p, exact in inside if not exact]
+            at = {p for p in flexible if p <= n - PAGE_SIZE}
+            if len(at) < len(flexible):  # the prompt's last page: a snapshot far enough below
                 if tail_at is not None:
                     at.add(tail_at)
                 elif start > lane.cached_tokens:
                     self._capture(lane, start, SnapshotKind.TAP)
-            got = [(p, self._reserve_in_pass(lane, start, p)) for p in sorted(at)]
+            exact = {p for p, is_exact in inside if is_exact}
+            reserve = self._reserve_in_pass
+            got = [(p, reserve(lane, start, p, p in exact)) for p in sorted(at | exact)]
             return [(p, phys) for p, phys in got if phys is not None]
         if end != n:
             return []
@@ -101,24 +108,46 @@ class Publisher:
             self._capture(lane, start, SnapshotKind.TAP)
         return []
 
-    def _reserve_in_pass(self, lane: KVLane, start: int, f: int) -> int | None:
-        """A pending tap at page boundary f whose image the next pass writes (no copy here)."""
-        if not (start < f < lane.prompt_len and f % PAGE_SIZE == 0):
+    def _reserve_in_pass(self, lane: KVLane, start: int, f: int, exact: bool) -> int | None:
+        """A pending tap at f whose image the next pass writes (no copy here): a page boundary,
+        or an exact tap anywhere inside, whose partial block `after_advance` copies into the
+        tail page taken here."""
+        if not (start < f < lane.prompt_len and (exact or f % PAGE_SIZE == 0)):
             raise ValueError(f"in-pass tap at {f}: not a page boundary inside ({start}, n)")
         if f <= lane.last_snapshot:
             return None
-        grant = self.index.allocate_snapshot_slot(lane.lane_id, f, SnapshotKind.TAP)
+        boundary = exact and f in lane.boundary_taps
+        kind = SnapshotKind.BOUNDARY if boundary else SnapshotKind.TAP
+        grant = self.index.allocate_snapshot_slot(lane.lane_id, f, kind)
         if grant is None:
             return None
         self.kv.free(grant.freed_pages)
-        lane.pending.append(PendingTap(f, grant.slot, SnapshotKind.TAP))
+        tail = None
+        if f % PAGE_SIZE:
+            got = self.budget.take(1) if self.budget.headroom() >= 1 else None
+            if got is None:
+                self.index.free_snapshot_slot(lane.lane_id, grant.slot)
+                self.counters.taps_skipped_no_page += 1
+                return None
+            tail = got[0]
+        lane.pending.append(PendingTap(f, grant.slot, kind, tail, tail_due=tail is not None))
         lane.last_snapshot = f
         return self.states.snap_phys[grant.slot]
+
+    def _fill_tails(self, lane: KVLane) -> None:
+        """The tail pages of in-pass taps off a page boundary that the last pass reached: the
+        block's first f % 64 entries, queued after the pass that wrote them."""
+        for tap in lane.pending:
+            if tap.tail_due and tap.frontier <= lane.computed:
+                f = tap.frontier
+                self.kv.copy_prefix(lane.pages[f // PAGE_SIZE], tap.tail_page, f % PAGE_SIZE)
+                tap.tail_due = False
 
     def after_advance(self, lane: KVLane) -> None:
         """After a pass moved `lane.computed`: commit full blocks, realize taps, publish."""
         if self.index is None:
             return
+        self._fill_tails(lane)
         self._commit_blocks(lane)
         f = lane.computed
         if lane.taps and f <= lane.prompt_len:
@@ -206,7 +235,7 @@ class Publisher:
         blocks = tap.frontier // PAGE_SIZE
         if tap.frontier % PAGE_SIZE and not SnapshotKind(tap.kind).tail_known:
             blocks += 1
-        return lane.committed_blocks >= blocks
+        return lane.committed_blocks >= blocks and not tap.tail_due
 
     def _publish(
         self,
@@ -251,7 +280,8 @@ class Publisher:
         already; only its anchor blocks must be committed, as for an endpoint."""
         keep: list[PendingTap] = []
         for tap in lane.pending:
-            if lane.committed_blocks < tap.frontier // PAGE_SIZE or lane.computed < tap.frontier:
+            anchored = lane.committed_blocks >= tap.frontier // PAGE_SIZE
+            if not anchored or lane.computed < tap.frontier or tap.tail_due:
                 keep.append(tap)
                 continue
             taken = self._publish(

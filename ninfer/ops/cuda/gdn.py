@@ -156,7 +156,10 @@ def gdn_prefill(
     State taps (`meta.taps`, eager passes): fla's inter-chunk stage keeps the state at the
     start of every chunk of every row (h, in k's dtype: bf16 for a bf16 model), so the state
     at a tap on a row's chunk grid is one gather from h into the tap's slot, rounded to k's
-    dtype (within bf16 of the state a pass ending there leaves).
+    dtype (within bf16 of the state a pass ending there leaves). A tap off the grid
+    (`passmeta.TapRest`) starts from the state of the chunk it lies in and runs the recurrence
+    over the tokens of that chunk before it (fla's fused recurrent kernel, one launch for all
+    such taps of the layer, fewer than CHUNK tokens each).
     Returns o [T, Hv, dv] in v.dtype.
     """
     from fla.modules.l2norm import l2norm_fwd
@@ -167,6 +170,7 @@ def gdn_prefill(
     from fla.ops.utils.constant import RCP_LN2
 
     h0 = gather_states(state, slots, meta.has_state)
+    gates = g  # natural-log gates, as the recurrent kernel reads them (off-grid taps)
     if not normalized:
         q, k = (l2norm_fwd(x.contiguous(), eps=L2_EPS)[0] for x in (q, k))
     q, k = q.contiguous()[None], k.contiguous()[None]
@@ -182,4 +186,21 @@ def gdn_prefill(
     state[slots] = final.to(state.dtype)
     if meta.taps is not None:
         state[meta.taps.slot] = h[0, meta.taps.chunk].to(state.dtype)
+        if meta.taps.rest is not None:
+            _advance_taps(meta.taps.rest, h, k, v, gates, beta, state)
     return o[0].to(v.dtype)
+
+
+def _advance_taps(rest, h, k, v, gates, beta, state) -> None:
+    """Off-grid taps (`passmeta.TapRest`): each tap's chunk start state h[chunk] advanced over
+    its tokens by fla's fused recurrent kernel (its output, with k standing in for q, unused),
+    written to the tap's slot. k, v, beta [1, T, ...] as fla reads them; gates [T, Hv]."""
+    from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd
+
+    idx = rest.tokens
+    keys = k[0, idx][None]
+    _, final = fused_recurrent_gated_delta_rule_fwd(
+        q=keys, k=keys, v=v[0, idx][None], g=gates[idx].float()[None], beta=beta[0, idx][None],
+        scale=1.0, initial_state=h[0, rest.chunk], output_final_state=True, cu_seqlens=rest.cu,
+    )  # fmt: skip
+    state[rest.slot] = final.to(state.dtype)

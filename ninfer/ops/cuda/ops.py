@@ -86,7 +86,8 @@ class CudaOps(ReferenceOps):
     engine's defaults)."""
 
     name = "cuda"
-    # state taps are read from fla's chunk states (`gdn.gdn_prefill`): on its chunk grid
+    # state taps are read from fla's chunk states (`gdn.gdn_prefill`), advanced over the rest
+    # of their chunk when off its grid: any offset of at least one chunk
     tap_stride = CHUNK
 
     def __init__(

@@ -16,8 +16,14 @@ changes: seconds of stall in the middle of serving.
 
 A pass with in-pass state taps (`forward.StateTap`, eager passes only) also gets a `TapIndex`
 (one more small copy): per tap, the flat index of its row's first token after it, the fla chunk
-whose start state it is (so the tap's offset must be a multiple of CHUNK: the chunk grid starts
-at each row's first token), and the slot it writes.
+holding the tap (the chunk grid starts at each row's first token), and the slot it writes. A
+tap on the grid (offset a multiple of CHUNK) is that chunk's start state; one off the grid
+(`TapIndex.rest`, offset >= CHUNK) is the start state of the chunk it lies in, advanced over
+the tap's first offset % CHUNK tokens of that chunk (`gdn.gdn_prefill`):
+
+    row     |-- chunk --|-- chunk --|-- chunk --|
+    tap                             |- r ->|        offset = 2 * CHUNK + r
+    state   h[chunk 2] advanced over the r tokens before the tap
 
 The eager path builds a fresh buffer per pass (`PassMeta.of`); the prefill-graph runner keeps
 one static buffer per captured shape and refills it before each replay (`layout`, `tables`,
@@ -103,28 +109,64 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 @dataclass(frozen=True, slots=True)
+class TapRest:
+    """The taps of a pass off the chunk grid, on the device (int64): for tap j, the flat
+    indices of the tokens between its chunk's start and the tap are tokens[cu[j]:cu[j+1]]; it
+    starts from fla's chunk state h[chunk[j]] and writes slot[j]."""
+
+    tokens: torch.Tensor  # [m]
+    cu: torch.Tensor  # [n + 1]
+    chunk: torch.Tensor  # [n]
+    slot: torch.Tensor  # [n]
+
+
+@dataclass(frozen=True, slots=True)
 class TapIndex:
     """A pass's state taps on the device, [n] int64 each (module docstring)."""
 
     cut: torch.Tensor  # flat index of the row's first token after the tap
-    chunk: torch.Tensor  # index into fla's chunk states h: the state at the tap
+    chunk: torch.Tensor  # index into fla's chunk states h: the chunk holding the tap
     slot: torch.Tensor  # the state slot the tap writes
+    rest: TapRest | None = None  # the taps off the chunk grid (their state is advanced)
 
     @classmethod
     def of(cls, taps: Sequence, q_lens: list[int], device: torch.device) -> TapIndex | None:
         """The index of `taps` (`forward.StateTap`s) of a pass with rows of `q_lens` tokens;
-        None without taps. Raises ValueError for an offset off the chunk grid."""
+        None without taps. Raises ValueError for an offset off the chunk grid below CHUNK
+        (the causal conv's state there would reach back before the row)."""
         if not taps:
             return None
         starts = [0, *itertools.accumulate(q_lens)]
         first = [0, *itertools.accumulate(-(-n // CHUNK) for n in q_lens)]
-        cols = []
+        cols, rest, tokens, cu = [], [], [], [0]
         for t in taps:
-            if t.offset % CHUNK:
-                raise ValueError(f"state tap {t}: offset not a multiple of {CHUNK}")
-            cols.append((starts[t.row] + t.offset, first[t.row] + t.offset // CHUNK, t.slot))
+            if t.offset < CHUNK:
+                raise ValueError(f"state tap {t}: offset below {CHUNK}")
+            chunk = first[t.row] + t.offset // CHUNK
+            cols.append((starts[t.row] + t.offset, chunk, t.slot))
+            r = t.offset % CHUNK
+            if r:
+                base = starts[t.row] + t.offset - r
+                tokens.extend(range(base, base + r))
+                cu.append(len(tokens))
+                rest.append((chunk, t.slot))
         flat = _to_device(torch.tensor(cols, dtype=torch.int64).t().contiguous(), device)
-        return cls(flat[0], flat[1], flat[2])
+        return cls(flat[0], flat[1], flat[2], _rest(rest, tokens, cu, device))
+
+
+def _rest(
+    rest: list[tuple[int, int]], tokens: list[int], cu: list[int], device: torch.device
+) -> TapRest | None:
+    """The `TapRest` of the off-grid taps ((chunk, slot) each; tap j's tokens are
+    tokens[cu[j]:cu[j+1]]), in one copy. `cu`, which the recurrent kernel reads, comes first:
+    Triton specialises on a pointer's 16-byte alignment, and a view at an odd offset would
+    compile another variant in the middle of serving."""
+    if not rest:
+        return None
+    n, m = len(rest), len(tokens)
+    host = torch.tensor([*cu, *(c for c, _ in rest), *(s for _, s in rest), *tokens])
+    cu_t, chunk, slot, idx = _to_device(host.to(torch.int64), device).split([n + 1, n, n, m])
+    return TapRest(idx, cu_t, chunk, slot)
 
 
 @dataclass(frozen=True, slots=True)
