@@ -73,9 +73,9 @@ async def _bystander(client, url: str, tokens: int) -> tuple[float, list[float]]
                 continue
             now = time.perf_counter()
             if last is not None:
-                gaps.append(now - last)
+                gaps.append((now - last, now))
             last = now
-    return (last or start) - start - sum(gaps), gaps
+    return (last or start) - start - sum(g for g, _ in gaps), gaps
 
 
 async def _health(client, url: str, stop: asyncio.Event) -> list[float]:
@@ -88,7 +88,7 @@ async def _health(client, url: str, stop: asyncio.Event) -> list[float]:
     return lat
 
 
-def _hostile(url: str, kind: str, tokens: int) -> int:
+def _hostile(url: str, kind: str, tokens: int) -> tuple[int, float]:
     """One hostile request, sent from its own process (so the client's own work, encoding a
     30 MB body or reading a large reply, never delays the measuring loop)."""
     import httpx
@@ -106,7 +106,8 @@ def _hostile(url: str, kind: str, tokens: int) -> int:
             "logprobs": True,
             "top_logprobs": 20,
         }
-    return httpx.post(url + "/v1/chat/completions", json=body, timeout=600).status_code
+    status = httpx.post(url + "/v1/chat/completions", json=body, timeout=600).status_code
+    return status, time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
 
 
 async def run(port: int, tokens: int, hostile: tuple[str, ...], start_timeout_s: float) -> dict:
@@ -125,19 +126,27 @@ async def run(port: int, tokens: int, hostile: tuple[str, ...], start_timeout_s:
             t_begin = time.perf_counter()
             ttft, gaps = await _bystander(client, url, tokens)
             t_end = time.perf_counter()
-            statuses = await asyncio.gather(*sent)
+            answers = await asyncio.gather(*sent)
         stop.set()
         lat = await health
+    ms = [g * 1e3 for g, _ in gaps]
     return {
         "bystander_chunks": len(gaps) + 1,
         "bystander_ttft_s": round(ttft, 2),
-        "bystander_max_gap_ms": round(max(gaps) * 1e3, 1),
-        "bystander_p50_gap_ms": round(statistics.median(gaps) * 1e3, 1),
+        "bystander_max_gap_ms": round(max(ms), 1),
+        "bystander_p50_gap_ms": round(statistics.median(ms), 1),
+        # the longest gaps, each with when it ended, in seconds from the stream's start
+        "bystander_worst_gaps": [
+            {"ms": round(g * 1e3, 1), "at_s": round(at - t_begin, 3)}
+            for g, at in sorted(gaps, reverse=True)[:3]
+        ],
         "health_requests": len(lat),
         "health_p50_ms": round(statistics.median(lat) * 1e3, 1),
         "health_max_ms": round(max(lat) * 1e3, 1),
         "hostile": list(hostile),
-        "hostile_statuses": statuses,
+        "hostile_statuses": [status for status, _ in answers],
+        # when each hostile request's answer reached its client, from the stream's start
+        "hostile_answered_at_s": [round(at - t_begin, 3) for _, at in answers],
         "window": (t_begin, t_end),
     }
 

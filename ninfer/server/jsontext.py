@@ -7,16 +7,32 @@ piece one short C call. A part that would otherwise be a large graph of dicts an
 top logprobs of every token) is built as text at once (`RawJson`): strings are not tracked by
 the garbage collector, so a reply's size does not lengthen the collector's full passes, which
 hold the GIL too.
+
+Short C calls are not enough: a thread that keeps the GIL busy in Python code gives it up
+every switch interval, but the engine thread and the event loop, which release it at every
+GPU wait and socket call, then wait up to a whole interval for it each time, and a reply's
+build stretched their steps into one long stall. So the builders `pause` (sleep, GIL
+released) every `PAUSE_EVERY` tokens, and the others run.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 _ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 _PIECE_ITEMS = 32  # a list longer than this is encoded element by element, as is one that
 # holds a dict or a list (a RawJson may be inside it)
+
+
+PAUSE_EVERY = 32  # tokens of a reply's logprobs built between two pauses
+PAUSE_S = 0.0005
+
+
+def pause() -> None:
+    """Let the process's other threads run (module docstring)."""
+    time.sleep(PAUSE_S)
 
 
 class RawJson(str):

@@ -15,13 +15,14 @@ ends the reply (a control token such as `<|im_end|>` has none; vLLM drops an ord
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from ninfer.request import RequestOutput
 from ninfer.server.errors import ApiError
-from ninfer.server.jsontext import RawJson, encode
+from ninfer.server.jsontext import PAUSE_EVERY, RawJson, encode, pause
 from ninfer.server.tool_calls import Text, ToolArgs, ToolCall, ToolStart
 from ninfer.server.wire import MAX_TOP_LOGPROBS, media_part, token_text
 
@@ -323,41 +324,59 @@ def _lp(value: float) -> float:
     return value if value >= LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
-def chat_logprobs(out: RequestOutput, tokenizer, k: int) -> dict | None:
+_FLOOR_TEXT = repr(LOGPROB_FLOOR)
+
+
+def _lp_text(value: float) -> str:
+    """`encode(_lp(value))` for a float: JSON writes a finite float as its repr."""
+    return repr(float(value)) if value >= LOGPROB_FLOOR else _FLOOR_TEXT
+
+
+def chat_logprobs(
+    out: RequestOutput, tokenizer, k: int, seen: dict[int, tuple[str, str]] | None = None
+) -> dict | None:
     """The choice's `logprobs` object: `content`, one entry a generated token, built as JSON
     text (`jsontext.RawJson`: a reply of n x max_tokens x k entries adds no objects for the
-    garbage collector to walk)."""
+    garbage collector to walk). A token's text and bytes are encoded once per reply, each
+    top entry is one f-string: the whole reply is built on a worker thread that shares the GIL
+    with the engine thread and the event loop, so its cost is their stall. `seen`: token id ->
+    its entry's text around the logprob, shared by the choices of one reply."""
     if out.logprobs is None:
         return None
-    seen: dict[int, tuple[str, str]] = {}  # token id -> (its text, its UTF-8 bytes) as JSON
+    seen = {} if seen is None else seen
 
     def piece(token_id: int) -> tuple[str, str]:
         entry = seen.get(token_id)
         if entry is None:
             text = token_text(tokenizer, token_id)
-            entry = seen[token_id] = (encode(text), encode(list(text.encode())))
+            head = f'{{"token": {encode(text)}, "logprob": '
+            entry = seen[token_id] = (head, f', "bytes": {encode(list(text.encode()))}')
         return entry
 
     entries = []
-    for tok, top in zip(out.token_ids, out.logprobs, strict=False):
-        text, raw = piece(tok)
-        ranked = sorted(top.items(), key=lambda kv: -kv[1])[:k]
-        tops = ", ".join(
-            f'{{"token": {t}, "logprob": {encode(_lp(lp))}, "bytes": {b}}}'
-            for t, b, lp in ((*piece(i), lp) for i, lp in ranked)
-        )
-        lp = encode(_lp(top.get(tok, 0.0)))
-        entries.append(
-            f'{{"token": {text}, "logprob": {lp}, "bytes": {raw}, "top_logprobs": [{tops}]}}'
-        )
+    for n, (tok, top) in enumerate(zip(out.token_ids, out.logprobs, strict=False), 1):
+        if n % PAUSE_EVERY == 0:
+            pause()
+        head, tail = piece(tok)
+        ranked = sorted(top.items(), key=itemgetter(1), reverse=True)[:k]
+        tops = ", ".join([f"{h}{_lp_text(lp)}{t}}}" for h, t, lp in _pieces(piece, ranked)])
+        entries.append(f'{head}{_lp_text(top.get(tok, 0.0))}{tail}, "top_logprobs": [{tops}]}}')
     return {"content": RawJson("[" + ", ".join(entries) + "]")}
+
+
+def _pieces(piece, ranked):
+    for i, lp in ranked:
+        head, tail = piece(i)
+        yield head, tail, lp
 
 
 def completion_logprobs(out: RequestOutput, tokenizer, k: int) -> dict | None:
     if out.logprobs is None:
         return None
     tokens, lps, tops, offsets, pos = [], [], [], [], 0
-    for tok, top in zip(out.token_ids, out.logprobs, strict=False):
+    for n, (tok, top) in enumerate(zip(out.token_ids, out.logprobs, strict=False), 1):
+        if n % PAUSE_EVERY == 0:
+            pause()
         text = token_text(tokenizer, tok)
         tokens.append(text)
         lp = top.get(tok)

@@ -126,7 +126,7 @@ def _fields(req) -> dict:
 
 def _chat_body(srv: Serving, req: oai.ChatRequest, prep: _Prepared, outs: list) -> bytes:
     schemas = tool_schemas(prep.tools) if prep.tools else None
-    choices = []
+    choices, seen = [], {}  # the token texts of the logprobs, encoded once per reply
     for i, out in enumerate(outs):
         reasoning, content, calls = parse_text(
             out.text, prep.rendered.thinking, schemas, lambda: new_id("call_"), prep.max_calls
@@ -135,7 +135,7 @@ def _chat_body(srv: Serving, req: oai.ChatRequest, prep: _Prepared, outs: list) 
             {
                 "index": i,
                 "message": oai.chat_message(reasoning, content, calls),
-                "logprobs": oai.chat_logprobs(out, srv.driver.tokenizer, prep.k or 0),
+                "logprobs": oai.chat_logprobs(out, srv.driver.tokenizer, prep.k or 0, seen),
                 "finish_reason": oai.finish_reason(out, calls),
             }
         )
