@@ -61,7 +61,9 @@ def _convert(model: Qwen35ForCausalLM, scheme: QuantScheme, quantize: bool) -> N
             new = Fp8Linear(n_in, n_out, block, device="meta")
         setattr(owner, attr, new)
     for name in experts:
-        model.get_submodule(name).to_fp8(scheme.block_for, quantize)
+        module = model.get_submodule(name)
+        if not module.blocks:  # not FP8 already (the loader converts as it loads)
+            module.to_fp8(scheme.block_for, quantize)
 
 
 def to_fp8_layout(model: Qwen35ForCausalLM, scheme: QuantScheme) -> None:

@@ -14,11 +14,12 @@ scheme converts are made FP8 before loading (`ninfer.models.quantize`) and take 
 `weight_scale_inv`), in fp32 whatever the file's dtype; per-expert scales stack like the
 weights. A tensor whose dtype disagrees with the scheme (FP8 where it keeps the module dense,
 or the reverse) is a ValueError naming it. `quantization="fp8"` quantises a dense checkpoint
-after loading it (`quantize_`, module by module).
+as it loads: each module the scheme converts becomes FP8 once its weights are in (a linear at
+its weight, a layer's experts at their last part; `Fp8Linear.quantized`, `Experts.to_fp8`).
 
 The model is built on the meta device and each tensor is read, cast and placed one at a time,
-so peak memory is the model plus one tensor (quantised at load: the dense model plus one
-module's FP8 copy). Knows nothing about tokenizers or the engine.
+so peak memory is the model plus one tensor (quantised at load: the FP8 model plus one
+module's dense weights). Knows nothing about tokenizers or the engine.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ninfer.models.config import Qwen35Config
-from ninfer.models.quant import checkpoint_scheme, on_the_fly
-from ninfer.models.quantize import quantize_, to_fp8_layout
-from ninfer.models.qwen3_5 import Qwen35ForCausalLM
+from ninfer.models.fp8 import Fp8Linear
+from ninfer.models.quant import QuantScheme, checkpoint_scheme, on_the_fly
+from ninfer.models.quantize import fp8_targets, quantize_, to_fp8_layout
+from ninfer.models.qwen3_5 import Experts, Qwen35ForCausalLM
 from ninfer.models.vision import VisionConfig, add_vision_tower
 from ninfer.ops.fp8 import FP8_DTYPE
 
@@ -104,6 +106,8 @@ def load_model(
     if vision_config is not None:
         add_vision_tower(model, vision_config, dtype, "meta")
     loader = _Loader(model, dtype, device, scheme.scale_name if scheme else SCALE)
+    if on_the_fly_scheme is not None:
+        loader.quantize_as_loaded(on_the_fly_scheme)
     for file in checkpoint_files(path):
         try:
             with safe_open(file, framework="pt", device=_safetensors_device(device)) as f:
@@ -123,7 +127,7 @@ def load_model(
     if vision_config is not None:
         model.model.visual.init_buffers()
     if on_the_fly_scheme is not None:
-        quantize_(model, on_the_fly_scheme)
+        quantize_(model, on_the_fly_scheme)  # the scheme recorded; every target is FP8 already
     return model.eval()
 
 
@@ -135,7 +139,10 @@ def _safetensors_device(device: torch.device) -> str:
 
 
 class _Loader:
-    """Places checkpoint tensors into a meta-device model, tracking what is still missing."""
+    """Places checkpoint tensors into a meta-device model, tracking what is still missing.
+    With `quantize_as_loaded`, each module an on-the-fly scheme converts becomes FP8 as soon as
+    its weights are in (a linear at its weight, a layer's experts at their last part), so the
+    load never holds more than one such module in bf16 beside the FP8 model."""
 
     def __init__(
         self, model: Qwen35ForCausalLM, dtype: torch.dtype, device: torch.device, scale_name: str
@@ -146,6 +153,33 @@ class _Loader:
         self.loaded: set[str] = set()
         self.expert_parts: dict[str, set[tuple[int, str]]] = {}
         self.skipped = 0
+        self.scheme: QuantScheme | None = None
+        self.to_quantize: set[str] = set()  # module names still to make FP8 once loaded
+
+    def quantize_as_loaded(self, scheme: QuantScheme) -> None:
+        """Make each module `scheme` converts FP8 once its weights have loaded (class
+        docstring)."""
+        linears, experts = fp8_targets(self.model, scheme)
+        self.scheme, self.to_quantize = scheme, {*linears, *experts}
+
+    def _quantize_if_loaded(self, module_name: str) -> None:
+        if module_name not in self.to_quantize:
+            return
+        module = self.model.get_submodule(module_name)
+        if isinstance(module, Experts):
+            e = self.model.config.num_experts
+            for name in Experts.NAMES:
+                full = f"{module_name}.{name}"
+                parts = self.expert_parts.get(full, set())
+                want = e if name == "down_proj" else 2 * e
+                if full not in self.loaded and len(parts) < want:
+                    return  # a part still to come
+            module.to_fp8(self.scheme.block_for, quantize=True)
+        else:
+            parent, _, attr = module_name.rpartition(".")
+            block = self.scheme.block_for(module.weight.shape[1])
+            setattr(self.model.get_submodule(parent), attr, Fp8Linear.quantized(module, block))
+        self.to_quantize.discard(module_name)
 
     def add(self, key: str, source) -> None:
         """Places tensor `key` of `source` (an open safetensors file)."""
@@ -171,6 +205,7 @@ class _Loader:
         _check_finite(key, placed, tensor.dtype)
         self._assign(name, placed)
         self.loaded.add(name)
+        self._quantize_if_loaded(name.rpartition(".")[0])
 
     def _add_expert(self, key: str, match: re.Match, source) -> None:
         prefix, expert, part = match.group(1), int(match.group(2)), match.group(3)
@@ -189,6 +224,7 @@ class _Loader:
         dest.copy_(tensor)
         _check_finite(key, dest, tensor.dtype)
         self.expert_parts.setdefault(fused, set()).add((expert, part))
+        self._quantize_if_loaded(prefix)
 
     def _fused_storage(self, name: str) -> torch.Tensor:
         """The real parameter for a fused expert tensor, allocated on first use."""

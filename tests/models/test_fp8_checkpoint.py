@@ -134,6 +134,53 @@ def test_quantization_fp8_quantises_a_dense_checkpoint_at_load(checkpoints):
         LLM(str(dense_dir), device="cpu", quantization="fp4")
 
 
+def _dense_target_bytes(model) -> tuple[int, int]:
+    """(bytes of the loaded dense weights of the modules `quantization="fp8"` converts, the
+    largest such module's dense bytes)."""
+    from ninfer.models.quant import on_the_fly
+    from ninfer.models.quantize import fp8_targets
+
+    linears, experts = fp8_targets(model, on_the_fly("fp8"))
+    sizes = []
+    for name in [*linears, *experts]:
+        module = model.get_submodule(name)
+        if getattr(module, "blocks", None):
+            continue  # experts already FP8
+        params = [p for p in module.parameters() if not p.is_meta]
+        sizes.append(sum(p.numel() * p.element_size() for p in params))
+    return sum(sizes), max(sizes, default=0)
+
+
+@pytest.mark.parametrize("shape", ["dense-fp8", "moe-fp8"])
+def test_quantization_fp8_never_holds_the_dense_model(checkpoints, monkeypatch, shape):
+    """`quantization="fp8"` makes each module FP8 as soon as its weights load: at no point of
+    the load does the model hold the dense weights of more than one module it converts (peak
+    memory is the FP8 model plus one module, not the dense model), and the result is the
+    dense model quantised after a full load, bit for bit."""
+    from ninfer.models import weights
+    from ninfer.models.quant import on_the_fly
+    from ninfer.models.quantize import quantize_
+
+    dense_dir = checkpoints("fine", shape)[1]
+    seen = []
+    add = weights._Loader.add
+
+    def spy(self, key, source):
+        add(self, key, source)
+        seen.append(_dense_target_bytes(self.model)[0])
+
+    whole = _dense_target_bytes(load_model(dense_dir, torch.float32))
+    monkeypatch.setattr(weights._Loader, "add", spy)
+    model = load_model(dense_dir, torch.float32, quantization="fp8")
+    monkeypatch.undo()
+    assert seen and max(seen) <= whole[1] < whole[0], (max(seen), whole)
+    want = quantize_(load_model(dense_dir, torch.float32), on_the_fly("fp8")).state_dict()
+    got = model.state_dict()
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(got[name].view(torch.uint8), value.view(torch.uint8)), name
+
+
 def _rewrite(src, dst, edit_tensors=None, edit_config=None):
     dst.mkdir()
     tensors = load_file(str(src / "model.safetensors"))
