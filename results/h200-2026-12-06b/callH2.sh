@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Device call H2 (after H, on the machine it leaves warm): the GPU tests the final tree has not
+# run: the engine's cached-equals-cold tests with exact taps inside long passes (e2f55ae), the
+# state taps, and MTP parity (speculation replays its roll-back on CUDA).
+set -uo pipefail
+B=${B:-580}
+source tools/device/env.sh
+t0=$(date +%s); lap() { echo "[$(($(date +%s) - t0)) s] $*"; }
+left() { echo $((B - ($(date +%s) - t0))); }
+run_file() { local name=$1; shift; local s; s=$(left); [ "$s" -lt 20 ] && { lap "$name: no time left"; return; }
+  timeout $((s - 10)) python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE --durations=5 "$@" >$OUT/$name.log 2>&1
+  local rc=$?; lap "$name rc=$rc: $(grep -E 'passed|failed|error|skipped' $OUT/$name.log | tail -1)"
+  grep -E "^(FAILED|ERROR)|^E  " $OUT/$name.log | cut -c1-300 | head -12; }
+run_file state_taps tests/ops/test_cuda_state_taps.py
+run_file engine_cuda tests/engine/test_engine_cuda.py
+run_file spec tests/engine/test_speculative_cuda.py
+save_caches >/dev/null 2>&1; lap done
