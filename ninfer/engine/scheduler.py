@@ -47,8 +47,9 @@ from ninfer.page import PAGE_SIZE
 @dataclass(frozen=True, slots=True)
 class InPass:
     """Which rows may snapshot inside their pass: longer than `above` tokens (shorter ones may
-    replay a CUDA graph, which takes no taps) and starting on the tap grid of the op set
-    (`Ops.tap_stride`, a divisor of the page: flexible taps are page boundaries)."""
+    replay a CUDA graph, which takes no taps) and starting at a multiple of `stride` (the op
+    set's `Ops.tap_stride`, 1 for ours: any offset; a divisor of the page: flexible taps are
+    page boundaries)."""
 
     above: int = 0
     stride: int = 1

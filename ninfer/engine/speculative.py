@@ -17,9 +17,11 @@ A lane that speculates (`speculates`: no grammar, no logprobs) decodes K + 1 tok
 
 The roll-back of the GDN state is the per-position snapshot design: the verify pass writes
 the state after each of its first k tokens into a scratch slot (`forward.StateTap`), and the
-accepted one is copied into the lane's slot. An op set that snapshots only on a coarser grid
-(`Ops.tap_stride > 1`: the CUDA kernels) saves the lane's state before the pass instead and,
-when a draft is rejected, restores it and runs the accepted tokens again (`replay`).
+accepted one is copied into the lane's slot (the CUDA ops advance each tap from the row's
+initial state: `ops.cuda.passmeta.TapRest`). An op set that cannot snapshot at offsets 1 .. k
+(`Ops.tap_stride > 1`; none of ours) saves the lane's state before the pass instead and,
+when a draft is rejected, restores it and runs the accepted tokens again (`replay`: a whole
+extra pass).
 Attention K/V needs no roll-back: positions past the frontier are rewritten before anything
 reads them (a pass reads [0, its own position]).
 

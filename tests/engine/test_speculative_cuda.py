@@ -1,10 +1,10 @@
-"""MTP speculative decoding on CUDA (CudaOps, bf16, eager; the op set snapshots on a 64-token
-grid, so rejected drafts roll back by save-and-replay, `Speculator.replay`): greedy output of
-three lanes against plain decode on the same engine settings, with a controlled draft so that
-every acceptance length occurs. bf16 verify passes (K + 1 tokens a row) do not match one-token
-decode bit for bit, so the outputs must agree until a near-tie: at the first difference, plain
-decode's own logprob gap between its token and the speculative one is small. Skipped without
-CUDA or without flashinfer / fla / triton."""
+"""MTP speculative decoding on CUDA (CudaOps, bf16, eager; rejected drafts roll back through
+the verify pass's per-position taps, or, forced, by save-and-replay, `Speculator.replay`):
+greedy output of three lanes against plain decode on the same engine settings, with a
+controlled draft so that every acceptance length occurs. bf16 verify passes (K + 1 tokens a
+row) do not match one-token decode bit for bit, so the outputs must agree until a near-tie:
+at the first difference, plain decode's own logprob gap between its token and the
+speculative one is small. Skipped without CUDA or without flashinfer / fla / triton."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ PROMPTS = [list(range(5, 155)), [(7 * i) % 2000 + 4 for i in range(70)], list(ra
 NEAR_TIE = 0.1  # nats between plain decode's token and another where bf16 may pick either
 
 
+@pytest.mark.parametrize("rollback", ["taps", "replay"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_greedy_matches_plain_decode_up_to_near_ties(k):
+def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
     model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=11, mtp=True)
     opts = dict(device="cuda", compile=False, max_concurrency=4, kv_capacity=16384,
                 host_cache_mib=64, check_invariants=True)  # fmt: skip
@@ -36,7 +37,8 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k):
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=20)
     want = plain.generate(PROMPTS, params)
     spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=k, **opts)
-    assert spec.engine.speculator.replay  # the CUDA GDN kernels' tap grid
+    assert not spec.engine.speculator.replay  # the CUDA ops snapshot at offsets 1 .. k
+    spec.engine.speculator.replay = rollback == "replay"
     expected = {tuple(p): p + o.token_ids for p, o in zip(PROMPTS, want, strict=True)}
     spec.engine.speculator.propose = controlled_draft(expected, 0.6, CUDA_TINY.vocab_size, k)
     got = spec.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))

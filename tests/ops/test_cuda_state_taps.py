@@ -1,10 +1,11 @@
 """GPU tests: state taps (`forward.StateTap`) in `CudaOps`: one prefill pass over rows with taps
-on their 64-token chunk grid, or off it (the chunk's state advanced over the rest: a prompt's
-exact taps), several per row, fresh rows and rows continuing a cached state, leaves in each
-tap's slot, within the model dtype's rounding, the state that passes split at
-the taps leave (the recurrent state is read from fla's chunk states, in k's dtype), computes
-what the split passes compute, and leaves the rows' own states as a pass without taps does.
-Skipped without CUDA or without flashinfer / fla / triton."""
+on their 64-token chunk grid, off it (the chunk's state advanced over the rest: a prompt's
+exact taps), or within a chunk of the row's start (a verify row's), several per row, fresh
+rows and rows continuing a cached state, leaves in each tap's slot, within the model dtype's
+rounding, the state that passes split at the taps leave (the recurrent state is read from
+fla's chunk states, in k's dtype), computes what the split passes compute, and leaves the
+rows' own states as a pass without taps does. Skipped without CUDA or without flashinfer /
+fla / triton."""
 
 from __future__ import annotations
 
@@ -29,7 +30,11 @@ TAPS = [StateTap(0, 64, 4), StateTap(0, 256, 5), StateTap(1, 128, 6), StateTap(2
 # off the grid (1 and 63 tokens into a chunk, two in one chunk of a row), beside grid taps
 OFF_GRID = [StateTap(0, 100, 4), StateTap(0, 299, 5), StateTap(1, 129, 6), StateTap(2, 511, 7),
             StateTap(2, 577, 8), StateTap(2, 600, 10), StateTap(3, 64, 9)]  # fmt: skip
-TAP_SETS = {"grid": TAPS, "off-grid": OFF_GRID}
+# within a chunk of the row's start (a verify row's 1 .. k: advanced from the row's initial
+# state; the conv state partly the row's initial one below K-1), fresh and continuing rows
+NEAR = [StateTap(0, 1, 4), StateTap(0, 2, 5), StateTap(1, 3, 6), StateTap(1, 66, 10),
+        StateTap(2, 5, 7), StateTap(2, 63, 8), StateTap(3, 1, 9)]  # fmt: skip
+TAP_SETS = {"grid": TAPS, "off-grid": OFF_GRID, "near": NEAR}
 TOL = {torch.float32: 2e-3, torch.bfloat16: 3e-2}
 
 
@@ -66,9 +71,8 @@ def test_taps_match_passes_split_at_them(dtype, dims, tap_set):
         assert rel_err(ssm[t.slot], ref_ssm2[t.slot]) < tol, t
 
 
-def test_a_tap_within_the_first_chunk_is_refused():
-    """Its conv state would reach back before the row (the scheduler never asks for one)."""
+def test_a_tap_outside_its_row_is_refused():
     ops = CudaOps("cuda")
     layer = Layer(ROWS, 1, seed=0, device="cuda", dtype=torch.bfloat16, dims=(2, 4, 128, 128))
-    with pytest.raises(ValueError, match="below 64"):
-        layer.tapped(ops, [StateTap(0, 40, 4)])
+    with pytest.raises(ValueError, match="inside its row"):
+        layer.tapped(ops, [StateTap(3, 65, 4)])

@@ -33,9 +33,26 @@ def test_grid_taps_have_no_rest():
     assert index.rest is None and index.chunk.tolist() == [1, 3]
 
 
-def test_a_tap_in_the_first_chunk_of_its_row_is_refused():
-    with pytest.raises(ValueError, match="below 64"):
-        TapIndex.of([StateTap(0, 63, 3)], [256], CPU)
+def test_taps_in_the_first_chunk_start_from_the_rows_initial_state():
+    """Offsets below CHUNK (a verify row's 1 .. k): advanced from the row's initial state (the
+    fp32 one the pass gathers, `opening`), their conv state partly the row's initial one
+    (`near`)."""
+    taps = [StateTap(1, 1, 4), StateTap(1, 3, 5), StateTap(0, 70, 6), StateTap(1, 64, 7)]
+    index = TapIndex.of(taps, [100, 80], CPU)
+    assert index.chunk.tolist() == [2, 2, 1, 3]  # row 1's chunks start at 2
+    rest = index.rest
+    assert rest.tokens.tolist() == [100, 100, 101, 102, 64, 65, 66, 67, 68, 69]
+    assert rest.cu.tolist() == [0, 1, 4, 10]
+    assert rest.opening.tolist() == [0, 1] and rest.opening_row.tolist() == [1, 1]
+    near = index.near
+    assert near.index.tolist() == [0, 1] and near.row.tolist() == [1, 1]
+    assert near.offset.tolist() == [1, 3]
+
+
+@pytest.mark.parametrize("offset", [0, 100])
+def test_a_tap_outside_its_row_is_refused(offset):
+    with pytest.raises(ValueError, match="inside its row"):
+        TapIndex.of([StateTap(0, offset, 3)], [100], CPU)
 
 
 @settings(max_examples=50, deadline=None)
@@ -49,3 +66,42 @@ def test_the_recurrent_kernel_reads_an_aligned_cu(offsets):
         assert rest.cu.data_ptr() % 16 == 0
         ends = [o % CHUNK for o in sorted(offsets) if o % CHUNK]
         assert rest.cu.tolist() == [0, *torch.tensor(ends).cumsum(0).tolist()]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 90), st.integers(2, 140)), min_size=1, max_size=3),
+    data=st.data(),
+)
+def test_conv_state_at_any_tap(rows, data):
+    """`conv.write_taps` writes, at every tap, the K-1 inputs before it: from the pass's inputs,
+    and for a tap fewer than K-1 tokens into its row, from the row's initial conv state
+    (`conv.tap_init`, read before the conv overwrites the row's slot; zeros for a fresh row)."""
+    pytest.importorskip("triton")
+    from ninfer.ops.cuda import conv
+    from ninfer.ops.cuda.passmeta import PassMeta
+
+    width, channels = 4, 6
+    q_lens, ctx_lens = [q for _, q in rows], [c for c, _ in rows]
+    taps, slot = [], len(rows)
+    for r, q in enumerate(q_lens):
+        for o in sorted(data.draw(st.sets(st.integers(1, q - 1), max_size=3))):
+            taps.append(StateTap(r, o, slot))
+            slot += 1
+    if not taps:
+        return
+    gen = torch.Generator().manual_seed(len(taps))
+    x = torch.randn(sum(q_lens), channels, generator=gen)
+    pool = torch.randn(slot, channels, width - 1, generator=gen)
+    slots = torch.arange(len(rows))
+    meta = PassMeta.of(q_lens, ctx_lens, CPU, taps)
+    init = conv.tap_init(pool, slots, meta)
+    before = pool.clone()
+    pool[: len(rows)] = 7.0  # the conv writes the rows' final states before the taps
+    conv.write_taps(x, width, pool, meta.taps, init)
+    starts = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    for t in taps:
+        initial = before[t.row] if ctx_lens[t.row] else torch.zeros(channels, width - 1)
+        row_x = x[starts[t.row] : starts[t.row] + t.offset].t()
+        want = torch.cat([initial, row_x], dim=1)[:, -(width - 1) :]
+        assert torch.equal(pool[t.slot], want), t

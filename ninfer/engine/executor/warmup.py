@@ -26,8 +26,8 @@ from ninfer.request import SamplingParams
 logger = logging.getLogger(__name__)
 # the warm-up's cached-turn pass: queries enough for the gathered attention path at any head
 # ratio (`attention.gather_pays`, GATHER_MIN_ROWS), its in-pass snapshot this far from its end,
-# off the op set's tap grid (an exact tap: the grid's gather and the advance over the rest
-# both run, so both compile here)
+# off the CUDA ops' 64-token chunk grid (an exact tap: the chunk state's gather and the advance
+# over the rest both run, so both compile here)
 WARM_CACHED_TOKENS = 1600
 WARM_CACHED_TAIL = 587
 GREEDY = SamplingParams(temperature=0.0)

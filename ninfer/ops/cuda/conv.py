@@ -273,10 +273,35 @@ def _prefill(x, weight, conv_state, out, batch, meta, qkv: tuple[int, int] | Non
     )  # fmt: skip
 
 
-def write_taps(x: torch.Tensor, width: int, conv_state: torch.Tensor, taps: TapIndex) -> None:
+def tap_init(conv_state: torch.Tensor, slots: torch.Tensor, meta) -> torch.Tensor | None:
+    """The initial conv state [j, C, K-1] of the rows of the pass's taps near their row's start
+    (`TapIndex.near`; zeros for a fresh row), read before the conv overwrites the rows' slots;
+    None without such taps. `meta`: the pass's `PassMeta`."""
+    taps = meta.taps
+    if taps is None or taps.near is None:
+        return None
+    rows = taps.near.row
+    return conv_state[slots[rows]] * meta.has_state[rows, None, None].to(conv_state.dtype)
+
+
+def write_taps(
+    x: torch.Tensor,
+    width: int,
+    conv_state: torch.Tensor,
+    taps: TapIndex,
+    init: torch.Tensor | None = None,
+) -> None:
     """The conv state at each state tap (`forward.StateTap`): the K-1 inputs before it, taken
-    from the pass's own inputs x [T, C] (a tap's offset is at least one chunk, >= K-1), into
-    conv_state[slot] [C, K-1]. One gather; no host sync."""
+    from the pass's own inputs x [T, C], into conv_state[slot] [C, K-1]; those of a tap fewer
+    than K-1 tokens into its row from `init` (`tap_init`, the row's initial state: its
+    column K-1 + p holds the input at position p < 0 of the row). Gathers; no host sync."""
     w = width - 1
-    index = taps.cut[:, None] + torch.arange(-w, 0, device=x.device)  # [n, K-1]
-    conv_state[taps.slot] = x[index].transpose(1, 2).to(conv_state.dtype)
+    back = torch.arange(-w, 0, device=x.device)
+    cols = x[(taps.cut[:, None] + back).clamp_min(0)]  # [n, K-1, C]
+    if init is not None:
+        near = taps.near
+        pos = near.offset[:, None] + back  # [j, K-1]: each column's position in its row
+        at = (pos + w).clamp(0, w - 1)[..., None].expand(-1, -1, x.shape[1])
+        before = init.transpose(1, 2).to(x.dtype).gather(1, at)  # [j, K-1, C]
+        cols[near.index] = torch.where((pos < 0)[..., None], before, cols[near.index])
+    conv_state[taps.slot] = cols.transpose(1, 2).to(conv_state.dtype)

@@ -157,9 +157,10 @@ def gdn_prefill(
     start of every chunk of every row (h, in k's dtype: bf16 for a bf16 model), so the state
     at a tap on a row's chunk grid is one gather from h into the tap's slot, rounded to k's
     dtype (within bf16 of the state a pass ending there leaves). A tap off the grid
-    (`passmeta.TapRest`) starts from the state of the chunk it lies in and runs the recurrence
-    over the tokens of that chunk before it (fla's fused recurrent kernel, one launch for all
-    such taps of the layer, fewer than CHUNK tokens each).
+    (`passmeta.TapRest`) starts from the state of the chunk it lies in (in the row's first
+    chunk: the row's initial state, fp32) and runs the recurrence over the tokens of that chunk
+    before it (fla's fused recurrent kernel, one launch for all such taps of the layer, fewer
+    than CHUNK tokens each).
     Returns o [T, Hv, dv] in v.dtype.
     """
     from fla.modules.l2norm import l2norm_fwd
@@ -187,20 +188,24 @@ def gdn_prefill(
     if meta.taps is not None:
         state[meta.taps.slot] = h[0, meta.taps.chunk].to(state.dtype)
         if meta.taps.rest is not None:
-            _advance_taps(meta.taps.rest, h, k, v, gates, beta, state)
+            _advance_taps(meta.taps.rest, h, h0, k, v, gates, beta, state)
     return o[0].to(v.dtype)
 
 
-def _advance_taps(rest, h, k, v, gates, beta, state) -> None:
-    """Off-grid taps (`passmeta.TapRest`): each tap's chunk start state h[chunk] advanced over
-    its tokens by fla's fused recurrent kernel (its output, with k standing in for q, unused),
-    written to the tap's slot. k, v, beta [1, T, ...] as fla reads them; gates [T, Hv]."""
+def _advance_taps(rest, h, h0, k, v, gates, beta, state) -> None:
+    """Off-grid taps (`passmeta.TapRest`): each tap's chunk start state h[chunk] (in its row's
+    first chunk: the row's initial state h0 [R, Hv, dk, dv], fp32) advanced over its tokens by
+    fla's fused recurrent kernel (its output, with k standing in for q, unused), written to
+    the tap's slot. k, v, beta [1, T, ...] as fla reads them; gates [T, Hv]."""
     from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd
 
     idx = rest.tokens
     keys = k[0, idx][None]
+    start = h[0, rest.chunk].float()
+    if rest.opening is not None:
+        start[rest.opening] = h0[rest.opening_row]
     _, final = fused_recurrent_gated_delta_rule_fwd(
         q=keys, k=keys, v=v[0, idx][None], g=gates[idx].float()[None], beta=beta[0, idx][None],
-        scale=1.0, initial_state=h[0, rest.chunk], output_final_state=True, cu_seqlens=rest.cu,
+        scale=1.0, initial_state=start, output_final_state=True, cu_seqlens=rest.cu,
     )  # fmt: skip
     state[rest.slot] = final.to(state.dtype)

@@ -22,7 +22,7 @@ import torch
 from ninfer.forward import ForwardBatch, HeadDims
 from ninfer.ops.choices import OpChoices
 from ninfer.ops.cuda.moe import block_fusable, moe_block_decode, moe_fp8, moe_grouped
-from ninfer.ops.cuda.passmeta import CHUNK, PassMeta  # torch only: no kernel library imported
+from ninfer.ops.cuda.passmeta import PassMeta  # torch only: no kernel library imported
 from ninfer.ops.cuda.support import OpPlan, plan_ops
 from ninfer.ops.fp8 import Fp8Weight
 from ninfer.ops.reference import ReferenceOps, gdn_key_dim
@@ -87,8 +87,8 @@ class CudaOps(ReferenceOps):
 
     name = "cuda"
     # state taps are read from fla's chunk states (`gdn.gdn_prefill`), advanced over the rest
-    # of their chunk when off its grid: any offset of at least one chunk
-    tap_stride = CHUNK
+    # of their chunk when off its grid: any offset (a verify row's 1 .. k included)
+    tap_stride = 1
 
     def __init__(
         self,
@@ -265,9 +265,11 @@ class CudaOps(ReferenceOps):
         if batch.is_decode:
             return self._conv.causal_conv(x, weight, conv_state, batch)
         meta = self.pass_meta(batch)
+        taps = meta.taps  # their rows' initial conv state, read before the conv writes it:
+        init = None if taps is None else self._conv.tap_init(conv_state, batch.state_slots, meta)
         y = self._conv.causal_conv(x, weight, conv_state, batch, meta, self.conv_tile)
         if meta.taps is not None:
-            self._conv.write_taps(x, weight.shape[1], conv_state, meta.taps)
+            self._conv.write_taps(x, weight.shape[1], conv_state, meta.taps, init)
         return y
 
     def pass_meta(self, batch: ForwardBatch):
@@ -330,11 +332,13 @@ class CudaOps(ReferenceOps):
                 x, conv_weight, conv_state, a, b, a_log, dt_bias, state, batch, scale
             )
         meta = self.pass_meta(batch)
+        taps = meta.taps  # their rows' initial conv state, read before the conv writes it:
+        init = None if taps is None else self._conv.tap_init(conv_state, batch.state_slots, meta)
         q, k, v = self._conv.causal_conv_qkv(
             x, conv_weight, conv_state, batch, meta, key_dim, dk, self.conv_tile
         )
         if meta.taps is not None:
-            self._conv.write_taps(x, conv_weight.shape[1], conv_state, meta.taps)
+            self._conv.write_taps(x, conv_weight.shape[1], conv_state, meta.taps, init)
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         slots = batch.state_slots
         return self._gdn.gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=True)

@@ -18,12 +18,16 @@ A pass with in-pass state taps (`forward.StateTap`, eager passes only) also gets
 (one more small copy): per tap, the flat index of its row's first token after it, the fla chunk
 holding the tap (the chunk grid starts at each row's first token), and the slot it writes. A
 tap on the grid (offset a multiple of CHUNK) is that chunk's start state; one off the grid
-(`TapIndex.rest`, offset >= CHUNK) is the start state of the chunk it lies in, advanced over
-the tap's first offset % CHUNK tokens of that chunk (`gdn.gdn_prefill`):
+(`TapIndex.rest`) is the start state of the chunk it lies in, advanced over the tap's first
+offset % CHUNK tokens of that chunk (`gdn.gdn_prefill`); in the row's first chunk, the row's
+initial state in fp32 (a verify row's taps at offsets 1 .. k, every step):
 
     row     |-- chunk --|-- chunk --|-- chunk --|
     tap                             |- r ->|        offset = 2 * CHUNK + r
     state   h[chunk 2] advanced over the r tokens before the tap
+
+A tap within K-1 tokens of its row's start takes part of its conv state from the row's
+initial conv state (`TapIndex.near`, `conv.tap_init`).
 
 The eager path builds a fresh buffer per pass (`PassMeta.of`); the prefill-graph runner keeps
 one static buffer per captured shape and refills it before each replay (`layout`, `tables`,
@@ -112,12 +116,29 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 class TapRest:
     """The taps of a pass off the chunk grid, on the device (int64): for tap j, the flat
     indices of the tokens between its chunk's start and the tap are tokens[cu[j]:cu[j+1]]; it
-    starts from fla's chunk state h[chunk[j]] and writes slot[j]."""
+    starts from fla's chunk state h[chunk[j]] and writes slot[j]. The taps `opening` (indices
+    into these) lie in their row's first chunk: they start from the row's initial state
+    instead, as the pass gathered it in fp32 (h holds it rounded to k's dtype), row
+    `opening_row`."""
 
     tokens: torch.Tensor  # [m]
     cu: torch.Tensor  # [n + 1]
     chunk: torch.Tensor  # [n]
     slot: torch.Tensor  # [n]
+    opening: torch.Tensor | None = None  # [j]
+    opening_row: torch.Tensor | None = None  # [j]
+
+
+@dataclass(frozen=True, slots=True)
+class TapNear:
+    """The taps of a pass within CHUNK tokens of their row's start, on the device (int64):
+    index into the pass's taps, row, offset. The causal conv's state at such a tap reaches back
+    into the row's initial conv state when the offset is below the conv's K-1 (`conv.tap_init`,
+    `conv.write_taps`)."""
+
+    index: torch.Tensor  # [j]
+    row: torch.Tensor  # [j]
+    offset: torch.Tensor  # [j]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,20 +149,20 @@ class TapIndex:
     chunk: torch.Tensor  # index into fla's chunk states h: the chunk holding the tap
     slot: torch.Tensor  # the state slot the tap writes
     rest: TapRest | None = None  # the taps off the chunk grid (their state is advanced)
+    near: TapNear | None = None  # the taps in their row's first chunk
 
     @classmethod
     def of(cls, taps: Sequence, q_lens: list[int], device: torch.device) -> TapIndex | None:
-        """The index of `taps` (`forward.StateTap`s) of a pass with rows of `q_lens` tokens;
-        None without taps. Raises ValueError for an offset off the chunk grid below CHUNK
-        (the causal conv's state there would reach back before the row)."""
+        """The index of `taps` (`forward.StateTap`s, any offset inside its row) of a pass with
+        rows of `q_lens` tokens; None without taps."""
         if not taps:
             return None
         starts = [0, *itertools.accumulate(q_lens)]
         first = [0, *itertools.accumulate(-(-n // CHUNK) for n in q_lens)]
-        cols, rest, tokens, cu = [], [], [], [0]
-        for t in taps:
-            if t.offset < CHUNK:
-                raise ValueError(f"state tap {t}: offset below {CHUNK}")
+        cols, rest, tokens, cu, opening, near = [], [], [], [0], [], []
+        for i, t in enumerate(taps):
+            if not 0 < t.offset < q_lens[t.row]:
+                raise ValueError(f"state tap {t}: offset not inside its row")
             chunk = first[t.row] + t.offset // CHUNK
             cols.append((starts[t.row] + t.offset, chunk, t.slot))
             r = t.offset % CHUNK
@@ -149,24 +170,47 @@ class TapIndex:
                 base = starts[t.row] + t.offset - r
                 tokens.extend(range(base, base + r))
                 cu.append(len(tokens))
+                if t.offset < CHUNK:
+                    opening.append((len(rest), t.row))
                 rest.append((chunk, t.slot))
+            if t.offset < CHUNK:
+                near.append((i, t.row, t.offset))
         flat = _to_device(torch.tensor(cols, dtype=torch.int64).t().contiguous(), device)
-        return cls(flat[0], flat[1], flat[2], _rest(rest, tokens, cu, device))
+        return cls(
+            flat[0], flat[1], flat[2], _rest(rest, tokens, cu, opening, device),
+            _near(near, device),
+        )  # fmt: skip
 
 
 def _rest(
-    rest: list[tuple[int, int]], tokens: list[int], cu: list[int], device: torch.device
+    rest: list[tuple[int, int]],
+    tokens: list[int],
+    cu: list[int],
+    opening: list[tuple[int, int]],
+    device: torch.device,
 ) -> TapRest | None:
     """The `TapRest` of the off-grid taps ((chunk, slot) each; tap j's tokens are
-    tokens[cu[j]:cu[j+1]]), in one copy. `cu`, which the recurrent kernel reads, comes first:
-    Triton specialises on a pointer's 16-byte alignment, and a view at an odd offset would
-    compile another variant in the middle of serving."""
+    tokens[cu[j]:cu[j+1]]; `opening`: (j, row) of those in their row's first chunk), in one
+    copy. `cu`, which the recurrent kernel reads, comes first: Triton specialises on a
+    pointer's 16-byte alignment, and a view at an odd offset would compile another variant in
+    the middle of serving."""
     if not rest:
         return None
-    n, m = len(rest), len(tokens)
-    host = torch.tensor([*cu, *(c for c, _ in rest), *(s for _, s in rest), *tokens])
-    cu_t, chunk, slot, idx = _to_device(host.to(torch.int64), device).split([n + 1, n, n, m])
-    return TapRest(idx, cu_t, chunk, slot)
+    n, m, j = len(rest), len(tokens), len(opening)
+    host = torch.tensor([
+        *cu, *(c for c, _ in rest), *(s for _, s in rest), *tokens,
+        *(i for i, _ in opening), *(r for _, r in opening),
+    ])  # fmt: skip
+    parts = _to_device(host.to(torch.int64), device).split([n + 1, n, n, m, j, j])
+    cu_t, chunk, slot, idx, at, rows = parts
+    return TapRest(idx, cu_t, chunk, slot, at if j else None, rows if j else None)
+
+
+def _near(near: list[tuple[int, int, int]], device: torch.device) -> TapNear | None:
+    if not near:
+        return None
+    flat = _to_device(torch.tensor(near, dtype=torch.int64).t().contiguous(), device)
+    return TapNear(flat[0], flat[1], flat[2])
 
 
 @dataclass(frozen=True, slots=True)
