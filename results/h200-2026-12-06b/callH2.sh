@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device call H2 (after H, on the machine it leaves warm): the GPU tests the final tree has not
-# run: the engine's cached-equals-cold tests with exact taps inside long passes (e2f55ae), the
-# state taps, and MTP parity (speculation replays its roll-back on CUDA).
+# run: the state taps at any offset (3c59bad: near the row's start too), the engine's
+# cached-equals-cold tests with exact taps inside long passes (e2f55ae) and taps in rows
+# resumed off the page grid, and MTP parity with both roll-backs (per-position taps, replay).
 set -uo pipefail
 B=${B:-580}
 source tools/device/env.sh
