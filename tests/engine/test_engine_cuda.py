@@ -484,3 +484,54 @@ def test_engine_fork_inside_one_long_pass_resumes_at_a_rung_on_cuda(model):
     finally:
         llm.close()
         cold_llm.close()
+
+
+def _same_up_to_near_ties(out, base) -> None:
+    """`out`'s greedy tokens are `base`'s, logprobs within LOGPROB_TOL, up to a near-tie flip."""
+    for i, (a, b) in enumerate(zip(out.token_ids, base.token_ids, strict=True)):
+        top = sorted(base.logprobs[i].values(), reverse=True)
+        if a != b:
+            assert a in base.logprobs[i] and top[0] - top[1] < 2 * LOGPROB_TOL, (i, a, b)
+            return
+        assert abs(out.logprobs[i][a] - base.logprobs[i][a]) < LOGPROB_TOL, (i, a)
+
+
+def test_chat_exact_taps_inside_one_pass_on_cuda(model, demo_text, monkeypatch):
+    """A cold chat prompt runs as one eager pass with the cache on, its exact taps (message
+    boundaries, the end of the last user message) taken inside it off the chunk grid; a
+    re-rendered follow-up that drops the reply resumes at one and gives the tokens of a cold
+    run (logprobs within LOGPROB_TOL, up to a near-tie flip)."""
+    from ninfer.engine import engine as loop
+    from ninfer.llm import LLM
+
+    tok, template = demo_text
+    words = [f"w{(7 * i) % 97} item{i % 13}" for i in range(160)]
+    conv = [
+        {"role": "system", "content": " ".join(words[:90])},
+        {"role": "user", "content": " ".join(words[90:130])},
+        {"role": "assistant", "content": " ".join(words[130:145])},
+        {"role": "user", "content": " ".join(words[145:])},
+    ]
+    kwargs = dict(device="cuda", max_concurrency=2, kv_capacity=16384, host_cache_mib=0,
+                  prefill_chunk=128, solo_prefill_chunk=4096, prefill_graph_tokens=256,
+                  check_invariants=True, tokenizer=tok, chat_template=template)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
+    llm = LLM.from_model(model, **kwargs)
+    cold_llm = LLM.from_model(model, **{**kwargs, "prefix_reuse": False})
+    try:
+        steps, plan = [], loop.plan_step
+        monkeypatch.setattr(
+            loop, "plan_step", lambda *a, **k: steps.append(plan(*a, **k)) or steps[-1]
+        )
+        first = llm.chat([conv], params)[0]
+        passes = [(s.start, s.end, s.in_pass) for st in steps for s in st if s.end - s.start > 1]
+        assert passes == [(0, first.usage.prompt_tokens, True)], passes
+        monkeypatch.undo()
+        _same_up_to_near_ties(first, cold_llm.chat([conv], params)[0])
+        follow = [*conv, {"role": "user", "content": "and then?"}]  # the reply dropped
+        warm, cold = llm.chat([follow], params)[0], cold_llm.chat([follow], params)[0]
+        assert warm.usage.cached_tokens > 0
+        _same_up_to_near_ties(warm, cold)
+    finally:
+        llm.close()
+        cold_llm.close()
