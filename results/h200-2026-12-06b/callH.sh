@@ -17,4 +17,6 @@ lap "ttft rc=$?"; grep -v INFO $OUT/ttft_9b.log | cut -c1-160 | tail -9
 timeout $(box 280) python3 -m ninfer.bench.bystander --device cuda --stall-trace $OUT/stalls.json \
   --server-log $OUT/server.log >$OUT/bystander.json 2>$OUT/bystander.err
 lap "bystander rc=$?"; head -c 1500 $OUT/bystander.json; echo; grep -v INFO $OUT/bystander.err | tail -3
-save_caches >/dev/null 2>&1; ls $OUT | tr '\n' ' '; lap done
+# at most 8 files come back: the logs in one archive, then the caches' parts
+mkdir -p /tmp/logs && mv $OUT/*.log $OUT/*.err $OUT/stalls.json /tmp/logs/ 2>/dev/null
+tar czf $OUT/logs.tgz -C /tmp logs; save_caches >/dev/null 2>&1; ls $OUT | tr '\n' ' '; lap done

@@ -15,4 +15,6 @@ run_file() { local name=$1; shift; local s; s=$(left); [ "$s" -lt 20 ] && { lap 
 run_file state_taps tests/ops/test_cuda_state_taps.py
 run_file engine_cuda tests/engine/test_engine_cuda.py
 run_file spec tests/engine/test_speculative_cuda.py
-save_caches >/dev/null 2>&1; lap done
+# at most 8 files come back: the logs in one archive, then the caches' parts
+mkdir -p /tmp/logs && mv $OUT/*.log /tmp/logs/ 2>/dev/null
+tar czf $OUT/logs.tgz -C /tmp logs; save_caches >/dev/null 2>&1; ls $OUT | tr '\n' ' '; lap done

@@ -19,7 +19,10 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheade
 export NINFER_DEVICE_ENV=1
 fi
 # Then, here: replace .fi_cache/triton.tgz* by the returned parts (the carry limit is 64 MiB
-# with the wheels and the working tree: check `du -cb .whl/* .fi_cache/*` first).
+# with the wheels and the working tree: check `du -cb .whl/* .fi_cache/*` first). At most 8
+# files come back from $OUT: keep the rest to one archive (the results' call scripts tar
+# their logs) or a cache part is dropped, and a cold machine then compiles every Triton
+# kernel of the tree again (minutes: 2026-12-06b's call G1).
 save_caches() {
   tar czf - -C ~ .cache/flashinfer 2>/dev/null | split -b 15m - "$OUT/flashinfer.tgz.part-"
   tar czf - -C ~ .triton 2>/dev/null | split -b 15m - "$OUT/triton.tgz.part-"
