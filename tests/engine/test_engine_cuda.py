@@ -275,6 +275,16 @@ def test_prefill_graph_replay_equals_eager(model, gather):
 LOGPROB_TOL = 0.1  # bf16 logits of two pass shapes: the runner test above measured 0.063 x std
 
 
+def _same_up_to_near_ties(out, base) -> None:
+    """`out`'s greedy tokens are `base`'s, logprobs within LOGPROB_TOL, up to a near-tie flip."""
+    for i, (a, b) in enumerate(zip(out.token_ids, base.token_ids, strict=True)):
+        top = sorted(base.logprobs[i].values(), reverse=True)
+        if a != b:
+            assert a in base.logprobs[i] and top[0] - top[1] < 2 * LOGPROB_TOL, (i, a, b)
+            return
+        assert abs(out.logprobs[i][a] - base.logprobs[i][a]) < LOGPROB_TOL, (i, a)
+
+
 def test_engine_prefill_graphs_match_eager_on_cuda(model):
     """The engine with prefill graphs over a conversation whose later turns echo the previous
     answer, so that each resumes from that turn's endpoint snapshot and is one short prefill
@@ -412,12 +422,7 @@ def test_engine_in_pass_tap_matches_the_cut_on_cuda(model):
     base = outs[False][0]
     for out in (outs[True][0], outs[True][1], outs[False][1]):
         assert all(v == v for lp in out.logprobs for v in lp.values()), out.logprobs
-        for i, (a, b) in enumerate(zip(out.token_ids, base.token_ids, strict=True)):
-            top = sorted(base.logprobs[i].values(), reverse=True)
-            if a != b:
-                assert a in base.logprobs[i] and top[0] - top[1] < 2 * LOGPROB_TOL, (i, a, b)
-                break
-            assert abs(out.logprobs[i][a] - base.logprobs[i][a]) < LOGPROB_TOL, (i, a)
+        _same_up_to_near_ties(out, base)
 
 
 @pytest.mark.parametrize("solo", [None, 1024])
@@ -443,12 +448,7 @@ def test_engine_prompt_end_resume_equals_cold_on_cuda(model, solo):
         assert warm.usage.cached_tokens == 437
         cold = cold_llm.generate([longer], params)[0]
         assert cold.usage.cached_tokens == 0
-        for i, (a, b) in enumerate(zip(warm.token_ids, cold.token_ids, strict=True)):
-            top = sorted(cold.logprobs[i].values(), reverse=True)
-            if a != b:
-                assert a in cold.logprobs[i] and top[0] - top[1] < 2 * LOGPROB_TOL, (i, a, b)
-                break
-            assert abs(warm.logprobs[i][a] - cold.logprobs[i][a]) < LOGPROB_TOL, (i, a)
+        _same_up_to_near_ties(warm, cold)
     finally:
         llm.close()
         cold_llm.close()
@@ -475,25 +475,10 @@ def test_engine_fork_inside_one_long_pass_resumes_at_a_rung_on_cuda(model):
         warm = llm.generate([fork], params)[0]
         assert warm.usage.cached_tokens == 1024
         cold = cold_llm.generate([fork], params)[0]
-        for i, (a, b) in enumerate(zip(warm.token_ids, cold.token_ids, strict=True)):
-            top = sorted(cold.logprobs[i].values(), reverse=True)
-            if a != b:
-                assert a in cold.logprobs[i] and top[0] - top[1] < 2 * LOGPROB_TOL, (i, a, b)
-                break
-            assert abs(warm.logprobs[i][a] - cold.logprobs[i][a]) < LOGPROB_TOL, (i, a)
+        _same_up_to_near_ties(warm, cold)
     finally:
         llm.close()
         cold_llm.close()
-
-
-def _same_up_to_near_ties(out, base) -> None:
-    """`out`'s greedy tokens are `base`'s, logprobs within LOGPROB_TOL, up to a near-tie flip."""
-    for i, (a, b) in enumerate(zip(out.token_ids, base.token_ids, strict=True)):
-        top = sorted(base.logprobs[i].values(), reverse=True)
-        if a != b:
-            assert a in base.logprobs[i] and top[0] - top[1] < 2 * LOGPROB_TOL, (i, a, b)
-            return
-        assert abs(out.logprobs[i][a] - base.logprobs[i][a]) < LOGPROB_TOL, (i, a)
 
 
 def test_chat_exact_taps_inside_one_pass_on_cuda(model, demo_text, monkeypatch):

@@ -118,21 +118,30 @@ class Publisher:
             return None
         boundary = exact and f in lane.boundary_taps
         kind = SnapshotKind.BOUNDARY if boundary else SnapshotKind.TAP
+        granted = self._grant(lane, f, kind)
+        if granted is None:
+            return None
+        slot, tail = granted
+        lane.pending.append(PendingTap(f, slot, kind, tail, tail_due=tail is not None))
+        lane.last_snapshot = f
+        return self.states.snap_phys[slot]
+
+    def _grant(self, lane: KVLane, f: int, kind: int) -> tuple[int, int | None] | None:
+        """A staging snapshot slot for frontier f and, off a page boundary, a page for its
+        partial block: (slot, page or None), or None when either is refused (a refused page
+        gives the slot back: the tap is skipped, `taps_skipped_no_page`)."""
         grant = self.index.allocate_snapshot_slot(lane.lane_id, f, kind)
         if grant is None:
             return None
         self.kv.free(grant.freed_pages)
-        tail = None
-        if f % PAGE_SIZE:
-            got = self.budget.take(1) if self.budget.headroom() >= 1 else None
-            if got is None:
-                self.index.free_snapshot_slot(lane.lane_id, grant.slot)
-                self.counters.taps_skipped_no_page += 1
-                return None
-            tail = got[0]
-        lane.pending.append(PendingTap(f, grant.slot, kind, tail, tail_due=tail is not None))
-        lane.last_snapshot = f
-        return self.states.snap_phys[grant.slot]
+        if not f % PAGE_SIZE:
+            return grant.slot, None
+        got = self.budget.take(1) if self.budget.headroom() >= 1 else None
+        if got is None:
+            self.index.free_snapshot_slot(lane.lane_id, grant.slot)
+            self.counters.taps_skipped_no_page += 1
+            return None
+        return grant.slot, got[0]
 
     def _fill_tails(self, lane: KVLane) -> None:
         """The tail pages of in-pass taps off a page boundary that the last pass reached: the
@@ -210,21 +219,14 @@ class Publisher:
         """Stage a snapshot of the lane's state at frontier f (= lane.computed now)."""
         if f <= lane.last_snapshot:
             return
-        grant = self.index.allocate_snapshot_slot(lane.lane_id, f, kind)
-        if grant is None:
+        granted = self._grant(lane, f, kind)
+        if granted is None:
             return
-        self.kv.free(grant.freed_pages)
-        tail = None
-        if f % PAGE_SIZE:
-            got = self.budget.take(1) if self.budget.headroom() >= 1 else None
-            if got is None:
-                self.index.free_snapshot_slot(lane.lane_id, grant.slot)
-                self.counters.taps_skipped_no_page += 1
-                return
-            tail = got[0]
+        slot, tail = granted
+        if tail is not None:
             self.kv.copy_prefix(lane.pages[f // PAGE_SIZE], tail, f % PAGE_SIZE)
-        self.states.tap(lane.slot, grant.slot)
-        lane.pending.append(PendingTap(f, grant.slot, kind, tail))
+        self.states.tap(lane.slot, slot)
+        lane.pending.append(PendingTap(f, slot, kind, tail))
         lane.last_snapshot = f
 
     @staticmethod
