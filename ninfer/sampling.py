@@ -205,6 +205,18 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return scaled.softmax(dim=-1)
 
 
+def accept_greedy(target: list[int], drafts: list[int]) -> list[int]:
+    """`accept_drafts` for greedy params from the target's argmax at the row's k + 1 positions
+    (read once for all of a step's greedy rows): the drafts while they equal it, then the
+    argmax where they stop (or after the last)."""
+    out = []
+    for j, d in enumerate(drafts):
+        out.append(target[j])
+        if d != target[j]:
+            return out
+    return out + [target[len(drafts)]]
+
+
 def accept_drafts(
     logits: torch.Tensor,
     drafts: list[int],
@@ -226,13 +238,7 @@ def accept_drafts(
     if logits.shape[0] != k + 1:
         raise ValueError(f"accept_drafts: {logits.shape[0]} logits rows for {k} drafts")
     if params.greedy:
-        target = logits.argmax(dim=-1).tolist()
-        out = []
-        for j, d in enumerate(drafts):
-            out.append(target[j])
-            if d != target[j]:
-                return out
-        return out + [target[k]]
+        return accept_greedy(logits.argmax(dim=-1).tolist(), drafts)
     p = probabilities(logits, params)
     u = torch.rand(k, generator=generator, device=generator.device if generator else p.device)
     p_d = p[torch.arange(k), drafts].tolist() if k else []

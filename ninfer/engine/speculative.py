@@ -42,6 +42,7 @@ Runs eagerly (no CUDA graphs, no step run ahead).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,7 +52,7 @@ from ninfer.engine.executor.runner import Row, Runner, StepResult
 from ninfer.engine.kv.lane import KVLane
 from ninfer.memory.state_pool import StatePool
 from ninfer.page import PAGE_SIZE
-from ninfer.sampling import accept_drafts, draw, probabilities
+from ninfer.sampling import accept_drafts, accept_greedy, draw, probabilities
 
 
 @dataclass(slots=True)
@@ -161,6 +162,9 @@ class Speculator:
             batch.before_layer(len(runner.model.model.layers))  # after the model's (`bridge`)
         n = len(rows)
         step = StepResult(tokens=[None] * n, logprobs=[None] * n, errors=[None] * n)
+        # the greedy verify rows' target tokens, read in one copy for all of them
+        greedy = any(r.verify and r.sample is not None and r.sample.greedy for r in rows)
+        argmax = logits.argmax(dim=-1).tolist() if greedy else None
         plain, plain_rows, at = [], [], 0
         for i, r in enumerate(rows):
             if r.sample is None:
@@ -169,7 +173,8 @@ class Speculator:
             if r.verify:
                 draft = self.drafts.pop(lanes[i].lane_id, None)
                 probs = None if draft is None or draft.probs is None else draft.probs
-                step.tokens[i] = self._accept(r, logits[at : at + width], probs)
+                target = argmax[at : at + width] if r.sample.greedy else None
+                step.tokens[i] = self._accept(r, logits[at : at + width], probs, target)
             else:
                 plain.append(at)
                 plain_rows.append(i)
@@ -182,14 +187,21 @@ class Speculator:
                 step.tokens[i] = tokens[j]
                 step.logprobs[i] = sampled.logprobs[j]
                 step.errors[i] = errors[j] if errors is not None else None
-        starts = batch.cu_q.tolist()
+        starts = [0, *itertools.accumulate(batch.q_lens)]  # host: no copy back
         return SpecLaunched(rows, hidden, starts, step, taps)
 
-    def _accept(self, row: Row, logits: torch.Tensor, probs: torch.Tensor | None) -> list[int]:
+    def _accept(
+        self, row: Row, logits: torch.Tensor, probs: torch.Tensor | None, target: list | None
+    ) -> list[int]:
+        """The row's tokens (`sampling.accept_drafts`; `target`: a greedy row's argmax, read
+        with the step's other greedy rows)."""
         drafts = row.token_ids[1:]
         if probs is not None:
             probs = probs[: len(drafts)]
-        tokens = accept_drafts(logits, drafts, probs, row.sample, row.generator)
+        if target is not None:
+            tokens = accept_greedy(target, drafts)
+        else:
+            tokens = accept_drafts(logits, drafts, probs, row.sample, row.generator)
         st = self.stats
         st.verify_rows += 1
         st.drafted += len(drafts)
@@ -299,15 +311,16 @@ class Speculator:
     def _chain(self, chain: list) -> None:
         """Draft tokens 1 .. k of each lane: token 1 from the bridge logits, each next one
         from a one-token head pass over the previous one and the head's own hidden state."""
-        state = []
+        state, picks = [], []
         for lane, row, k, logits, hidden in chain:
             self.drafts.pop(lane.lane_id, None)
             if k == 0:
                 continue
             draft = Draft([], [] if not row.sample.greedy else None)
-            self._pick(draft, row, logits)
+            picks.append((draft, row, logits))
             self.drafts[lane.lane_id] = draft
             state.append((lane, row, k, hidden))
+        self._pick(picks)
         for step in range(1, self.k):
             todo = [(ln, r, k, h) for ln, r, k, h in state if k > step]
             if not todo:
@@ -318,10 +331,10 @@ class Speculator:
                 for ln, r, _, _ in todo
             ]  # fmt: skip
             logits, out = self._head(rows, torch.stack([h for _, _, _, h in todo]))
-            state = []
-            for j, (ln, r, k, _) in enumerate(todo):
-                self._pick(self.drafts[ln.lane_id], r, logits[j])
-                state.append((ln, r, k, out[j]))
+            self._pick(
+                [(self.drafts[ln.lane_id], r, logits[j]) for j, (ln, r, _, _) in enumerate(todo)]
+            )
+            state = [(ln, r, k, out[j]) for j, (ln, r, k, _) in enumerate(todo)]
         for lane, _, k, _, _ in chain:
             draft = self.drafts.get(lane.lane_id)
             if draft is None:
@@ -335,13 +348,20 @@ class Speculator:
             elif isinstance(draft.probs, list):
                 draft.probs = torch.stack(draft.probs)
 
-    def _pick(self, draft: Draft, row: Row, logits: torch.Tensor) -> None:
-        if row.sample.greedy:
-            draft.tokens.append(int(logits.argmax()))
-            return
-        probs = probabilities(logits.unsqueeze(0), row.sample)
-        draft.tokens.append(int(draw(probs, [row.generator])[0]))
-        draft.probs.append(probs[0])
+    @staticmethod
+    def _pick(picks: list[tuple[Draft, Row, torch.Tensor]]) -> None:
+        """Each (draft, row, logits [V]) draws its next token: the greedy ones' argmax read in
+        one copy for all of them; a sampled one draws with its row's generator."""
+        greedy = [(draft, logits) for draft, row, logits in picks if row.sample.greedy]
+        if greedy:
+            tokens = torch.stack([logits for _, logits in greedy]).argmax(dim=-1).tolist()
+            for (draft, _), token in zip(greedy, tokens, strict=True):
+                draft.tokens.append(token)
+        for draft, row, logits in picks:
+            if not row.sample.greedy:
+                probs = probabilities(logits.unsqueeze(0), row.sample)
+                draft.tokens.append(int(draw(probs, [row.generator])[0]))
+                draft.probs.append(probs[0])
 
     def _head(self, rows: list[Row], hidden: torch.Tensor):
         runner = self.runner
