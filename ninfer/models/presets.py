@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from ninfer.models.config import Qwen35Config
+from ninfer.models.fp8 import Fp8Linear
 from ninfer.models.quant import on_the_fly
-from ninfer.models.quantize import quantize_
-from ninfer.models.qwen3_5 import Qwen35ForCausalLM
+from ninfer.models.quantize import fp8_targets, quantize_
+from ninfer.models.qwen3_5 import Experts, Qwen35ForCausalLM
 from ninfer.models.vision import VisionConfig, VisionModel, add_vision_tower
 from ninfer.vision.preprocess import ImageProcessorConfig
 
@@ -92,25 +94,63 @@ def init_random_(model: Qwen35ForCausalLM, seed: int, std: float = 0.02) -> None
     Matrices and embeddings ~ N(0, std); zero-centred norm weights ~ N(0, 0.1) and the gated
     norm ~ 1 + N(0, 0.1); conv taps ~ N(0, 1/K); GDN decay as in Mamba-2 (A in [1, 16], dt in
     [1e-3, 1e-1] through dt_bias = softplus^-1(dt)), so the recurrent state keeps a memory.
+    Parameter i (in `named_parameters` order) draws from its own generator, seeded from `seed`
+    and i, so parameters can be drawn one at a time (`_random_fp8_`).
     """
     for i, (name, p) in enumerate(model.named_parameters()):
-        gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + i)
-        if name.endswith("linear_attn.norm.weight"):
-            p.normal_(1.0, 0.1, generator=gen)
-        elif name.endswith("norm.weight"):
-            p.normal_(0.0, 0.1, generator=gen)
-        elif name.endswith("conv1d.weight"):
-            p.normal_(0.0, p.shape[-1] ** -0.5, generator=gen)
-        elif name.endswith("A_log"):
-            p.uniform_(1.0, 16.0, generator=gen).log_()
-        elif name.endswith("dt_bias"):
-            dt = torch.empty(p.shape, device=p.device).uniform_(
-                math.log(1e-3), math.log(1e-1), generator=gen
-            )
-            dt = dt.exp_()
-            p.copy_(dt + torch.log(-torch.expm1(-dt)))
-        else:
-            p.normal_(0.0, std, generator=gen)
+        _init_param(name, p, _generator(p.device, seed, i), std)
+
+
+def _generator(device: torch.device, seed: int, i: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
+
+
+def _init_param(name: str, p: torch.Tensor, gen: torch.Generator, std: float) -> None:
+    if name.endswith("linear_attn.norm.weight"):
+        p.normal_(1.0, 0.1, generator=gen)
+    elif name.endswith("norm.weight"):
+        p.normal_(0.0, 0.1, generator=gen)
+    elif name.endswith("conv1d.weight"):
+        p.normal_(0.0, p.shape[-1] ** -0.5, generator=gen)
+    elif name.endswith("A_log"):
+        p.uniform_(1.0, 16.0, generator=gen).log_()
+    elif name.endswith("dt_bias"):
+        dt = torch.empty(p.shape, device=p.device).uniform_(
+            math.log(1e-3), math.log(1e-1), generator=gen
+        )
+        dt = dt.exp_()
+        p.copy_(dt + torch.log(-torch.expm1(-dt)))
+    else:
+        p.normal_(0.0, std, generator=gen)
+
+
+@torch.no_grad()
+def _random_fp8_(
+    model: Qwen35ForCausalLM, scheme, device: torch.device | str, seed: int, std: float = 0.02
+) -> None:
+    """`init_random_` on a meta-device model, one parameter at a time, each module `scheme`
+    converts made FP8 as soon as its parameters are drawn (a linear at its weight, a layer's
+    experts at their second tensor): the same values as drawing the whole dense model and then
+    quantising it, at the memory of the FP8 model plus one module."""
+    model.tie_weights()  # the tied head is the embedding's parameter: listed once, as drawn
+    linears, experts = fp8_targets(model, scheme)
+    pending = {*linears, *experts}
+    for i, (name, p) in enumerate(list(model.named_parameters())):
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        real = torch.empty(p.shape, dtype=p.dtype, device=device)
+        _init_param(name, real, _generator(real.device, seed, i), std)
+        module._parameters[attr] = nn.Parameter(real, requires_grad=False)
+        if module_name in pending and not any(q.is_meta for q in module.parameters()):
+            if isinstance(module, Experts):
+                module.to_fp8(scheme.block_for, quantize=True)
+            else:
+                parent, _, child = module_name.rpartition(".")
+                block = scheme.block_for(real.shape[1])
+                owner = model.get_submodule(parent) if parent else model
+                setattr(owner, child, Fp8Linear.quantized(module, block))
+            pending.discard(module_name)
+    model.tie_weights()
 
 
 def build_random_model(
@@ -122,8 +162,9 @@ def build_random_model(
     mtp: bool = False,
 ) -> Qwen35ForCausalLM:
     """A randomly initialised model allocated directly on `device` (nothing on the host);
-    `quantization` "fp8" then quantises it as `LLM(quantization="fp8")` quantises a checkpoint
-    (`ninfer.models.quant.on_the_fly`); `mtp`: with a random MTP draft head (the target's
+    `quantization` "fp8" quantises it as `LLM(quantization="fp8")` quantises a checkpoint
+    (`ninfer.models.quant.on_the_fly`), module by module as it is drawn (`_random_fp8_`: the
+    dense model is never held whole); `mtp`: with a random MTP draft head (the target's
     weights are the same either way)."""
     scheme = on_the_fly(quantization)  # ValueError naming `quantization` before any work
     model = Qwen35ForCausalLM(config, dtype=dtype, device="meta")
@@ -131,14 +172,17 @@ def build_random_model(
         from ninfer.models.mtp import add_mtp_head
 
         add_mtp_head(model, dtype, "meta")
-    model.to_empty(device=device)
-    model.tie_weights()
+    if scheme is None:
+        model.to_empty(device=device)
+        model.tie_weights()
+        init_random_(model, seed)
+    else:
+        _random_fp8_(model, scheme, device, seed)
     model.init_buffers()
-    init_random_(model, seed)
     for p in model.parameters():
         p.requires_grad_(False)
     if scheme is not None:
-        quantize_(model, scheme)
+        quantize_(model, scheme)  # the scheme recorded; every target is FP8 already
     return model.eval()
 
 

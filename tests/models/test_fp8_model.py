@@ -125,6 +125,63 @@ def test_random_preset_quantised_at_build(ref_ops):
         build_random_model(cfg, torch.float32, "cpu", quantization="int8")
 
 
+def _dense_target_bytes(model) -> int:
+    """Bytes of the drawn dense weights of the modules `quantization="fp8"` converts."""
+    from ninfer.models.quant import on_the_fly
+    from ninfer.models.quantize import fp8_targets
+
+    linears, experts = fp8_targets(model, on_the_fly("fp8"))
+    total = 0
+    for name in [*linears, *experts]:
+        module = model.get_submodule(name)
+        if not getattr(module, "blocks", None):  # experts already FP8 have blocks
+            total += sum(p.numel() * p.element_size() for p in module.parameters() if not p.is_meta)
+    return total
+
+
+@pytest.mark.parametrize("preset", ["27B", "35B-A3B"])
+@pytest.mark.parametrize("mtp", [False, True])
+def test_random_fp8_preset_is_drawn_module_by_module(monkeypatch, preset, mtp):
+    """`build_random_model(quantization="fp8")` draws the parameters one at a time and makes
+    each converted module FP8 as soon as it is drawn: at every draw, the dense weights of the
+    modules to convert stay within the largest one's (the dense model is never held whole: the
+    27B or the 35B-A3B in bf16 would not fit beside its FP8 copy on one 80 GB card), and the
+    model is the dense one quantised after the draw, bit for bit."""
+    from ninfer.models import presets
+    from ninfer.models.quant import on_the_fly
+
+    cfg = narrow(PRESETS[preset], layers=4)
+    dense = build_random_model(cfg, torch.float32, "cpu", seed=3, mtp=mtp)
+    largest = max(
+        sum(p.numel() * p.element_size() for p in m.parameters())
+        for m in dense.modules()
+        if isinstance(m, (torch.nn.Linear, presets.Experts))
+    )
+    built, seen = [], []
+    build = presets.Qwen35ForCausalLM
+
+    def capture(*args, **kwargs):
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    draw = presets._init_param
+
+    def spy(name, p, gen, std):
+        draw(name, p, gen, std)
+        seen.append(_dense_target_bytes(built[-1]))
+
+    monkeypatch.setattr(presets, "Qwen35ForCausalLM", capture)
+    monkeypatch.setattr(presets, "_init_param", spy)
+    fp8 = build_random_model(cfg, torch.float32, "cpu", seed=3, quantization="fp8", mtp=mtp)
+    monkeypatch.undo()
+    assert seen and max(seen) <= largest < _dense_target_bytes(dense), (max(seen), largest)
+    want = quantize_(dense, on_the_fly("fp8")).state_dict()
+    got = fp8.state_dict()
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(got[name].view(torch.uint8), value.view(torch.uint8)), name
+
+
 def test_quantised_at_load_is_another_cache_identity():
     from ninfer.persist.fingerprint import path_identity
 
