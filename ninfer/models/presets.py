@@ -16,10 +16,9 @@ import torch
 from torch import nn
 
 from ninfer.models.config import Qwen35Config
-from ninfer.models.fp8 import Fp8Linear
 from ninfer.models.quant import on_the_fly
-from ninfer.models.quantize import fp8_targets, quantize_
-from ninfer.models.qwen3_5 import Experts, Qwen35ForCausalLM
+from ninfer.models.quantize import convert_module, fp8_targets, quantize_
+from ninfer.models.qwen3_5 import Qwen35ForCausalLM
 from ninfer.models.vision import VisionConfig, VisionModel, add_vision_tower
 from ninfer.vision.preprocess import ImageProcessorConfig
 
@@ -142,13 +141,7 @@ def _random_fp8_(
         _init_param(name, real, _generator(real.device, seed, i), std)
         module._parameters[attr] = nn.Parameter(real, requires_grad=False)
         if module_name in pending and not any(q.is_meta for q in module.parameters()):
-            if isinstance(module, Experts):
-                module.to_fp8(scheme.block_for, quantize=True)
-            else:
-                parent, _, child = module_name.rpartition(".")
-                block = scheme.block_for(real.shape[1])
-                owner = model.get_submodule(parent) if parent else model
-                setattr(owner, child, Fp8Linear.quantized(module, block))
+            convert_module(model, module_name, scheme)
             pending.discard(module_name)
     model.tie_weights()
 

@@ -49,21 +49,29 @@ def fp8_targets(model: Qwen35ForCausalLM, scheme: QuantScheme) -> tuple[list[str
 def _convert(model: Qwen35ForCausalLM, scheme: QuantScheme, quantize: bool) -> None:
     model.quant_scheme = scheme
     linears, experts = fp8_targets(model, scheme)
-    for name in linears:
-        parent, _, attr = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        old = owner.get_submodule(attr)
-        n_out, n_in = old.weight.shape
-        block = scheme.block_for(n_in)
-        if quantize:
-            new = Fp8Linear.quantized(old, block)
-        else:
-            new = Fp8Linear(n_in, n_out, block, device="meta")
-        setattr(owner, attr, new)
-    for name in experts:
-        module = model.get_submodule(name)
-        if not module.blocks:  # not FP8 already (the loader converts as it loads)
+    for name in [*linears, *experts]:
+        convert_module(model, name, scheme, quantize)
+
+
+def convert_module(
+    model: Qwen35ForCausalLM, name: str, scheme: QuantScheme, quantize: bool = True
+) -> None:
+    """Makes module `name` (one of `fp8_targets`) FP8 in `scheme`'s blocks: quantised from its
+    values (`quantize`), else empty on the meta device (to be loaded). Experts already FP8 stay
+    as they are (the loader and the random presets convert module by module as they fill)."""
+    module = model.get_submodule(name)
+    if isinstance(module, Experts):
+        if not module.blocks:
             module.to_fp8(scheme.block_for, quantize)
+        return
+    parent, _, attr = name.rpartition(".")
+    n_out, n_in = module.weight.shape
+    block = scheme.block_for(n_in)
+    if quantize:
+        new = Fp8Linear.quantized(module, block)
+    else:
+        new = Fp8Linear(n_in, n_out, block, device="meta")
+    setattr(model.get_submodule(parent), attr, new)
 
 
 def to_fp8_layout(model: Qwen35ForCausalLM, scheme: QuantScheme) -> None:

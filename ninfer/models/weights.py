@@ -34,9 +34,8 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ninfer.models.config import Qwen35Config
-from ninfer.models.fp8 import Fp8Linear
 from ninfer.models.quant import QuantScheme, checkpoint_scheme, on_the_fly
-from ninfer.models.quantize import fp8_targets, quantize_, to_fp8_layout
+from ninfer.models.quantize import convert_module, fp8_targets, quantize_, to_fp8_layout
 from ninfer.models.qwen3_5 import Experts, Qwen35ForCausalLM
 from ninfer.models.vision import VisionConfig, add_vision_tower
 from ninfer.ops.fp8 import FP8_DTYPE
@@ -174,11 +173,7 @@ class _Loader:
                 want = e if name == "down_proj" else 2 * e
                 if full not in self.loaded and len(parts) < want:
                     return  # a part still to come
-            module.to_fp8(self.scheme.block_for, quantize=True)
-        else:
-            parent, _, attr = module_name.rpartition(".")
-            block = self.scheme.block_for(module.weight.shape[1])
-            setattr(self.model.get_submodule(parent), attr, Fp8Linear.quantized(module, block))
+        convert_module(self.model, module_name, self.scheme)
         self.to_quantize.discard(module_name)
 
     def add(self, key: str, source) -> None:

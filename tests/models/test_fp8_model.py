@@ -18,7 +18,7 @@ from ninfer.models.quantize import (
     quantize_,
     weight_bytes,
 )
-from ninfer.models.qwen3_5 import fused_weight
+from ninfer.models.qwen3_5 import Experts, fused_weight
 from ninfer.ops.fp8 import Fp8Weight
 from tests.models.util import Row, make_batch, make_cache, narrow
 
@@ -155,7 +155,7 @@ def test_random_fp8_preset_is_drawn_module_by_module(monkeypatch, preset, mtp):
     largest = max(
         sum(p.numel() * p.element_size() for p in m.parameters())
         for m in dense.modules()
-        if isinstance(m, (torch.nn.Linear, presets.Experts))
+        if isinstance(m, (torch.nn.Linear, Experts))
     )
     built, seen = [], []
     build = presets.Qwen35ForCausalLM

@@ -265,10 +265,10 @@ class CudaOps(ReferenceOps):
         if batch.is_decode:
             return self._conv.causal_conv(x, weight, conv_state, batch)
         meta = self.pass_meta(batch)
-        taps = meta.taps  # their rows' initial conv state, read before the conv writes it:
+        taps = meta.taps  # the initial conv state near-start taps need: read before the conv
         init = None if taps is None else self._conv.tap_init(conv_state, batch.state_slots, meta)
         y = self._conv.causal_conv(x, weight, conv_state, batch, meta, self.conv_tile)
-        if meta.taps is not None:
+        if taps is not None:
             self._conv.write_taps(x, weight.shape[1], conv_state, meta.taps, init)
         return y
 
@@ -332,12 +332,12 @@ class CudaOps(ReferenceOps):
                 x, conv_weight, conv_state, a, b, a_log, dt_bias, state, batch, scale
             )
         meta = self.pass_meta(batch)
-        taps = meta.taps  # their rows' initial conv state, read before the conv writes it:
+        taps = meta.taps  # the initial conv state near-start taps need: read before the conv
         init = None if taps is None else self._conv.tap_init(conv_state, batch.state_slots, meta)
         q, k, v = self._conv.causal_conv_qkv(
             x, conv_weight, conv_state, batch, meta, key_dim, dk, self.conv_tile
         )
-        if meta.taps is not None:
+        if taps is not None:
             self._conv.write_taps(x, conv_weight.shape[1], conv_state, meta.taps, init)
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         slots = batch.state_slots
