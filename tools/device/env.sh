@@ -11,9 +11,11 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.
 # keep Triton autotune results in the (carried) cache too, not only the compiled kernels
 export TRITON_CACHE_AUTOTUNING=1
 for f in .fi_cache/flashinfer.tgz .fi_cache/triton.tgz; do [ -f "$f" ] && tar xzf "$f" -C ~; done
-# a Triton cache over the 16 MiB a call may return comes back (and is carried) in parts
+# a Triton cache over the 16 MiB a call may return comes back (and is carried) in parts;
+# xz parts (.txz) are a third of the gzip ones' size (the carry's 64 MiB hold both caches)
 for c in triton flashinfer; do
   if compgen -G ".fi_cache/$c.tgz.part-*" >/dev/null; then cat ".fi_cache/$c.tgz.part-"* | tar xz -C ~; fi
+  if compgen -G ".fi_cache/$c.txz.part-*" >/dev/null; then cat ".fi_cache/$c.txz.part-"* | tar xJ -C ~; fi
 done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
 export NINFER_DEVICE_ENV=1
@@ -24,7 +26,12 @@ fi
 # their logs) or a cache part is dropped, and a cold machine then compiles every Triton
 # kernel of the tree again (minutes: 2026-12-06b's call G1).
 save_caches() {
-  tar czf - -C ~ .cache/flashinfer 2>/dev/null | split -b 15m - "$OUT/flashinfer.tgz.part-"
-  tar czf - -C ~ .triton 2>/dev/null | split -b 15m - "$OUT/triton.tgz.part-"
-  ls -la "$OUT"/*.tgz*
+  if command -v xz >/dev/null; then
+    tar cf - -C ~ .cache/flashinfer 2>/dev/null | xz -T0 -6 | split -b 15m - "$OUT/flashinfer.txz.part-"
+    tar cf - -C ~ .triton 2>/dev/null | xz -T0 -6 | split -b 15m - "$OUT/triton.txz.part-"
+  else
+    tar czf - -C ~ .cache/flashinfer 2>/dev/null | split -b 15m - "$OUT/flashinfer.tgz.part-"
+    tar czf - -C ~ .triton 2>/dev/null | split -b 15m - "$OUT/triton.tgz.part-"
+  fi
+  ls -la "$OUT"/*.t?z*
 }
