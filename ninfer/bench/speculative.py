@@ -1,10 +1,21 @@
-"""Speculative decoding in the benches: a controlled draft and the acceptance figures.
+"""Speculative decoding in the benches and tests: controlled drafts and the acceptance figures.
 
-Random weights accept almost nothing, so a speed figure needs a draft of known quality: the
-controlled draft proposes the target's own next tokens (known from a plain greedy run of the
-same prompt) and replaces each with another token with probability 1 - `accept`, so that the
-per-position acceptance is `accept` whatever the model. The head still runs (its cost is in
-the figure); only its proposals are replaced (`Speculator.propose`).
+Random weights accept almost nothing, so a speed figure needs a draft of known quality. Two
+controls:
+
+    controlled_acceptance  (the benches) each draft position is accepted with probability
+                           `accept` until the first rejection, whatever the tokens
+                           (`Speculator.control`): the acceptance holds on any weights and
+                           device; the output is then the drafts', not the target's
+    controlled_draft       (the exactness tests) proposes the target's own next tokens, known
+                           from an earlier greedy run of the same prompt, each replaced with
+                           probability 1 - `accept` (`Speculator.propose`): the output stays
+                           the target's, but the acceptance holds only while the run
+                           reproduces that earlier output token for token (on a GPU, random
+                           weights' near-ties make a verify pass part from it within a few
+                           tokens, and nothing is accepted after)
+
+The head still runs either way (its cost is in the figure).
 """
 
 from __future__ import annotations
@@ -29,6 +40,20 @@ def controlled_draft(
         return out + [0] * (k - len(out))
 
     return propose
+
+
+def controlled_acceptance(accept: float, seed: int = 0) -> Callable[[int], int]:
+    """A `Speculator.control`: of k drafts, the count before the first rejection when each
+    position is accepted with probability `accept`."""
+    rng = random.Random(seed)
+
+    def control(k: int) -> int:
+        m = 0
+        while m < k and rng.random() < accept:
+            m += 1
+        return m
+
+    return control
 
 
 def stats_since(llm, before) -> dict:

@@ -168,9 +168,9 @@ def bench_decode(
     draft_acceptance: float | None = None,
 ) -> list[dict]:  # fmt: skip
     """Decode throughput per batch size. With speculation on, each row also says the draft
-    acceptance and the tokens per verify step; `draft_acceptance`: a controlled draft of that
-    per-position acceptance (`ninfer.bench.speculative`; each prompt is run once greedily
-    first, untimed, for the target's own tokens)."""
+    acceptance and the tokens per verify step; `draft_acceptance`: each draft position accepted
+    with that probability until the first rejection (`bench.speculative.controlled_acceptance`),
+    so the figure does not depend on what the random weights' head proposes."""
     rng = random.Random(seed)
     llm.generate(random_prompts(rng, cfg.vocab_size, 1, prompt_tokens), greedy(decode_tokens))
     # The copy figure is HBM traffic per second (each copied byte read and written): a decode
@@ -184,8 +184,8 @@ def bench_decode(
         steady_max = decode_tokens + 1 + staggered_steps(batch, prompt_tokens, chunk)
         prompts = random_prompts(rng, cfg.vocab_size, batch, prompt_tokens)
         if draft_acceptance is not None and llm.engine.speculator is not None:
-            _control_draft(llm, cfg, [(e2e_prompts, decode_tokens), (prompts, steady_max)],
-                           draft_acceptance, seed)  # fmt: skip
+            control = speculative.controlled_acceptance(draft_acceptance, seed)
+            llm.engine.speculator.control = control
         before = speculative.snapshot(llm)
         context = prompt_tokens + steady_max // 2  # the bound at the streamed run's middle
         step_bytes = decode_step_bytes(cfg, counts, batch, context, itemsize, kv_itemsize)
@@ -238,19 +238,6 @@ def _steady_state(llm, prompts: list[dict], max_tokens: int, lanes: int, bound_t
         "steady_note": window["note"],
     }
     return figures, errors
-
-
-def _control_draft(llm, cfg, runs, accept: float, seed: int) -> None:
-    """Install a controlled draft over the greedy outputs of `runs` ((prompts, max_tokens)
-    each), computed now with the proposals the head makes."""
-    llm.engine.speculator.propose = None
-    expected = {}
-    for prompts, n in runs:
-        for p, o in zip(prompts, llm.generate(prompts, greedy(n)), strict=True):
-            ids = p["prompt_token_ids"]
-            expected[tuple(ids)] = list(ids) + o.token_ids
-    propose = speculative.controlled_draft(expected, accept, cfg.vocab_size, seed)
-    llm.engine.speculator.propose = propose
 
 
 def greedy(max_tokens: int):

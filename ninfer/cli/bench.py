@@ -9,7 +9,8 @@ prefill: FLOPs over the measured matmul peak; restore: bytes over the measured c
 `--json` writes every number; `--profile DIR` writes Chrome traces;
 `--compare-hf` adds transformers on the same weights; `--plot` draws TTFT per turn. With
 `--speculative mtp` the decode part also prints the draft acceptance and the tokens per verify
-step; `--draft-acceptance A` replaces the head's proposals by a controlled draft.
+step; `--draft-acceptance A` accepts each draft position with probability A until the first
+rejection, whatever the head proposes (random weights accept almost nothing).
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "steps the steady-state figure is measured over")  # fmt: skip
     p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 8], help="e.g. 1,4,8")
     p.add_argument("--draft-acceptance", type=_fraction, metavar="A",
-                   help="decode with --speculative: a controlled draft, each proposal the "
-                   "target's own next token with probability A, else another (random "
-                   "weights accept almost nothing)")  # fmt: skip
+                   help="decode with --speculative: accept each draft position with "
+                   "probability A until the first rejection, whatever the head proposes "
+                   "(random weights accept almost nothing)")  # fmt: skip
     p.add_argument("--turns", type=int, default=4, help="turns per session in the TTFT trace "
                    "(its shared prefix is about the largest --prompt-tokens)")  # fmt: skip
     p.add_argument("--trace", default="chat", help=" | ".join(TRACES))

@@ -114,7 +114,10 @@ class Speculator:
     (`drafts`, by lane id), the scratch slots of the verify taps and the counters (`stats`).
     `propose`, when set, replaces the head's proposals: (lane, k) -> k tokens (benches and
     tests: a controlled draft; a sampled request draws nothing then, its draft distribution is
-    the proposal itself). The head runs either way."""
+    the proposal itself). The head runs either way. `control`, when set (benches only), says
+    how many of a verify row's k drafts are accepted, whatever they are: the row yields those
+    drafts and the target's greedy token after them, so a speed figure gets the acceptance it
+    asks for on any weights (the output is then not the target's)."""
 
     def __init__(self, runner: Runner, states: StatePool, k: int, scratch: list[int]) -> None:
         if runner.model.mtp is None:
@@ -126,6 +129,7 @@ class Speculator:
         self.drafts: dict[int, Draft] = {}
         self.stats = SpeculationStats()
         self.propose: Callable[[KVLane, int], list[int]] | None = None
+        self.control: Callable[[int], int] | None = None
 
     @staticmethod
     def speculates(lane: KVLane) -> bool:
@@ -198,7 +202,11 @@ class Speculator:
         drafts = row.token_ids[1:]
         if probs is not None:
             probs = probs[: len(drafts)]
-        if target is not None:
+        if self.control is not None:
+            m = min(self.control(len(drafts)), len(drafts))
+            after = target[m] if target is not None else int(logits[m].argmax())
+            tokens = [*drafts[:m], after]
+        elif target is not None:
             tokens = accept_greedy(target, drafts)
         else:
             tokens = accept_drafts(logits, drafts, probs, row.sample, row.generator)
