@@ -17,6 +17,11 @@ for c in triton flashinfer; do
   if compgen -G ".fi_cache/$c.tgz.part-*" >/dev/null; then cat ".fi_cache/$c.tgz.part-"* | tar xz -C ~; fi
   if compgen -G ".fi_cache/$c.txz.part-*" >/dev/null; then cat ".fi_cache/$c.txz.part-"* | tar xJ -C ~; fi
 done
+# torch.compile's (inductor's) cache: without it a cold machine compiles the ops' fused
+# kernels again (tens of seconds of warm-up)
+if compgen -G ".fi_cache/inductor.txz.part-*" >/dev/null; then
+  cat .fi_cache/inductor.txz.part-* | tar xJ -C /tmp
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
 export NINFER_DEVICE_ENV=1
 fi
@@ -29,6 +34,8 @@ save_caches() {
   if command -v xz >/dev/null; then
     tar cf - -C ~ .cache/flashinfer 2>/dev/null | xz -T0 -6 | split -b 15m - "$OUT/flashinfer.txz.part-"
     tar cf - -C ~ .triton 2>/dev/null | xz -T0 -6 | split -b 15m - "$OUT/triton.txz.part-"
+    local ind="torchinductor_$(id -un)"
+    [ -d "/tmp/$ind" ] && tar cf - -C /tmp "$ind" | xz -T0 -6 | split -b 15m - "$OUT/inductor.txz.part-"
   else
     tar czf - -C ~ .cache/flashinfer 2>/dev/null | split -b 15m - "$OUT/flashinfer.tgz.part-"
     tar czf - -C ~ .triton 2>/dev/null | split -b 15m - "$OUT/triton.tgz.part-"
