@@ -587,10 +587,12 @@ def resolve(
     rate = rates.prefill_flops_per_s(dtype)
     solo = _solo_chunk(opts, model, chunk, on_cuda, len_cfg, rate)
     spec = resolve_speculation(opts)
-    # speculation runs eagerly, one step at a time: no CUDA graphs, no step run ahead
-    graphs = bool(opts.cuda_graphs) and on_cuda and spec.speculative is None
+    # speculation replays its own graphs (`engine.speculative`), one step at a time: no
+    # prefill graphs, no step run ahead
+    graphs = bool(opts.cuda_graphs) and on_cuda
     graph_tokens = min(opts.prefill_graph_tokens, chunk)
     graph_tokens = -(-graph_tokens // PAGE_SIZE) * PAGE_SIZE if graphs else 0
+    graph_tokens = graph_tokens if spec.speculative is None else 0
     scratch = int(graph_tokens > 0)
     memory = _memory(opts, model, facts, (dtype, kv_dtype), len_cfg, scratch, spec)
     host_tier = memory.host_tier

@@ -83,18 +83,19 @@ class Engine:
         mem = self.kv_state
         cache = ModelCache(kv=mem.kv.kv, conv=mem.states.conv, ssm=mem.states.ssm)
         self.runner = Runner(model, ops, cache, self.device, sampler)
-        self.startup = warmup.prepare_runner(  # CUDA only
-            self.runner, cfg.ops, cfg.memory, cfg.scheduling.solo_prefill_chunk, mem.kv, mem.states
-        )
-        self._roster = Roster(mem)
-        self._admission = Admission(
-            cfg.memory, cfg.scheduling, mem, self._roster, tokenizer, make_gen, self.device
-        )
         self.speculator: Speculator | None = None
         if cfg.speculation.speculative == "mtp":
             spec_slots = mem.states.scratch_slots[cfg.memory.scratch_entries :]
             k = cfg.speculation.num_speculative_tokens
             self.speculator = Speculator(self.runner, mem.states, k, spec_slots)
+        self.startup = warmup.prepare_runner(  # CUDA only
+            self.runner, cfg.ops, cfg.memory, cfg.scheduling.solo_prefill_chunk, mem.kv,
+            mem.states, self.speculator,
+        )  # fmt: skip
+        self._roster = Roster(mem)
+        self._admission = Admission(
+            cfg.memory, cfg.scheduling, mem, self._roster, tokenizer, make_gen, self.device
+        )
         self._stepper = Stepper(
             cfg.memory, cfg.scheduling, self.runner, mem, self._roster, self.eos, self.vocab_size,
             self.speculator,

@@ -37,7 +37,10 @@ prefix cache starts bridging at its resumed frontier: the head's K/V below it co
 cached pages. Drafts are only proposals: whatever the head's K/V holds, the output is the
 target's, verified.
 
-Runs eagerly (no CUDA graphs, no step run ahead).
+With CUDA graphs (`capture`, at warm-up) the steady state replays captured passes: the verify
+step when every row is a verify row of K + 1 tokens, the bridge when each of its rows is one
+(padded to K + 1 tokens), and each chain step (`executor.spec_graphs`); any other step runs
+eagerly. No step is run ahead (the next step's rows depend on this one's acceptance).
 """
 
 from __future__ import annotations
@@ -130,6 +133,19 @@ class Speculator:
         self.stats = SpeculationStats()
         self.propose: Callable[[KVLane, int], list[int]] | None = None
         self.control: Callable[[int], int] | None = None
+        self.graphs = None  # `executor.spec_graphs.SpecGraphs` once captured (`capture`)
+
+    def capture(self, page: int, slots: list[int], max_pages_per_row: int) -> float:
+        """Captures the verify and head graphs (CUDA) for batches up to len(slots), on the
+        free `page` and `slots` and the scratch slots. Returns the seconds taken."""
+        from ninfer.engine.executor.spec_graphs import SpecGraphs
+
+        r = self.runner
+        graphs = SpecGraphs(r.model, r.ops, r.cache, r.device, len(slots), max_pages_per_row,
+                            self.k)  # fmt: skip
+        seconds = graphs.capture(page, slots, self.scratch)
+        self.graphs = graphs
+        return seconds
 
     @staticmethod
     def speculates(lane: KVLane) -> bool:
@@ -148,7 +164,9 @@ class Speculator:
         accept the verify rows against the lanes' drafts. Each verify row gets its scratch
         slots as taps here (with `replay`: one scratch slot, the lane's state saved into it
         before the pass)."""
+        runner = self.runner
         taps, used = {}, 0
+        graph = self._verify_graph(rows)
         for i, r in enumerate(rows):
             if r.verify and len(r.token_ids) > 1:
                 n = 1 if self.replay else len(r.token_ids) - 1
@@ -157,13 +175,18 @@ class Speculator:
                 taps[i] = slots
                 if self.replay:
                     self.states.copy_image(r.slot, slots[0])
-                else:
+                elif not graph:
                     r.taps = r.taps + tuple((o + 1, s) for o, s in enumerate(slots))
-        runner = self.runner
-        batch = runner.build_batch(rows)
-        logits, hidden = runner.model.forward_hidden(batch, runner.cache, runner.ops)
-        if batch.before_layer is not None:  # a Host restore: the head's K/V entry is the layer
-            batch.before_layer(len(runner.model.model.layers))  # after the model's (`bridge`)
+        if graph:
+            meta = [(r.token_ids, r.ctx_len, r.slot, r.pages) for r in rows]
+            logits, hidden = self.graphs.verify.run(meta, self.scratch[:used])
+            q_lens = [len(r.token_ids) for r in rows]
+        else:
+            batch = runner.build_batch(rows)
+            logits, hidden = runner.model.forward_hidden(batch, runner.cache, runner.ops)
+            if batch.before_layer is not None:  # a Host restore: the head's K/V entry is the
+                batch.before_layer(len(runner.model.model.layers))  # layer after the model's
+            q_lens = batch.q_lens
         n = len(rows)
         step = StepResult(tokens=[None] * n, logprobs=[None] * n, errors=[None] * n)
         # the greedy verify rows' target tokens, read in one copy for all of them
@@ -191,8 +214,26 @@ class Speculator:
                 step.tokens[i] = tokens[j]
                 step.logprobs[i] = sampled.logprobs[j]
                 step.errors[i] = errors[j] if errors is not None else None
-        starts = [0, *itertools.accumulate(batch.q_lens)]  # host: no copy back
+        starts = [0, *itertools.accumulate(q_lens)]  # host: no copy back
         return SpecLaunched(rows, hidden, starts, step, taps)
+
+    def _verify_graph(self, rows: list[Row]) -> bool:
+        """Whether a captured verify graph serves `rows`: every row a verify row of K + 1
+        tokens (K drafts) with nothing else to tap, restore or embed."""
+        g = self.graphs
+        return (
+            g is not None
+            and not self.replay
+            and all(
+                r.verify
+                and r.sample is not None
+                and not r.taps
+                and r.before_layer is None
+                and r.images is None
+                for r in rows
+            )  # fmt: skip
+            and g.verify.fits([(r.token_ids, r.ctx_len, r.slot, r.pages) for r in rows])
+        )
 
     def _accept(
         self, row: Row, logits: torch.Tensor, probs: torch.Tensor | None, target: list | None
@@ -244,7 +285,8 @@ class Speculator:
         head position p of the row reads the target's hidden state at p and token p + 1 (the
         last one sampled by the step, or a prompt token). Returns, per lane that decodes next,
         (lane, row, draft-1 logits, the head's hidden state at its last position)."""
-        rows, hidden, lanes = [], [], []
+        rows, hidden, lanes, wide = [], [], [], []
+        width = self.k + 1
         for i, s in enumerate(slices):
             lane = s.lane
             n = lane.computed - s.start
@@ -266,8 +308,13 @@ class Speculator:
             first = launched.starts[i]
             hidden.append(launched.hidden[first : first + n])
             lanes.append(lane)
+            row = launched.rows[i]
+            if row.verify and len(row.token_ids) == width:  # its hidden: all K + 1 positions
+                wide.append(launched.hidden[first : first + width])
         if not rows:
             return []
+        if self._bridge_graph(rows, wide):
+            return self._bridge_replay(rows, lanes, torch.cat(wide))
         logits, out = self._head(rows, torch.cat(hidden))
         last = torch.tensor([len(r.token_ids) for r in rows]).cumsum(0) - 1
         pending, at = [], 0
@@ -276,6 +323,32 @@ class Speculator:
                 pending.append((lane, row, logits[at], out[int(last[j])]))
                 at += 1
         return pending
+
+    def _bridge_graph(self, rows: list[Row], wide: list) -> bool:
+        """Whether the bridge graph serves `rows`: each over a verify row of K + 1 tokens
+        (`wide`: their hidden states, one per row), padded to that width."""
+        g = self.graphs
+        if g is None or len(wide) != len(rows):
+            return False
+        width = self.k + 1
+        return g.bridge.fits([([0] * width, r.ctx_len, r.slot, r.pages) for r in rows])
+
+    def _bridge_replay(self, rows: list[Row], lanes: list[KVLane], hidden: torch.Tensor) -> list:
+        """`bridge` as a replay: each row's accepted positions padded to K + 1 tokens (the
+        pad's head K/V lies past the frontier: the next pass rewrites it before any read),
+        logits at its last accepted one."""
+        width = self.k + 1
+        meta = [
+            (r.token_ids + [0] * (width - len(r.token_ids)), r.ctx_len, r.slot, r.pages)
+            for r in rows
+        ]
+        last = [len(r.token_ids) - 1 for r in rows]
+        logits, out = self.graphs.bridge.run(meta, hidden, last)
+        return [
+            (lane, row, logits[j], out[j * width + last[j]])
+            for j, (row, lane) in enumerate(zip(rows, lanes, strict=True))
+            if row.sample is not None
+        ]
 
     def draft(self, pending: list, live: list[KVLane], max_model_len: int) -> None:
         """Draft the next verify row's tokens of each `pending` lane still running (`bridge`),
@@ -338,7 +411,12 @@ class Speculator:
                     ln.pages, r.sample, r.generator)
                 for ln, r, _, _ in todo
             ]  # fmt: skip
-            logits, out = self._head(rows, torch.stack([h for _, _, _, h in todo]))
+            hidden = torch.stack([h for _, _, _, h in todo])
+            meta = [(r.token_ids, r.ctx_len, r.slot, r.pages) for r in rows]
+            if self.graphs is not None and self.graphs.chain.fits(meta):
+                logits, out = self.graphs.chain.run(meta, hidden, [0] * len(rows))
+            else:
+                logits, out = self._head(rows, hidden)
             self._pick(
                 [(self.drafts[ln.lane_id], r, logits[j]) for j, (ln, r, _, _) in enumerate(todo)]
             )

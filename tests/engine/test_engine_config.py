@@ -173,7 +173,7 @@ def test_the_dtype_table_agrees_with_torch():
 
 
 @pytest.mark.parametrize("k", [None, 1, 4])
-def test_speculation_adds_the_heads_kv_layer_and_scratch_slots_and_runs_eagerly(k):
+def test_speculation_adds_the_heads_kv_layer_and_scratch_slots_and_its_own_graphs(k):
     plain = resolve(EngineOptions(kv_capacity=8192), TINY, CUDA)
     cfg = resolve(EngineOptions(kv_capacity=8192, speculative="mtp", num_speculative_tokens=k),
                   TINY, CUDA)  # fmt: skip
@@ -185,7 +185,9 @@ def test_speculation_adds_the_heads_kv_layer_and_scratch_slots_and_runs_eagerly(
     assert cfg.memory.host_geometry.n_fa_layers == n_fa + 1
     assert (plain.memory.speculative_slots, cfg.memory.speculative_slots) == (0, 8 * want_k)
     assert plain.ops.cuda_graphs and plain.scheduling.overlap_decode
-    assert not cfg.ops.cuda_graphs and not cfg.scheduling.overlap_decode
+    # its own graphs (verify and head), no prefill graphs, no step run ahead
+    assert cfg.ops.cuda_graphs and cfg.ops.prefill_graph_tokens == 0
+    assert not cfg.scheduling.overlap_decode
     described = cfg.describe()
     assert (described["speculative"], described["num_speculative_tokens"]) == ("mtp", want_k)
     assert plain.speculation.speculative is None and plain.speculation.num_speculative_tokens == 0

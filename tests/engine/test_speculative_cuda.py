@@ -1,5 +1,6 @@
-"""MTP speculative decoding on CUDA (CudaOps, bf16, eager; rejected drafts roll back through
-the verify pass's per-position taps, or, forced, by save-and-replay, `Speculator.replay`):
+"""MTP speculative decoding on CUDA (CudaOps, bf16; rejected drafts roll back through the
+verify pass's per-position taps, or, forced, by save-and-replay, `Speculator.replay`; the
+steady state replays the speculator's CUDA graphs, or runs eagerly with `cuda_graphs=False`):
 greedy output of three lanes against plain decode on the same engine settings, with a
 controlled draft so that every acceptance length occurs. bf16 verify passes (K + 1 tokens a
 row) do not match one-token decode bit for bit, so the outputs must agree until a near-tie:
@@ -27,7 +28,7 @@ PROMPTS = [list(range(5, 155)), [(7 * i) % 2000 + 4 for i in range(70)], list(ra
 NEAR_TIE = 0.1  # nats between plain decode's token and another where bf16 may pick either
 
 
-@pytest.mark.parametrize("rollback", ["taps", "replay"])
+@pytest.mark.parametrize("rollback", ["taps", "taps-eager", "replay"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
     model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=11, mtp=True)
@@ -36,9 +37,13 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
     plain = LLM.from_model(model, **opts)
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=20)
     want = plain.generate(PROMPTS, params)
-    spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=k, **opts)
-    assert not spec.engine.speculator.replay  # the CUDA ops snapshot at offsets 1 .. k
-    spec.engine.speculator.replay = rollback == "replay"
+    graphs = rollback == "taps"
+    spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=k,
+                          **(opts | {"cuda_graphs": graphs}))  # fmt: skip
+    speculator = spec.engine.speculator
+    assert not speculator.replay  # the CUDA ops snapshot at offsets 1 .. k
+    assert (speculator.graphs is not None) == graphs
+    speculator.replay = rollback == "replay"  # (replay never replays a verify graph)
     expected = {tuple(p): p + o.token_ids for p, o in zip(PROMPTS, want, strict=True)}
     spec.engine.speculator.propose = controlled_draft(expected, 0.6, CUDA_TINY.vocab_size, k)
     got = spec.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
@@ -54,6 +59,10 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
         assert gap < NEAR_TIE, (k, n, gap, rank)  # rank None: not in plain decode's top 20
     st = spec.engine.speculator.stats
     assert 0 < st.accepted < st.drafted
+    if graphs:  # the steady state replayed: verify, bridge and (K > 1) the chain
+        g = speculator.graphs
+        assert g.verify.replays > 10 and g.bridge.replays > 10, (g.verify.replays, st)
+        assert (g.chain.replays > 10) == (k > 1), g.chain.replays
     spec.check_idle()
     plain.close()
     spec.close()

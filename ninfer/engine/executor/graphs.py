@@ -105,6 +105,10 @@ class _Graphs:
         self.capture_s = 0.0
         self._copied: torch.cuda.Event | None = None  # the last fill's H2D copies and plan
 
+    def _forward(self, batch: ForwardBatch):
+        """The pass a graph captures (the model's logits; the speculative graphs' own)."""
+        return self.model(batch, self.cache, self.ops)
+
     def _await_mirrors(self) -> None:
         """Before a fill: an earlier replay's copies may still read the mirrors; wait only if
         they are still queued."""
@@ -139,11 +143,11 @@ class _Graphs:
             self.attn.frozen = frozen_warm_run
             try:
                 with torch.cuda.stream(stream):
-                    self.model(batch, self.cache, self.ops)  # JIT / autotune / compile
+                    self._forward(batch)  # JIT / autotune / compile
                 current.wait_stream(stream)
                 self.attn.frozen = True
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    logits = self.model(batch, self.cache, self.ops)
+                    logits = self._forward(batch)
             finally:
                 self.attn.frozen = False
             pool = graph.pool()

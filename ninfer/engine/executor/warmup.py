@@ -40,12 +40,15 @@ def prepare_runner(
     tune_tokens: int,
     kv_pool,
     state_pool,
+    speculator=None,
 ) -> dict[str, float]:
     """Warm-up (and graph capture, as `op_cfg` says) of `runner` before the engine serves, for
     the pools `memory` describes; `tune_tokens`: the longest pass the engine runs (its solo
-    prefill chunk, `warm_up`). Borrows 3 free pages of `kv_pool` and max_concurrency free
-    active slots of `state_pool` and returns them (and writes a scratch or unused snapshot
-    slot, and the pools' scratch entries).
+    prefill chunk, `warm_up`); `speculator`: an `engine.speculative.Speculator`, whose graphs
+    are captured instead of the plain decode and prefill graphs (its steps never run those).
+    Borrows 3 free pages of `kv_pool` and max_concurrency free active slots of `state_pool`
+    and returns them (and writes a scratch or unused snapshot slot, and the pools' scratch
+    entries).
     Returns the startup figures (seconds), also kept in `runner.startup`; nothing on the CPU
     (no kernel to build)."""
     if runner.device.type != "cuda":
@@ -65,13 +68,13 @@ def prepare_runner(
     # no snapshot uses yet (the index is empty until the engine serves or loads a cache file)
     spare = (state_pool.scratch_slots or state_pool.snap_phys or [None])[0]
     prefill_graph = None
-    if capture and op_cfg.prefill_graph_tokens > 0 and ops.prefill_capturable:
+    if capture and op_cfg.prefill_graph_tokens > 0 and ops.prefill_capturable and not speculator:
         scratch = (kv_pool.scratch_pages[0], state_pool.scratch_slots[0])
         prefill_graph = (op_cfg.prefill_graph_tokens, *scratch)
     try:
         figures = warm_up(
             runner, pages, slots, capture, memory.max_pages_per_lane, prefill_graph,
-            tune_tokens, spare,
+            tune_tokens, spare, speculator,
         )  # fmt: skip
     finally:  # in reverse, so the free lists end as they were
         for s in reversed(slots):
@@ -83,6 +86,11 @@ def prepare_runner(
         figures["warm_gathered_passes"] = planner.gathered_passes
         planner.gathered_passes = 0
     prefill = runner.prefill_graphs
+    graphs = "off"
+    if runner.graphs is not None:
+        graphs = f"batch 1..{memory.max_concurrency}"
+    elif speculator is not None and speculator.graphs is not None:
+        graphs = f"speculative, batch 1..{memory.max_concurrency}"
     logger.info(
         "ninfer: %s ops, warm-up %.2f s (prefill %.2f, decode %.2f, graphs %.2f: %s; "
         "prefill graphs %.2f: %s)",
@@ -91,7 +99,7 @@ def prepare_runner(
         figures["warm_prefill_s"],
         figures["warm_decode_s"],
         figures["capture_s"],
-        f"batch 1..{memory.max_concurrency}" if runner.graphs is not None else "off",
+        graphs,
         figures.get("prefill_capture_s", 0.0),
         f"{len(prefill.buckets)} sizes to {prefill.max_tokens} tokens" if prefill else "off",
     )
@@ -108,6 +116,7 @@ def warm_up(
     prefill_graph: tuple[int, int, int] | None = None,
     tune_tokens: int = 0,
     spare_slot: int | None = None,
+    speculator=None,
 ) -> dict[str, float]:
     """Runs every kernel path of `runner` once before serving (JIT builds, Triton autotune,
     torch.compile): with `tune_tokens`, first one fresh row of that many tokens (the longest
@@ -115,7 +124,8 @@ def warm_up(
     with decode rows, one eager decode per batch size, then (capture=True, CUDA) the decode
     graphs into `runner.graphs` and, with `prefill_graph` = (max tokens, scratch page,
     scratch slot), the prefill graphs into `runner.prefill_graphs` (a capture that fails
-    leaves every prefill eager, with one warning). `pages` (>= 3) and `slots` (one per row,
+    leaves every prefill eager, with one warning); with a `speculator`, its graphs instead
+    (`Speculator.capture`). `pages` (>= 3) and `slots` (one per row,
     max batch = len(slots)) are free pool entries that are overwritten. Returns (and keeps in
     `runner.startup`) the seconds per phase.
 
@@ -140,7 +150,11 @@ def warm_up(
     t2 = time.perf_counter()
     runner.startup = {"warm_prefill_s": t1 - t0, "warm_decode_s": t2 - t1, "capture_s": 0.0}
     if capture and runner.device.type == "cuda":
-        _capture(runner, pages[2], slots, max_pages_per_row, prefill_graph)
+        if speculator is not None:
+            seconds = speculator.capture(pages[2], slots, max_pages_per_row)
+            runner.startup["capture_s"] = seconds
+        else:
+            _capture(runner, pages[2], slots, max_pages_per_row, prefill_graph)
     return runner.startup
 
 

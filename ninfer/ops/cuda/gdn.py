@@ -1,5 +1,5 @@
-"""Gated delta rule over a slot-indexed fp32 state pool: chunked prefill (fla-core's stages) and
-an in-place Triton decode step.
+"""Gated delta rule over a slot-indexed fp32 state pool: chunked prefill (fla-core's stages), an
+in-place Triton decode step, and short rows token by token (`gdn_rows`, speculative verify).
 
 Prefill (any batch with a row of more than one token, or a row starting a sequence): the rows'
 states are gathered from the pool (zeros for fresh rows, one launch), fla's varlen chunked
@@ -98,6 +98,79 @@ def gdn_decode(
 
 
 @triton.jit
+def _gdn_rows_kernel(
+    q, k, v, g, beta, o, state, slots, has_state, cu, tap_tok, scale,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_bt, s_ot, s_oh,
+    s_slot, s_h, s_dk, s_dv,
+    GROUP: tl.constexpr, DK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """One program: row r, value head h, value columns [vb * BV, (vb + 1) * BV): the row's
+    tokens [cu[r], cu[r+1]) one at a time from the state at its slot (zeros for a fresh row),
+    as `_gdn_decode_kernel` steps one; q, k L2-normalised, g the log decay, beta the gate.
+    After token t the state goes to slot tap_tok[t] too when that is >= 0 (a state tap); after
+    the row's last token, back to the row's slot."""
+    r, h, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hk = h // GROUP
+    offs_k = tl.arange(0, DK)
+    offs_v = vb * BV + tl.arange(0, BV)
+    bos = tl.load(cu + r).to(tl.int64)
+    eos = tl.load(cu + r + 1).to(tl.int64)
+    slot = tl.load(slots + r).to(tl.int64)
+    cell = h * s_h + offs_k[:, None] * s_dk + offs_v[None, :] * s_dv
+    s = tl.load(state + slot * s_slot + cell)
+    s = tl.where(tl.load(has_state + r) != 0, s, 0.0)  # a fresh slot's content never leaks in
+    for t in range(bos, eos):
+        bq = tl.load(q + t * s_qt + hk * s_qh + offs_k).to(tl.float32) * scale
+        bk = tl.load(k + t * s_kt + hk * s_kh + offs_k).to(tl.float32)
+        bv = tl.load(v + t * s_vt + h * s_vh + offs_v).to(tl.float32)
+        decay = tl.exp(tl.load(g + t * s_gt + h).to(tl.float32))
+        bb = tl.load(beta + t * s_bt + h).to(tl.float32)
+        s = s * decay
+        d = bb * (bv - tl.sum(s * bk[:, None], axis=0))
+        s = s + bk[:, None] * d[None, :]
+        out = tl.sum(s * bq[:, None], axis=0)
+        tl.store(o + t * s_ot + h * s_oh + offs_v, out.to(o.dtype.element_ty))
+        tap = tl.load(tap_tok + t)
+        if tap >= 0:
+            tl.store(state + tap * s_slot + cell, s)
+    tl.store(state + slot * s_slot + cell, s)
+
+
+def gdn_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+    meta: PassMeta,
+) -> torch.Tensor:
+    """The rows of a pass of short rows (`meta.tap_tok` set: the speculative verify graphs'
+    rows of K + 1 tokens) through the recurrence token by token, one launch: the state is
+    read once and written once per row, plus once per tap, where the chunked path
+    (`gdn_prefill`) gathers, scatters and advances its taps in a dozen launches per layer.
+    q, k [T, Hk, dk] L2-normalised, v [T, Hv, dv], g [T, Hv] log decay, beta [T, Hv]; state
+    [slots, Hv, dk, dv] fp32 (any strides); `meta.tap_tok` [T] int64: the slot that takes the
+    state after each token, or -1. Returns o [T, Hv, dv] in v.dtype."""
+    n_tok, hv, dv = v.shape
+    dk = k.shape[-1]
+    if min(q.stride(-1), k.stride(-1), v.stride(-1), g.stride(-1), beta.stride(-1)) != 1:
+        raise ValueError("gdn_rows needs unit stride along the head dims")
+    o = torch.empty_like(v)
+    bv = min(32, dv)
+    rows = slots.shape[0]
+    _gdn_rows_kernel[(rows, hv, dv // bv)](
+        q, k, v, g, beta, o, state, slots, meta.has_state, meta.cu_seqlens, meta.tap_tok, scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), beta.stride(0), o.stride(0), o.stride(1), *state.stride(),
+        GROUP=hv // k.shape[1], DK=dk, BV=bv, num_warps=4,
+    )  # fmt: skip
+    return o
+
+
+@triton.jit
 def _gather_states_kernel(
     state, slots, has_state, h0, s_slot, s_h, s_dk, s_dv,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
@@ -161,6 +234,7 @@ def gdn_prefill(
     chunk: the row's initial state, fp32) and runs the recurrence over the tokens of that chunk
     before it (fla's fused recurrent kernel, one launch for all such taps of the layer, fewer
     than CHUNK tokens each).
+    A pass whose meta has `tap_tok` (the speculative verify graphs) runs `gdn_rows` instead.
     Returns o [T, Hv, dv] in v.dtype.
     """
     from fla.modules.l2norm import l2norm_fwd
@@ -170,6 +244,10 @@ def gdn_prefill(
     from fla.ops.utils import chunk_local_cumsum
     from fla.ops.utils.constant import RCP_LN2
 
+    if meta.tap_tok is not None:  # short rows: token by token (`gdn_rows`)
+        if not normalized:
+            q, k = (l2norm_fwd(x.contiguous(), eps=L2_EPS)[0] for x in (q, k))
+        return gdn_rows(q, k, v, g, beta, state, slots, scale, meta)
     h0 = gather_states(state, slots, meta.has_state)
     gates = g  # natural-log gates, as the recurrent kernel reads them (off-grid taps)
     if not normalized:

@@ -221,6 +221,9 @@ class PassMeta:
     chunk_offsets: torch.Tensor
     chunk_indices: torch.Tensor
     taps: TapIndex | None = None  # the pass's state taps (eager passes only)
+    # [T] int64: the slot that takes the state after each token, or -1; set, the GDN layers
+    # run the rows token by token (`gdn.gdn_rows`: the speculative verify graphs' short rows)
+    tap_tok: torch.Tensor | None = None
 
     @classmethod
     def view(cls, flat: torch.Tensor, n_tok: int, n_rows: int, n_chunks: int) -> PassMeta:
