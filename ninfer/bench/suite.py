@@ -108,7 +108,7 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
     log("building the model...")
     loaded = load(spec)
     cfg = loaded.model.config
-    counts = _param_counts(loaded)
+    counts = loaded_param_counts(loaded)
     log("measuring machine bounds...")
     machine = probe.machine_bounds(loaded.device, loaded.dtype)
     results: dict = {"meta": _meta(spec, loaded, counts.total), "bounds": machine}
@@ -142,7 +142,7 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
     return results
 
 
-def _param_counts(loaded: Loaded) -> ParamCounts:
+def loaded_param_counts(loaded: Loaded) -> ParamCounts:
     """The model's parameter counts; a quantised model's carry the bytes it reads per weight."""
     cfg = loaded.model.config
     counts = param_counts(cfg)
