@@ -63,7 +63,9 @@ def prefill(rows: list[dict]) -> Table:
 
 
 def decode(rows: list[dict]) -> Table:
-    """Three lines per batch size: the bound, the steady state, end to end."""
+    """Three lines per batch size: the bound, the steady state, end to end (with speculation a
+    fourth: tokens per verify step and the acceptance; the steady state's time is then per
+    token, a verify step's beside its tokens per step)."""
     t = table(
         "decode (bound: weights + KV + state bytes per step / measured memory bandwidth; "
         "steady: over the steps in which every lane decodes; end to end: generate(), the "
@@ -73,21 +75,23 @@ def decode(rows: list[dict]) -> Table:
     )
     t.columns[1].justify = "left"
     for x in rows:
-        step = x["steady_step_seconds"]
+        step = x["steady_step_seconds"]  # per token of a lane (one step each without drafts)
+        spec = x.get("spec_tokens_per_step") is not None
         t.add_row(str(x["batch"]), "bound", rate(x["bound_tokens_per_s"], "tok/s"), "",
                   ms(x["bound_step_seconds"]), f"{rate(x['step_bytes'], 'B')}/step")  # fmt: skip
+        per = "/tok" if spec else ""
         t.add_row("", "steady", rate(x["steady_tokens_per_s"], "tok/s") if step else "too short",
-                  pct(x["steady_fraction_of_bound"]), ms(step) if step else "-",
-                  f"{x['steady_window_steps']} steps")  # fmt: skip
-        spec = x.get("spec_tokens_per_step") is not None
+                  pct(x["steady_fraction_of_bound"]), ms(step) + per if step else "-",
+                  f"{x['steady_window_steps']} {'tokens' if spec else 'steps'}")  # fmt: skip
         t.add_row("", "end to end", rate(x["e2e_tokens_per_s"], "tok/s"),
                   pct(x["e2e_fraction_of_bound"]), "", f"{x['e2e_max_tokens']} tok/lane",
                   end_section=not spec)  # fmt: skip
         if spec:
             drafts = x.get("spec_draft_acceptance")
             source = "MTP head" if drafts is None else f"controlled draft a={drafts:g}"
+            verify = ms(step * x["spec_tokens_per_step"]) if step else ""
             t.add_row("", "speculative", f"{x['spec_tokens_per_step']:.2f} tok/step",
-                      pct(x["spec_acceptance"]), "", source, end_section=True)  # fmt: skip
+                      pct(x["spec_acceptance"]), verify, source, end_section=True)  # fmt: skip
     return t
 
 

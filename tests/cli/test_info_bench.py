@@ -143,6 +143,7 @@ def test_bench_decode_with_speculation(ninfer, tmp_path):
         assert not row["errors"] and row["spec_draft_acceptance"] == 1.0
         assert row["spec_acceptance"] > 0.5 and 1.5 < row["spec_tokens_per_step"] <= 3
     assert "controlled draft a=1" in run.stdout and "tok/step" in run.stdout
+    assert "ms/tok" in run.stdout and " tokens " in run.stdout  # steady: per token
     run = ninfer(*common, "--json", str(out))
     assert run.returncode == 0, run.stderr + run.stdout
     row = json.loads(out.read_text())["decode"]["rows"][0]
