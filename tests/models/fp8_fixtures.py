@@ -92,14 +92,18 @@ def _per_expert(state: dict) -> dict:
     return out
 
 
-def write_fp8_checkpoint(path: Path, hf, kind: str = "fine") -> None:
+def write_fp8_checkpoint(path: Path, hf, kind: str = "fine", mtp: dict | None = None) -> None:
     """`hf` (a transformers Qwen3.5 text model) as a fine-grained ("fine") or compressed-tensors
-    ("compressed") FP8 checkpoint in `path`, with the demo model's tokenizer."""
+    ("compressed") FP8 checkpoint in `path`, with the demo model's tokenizer. `mtp`: an MTP
+    head's tensors (`mtp.*`, experts fused as transformers holds them), written at the top
+    level as the releases do: its projections FP8 like the target's, `mtp.fc`, its norms and
+    its router bf16 and listed as such."""
     path.mkdir(parents=True, exist_ok=True)
-    state = _per_expert({k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()})
+    full = {**hf.state_dict(), **(mtp or {})}
+    state = _per_expert({k: v.to(torch.bfloat16) for k, v in full.items()})
     tensors, kept = {}, []
     for key, w in state.items():
-        hub_key = key.replace("model.", "model.language_model.", 1)
+        hub_key = "model.language_model." + key[6:] if key.startswith("model.") else key
         if kind == "fine" and FINE_FP8.search(key):
             q, s = quantize(w, BLOCK)
             tensors[hub_key], tensors[hub_key + "_scale_inv"] = q, s

@@ -263,3 +263,47 @@ def test_a_layer_without_expert_scales_names_them(checkpoints, tmp_path):
         ValueError, match=r"layers\.0\.mlp\.experts\.0\.gate_proj\.weight_scale_inv"
     ):
         load_model(tmp_path / "bad", torch.float32)
+
+
+@pytest.mark.parametrize("shape", ["dense-fp8", "moe-fp8"])
+def test_fp8_checkpoint_with_its_mtp_head(tmp_path, shape):
+    """An FP8 checkpoint laid out as the releases are, with its MTP head (`mtp.*`: attention,
+    MLP or per-expert projections FP8 with `weight_scale_inv`; `mtp.fc`, norms and router
+    bf16) loads with mtp=True: the head's projections are FP8, `mtp.fc` is not, and the
+    head's logits and output hidden states equal those of the dense checkpoint it stands
+    for, as the target's do."""
+    from ninfer.models.config import Qwen35Config
+    from ninfer.models.mtp import add_mtp_head
+    from ninfer.models.qwen3_5 import Qwen35ForCausalLM
+    from ninfer.ops.reference import ReferenceOps
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(CONFIGS, shape, SHAPES[shape])
+        hf = random_hf_model(shape, seed=4)
+    holder = Qwen35ForCausalLM(Qwen35Config.from_hf_dict(hf.config.to_dict()), device="meta")
+    head = add_mtp_head(holder, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for _, p in head.named_parameters():
+            scale = 0.3 if p.dim() == 1 else p.shape[-1] ** -0.5
+            p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    mtp = {f"mtp.{k}": v for k, v in head.state_dict().items()}
+    write_fp8_checkpoint(tmp_path / "fp8", hf, "fine", mtp=mtp)
+    dequantized_checkpoint(tmp_path / "fp8", tmp_path / "dense")
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    assert "mtp.fc" in config["quantization_config"]["modules_to_not_convert"]
+    fp8 = load_model(tmp_path / "fp8", torch.float32, mtp=True)
+    dense = load_model(tmp_path / "dense", torch.float32, mtp=True)
+    attn = fp8.mtp.layers[0].self_attn
+    assert isinstance(attn.q_proj, Fp8Linear) and not isinstance(fp8.mtp.fc, Fp8Linear)
+    ops = ReferenceOps()
+    out = []
+    for model in (fp8, dense):
+        cache = make_cache(model.config, num_pages=2, num_slots=1)
+        cache.kv.append(torch.full_like(cache.kv[0], float("nan")))  # the head's entry
+        logits, hidden = model.forward_hidden(make_batch([Row(IDS, 0, 0, [1])]), cache, ops)
+        batch = make_batch([Row(IDS[1:], 0, 0, [1])])  # head position p: token p + 1
+        head_logits, head_out = model.mtp(batch, hidden[:-1], cache, ops, model)
+        out.append((logits, head_logits, head_out))
+    for got, want in zip(*out, strict=True):
+        assert (got - want).abs().max() <= TOL
