@@ -2,15 +2,19 @@
 decode, cuBLAS's block-scaled FP8 GEMM for prefill.
 
 - decode (M <= MAX_M rows, bf16 / fp16 x): `fp8_skinny` reads each e4m3 weight byte once and
-  keeps the activations in bf16 (W8A16). Program nb owns output columns [nb * BLOCK_N,
-  (nb + 1) * BLOCK_N); per BLOCK_K step it loads a [BLOCK_N, BLOCK_K] e4m3 tile (evict-first),
-  converts it to x's dtype (exact: every e4m3 value is a bf16 value), multiplies it with the
-  same K slice of x in fp32 (tensor cores with x padded to 16 rows, or, M == 1, the CUDA cores)
-  and adds the product times each row's scale for that K slice. A step never crosses a scale
-  block along K (BLOCK_K divides the block's columns, or the block spans K), so one scale per
-  row and step: y = sum over steps of (x . q) * s, each weight's dequantised value never
-  rounded. The first call per (M rounded up to a power of two, N, K, block) autotunes, timing
-  on the device: keep it out of graph capture (the engine's eager warm-up runs it first).
+  keeps the activations in bf16 (W8A16). Program (nb, s) owns output columns [nb * BLOCK_N,
+  (nb + 1) * BLOCK_N) and the s-th of SPLIT_K K ranges (whole BLOCK_K steps); per BLOCK_K step
+  it loads a [BLOCK_N, BLOCK_K] e4m3 tile (evict-first), converts it to x's dtype (exact: every
+  e4m3 value is a bf16 value), multiplies it with the same K slice of x in fp32 (tensor cores
+  with x padded to 16 rows, or, M == 1, the CUDA cores) and adds the product times each row's
+  scale for that K slice. A step never crosses a scale block along K (BLOCK_K divides the
+  block's columns, or the block spans K), so one scale per row and step: y = sum over steps of
+  (x . q) * s, each weight's dequantised value never rounded. SPLIT_K > 1 (a layer with fewer
+  column blocks than twice the SMs: more programs in flight) writes fp32 partials that a second
+  launch sums in split order (`skinny.reduce_split`: deterministic). The first call per (M
+  rounded up to a power of two, N, K, block, dtype) autotunes, timing on the device (a split
+  config with its reduce): keep it out of graph capture (the engine's eager warm-up runs it
+  first); later calls launch the chosen config directly.
 - prefill (more rows): x is quantised per token per 128 columns to e4m3 (scale = amax / 448,
   fp32, torch ops) and `torch.nn.functional.scaled_mm` multiplies with scale recipes
   BlockWise1x128 (x) and BlockWise128x128 (the weight's 128 x 128 blocks), where the installed
@@ -34,6 +38,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ninfer.ops.cuda.skinny import num_sms, reduce_split
 from ninfer.ops.fp8 import FP8_DTYPE, FP8_MAX, Fp8Weight, quantize_fp8
 
 logger = logging.getLogger(__name__)
@@ -42,13 +47,15 @@ GROUP = 128  # activation quantisation group (columns) of the block-scaled GEMM
 ACT_EPS = 1e-12  # least amax of an activation group (an all-zero group gets a tiny scale)
 
 
-def _config(bn: int, bk: int, warps: int, stages: int, dot: bool = True) -> triton.Config:
-    kw = {"BLOCK_N": bn, "BLOCK_K": bk, "DOT": dot, "STAGES": stages}
+def _config(
+    bn: int, bk: int, warps: int, stages: int, dot: bool = True, split: int = 1
+) -> triton.Config:
+    kw = {"BLOCK_N": bn, "BLOCK_K": bk, "DOT": dot, "STAGES": stages, "SPLIT_K": split}
     return triton.Config(kw, num_warps=warps, num_stages=stages)
 
 
-# (BLOCK_N, BLOCK_K, num_warps, stages[, DOT]). e4m3 tiles are half the bytes of bf16 ones, so
-# the tiles are wider than skinny.py's for the same bytes in flight.
+# (BLOCK_N, BLOCK_K, num_warps, stages[, DOT[, SPLIT_K]]). e4m3 tiles are half the bytes of bf16
+# ones, so the tiles are wider than skinny.py's for the same bytes in flight.
 CONFIGS = [
     _config(16, 128, 4, 4),
     _config(32, 128, 4, 4),
@@ -64,6 +71,15 @@ CONFIGS = [
     _config(64, 128, 8, 3, dot=False),
     _config(32, 64, 4, 5, dot=False),
     _config(16, 256, 4, 4, dot=False),
+    _config(16, 128, 4, 4, split=2),
+    _config(32, 128, 4, 4, split=2),
+    _config(64, 128, 8, 3, split=2),
+    _config(16, 256, 4, 4, split=2),
+    _config(16, 128, 4, 4, split=4),
+    _config(32, 128, 4, 4, split=4),
+    _config(16, 128, 4, 4, dot=False, split=2),
+    _config(32, 128, 4, 4, dot=False, split=2),
+    _config(16, 128, 4, 4, dot=False, split=4),
 ]
 
 
@@ -75,9 +91,25 @@ def _fits(c: triton.Config, one_row: bool, k: int, block_k: int) -> bool:
     return block_k >= k or block_k % kw["BLOCK_K"] == 0
 
 
+def _worth_timing(c: triton.Config, n: int, k: int, sms: int) -> bool:
+    """SPLIT_K > 1 only where the columns leave SMs idle (fewer than 2 column blocks per SM)
+    and each split keeps at least 4 K steps, as `skinny` prunes."""
+    kw = c.kwargs
+    split = kw["SPLIT_K"]
+    blocks = triton.cdiv(n, kw["BLOCK_N"])
+    return split == 1 or (blocks < 2 * sms and triton.cdiv(k, kw["BLOCK_K"]) >= 4 * split)
+
+
 def _prune(configs, nargs, **kwargs) -> list[triton.Config]:
-    one_row, k, block_k = nargs["M"] == 1, nargs["K"], nargs["BK_W"]
-    return [c for c in configs if _fits(c, one_row, k, block_k)]
+    one_row, n, k, block_k = nargs["M"] == 1, nargs["N"], nargs["K"], nargs["BK_W"]
+    sms = num_sms(nargs["x"].device)
+    return [c for c in configs if _fits(c, one_row, k, block_k) and _worth_timing(c, n, k, sms)]
+
+
+def _reduce_hook(nargs, exception=None) -> None:
+    """Autotune post-hook: a split-K config is timed with its reduce launch."""
+    if exception is None and nargs["SPLIT_K"] > 1:
+        reduce_split(nargs["part"], nargs["y"], nargs["SPLIT_K"])
 
 
 def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100 ms
@@ -88,6 +120,7 @@ def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100
     CONFIGS,
     key=["M_KEY", "N", "K", "BN_W", "BK_W"],
     prune_configs_by={"early_config_prune": _prune},
+    post_hook=_reduce_hook,
     do_bench=_bench,
 )
 @triton.heuristics(
@@ -98,28 +131,32 @@ def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100
 )
 @triton.jit
 def _fp8_skinny_kernel(
-    x, w, s, y, M, N, K, M_KEY, s_xm, s_ym, s_sn, BN_W, BK_W,
+    x, w, s, y, part, M, N, K, M_KEY, s_xm, s_ym, s_sn, BN_W, BK_W,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
-    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
-    """Program nb: y[:, nb * BLOCK_N : (nb + 1) * BLOCK_N] over all of K. w [N, K] e4m3, s the
-    scales [ceil(N / BN_W), ceil(K / BK_W)] fp32 with row stride s_sn. M_KEY is only an
-    autotune key."""
-    nb = tl.program_id(0)
+    """Program (nb, sk): y[:, nb * BLOCK_N : (nb + 1) * BLOCK_N] over the sk-th K range, into y
+    (SPLIT_K == 1) or part[sk] (fp32 [SPLIT_K, M, N]). w [N, K] e4m3, s the scales
+    [ceil(N / BN_W), ceil(K / BK_W)] fp32 with row stride s_sn. M_KEY is only an autotune
+    key."""
+    nb, sk = tl.program_id(0), tl.program_id(1)
     n0 = nb * BLOCK_N
+    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_lo = sk * k_span
+    k_hi = tl.minimum(K, k_lo + k_span)
     rows = tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     n_ok = n0 + rows < N
-    w_ptrs = w + n0.to(tl.int64) * K + rows[:, None] * K + cols[None, :]
+    w_ptrs = w + n0.to(tl.int64) * K + rows[:, None] * K + (k_lo + cols)[None, :]
     s_ptrs = s + ((n0 + rows) // BN_W).to(tl.int64) * s_sn  # each row's scale row
     if DOT:
         xm = tl.arange(0, 16)
-        x_ptrs = x + xm[:, None] * s_xm + cols[None, :]
+        x_ptrs = x + xm[:, None] * s_xm + (k_lo + cols)[None, :]
         acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     else:
-        x_ptrs = x + cols
+        x_ptrs = x + k_lo + cols
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    for k in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         k_ok = k + cols < K
         if EVEN_N and EVEN_K:
             wt = tl.load(w_ptrs, eviction_policy="evict_first")
@@ -134,23 +171,29 @@ def _fp8_skinny_kernel(
             if not EVEN_K:
                 x_ok = x_ok & k_ok[None, :]
             xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
-            part = tl.dot(xt, tl.trans(wt.to(xt.dtype)))  # [16, BLOCK_N] fp32
-            acc += part * sc[None, :]
+            prod = tl.dot(xt, tl.trans(wt.to(xt.dtype)))  # [16, BLOCK_N] fp32
+            acc += prod * sc[None, :]
         else:
             if EVEN_K:
                 xt = tl.load(x_ptrs)
             else:
                 xt = tl.load(x_ptrs, mask=k_ok, other=0.0)
-            part = tl.sum(wt.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
-            acc += part * sc
+            prod = tl.sum(wt.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
+            acc += prod * sc
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     offs_n = n0 + rows
     if DOT:
         ok = (xm < M)[:, None] & n_ok[None, :]
-        tl.store(y + xm[:, None] * s_ym + offs_n[None, :], acc.to(y.dtype.element_ty), mask=ok)
-    else:
+        if SPLIT_K == 1:
+            out = y + xm[:, None] * s_ym + offs_n[None, :]
+            tl.store(out, acc.to(y.dtype.element_ty), mask=ok)
+        else:
+            tl.store(part + (sk * M + xm)[:, None] * N + offs_n[None, :], acc, mask=ok)
+    elif SPLIT_K == 1:
         tl.store(y + offs_n, acc.to(y.dtype.element_ty), mask=n_ok)
+    else:
+        tl.store(part + sk * N + offs_n, acc, mask=n_ok)
 
 
 def _gemm_config(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
@@ -249,16 +292,44 @@ def fp8_skinny(x: torch.Tensor, w: Fp8Weight, config: triton.Config | None = Non
         )
     (m, k), n = x.shape, w.qweight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn, bk = w.block
-    args = (x, w.qweight, w.scale, y, m, n, k, triton.next_power_of_2(m), x.stride(0),
-            y.stride(0), w.scale.stride(0), bn, bk)  # fmt: skip
-    if config is None:
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-        _fp8_skinny_kernel[grid](*args)
-    else:
-        grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]),)
-        _fp8_skinny_kernel.fn[grid](*args, **config.all_kwargs())
+    key = (triton.next_power_of_2(m), n, k, w.block, x.dtype)
+    config = config or _TUNED.get(key)
+    if config is not None:
+        _launch(x, w.qweight, w.scale, w.block, y, config)
+        return y
+    # first call for the key: the autotuner times the candidates, then runs the best
+    sms = num_sms(x.device)
+    split = max(c.kwargs["SPLIT_K"] for c in CONFIGS if _worth_timing(c, n, k, sms))
+    args = _args(x, w.qweight, w.scale, w.block, y, split)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
+    _fp8_skinny_kernel[grid](*args)
+    config = _TUNED[key] = _fp8_skinny_kernel.best_config
+    if config.kwargs["SPLIT_K"] > 1:
+        reduce_split(args[4], y, config.kwargs["SPLIT_K"])
     return y
+
+
+_TUNED: dict[tuple, triton.Config] = {}  # (M rounded up to a power of two, N, K, block, dtype)
+
+
+def _args(x, qweight, scale, block, y, split: int) -> tuple:
+    """The kernel's positional args, with a fp32 scratch for `split` partials (a 1-element
+    stand-in when split == 1)."""
+    (m, k), n = x.shape, qweight.shape[0]
+    part = torch.empty(split * m * n if split > 1 else 1, dtype=torch.float32, device=x.device)
+    return (x, qweight, scale, y, part, m, n, k, triton.next_power_of_2(m), x.stride(0),
+            y.stride(0), scale.stride(0), *block)  # fmt: skip
+
+
+def _launch(x, qweight, scale, block, y, config: triton.Config) -> None:
+    """y = x @ (qweight * scale)^T with one config, no autotune (also under the Triton
+    interpreter, which takes `qweight` in x's dtype: e4m3 values are exact there)."""
+    split = config.kwargs["SPLIT_K"]
+    args = _args(x, qweight, scale, block, y, split)
+    grid = (triton.cdiv(qweight.shape[0], config.kwargs["BLOCK_N"]), split)
+    _fp8_skinny_kernel.fn[grid](*args, **config.all_kwargs())
+    if split > 1:
+        reduce_split(args[4], y, split)
 
 
 def quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:

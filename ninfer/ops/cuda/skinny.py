@@ -74,7 +74,8 @@ CONFIGS = [
 
 
 @functools.cache
-def _num_sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
+    """The device's streaming multiprocessors (the split-K pruning's measure)."""
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -105,7 +106,7 @@ def _candidates(one_row: bool, n: int, k: int, sms: int) -> tuple[triton.Config,
 
 def _prune(configs, nargs, **kwargs) -> list[triton.Config]:
     m, n, k = nargs["M"], nargs["N"], nargs["K"]
-    keep = _candidates(m == 1, n, k, _num_sms(nargs["x"].device))
+    keep = _candidates(m == 1, n, k, num_sms(nargs["x"].device))
     return [c for c in configs if c in keep]
 
 
@@ -116,7 +117,7 @@ def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100
 def _reduce_hook(nargs, exception=None) -> None:
     """Autotune post-hook: a split-K config is timed with its reduce launch."""
     if exception is None and nargs["SPLIT_K"] > 1:
-        _reduce(nargs["part"], nargs["y"], nargs["SPLIT_K"])
+        reduce_split(nargs["part"], nargs["y"], nargs["SPLIT_K"])
 
 
 @triton.autotune(
@@ -210,7 +211,9 @@ def _reduce_kernel(part, y, M, N, s_ym, SPLIT_K: tl.constexpr, BLOCK: tl.constex
     tl.store(y + m * s_ym + offs, acc.to(y.dtype.element_ty), mask=ok)
 
 
-def _reduce(part: torch.Tensor, y: torch.Tensor, split: int) -> None:
+def reduce_split(part: torch.Tensor, y: torch.Tensor, split: int) -> None:
+    """y [M, N] = the sum, in split order, of the fp32 partials part [split, M, N] (a split-K
+    launch's; also `fp8.fp8_skinny`'s)."""
     m, n = y.shape
     grid = (m, triton.cdiv(n, REDUCE_BLOCK))
     _reduce_kernel[grid](part, y, m, n, y.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK)
@@ -231,20 +234,20 @@ def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, config: triton.Co
     grid = (triton.cdiv(w.shape[0], config.kwargs["BLOCK_N"]), split)
     _skinny_kernel.fn[grid](*args, IEEE=x.dtype == torch.float32, **config.all_kwargs())
     if split > 1:
-        _reduce(args[3], y, split)
+        reduce_split(args[3], y, split)
 
 
 def _tune(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> triton.Config:
     """y = x @ w^T through the autotuner (times the candidates on first use of a key); returns
     the config it ran."""
     (m, k), n = x.shape, w.shape[0]
-    split = max(c.kwargs["SPLIT_K"] for c in _candidates(m == 1, n, k, _num_sms(x.device)))
+    split = max(c.kwargs["SPLIT_K"] for c in _candidates(m == 1, n, k, num_sms(x.device)))
     args = _args(x, w, y, split)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
     _skinny_kernel[grid](*args, IEEE=x.dtype == torch.float32)
     config = _skinny_kernel.best_config
     if config.kwargs["SPLIT_K"] > 1:
-        _reduce(args[3], y, config.kwargs["SPLIT_K"])
+        reduce_split(args[3], y, config.kwargs["SPLIT_K"])
     return config
 
 

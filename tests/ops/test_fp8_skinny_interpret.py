@@ -1,0 +1,56 @@
+"""`ops.cuda.fp8`'s decode GEMV under Triton's CPU interpreter, every config (split-K included)
+against the dequantised product: 1, 3 and 8 rows (M == 1 on the CUDA cores too), 128 x 128
+blocks and per-channel scales, N and K off the tile grid, K ranges split unevenly. The
+interpreter handles neither e4m3 nor bf16, so x and the weight go in as fp32, the weight
+holding the e4m3 values (the kernel converts each tile to x's dtype first: the same products);
+the e4m3 and bf16 loads themselves run on a GPU in tests/ops/test_cuda_fp8.py
+(`test_every_skinny_config`). TRITON_INTERPRET is read when a kernel
+is defined: the check runs in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+CHECK = textwrap.dedent(
+    """
+    import torch
+    from ninfer.ops.cuda.fp8 import CONFIGS, _fits, _launch
+    from ninfer.ops.fp8 import quantize_fp8
+
+    torch.manual_seed(0)
+    checked = set()
+    for n, k, block in ((200, 640, (128, 128)), (96, 1024, (128, 128)), (72, 700, (1, 700))):
+        w = quantize_fp8(torch.randn(n, k), block)
+        want_w = w.dequantize(torch.float32)
+        values = w.qweight.float()  # e4m3 values, exact in fp32
+        for m in (1, 3, 8):
+            x = torch.randn(m, k)
+            want = x.float() @ want_w.t()
+            for c in CONFIGS:
+                if not _fits(c, m == 1, k, block[1]):
+                    continue
+                y = torch.full((m, n), float("nan"))
+                _launch(x, values, w.scale, block, y, c)
+                err = ((y.float() - want).abs() / (want.abs() + 1.0)).max().item()
+                assert err < 1e-4, (n, k, block, m, c.kwargs, err)
+                checked.add(tuple(sorted(c.kwargs.items())))
+    splits = {dict(c)["SPLIT_K"] for c in checked}
+    assert len(checked) == len(CONFIGS) and splits == {1, 2, 4}, (len(checked), splits)
+    print("ok")
+    """
+)
+
+
+def test_every_fp8_skinny_config_matches_the_dequantised_product():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
