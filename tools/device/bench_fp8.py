@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.ops.cuda.fp8 import Fp8Gemm, fp8_skinny, w8a8_gemm
+from ninfer.ops.cuda.fp8 import tuned_config as fp8_tuned
 from ninfer.ops.cuda.linear import DecodeLinear
 from ninfer.ops.fp8 import quantize_fp8
 
@@ -108,9 +109,12 @@ def bench_shape(name: str, n: int, k: int, bw: float) -> None:
                                      ("fp8", fp8_skinny, fp8, fp8_bytes)):  # fmt: skip
             us = graph_us(fn, x, ws)
             gb_s = nbytes / us / 1e3
+            extra = {}
+            if impl == "fp8":  # the config the autotuner chose (SPLIT_K > 1: split-K)
+                tuned = fp8_tuned(x, fp8[0])
+                extra = {"rel_err": float(f"{err:.2e}"), "config": tuned and tuned.kwargs}
             report(set=name, N=n, K=k, M=m, impl=impl, us=round(us, 2), gb_s=round(gb_s, 1),
-                   of_copy=round(gb_s * 1e9 / bw, 3),
-                   **({"rel_err": float(f"{err:.2e}")} if impl == "fp8" else {}))  # fmt: skip
+                   of_copy=round(gb_s * 1e9 / bw, 3), **extra)  # fmt: skip
     for m in PREFILL_ROWS:
         x = torch.randn(m, k, device=DEV, dtype=BF16)
         exact = x.double() @ fp8[0].dequantize(torch.float64).t()
