@@ -32,9 +32,11 @@ n tokens were accepted: e = s + n) the head runs over the same positions ("bridg
 tokens [s + 1, e] (the last one sampled by that pass, or a prompt token), so its K/V covers
 what the target's does wherever the cache commits or publishes a page; the bridge's last
 logits are draft 1 for a lane that samples next, and k - 1 one-token head passes (their own
-hidden fed back) draft the rest. A lane resumed from the
-prefix cache starts bridging at its resumed frontier: the head's K/V below it comes with the
-cached pages. Drafts are only proposals: whatever the head's K/V holds, the output is the
+hidden fed back) draft the rest. When every drafting lane is greedy the chain stays on the
+device: each step's argmax is the next step's input ids, and all k drafts are read back in
+one copy (`_chain_fed`); a step's host syncs are then the verify rows' targets and that copy.
+A lane resumed from the prefix cache starts bridging at its resumed frontier: the head's K/V
+below it comes with the cached pages. Drafts are only proposals: whatever the head's K/V holds, the output is the
 target's, verified.
 
 With CUDA graphs (`capture`, at warm-up) the steady state replays captured passes: the verify
@@ -51,7 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ninfer.engine.executor.runner import Row, Runner, StepResult
+from ninfer.engine.executor.runner import Feed, Row, Runner, StepResult
 from ninfer.engine.kv.lane import KVLane
 from ninfer.memory.state_pool import StatePool
 from ninfer.page import PAGE_SIZE
@@ -401,8 +403,12 @@ class Speculator:
             picks.append((draft, row, logits))
             self.drafts[lane.lane_id] = draft
             state.append((lane, row, k, hidden))
-        self._pick(picks)
-        for step in range(1, self.k):
+        if picks and self._fed(picks):
+            self._chain_fed(state, picks)
+            state = []  # drafted
+        else:
+            self._pick(picks)
+        for step in range(1, self.k if state else 1):
             todo = [(ln, r, k, h) for ln, r, k, h in state if k > step]
             if not todo:
                 break
@@ -433,6 +439,51 @@ class Speculator:
                     draft.probs = torch.nn.functional.one_hot(tokens, vocab).float()
             elif isinstance(draft.probs, list):
                 draft.probs = torch.stack(draft.probs)
+
+    @staticmethod
+    def _fed(picks: list[tuple[Draft, Row, torch.Tensor]]) -> bool:
+        """Whether the chain stays on the device (`_chain_fed`): every lane greedy."""
+        return all(row.sample.greedy for _, row, _ in picks)
+
+    def _chain_fed(self, state: list, picks: list[tuple[Draft, Row, torch.Tensor]]) -> None:
+        """`_chain` for greedy lanes without a host sync between its steps: each step's argmax
+        stays on the device and feeds the next step's input ids (`runner.Feed`, or the chain
+        graph's `fed`), and every step's tokens are read back in one copy at the end. state:
+        (lane, row, k, hidden) per lane, aligned with picks (draft, row, draft-1 logits)."""
+        tok = torch.stack([logits for _, _, logits in picks]).argmax(dim=-1)
+        at = list(range(len(state)))  # the lanes (indices into state) of tok's rows
+        steps = [(at, tok)]
+        hidden = torch.stack([h for _, _, _, h in state])
+        for step in range(1, self.k):
+            keep = [i for i, j in enumerate(at) if state[j][2] > step]
+            if not keep:
+                break
+            if len(keep) < len(at):
+                sel = torch.tensor(keep, device=tok.device)
+                tok, hidden, at = tok[sel], hidden[sel], [at[i] for i in keep]
+            # token 0 is a placeholder: the fed id replaces it
+            rows = [
+                Row([0], ln.computed + step - 1, ln.slot, ln.pages, r.sample, r.generator)
+                for ln, r, _, _ in (state[j] for j in at)
+            ]
+            logits, hidden = self._head_fed(rows, hidden, tok)
+            tok = logits.argmax(dim=-1)
+            steps.append((at, tok))
+        flat = torch.cat([t for _, t in steps]).tolist()  # the chain's one read
+        tokens = iter(flat)
+        for lanes, _ in steps:
+            for j in lanes:
+                picks[j][0].tokens.append(next(tokens))
+
+    def _head_fed(self, rows: list[Row], hidden: torch.Tensor, tok: torch.Tensor):
+        """A head pass over one-token rows whose input ids are `tok` on the device: the chain
+        graph's replay when one serves, else eagerly."""
+        meta = [(r.token_ids, r.ctx_len, r.slot, r.pages) for r in rows]
+        if self.graphs is not None and self.graphs.chain.fits(meta):
+            return self.graphs.chain.run(meta, hidden, [0] * len(rows), fed=tok)
+        runner = self.runner
+        batch = runner.build_batch(rows, Feed(tok, list(range(len(rows)))))
+        return runner.model.mtp(batch, hidden, runner.cache, runner.ops, runner.model)
 
     @staticmethod
     def _pick(picks: list[tuple[Draft, Row, torch.Tensor]]) -> None:

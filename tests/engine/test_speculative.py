@@ -290,3 +290,34 @@ def test_bench_acceptance_holds_when_outputs_part(make_spec_llm, monkeypatch):
         # 1 + a + a^2 + a^3 = 2.53 tokens per verify row (fewer drafts near max_tokens)
         got = (row["spec_acceptance"], row["spec_tokens_per_step"])
         assert 0.4 < got[0] < 0.65 and 2.1 < got[1] < 2.9, got
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_greedy_chain_on_the_device_drafts_what_the_host_chain_does(make_spec_llm, monkeypatch, k):
+    """The greedy draft chain kept on the device (each step's argmax fed to the next step, one
+    read at the end: `Speculator._chain_fed`) proposes, step after step and lane by lane,
+    exactly the tokens of the chain that reads every step back (`_pick`), with lanes whose
+    chains end early (max_tokens) beside full ones."""
+    from ninfer.engine.speculative import Speculator
+
+    prompts = _prompts(30 + k)
+    params = [greedy(n) for n in (21, 34, 9)]
+    seen: dict[str, list] = {}
+    draft = Speculator.draft
+
+    def recording(self, pending, live, max_model_len):
+        draft(self, pending, live, max_model_len)
+        seen[mode].append(sorted((i, tuple(d.tokens)) for i, d in self.drafts.items()))
+
+    monkeypatch.setattr(Speculator, "draft", recording)
+    outs = {}
+    for mode in ("device", "host"):
+        seen[mode] = []
+        if mode == "host":
+            monkeypatch.setattr(Speculator, "_fed", staticmethod(lambda picks: False))
+        llm = make_spec_llm(speculative="mtp", num_speculative_tokens=k)
+        outs[mode] = [o.token_ids for o in llm.generate(prompts, params)]
+    assert outs["device"] == outs["host"]
+    assert seen["device"] == seen["host"]
+    lengths = {len(t) for step in seen["device"] for _, t in step}
+    assert k in lengths and len(lengths) > 1  # full chains and chains cut short

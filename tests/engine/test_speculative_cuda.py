@@ -66,3 +66,32 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
     spec.check_idle()
     plain.close()
     spec.close()
+
+
+def test_greedy_chain_fed_on_the_device_drafts_what_the_host_chain_does(monkeypatch):
+    """With the speculator's graphs, the greedy draft chain fed on the device (the chain
+    graph's input ids copied from the previous step's argmax, one read at the end) proposes
+    exactly what the chain that reads each step back proposes: same kernels, same order."""
+    from ninfer.engine.speculative import Speculator
+
+    model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=12, mtp=True)
+    opts = dict(device="cuda", compile=False, max_concurrency=4, kv_capacity=16384,
+                host_cache_mib=64, speculative="mtp", num_speculative_tokens=3)  # fmt: skip
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (30, 17, 41)]
+    seen: dict[str, list] = {}
+    draft = Speculator.draft
+
+    def recording(self, pending, live, max_model_len):
+        draft(self, pending, live, max_model_len)
+        seen[mode].append(sorted((i, tuple(d.tokens)) for i, d in self.drafts.items()))
+
+    monkeypatch.setattr(Speculator, "draft", recording)
+    for mode in ("device", "host"):
+        seen[mode] = []
+        if mode == "host":
+            monkeypatch.setattr(Speculator, "_fed", staticmethod(lambda picks: False))
+        llm = LLM.from_model(model, **opts)
+        llm.generate(PROMPTS, params)
+        assert llm.engine.speculator.graphs.chain.replays > 10
+        llm.close()
+    assert seen["device"] == seen["host"]

@@ -247,12 +247,15 @@ class HeadGraphs(_RowGraphs):
         hidden = self.hidden_in[: batch.input_ids.shape[0]]
         return self.model.mtp(batch, hidden, self.cache, self.ops, self.model)
 
-    def run(self, rows, hidden: torch.Tensor, last: list[int]):
+    def run(self, rows, hidden: torch.Tensor, last: list[int], fed: torch.Tensor | None = None):
         """rows: (tokens, ctx_len, slot, pages), `fits`; hidden [bs * width, H]: the input
         hidden state of every token; last[i]: row i's token whose logits are returned (an
-        index into the row)."""
+        index into the row); `fed` [bs * width] int64 on the device: the input ids (the rows'
+        tokens are then placeholders), copied in after the fill, in stream order."""
         s = self.shapes[len(rows)]
         self._fill(s, rows, [i * self.width + j for i, j in enumerate(last)])
+        if fed is not None:
+            s.batch.input_ids.copy_(fed)
         self.hidden_in[: hidden.shape[0]].copy_(hidden)
         s.graph.replay()
         self.replays += 1
