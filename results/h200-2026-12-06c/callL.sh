@@ -11,10 +11,10 @@ t0=$(date +%s)
 # first the speculative GPU tests: the greedy chain fed on the device (c6ac63c) is not yet run
 timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
   tests/engine/test_speculative_cuda.py >"$OUT/spec_tests.log" 2>&1
-echo "[$(($(date +%s) - t0)) s] spec tests rc=$?: $(grep -E 'passed|failed' "$OUT/spec_tests.log" | tail -1)"
+rc=$?; echo "[$(($(date +%s) - t0)) s] spec tests rc=$rc: $(grep -E 'passed|failed' "$OUT/spec_tests.log" | tail -1)"
 grep -E "^(FAILED|ERROR)|^E  " "$OUT/spec_tests.log" | cut -c1-300 | head -12
 timeout $((B - 30 - $(date +%s) + t0)) python3 -m ninfer.bench.spec_table --device cuda --preset "$MODEL" \
   --contexts "$CONTEXTS" --batch-sizes 1,4,8 --acceptance 0.5,0.7,0.9 \
   --json "$OUT/spec_table_$MODEL.json" >"$OUT/spec_table_$MODEL.log" 2>&1
-echo "[$(($(date +%s) - t0)) s] rc=$?"; grep -v INFO "$OUT/spec_table_$MODEL.log" | tail -40
+rc=$?; echo "[$(($(date +%s) - t0)) s] spec_table rc=$rc"; grep -v INFO "$OUT/spec_table_$MODEL.log" | tail -40
 save_caches >/dev/null 2>&1; ls $OUT | tr '\n' ' '
