@@ -36,8 +36,8 @@ hidden fed back) draft the rest. When every drafting lane is greedy the chain st
 device: each step's argmax is the next step's input ids, and all k drafts are read back in
 one copy (`_chain_fed`); a step's host syncs are then the verify rows' targets and that copy.
 A lane resumed from the prefix cache starts bridging at its resumed frontier: the head's K/V
-below it comes with the cached pages. Drafts are only proposals: whatever the head's K/V holds, the output is the
-target's, verified.
+below it comes with the cached pages. Drafts are only proposals: whatever the head's K/V
+holds, the output is the target's, verified.
 
 With CUDA graphs (`capture`, at warm-up) the steady state replays captured passes: the verify
 step when every row is a verify row of K + 1 tokens, the bridge when each of its rows is one
