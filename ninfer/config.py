@@ -160,6 +160,14 @@ class EngineOptions:
         None, f"draft tokens per decode step with --speculative, 1..{MAX_SPECULATIVE_TOKENS} "
         f"(default {DEFAULT_SPECULATIVE_TOKENS})", metavar="K", kind=int, lo=1,
         hi=MAX_SPECULATIVE_TOKENS)  # fmt: skip
+    # The draft head scores only the first N token ids and the tokenizer's added tokens (its
+    # LM head is the target's, and reading all of it is most of a draft step); the target
+    # scores every token, so the output is unchanged: a token outside the draft's vocabulary
+    # is only never proposed. None: the whole vocabulary.
+    draft_vocab: int | None = _opt(
+        None, "with --speculative: the draft head proposes only the first N token ids and "
+        "the tokenizer's added tokens (a faster draft; default: every token)", metavar="N",
+        kind=int, lo=1)  # fmt: skip
     # Queue timeout budget (seconds). In-flight coalescing (§12.2) lets the FIFO head wait for a
     # prefilling sibling only while twice the sibling's predicted prefill up to the shared
     # target is within half of it; 0 disables coalescing. No request is ever failed for waiting.
@@ -322,6 +330,7 @@ class Speculation:
 
     speculative: str | None = None  # the draft method
     num_speculative_tokens: int = 0  # 0 when off
+    draft_vocab: int | None = None  # the draft's first token ids (None: all)
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,14 +479,17 @@ def _host_geometry(
 
 
 def resolve_speculation(opts: EngineOptions) -> Speculation:
-    """The draft method and K (default DEFAULT_SPECULATIVE_TOKENS); ValueError naming
-    num_speculative_tokens when it is given without `speculative`."""
+    """The draft method, K (default DEFAULT_SPECULATIVE_TOKENS) and the draft's vocabulary;
+    ValueError naming num_speculative_tokens or draft_vocab when given without
+    `speculative`. A draft_vocab at or past the model's vocabulary means all of it."""
     if opts.speculative is None:
-        if opts.num_speculative_tokens is not None:
-            raise ValueError("num_speculative_tokens needs speculative='mtp'")
+        for name in ("num_speculative_tokens", "draft_vocab"):
+            if getattr(opts, name) is not None:
+                raise ValueError(f"{name} needs speculative='mtp'")
         return Speculation()
     k = opts.num_speculative_tokens
-    return Speculation(opts.speculative, DEFAULT_SPECULATIVE_TOKENS if k is None else k)
+    k = DEFAULT_SPECULATIVE_TOKENS if k is None else k
+    return Speculation(opts.speculative, k, opts.draft_vocab)
 
 
 def check_fit(opts: EngineOptions, model: Qwen35Config, on_cuda: bool) -> None:

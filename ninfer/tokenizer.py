@@ -279,6 +279,8 @@ class Tokenizer:
         chat_template: the Jinja template (a string, a dict of named templates, or None).
         special_tokens: {"bos_token": ..., "eos_token": ..., ...} for the template renderer.
         special_ids: ids that `decode(..., skip_special_tokens=True)` drops.
+        added_ids: the ids of every added token, special or not (`<tool_call>`, `</think>`,
+            the chat markers): the tokens a trimmed draft vocabulary keeps beside its first ids.
         eos_token_ids: every id that ends generation (config + generation_config + eos_token).
     """
 
@@ -302,6 +304,8 @@ class Tokenizer:
         special.update(t for t in map(_token_text, extra) if t)
         ids = {self.token_to_id(t) for t in special} | backend.special_ids()
         self.special_ids: frozenset[int] = frozenset(i for i in ids if i is not None)
+        added = {self.token_to_id(t) for t in _added_tokens(tok_config, only_special=False)}
+        self.added_ids: frozenset[int] = self.special_ids | {i for i in added if i is not None}
         eos: list[int] = []
         eos_text = self.special_tokens.get("eos_token")
         eos_id = self.token_to_id(eos_text) if eos_text else None

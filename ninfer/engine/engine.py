@@ -47,7 +47,7 @@ from ninfer.engine.kv.state import KVState, engine_cost_model
 from ninfer.engine.request import Request
 from ninfer.engine.roster import Roster
 from ninfer.engine.scheduler import InPass, plan_step
-from ninfer.engine.speculative import Speculator
+from ninfer.engine.speculative import Speculator, draft_vocab
 from ninfer.engine.stepper import InFlight, Stepper
 from ninfer.forward import ModelCache
 from ninfer.request import EngineError
@@ -86,8 +86,11 @@ class Engine:
         self.speculator: Speculator | None = None
         if cfg.speculation.speculative == "mtp":
             spec_slots = mem.states.scratch_slots[cfg.memory.scratch_entries :]
-            k = cfg.speculation.num_speculative_tokens
-            self.speculator = Speculator(self.runner, mem.states, k, spec_slots)
+            spec = cfg.speculation
+            added = getattr(tokenizer, "added_ids", frozenset())
+            vocab = draft_vocab(spec.draft_vocab, model_config.vocab_size, added)
+            k = spec.num_speculative_tokens
+            self.speculator = Speculator(self.runner, mem.states, k, spec_slots, vocab)
         self.startup = warmup.prepare_runner(  # CUDA only
             self.runner, cfg.ops, cfg.memory, cfg.scheduling.solo_prefill_chunk, mem.kv,
             mem.states, self.speculator,

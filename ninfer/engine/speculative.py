@@ -60,6 +60,15 @@ from ninfer.page import PAGE_SIZE
 from ninfer.sampling import accept_drafts, accept_greedy, draw, probabilities
 
 
+def draft_vocab(n: int | None, vocab_size: int, added: frozenset[int]) -> list[int] | None:
+    """The token ids a draft head trimmed to `n` proposes: ids 0 .. n-1 and the tokenizer's
+    `added` ones (end of turn, `</think>`, `<tool_call>`: the tokens a chat's output
+    boundaries and stops need). None: the whole vocabulary (n None, or as large)."""
+    if n is None or n >= vocab_size:
+        return None
+    return sorted(set(range(n)) | {i for i in added if 0 <= i < vocab_size})
+
+
 @dataclass(slots=True)
 class Draft:
     """A lane's proposals for its next verify row: tokens and, for a sampled request, the
@@ -124,9 +133,23 @@ class Speculator:
     drafts and the target's greedy token after them, so a speed figure gets the acceptance it
     asks for on any weights (the output is then not the target's)."""
 
-    def __init__(self, runner: Runner, states: StatePool, k: int, scratch: list[int]) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        states: StatePool,
+        k: int,
+        scratch: list[int],
+        vocab: list[int] | None = None,
+    ) -> None:
+        """`vocab`: the token ids the head proposes from (sorted; None: all of them)."""
         if runner.model.mtp is None:
             raise ValueError("speculative='mtp': the model has no MTP draft head")
+        model = runner.model
+        head = model.lm_head.weight
+        if vocab is not None and head.dtype.itemsize == 1:
+            raise ValueError("draft_vocab: the checkpoint's LM head is FP8; trim a bf16 head")
+        model.mtp.set_vocab(vocab, head)
+        self.vocab_size = model.config.vocab_size
         self.runner, self.states, self.k = runner, states, k
         # an op set that cannot snapshot at every offset: save and replay instead (`launch`)
         self.replay = runner.ops.tap_stride != 1
@@ -450,7 +473,7 @@ class Speculator:
         stays on the device and feeds the next step's input ids (`runner.Feed`, or the chain
         graph's `fed`), and every step's tokens are read back in one copy at the end. state:
         (lane, row, k, hidden) per lane, aligned with picks (draft, row, draft-1 logits)."""
-        tok = torch.stack([logits for _, _, logits in picks]).argmax(dim=-1)
+        tok = self._ids(torch.stack([logits for _, _, logits in picks]).argmax(dim=-1))
         at = list(range(len(state)))  # the lanes (indices into state) of tok's rows
         steps = [(at, tok)]
         hidden = torch.stack([h for _, _, _, h in state])
@@ -467,7 +490,7 @@ class Speculator:
                 for ln, r, _, _ in (state[j] for j in at)
             ]
             logits, hidden = self._head_fed(rows, hidden, tok)
-            tok = logits.argmax(dim=-1)
+            tok = self._ids(logits.argmax(dim=-1))
             steps.append((at, tok))
         flat = torch.cat([t for _, t in steps]).tolist()  # the chain's one read
         tokens = iter(flat)
@@ -485,18 +508,33 @@ class Speculator:
         batch = runner.build_batch(rows, Feed(tok, list(range(len(rows)))))
         return runner.model.mtp(batch, hidden, runner.cache, runner.ops, runner.model)
 
-    @staticmethod
-    def _pick(picks: list[tuple[Draft, Row, torch.Tensor]]) -> None:
-        """Each (draft, row, logits [V]) draws its next token: the greedy ones' argmax read in
+    def _ids(self, columns: torch.Tensor) -> torch.Tensor:
+        """The token ids of the head's logits columns (a trimmed vocabulary maps them)."""
+        d2t = self.runner.model.mtp.d2t
+        return columns if d2t is None else d2t[columns]
+
+    def _full(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's logits [V'] over the whole vocabulary [V]: -inf where it does not
+        propose (a sampled draft's distribution is then zero there)."""
+        d2t = self.runner.model.mtp.d2t
+        if d2t is None:
+            return logits
+        full = logits.new_full((self.vocab_size,), float("-inf"))
+        full[d2t] = logits
+        return full
+
+    def _pick(self, picks: list[tuple[Draft, Row, torch.Tensor]]) -> None:
+        """Each (draft, row, logits [V']) draws its next token: the greedy ones' argmax read in
         one copy for all of them; a sampled one draws with its row's generator."""
         greedy = [(draft, logits) for draft, row, logits in picks if row.sample.greedy]
         if greedy:
-            tokens = torch.stack([logits for _, logits in greedy]).argmax(dim=-1).tolist()
+            columns = torch.stack([logits for _, logits in greedy]).argmax(dim=-1)
+            tokens = self._ids(columns).tolist()
             for (draft, _), token in zip(greedy, tokens, strict=True):
                 draft.tokens.append(token)
         for draft, row, logits in picks:
             if not row.sample.greedy:
-                probs = probabilities(logits.unsqueeze(0), row.sample)
+                probs = probabilities(self._full(logits).unsqueeze(0), row.sample)
                 draft.tokens.append(int(draw(probs, [row.generator])[0]))
                 draft.probs.append(probs[0])
 

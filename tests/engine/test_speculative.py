@@ -292,12 +292,14 @@ def test_bench_acceptance_holds_when_outputs_part(make_spec_llm, monkeypatch):
         assert 0.4 < got[0] < 0.65 and 2.1 < got[1] < 2.9, got
 
 
-@pytest.mark.parametrize("k", [2, 4])
-def test_greedy_chain_on_the_device_drafts_what_the_host_chain_does(make_spec_llm, monkeypatch, k):
+@pytest.mark.parametrize(("k", "vocab"), [(2, None), (4, None), (3, VOCAB // 5)])
+def test_greedy_chain_on_the_device_drafts_what_the_host_chain_does(
+    make_spec_llm, monkeypatch, k, vocab
+):
     """The greedy draft chain kept on the device (each step's argmax fed to the next step, one
     read at the end: `Speculator._chain_fed`) proposes, step after step and lane by lane,
     exactly the tokens of the chain that reads every step back (`_pick`), with lanes whose
-    chains end early (max_tokens) beside full ones."""
+    chains end early (max_tokens) beside full ones; with a trimmed draft vocabulary too."""
     from ninfer.engine.speculative import Speculator
 
     prompts = _prompts(30 + k)
@@ -315,9 +317,78 @@ def test_greedy_chain_on_the_device_drafts_what_the_host_chain_does(make_spec_ll
         seen[mode] = []
         if mode == "host":
             monkeypatch.setattr(Speculator, "_fed", staticmethod(lambda picks: False))
-        llm = make_spec_llm(speculative="mtp", num_speculative_tokens=k)
+        llm = make_spec_llm(speculative="mtp", num_speculative_tokens=k, draft_vocab=vocab)
         outs[mode] = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs["device"] == outs["host"]
     assert seen["device"] == seen["host"]
     lengths = {len(t) for step in seen["device"] for _, t in step}
     assert k in lengths and len(lengths) > 1  # full chains and chains cut short
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("mode", ["device", "host"])
+def test_a_trimmed_draft_vocabulary_proposes_only_its_tokens(make_spec_llm, monkeypatch, kind,
+                                                           mode):  # fmt: skip
+    """`draft_vocab=n`: the head proposes only ids below n (and the tokenizer's added ones;
+    none here), through the greedy chain kept on the device and the one read step by step,
+    each draft being the full head's choice among those ids; the output stays plain
+    decode's."""
+    from ninfer.engine.speculative import Speculator
+
+    n = VOCAB // 5
+    prompts = _prompts(40)
+    params = [greedy(m) for m in (29, 40, 17)]
+    plain = make_spec_llm(kind)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    if mode == "host":
+        monkeypatch.setattr(Speculator, "_fed", staticmethod(lambda picks: False))
+    seen: list[int] = []
+    head_logits: list[tuple[torch.Tensor, int]] = []
+    pick, draft = Speculator._pick, Speculator.draft
+
+    def recording(self, pending, live, max_model_len):
+        draft(self, pending, live, max_model_len)
+        seen.extend(t for d in self.drafts.values() for t in d.tokens)
+
+    def checked(self, picks):  # each draft picked: the head's argmax among ids below n
+        pick(self, picks)
+        head_logits.extend((logits, d.tokens[-1]) for d, _, logits in picks)
+
+    monkeypatch.setattr(Speculator, "draft", recording)
+    monkeypatch.setattr(Speculator, "_pick", checked)
+    spec = make_spec_llm(kind, speculative="mtp", num_speculative_tokens=3, draft_vocab=n)
+    assert spec.engine.call(lambda: spec.engine.speculator.runner.model.mtp.vocab_head) == n
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    assert seen and max(seen) < n
+    assert head_logits or mode == "device"  # the device chain picks without `_pick`
+    for logits, token in head_logits:
+        assert logits.shape[-1] == n and token == int(logits.argmax())
+    spec.close()
+    full = make_spec_llm(kind, speculative="mtp", num_speculative_tokens=3)
+    mtp = full.engine.speculator.runner.model.mtp
+    assert mtp.d2t is None  # the model is shared: a later engine gets the whole vocabulary
+
+
+def test_a_trimmed_sampled_draft_stays_reproducible_and_in_its_vocabulary(make_spec_llm):
+    """A sampled lane's draft distribution is zero outside the trimmed vocabulary; seeded
+    requests still reproduce, and every draft lies inside it."""
+    prompts = _prompts(41, n=2)
+    params = SamplingParams(max_tokens=30, temperature=0.9, seed=7, ignore_eos=True)
+    a = make_spec_llm(speculative="mtp", num_speculative_tokens=2, draft_vocab=VOCAB // 3)
+    first = a.generate([prompts[0]], params)[0].token_ids
+    b = make_spec_llm(speculative="mtp", num_speculative_tokens=2, draft_vocab=VOCAB // 3)
+    other = SamplingParams(max_tokens=30, temperature=1.0, ignore_eos=True)
+    assert b.generate(prompts, [params, other])[0].token_ids == first
+
+
+def test_draft_vocab_ids_and_options():
+    from ninfer.engine.speculative import draft_vocab
+
+    assert draft_vocab(None, 100, frozenset({99})) is None
+    assert draft_vocab(100, 100, frozenset()) is None  # as large: every token
+    assert draft_vocab(4, 100, frozenset({98, 2, 150})) == [0, 1, 2, 3, 98]
+    model = build_random_model(TINY, torch.float32, "cpu", mtp=True)
+    with pytest.raises(ValueError, match="draft_vocab needs speculative"):
+        LLM.from_model(model, device="cpu", kv_capacity=4096, draft_vocab=64)
+    with pytest.raises(ValueError, match="draft_vocab"):
+        LLM.from_model(model, device="cpu", kv_capacity=4096, speculative="mtp", draft_vocab=0)

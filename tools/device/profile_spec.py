@@ -23,19 +23,29 @@ from ninfer.models.presets import PRESETS, build_random_model
 from ninfer.request import SamplingParams
 
 HOST: dict[str, list[float]] = {}  # phase -> [calls, host seconds] (the engine thread's)
+EVENTS: list = []  # (phase, start event, end event) per call, on CUDA
 
 
 def _timed(cls, name: str) -> None:
     """Wraps cls.name to add up its host wall time (no sync: a phase that reads results from
-    the GPU includes the wait)."""
+    the GPU includes the wait) and, on CUDA, its GPU time: from the GPU reaching the phase's
+    first launch to finishing its last, idle waits for the host's launches included (CUDA
+    events on the engine thread's stream; torch.profiler sees no ops of that thread)."""
     fn = getattr(cls, name)
     key = f"{cls.__name__}.{name}"
 
     def wrapped(*a, **k):
         t0 = time.perf_counter()
+        marks = None
+        if torch.cuda.is_available():
+            marks = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            marks[0].record()
         try:
             return fn(*a, **k)
         finally:
+            if marks is not None:
+                marks[1].record()
+                EVENTS.append((key, *marks))
             acc = HOST.setdefault(key, [0, 0.0])
             acc[0] += 1
             acc[1] += time.perf_counter() - t0
@@ -54,8 +64,11 @@ def main() -> None:
     ap.add_argument("--trace", default="")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
-    for cls, names in ((speculative.Speculator, ("launch", "bridge", "draft", "settle_row")),
-                       (stepper.Stepper, ("run", "settle"))):  # fmt: skip
+    phases = (
+        (speculative.Speculator, ("launch", "bridge", "draft", "settle_row", "_chain_fed")),
+        (stepper.Stepper, ("run", "settle")),
+    )
+    for cls, names in phases:
         for n in names:
             _timed(cls, n)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -73,6 +86,8 @@ def main() -> None:
         return [[rng.randrange(vocab) for _ in range(n)] for _ in range(args.batch)]
 
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    # twice: the second run meets every shape the first compiled or autotuned
+    llm.generate(prompts(), params)
     llm.generate(prompts(), params)
     todo = prompts()
     # prefill outside the profile: a one-token run admits and prefills, then the timed run
@@ -84,6 +99,7 @@ def main() -> None:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.synchronize()
     HOST.clear()
+    EVENTS.clear()
     with torch.profiler.profile(activities=acts) as prof:
         t0 = time.perf_counter()
         outs = llm.generate(todo, params)
@@ -106,6 +122,15 @@ def main() -> None:
               f"{e.cpu_time_total / 1e3:8.2f}")  # fmt: skip
     for key, (calls, seconds) in HOST.items():
         print(f"host {key:24s} calls {calls:4d} {seconds * 1e3:9.2f} ms")
+    gpu: dict[str, list[float]] = {}
+    for key, start, end in EVENTS:
+        acc = gpu.setdefault(key, [0, 0.0])
+        acc[0] += 1
+        acc[1] += start.elapsed_time(end)
+    for key, (calls, ms) in gpu.items():
+        print(f"gpu  {key:24s} calls {calls:4d} {ms:9.2f} ms (first launch to last end)")
+    if cuda:
+        _gaps(prof, wall)
     if args.trace:
         path = args.trace[:-3] if args.trace.endswith(".gz") else args.trace
         prof.export_chrome_trace(path)
@@ -113,6 +138,34 @@ def main() -> None:
             g.write(f.read())
         print("trace", path + ".gz")
     llm.close()
+
+
+def _gaps(prof, wall: float) -> None:
+    """The GPU's idle time between kernels (copies count as busy) over the profiled run: the
+    total, by size, and the longest gaps with the kernels on either side."""
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    if not spans:
+        return
+    gaps, end, last = [], spans[0][1], spans[0][2]
+    for start, stop, name in spans[1:]:
+        if start > end:
+            gaps.append((start - end, last, name))
+        if stop > end:
+            end, last = stop, name
+    total = sum(g for g, _, _ in gaps) / 1e3
+    span = (end - spans[0][0]) / 1e3
+    print(f"GPU idle {total:.1f} ms in {len(gaps)} gaps over a {span:.1f} ms GPU span "
+          f"(wall {wall * 1e3:.1f} ms)")  # fmt: skip
+    for lo, hi in ((0, 20), (20, 100), (100, 500), (500, 10**9)):
+        sel = [g for g, _, _ in gaps if lo <= g < hi]
+        print(f"  gaps {lo:>4d}-{hi if hi < 10**9 else 'inf'} us: {len(sel):5d}, "
+              f"{sum(sel) / 1e3:8.2f} ms")  # fmt: skip
+    for g, before, after in sorted(gaps, reverse=True)[:12]:
+        print(f"  {g / 1e3:7.2f} ms after {before[:50]} before {after[:50]}")
 
 
 if __name__ == "__main__":
