@@ -105,6 +105,9 @@ class _HFBackend:
     def special_ids(self) -> set[int]:
         return {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
 
+    def added_ids(self) -> set[int]:
+        return set(self.tok.get_added_tokens_decoder())
+
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
 
@@ -167,6 +170,9 @@ class _SPBackend:
     def special_ids(self) -> set[int]:
         n = self.sp.get_piece_size()
         return {i for i in self.atomic.values() if i < n and self.sp.is_control(i)}
+
+    def added_ids(self) -> set[int]:
+        return set(self.atomic.values())
 
     def encode(self, text: str) -> list[int]:
         # sentencepiece releases the GIL while it encodes; the split on the atomic tokens
@@ -305,6 +311,7 @@ class Tokenizer:
         ids = {self.token_to_id(t) for t in special} | backend.special_ids()
         self.special_ids: frozenset[int] = frozenset(i for i in ids if i is not None)
         added = {self.token_to_id(t) for t in _added_tokens(tok_config, only_special=False)}
+        added |= backend.added_ids()
         self.added_ids: frozenset[int] = self.special_ids | {i for i in added if i is not None}
         eos: list[int] = []
         eos_text = self.special_tokens.get("eos_token")

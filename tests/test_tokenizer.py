@@ -72,6 +72,16 @@ def test_skip_special_tokens_drops_control_tokens_only(which, request):
     assert tok.decode(ids, skip_special_tokens=True) == "user\nhi<think>t</think>"
 
 
+@pytest.mark.parametrize("which", ["bpe", "demo"])
+def test_added_ids_hold_the_added_tokens_special_or_not(which, request):
+    """`added_ids` (a trimmed MTP draft vocabulary keeps them): the control tokens and the
+    added ones that are not special (`<think>`, which `skip_special_tokens` keeps)."""
+    tok = request.getfixturevalue(which)
+    think, end = tok.token_to_id("<think>"), tok.token_to_id("<|im_end|>")
+    assert think not in tok.special_ids and {think, end} <= tok.added_ids
+    assert tok.special_ids <= tok.added_ids
+
+
 def test_demo_roundtrip_with_byte_fallback(demo):
     for s in SAMPLES:
         if s != SAMPLES[4]:  # sentencepiece does not normalise (identity rule)

@@ -392,3 +392,14 @@ def test_draft_vocab_ids_and_options():
         LLM.from_model(model, device="cpu", kv_capacity=4096, draft_vocab=64)
     with pytest.raises(ValueError, match="draft_vocab"):
         LLM.from_model(model, device="cpu", kv_capacity=4096, speculative="mtp", draft_vocab=0)
+
+
+def test_a_trimmed_draft_over_an_fp8_lm_head_is_refused():
+    """A checkpoint whose not-convert list leaves the LM head FP8: its rows carry block
+    scales, so the draft cannot slice them; `draft_vocab` is refused by name before any
+    pass (the whole vocabulary still drafts)."""
+    model = build_random_model(TINY, torch.float32, "cpu", mtp=True)
+    head = model.lm_head.weight
+    head.data = head.data.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="draft_vocab: the checkpoint's LM head is FP8"):
+        LLM.from_model(model, device="cpu", kv_capacity=4096, speculative="mtp", draft_vocab=64)
