@@ -33,8 +33,10 @@ tokens [s + 1, e] (the last one sampled by that pass, or a prompt token), so its
 what the target's does wherever the cache commits or publishes a page; the bridge's last
 logits are draft 1 for a lane that samples next, and k - 1 one-token head passes (their own
 hidden fed back) draft the rest. When every drafting lane is greedy the chain stays on the
-device: each step's argmax is the next step's input ids, and all k drafts are read back in
-one copy (`_chain_fed`); a step's host syncs are then the verify rows' targets and that copy.
+device: each step's argmax is the next step's input ids (`_chain_fed`), and the drafts stay
+there: the next verify graph copies them into its input ids, and they are read back with the
+verify rows' targets, in one copy (`Draft.pending`); a step's only host sync is then that
+read.
 A lane resumed from the prefix cache starts bridging at its resumed frontier: the head's K/V
 below it comes with the cached pages. Drafts are only proposals: whatever the head's K/V
 holds, the output is the target's, verified.
@@ -69,13 +71,80 @@ def draft_vocab(n: int | None, vocab_size: int, added: frozenset[int]) -> list[i
     return sorted(set(range(n)) | {i for i in added if 0 <= i < vocab_size})
 
 
-@dataclass(slots=True)
+class ChainIds:
+    """The token ids a greedy draft chain (`Speculator._chain_fed`) proposed, still on the
+    device: `steps` (lane indices, ids [len(lanes)] int64) per chain step. `host()` reads them
+    all in one copy (once); `grid` [lanes, steps] is set when every step covers every lane
+    (the rows a verify graph takes its drafts from, without a read)."""
+
+    def __init__(self, steps: list[tuple[list[int], torch.Tensor]]) -> None:
+        self.steps = steps
+        n = len(steps[0][0])
+        full = all(len(at) == n for at, _ in steps)
+        self.grid = torch.stack([t for _, t in steps], dim=1) if full else None
+        self.counts = [0] * n  # each lane's number of ids
+        for at, _ in steps:
+            for j in at:
+                self.counts[j] += 1
+        self._host: list[list[int]] | None = None
+
+    def host(self) -> list[list[int]]:
+        """Each lane's ids, in chain order (one device read, the first time)."""
+        if self._host is None:
+            out: list[list[int]] = [[] for _ in self.steps[0][0]]
+            flat = iter(torch.cat([t for _, t in self.steps]).tolist())
+            for at, _ in self.steps:
+                for j in at:
+                    out[j].append(next(flat))
+            self._host = out
+        return self._host
+
+
 class Draft:
     """A lane's proposals for its next verify row: tokens and, for a sampled request, the
-    distributions [k, V] they were drawn from."""
+    distributions [k, V] they were drawn from. A greedy chain's tokens may still be on the
+    device (`chain`, the lane's index `at` in it): `tokens` reads them (one copy for every
+    lane of that chain), `ids` is their device tensor without a read (None where the chain's
+    steps do not cover every lane), `pending` says whether they are still unread."""
 
-    tokens: list[int]
-    probs: torch.Tensor | None = None
+    __slots__ = ("_tokens", "probs", "chain", "at")
+
+    def __init__(
+        self,
+        tokens: list[int] | None = None,
+        probs: torch.Tensor | list | None = None,
+        chain: ChainIds | None = None,
+        at: int = 0,
+    ) -> None:
+        self._tokens = tokens
+        self.probs = probs
+        self.chain, self.at = chain, at
+
+    @property
+    def tokens(self) -> list[int]:
+        if self._tokens is None:
+            self._tokens = list(self.chain.host()[self.at]) if self.chain is not None else []
+        return self._tokens
+
+    @tokens.setter
+    def tokens(self, value: list[int]) -> None:
+        self._tokens, self.chain = value, None
+
+    def defer(self, chain: ChainIds, at: int) -> None:
+        """The tokens are lane `at` of `chain`, still on the device."""
+        self._tokens, self.chain, self.at = None, chain, at
+
+    @property
+    def pending(self) -> bool:
+        return self._tokens is None and self.chain is not None
+
+    @property
+    def ids(self) -> torch.Tensor | None:
+        grid = self.chain.grid if self.pending else None
+        return None if grid is None else grid[self.at]
+
+    def __len__(self) -> int:
+        return self.chain.counts[self.at] if self.pending else len(self.tokens)
 
 
 @dataclass(slots=True)
@@ -180,7 +249,10 @@ class Speculator:
     def verify_tokens(self, lane: KVLane) -> list[int]:
         """The drafts the lane's next decode row verifies ([] for none)."""
         draft = self.drafts.get(lane.lane_id)
-        return [] if draft is None else list(draft.tokens)
+        if draft is None:
+            return []
+        # still on the device: placeholders, which `launch` replaces
+        return [0] * len(draft) if draft.pending else list(draft.tokens)
 
     # ---- the verify step -------------------------------------------------------------------
     def launch(self, rows: list[Row], lanes: list[KVLane], mask=None) -> SpecLaunched:
@@ -191,7 +263,13 @@ class Speculator:
         before the pass)."""
         runner = self.runner
         taps, used = {}, 0
+        drafts = {
+            i: self.drafts.pop(lanes[i].lane_id, None) for i, r in enumerate(rows) if r.verify
+        }
         graph = self._verify_graph(rows)
+        fed = self._fed_drafts(rows, drafts) if graph else None
+        if fed is None:
+            self._read_drafts(rows, drafts)
         for i, r in enumerate(rows):
             if r.verify and len(r.token_ids) > 1:
                 n = 1 if self.replay else len(r.token_ids) - 1
@@ -204,7 +282,7 @@ class Speculator:
                     r.taps = r.taps + tuple((o + 1, s) for o, s in enumerate(slots))
         if graph:
             meta = [(r.token_ids, r.ctx_len, r.slot, r.pages) for r in rows]
-            logits, hidden = self.graphs.verify.run(meta, self.scratch[:used])
+            logits, hidden = self.graphs.verify.run(meta, self.scratch[:used], fed)
             q_lens = [len(r.token_ids) for r in rows]
         else:
             batch = runner.build_batch(rows)
@@ -216,14 +294,21 @@ class Speculator:
         step = StepResult(tokens=[None] * n, logprobs=[None] * n, errors=[None] * n)
         # the greedy verify rows' target tokens, read in one copy for all of them
         greedy = any(r.verify and r.sample is not None and r.sample.greedy for r in rows)
-        argmax = logits.argmax(dim=-1).tolist() if greedy else None
+        if fed is not None:  # and the drafts the rows verified, in the same copy
+            n_tok = logits.shape[0]
+            flat = torch.cat([logits.argmax(dim=-1), fed.flatten()]).tolist()
+            argmax, ids, width = flat[:n_tok], flat[n_tok:], fed.shape[1]
+            for j, i in enumerate(sorted(drafts)):
+                drafts[i].tokens = rows[i].token_ids[1:] = ids[j * width : (j + 1) * width]
+        else:
+            argmax = logits.argmax(dim=-1).tolist() if greedy else None
         plain, plain_rows, at = [], [], 0
         for i, r in enumerate(rows):
             if r.sample is None:
                 continue
             width = len(r.token_ids) if r.verify else 1
             if r.verify:
-                draft = self.drafts.pop(lanes[i].lane_id, None)
+                draft = drafts[i]
                 probs = None if draft is None or draft.probs is None else draft.probs
                 target = argmax[at : at + width] if r.sample.greedy else None
                 step.tokens[i] = self._accept(r, logits[at : at + width], probs, target)
@@ -241,6 +326,29 @@ class Speculator:
                 step.errors[i] = errors[j] if errors is not None else None
         starts = [0, *itertools.accumulate(q_lens)]  # host: no copy back
         return SpecLaunched(rows, hidden, starts, step, taps)
+
+    @staticmethod
+    def _fed_drafts(rows: list[Row], drafts: dict[int, Draft | None]) -> torch.Tensor | None:
+        """The verify rows' drafts [rows, K] on the device, when every row's are still there
+        (a greedy chain's, `_chain_fed`) and fill it: the verify graph copies them in, and
+        `launch` reads them back with the rows' targets, in one copy."""
+        ids = []
+        for i, r in enumerate(rows):
+            d = drafts.get(i)
+            x = d.ids if d is not None else None
+            if x is None or x.shape[0] != len(r.token_ids) - 1:
+                return None
+            ids.append(x)
+        return torch.stack(ids)
+
+    @staticmethod
+    def _read_drafts(rows: list[Row], drafts: dict[int, Draft | None]) -> None:
+        """Put the tokens of drafts still on the device into their rows (a device read; the
+        rows held placeholders: `verify_tokens`)."""
+        for i, d in drafts.items():
+            if d is not None and d.pending:
+                r = rows[i]
+                r.token_ids[1:] = d.tokens[: len(r.token_ids) - 1]
 
     def _verify_graph(self, rows: list[Row]) -> bool:
         """Whether a captured verify graph serves `rows`: every row a verify row of K + 1
@@ -471,7 +579,8 @@ class Speculator:
     def _chain_fed(self, state: list, picks: list[tuple[Draft, Row, torch.Tensor]]) -> None:
         """`_chain` for greedy lanes without a host sync between its steps: each step's argmax
         stays on the device and feeds the next step's input ids (`runner.Feed`, or the chain
-        graph's `fed`), and every step's tokens are read back in one copy at the end. state:
+        graph's `fed`); the drafts stay on the device (`ChainIds`), read when first needed
+        (with the next verify rows' targets, or by `Draft.tokens`). state:
         (lane, row, k, hidden) per lane, aligned with picks (draft, row, draft-1 logits)."""
         tok = self._ids(torch.stack([logits for _, _, logits in picks]).argmax(dim=-1))
         at = list(range(len(state)))  # the lanes (indices into state) of tok's rows
@@ -492,11 +601,9 @@ class Speculator:
             logits, hidden = self._head_fed(rows, hidden, tok)
             tok = self._ids(logits.argmax(dim=-1))
             steps.append((at, tok))
-        flat = torch.cat([t for _, t in steps]).tolist()  # the chain's one read
-        tokens = iter(flat)
-        for lanes, _ in steps:
-            for j in lanes:
-                picks[j][0].tokens.append(next(tokens))
+        chain = ChainIds(steps)  # read when the tokens are first needed on the host
+        for j, (draft, _, _) in enumerate(picks):
+            draft.defer(chain, j)
 
     def _head_fed(self, rows: list[Row], hidden: torch.Tensor, tok: torch.Tensor):
         """A head pass over one-token rows whose input ids are `tok` on the device: the chain

@@ -63,7 +63,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--trace", default="")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--draft-vocab", type=int, default=None)
+    ap.add_argument(
+        "--read-drafts",
+        action="store_true",
+        help="read the drafts back before each verify (no verify fed on the device)",
+    )
     args = ap.parse_args()
+    if args.read_drafts:
+        speculative.Speculator._fed_drafts = staticmethod(lambda rows, drafts: None)
     phases = (
         (speculative.Speculator, ("launch", "bridge", "draft", "settle_row", "_chain_fed")),
         (stepper.Stepper, ("run", "settle")),
@@ -75,7 +83,7 @@ def main() -> None:
     model = build_random_model(PRESETS[args.preset], dtype, args.device, seed=0, mtp=True)
     llm = LLM.from_model(
         model, device=args.device, speculative="mtp", num_speculative_tokens=args.k,
-        max_concurrency=max(args.batch, 1),
+        max_concurrency=max(args.batch, 1), draft_vocab=args.draft_vocab,
     )  # fmt: skip
     llm.engine.speculator.control = controlled_acceptance(args.accept, 0)
     rng = random.Random(0)

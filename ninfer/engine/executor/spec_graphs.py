@@ -205,11 +205,14 @@ class VerifyGraphs(_RowGraphs):
     def _forward(self, batch: ForwardBatch):
         return self.model.forward_hidden(batch, self.cache, self.ops)
 
-    def run(self, rows, tap_slots: list[int]):
+    def run(self, rows, tap_slots: list[int], fed: torch.Tensor | None = None):
         """rows: (tokens, ctx_len, slot, pages), `fits`; tap_slots: K per row, in row order
-        (offsets 1 .. K)."""
+        (offsets 1 .. K); `fed` [bs, K] int64 on the device: the rows' drafts (their tokens
+        after the first are then placeholders), copied in after the fill, in stream order."""
         s = self.shapes[len(rows)]
         self._fill(s, rows, range(s.bs * self.width), tap_slots)
+        if fed is not None:
+            s.batch.input_ids.view(s.bs, self.width)[:, 1:].copy_(fed)
         s.graph.replay()
         self.replays += 1
         return s.out
