@@ -44,7 +44,17 @@ holds, the output is the target's, verified.
 With CUDA graphs (`capture`, at warm-up) the steady state replays captured passes: the verify
 step when every row is a verify row of K + 1 tokens, the bridge when each of its rows is one
 (padded to K + 1 tokens), and each chain step (`executor.spec_graphs`); any other step runs
-eagerly. No step is run ahead (the next step's rows depend on this one's acceptance).
+eagerly. When a replayed verify step's rows are all greedy, its bridge is queued right behind
+it, before the host reads anything (`_bridge_ahead`): how many drafts each row accepts, the
+head's input ids and the index of its draft-1 logits are worked out on the device from the
+pass's targets and the drafts it read (`bridge_inputs`), so the GPU runs the bridge while the
+host reads the targets, accepts and settles. A greedy steady-state step is then
+
+    verify replay, bridge replay | read targets (+ drafts) | accept, settle | chain replays
+
+with the GPU idle only while the host settles and plans the chain, and while it schedules
+and plans the next verify beyond what the chain's replays cover. No step is run further
+ahead (the next step's rows depend on this one's acceptance).
 """
 
 from __future__ import annotations
@@ -69,6 +79,24 @@ def draft_vocab(n: int | None, vocab_size: int, added: frozenset[int]) -> list[i
     if n is None or n >= vocab_size:
         return None
     return sorted(set(range(n)) | {i for i in added if 0 <= i < vocab_size})
+
+
+def bridge_inputs(
+    top: torch.Tensor, drafts: torch.Tensor, m: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """On the device, the bridge over greedy verify rows before their outcome is read: `top`
+    [rows, K + 1] the target's argmax at each position of the rows, `drafts` [rows, K] the
+    drafts they verified, `m` [rows] the drafts each accepts (None: the longest prefix that
+    `top` agrees with, as `sampling.accept_greedy`). Returns (the head's input ids [rows,
+    K + 1]: the accepted drafts, then the target's token after them, the rest of the row
+    padding, the flat index of each row's last accepted position [rows], m)."""
+    rows, width = top.shape
+    if m is None:
+        m = (top[:, : width - 1] == drafts).long().cumprod(dim=1).sum(dim=1)
+    cols = torch.arange(width, device=top.device)
+    ids = torch.where(cols < m[:, None], torch.cat([drafts, top[:, width - 1 :]], dim=1), top)
+    index = torch.arange(rows, device=top.device) * width + m
+    return ids, index, m
 
 
 class ChainIds:
@@ -184,6 +212,8 @@ class SpecLaunched:
     starts: list[int]
     step: StepResult
     taps: dict[int, list[int]] = field(default_factory=dict)
+    # the bridge's (logits, head hidden) when it ran at launch (`Speculator._bridge_ahead`)
+    bridged: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def sample(self) -> None:
         """Nothing to do (sampled at launch); `Launched`'s interface."""
@@ -228,6 +258,7 @@ class Speculator:
         self.propose: Callable[[KVLane, int], list[int]] | None = None
         self.control: Callable[[int], int] | None = None
         self.graphs = None  # `executor.spec_graphs.SpecGraphs` once captured (`capture`)
+        self._pins: list[torch.Tensor | None] = [None, None]  # `_pinned`
 
     def capture(self, page: int, slots: list[int], max_pages_per_row: int) -> float:
         """Captures the verify and head graphs (CUDA) for batches up to len(slots), on the
@@ -280,10 +311,13 @@ class Speculator:
                     self.states.copy_image(r.slot, slots[0])
                 elif not graph:
                     r.taps = r.taps + tuple((o + 1, s) for o, s in enumerate(slots))
+        ahead = None  # the bridge run before the read (`_bridge_ahead`)
         if graph:
             meta = [(r.token_ids, r.ctx_len, r.slot, r.pages) for r in rows]
             logits, hidden = self.graphs.verify.run(meta, self.scratch[:used], fed)
             q_lens = [len(r.token_ids) for r in rows]
+            if all(r.sample.greedy for r in rows) and self.graphs.bridge.fits(meta):
+                ahead = self._bridge_ahead(meta, logits, hidden, fed)
         else:
             batch = runner.build_batch(rows)
             logits, hidden = runner.model.forward_hidden(batch, runner.cache, runner.ops)
@@ -294,14 +328,20 @@ class Speculator:
         step = StepResult(tokens=[None] * n, logprobs=[None] * n, errors=[None] * n)
         # the greedy verify rows' target tokens, read in one copy for all of them
         greedy = any(r.verify and r.sample is not None and r.sample.greedy for r in rows)
-        if fed is not None:  # and the drafts the rows verified, in the same copy
-            n_tok = logits.shape[0]
+        bridged, preset = None, None
+        if ahead is not None:  # the bridge runs while the host reads and accepts
+            flat, bridged, preset = ahead
+            flat = flat()
+        elif fed is not None:
             flat = torch.cat([logits.argmax(dim=-1), fed.flatten()]).tolist()
+        else:
+            flat = logits.argmax(dim=-1).tolist() if greedy else None
+        argmax = flat
+        if fed is not None:  # the drafts the rows verified came in the same copy
+            n_tok = logits.shape[0]
             argmax, ids, width = flat[:n_tok], flat[n_tok:], fed.shape[1]
             for j, i in enumerate(sorted(drafts)):
                 drafts[i].tokens = rows[i].token_ids[1:] = ids[j * width : (j + 1) * width]
-        else:
-            argmax = logits.argmax(dim=-1).tolist() if greedy else None
         plain, plain_rows, at = [], [], 0
         for i, r in enumerate(rows):
             if r.sample is None:
@@ -311,7 +351,8 @@ class Speculator:
                 draft = drafts[i]
                 probs = None if draft is None or draft.probs is None else draft.probs
                 target = argmax[at : at + width] if r.sample.greedy else None
-                step.tokens[i] = self._accept(r, logits[at : at + width], probs, target)
+                m = preset[i] if preset is not None else None
+                step.tokens[i] = self._accept(r, logits[at : at + width], probs, target, m)
             else:
                 plain.append(at)
                 plain_rows.append(i)
@@ -325,12 +366,67 @@ class Speculator:
                 step.logprobs[i] = sampled.logprobs[j]
                 step.errors[i] = errors[j] if errors is not None else None
         starts = [0, *itertools.accumulate(q_lens)]  # host: no copy back
-        return SpecLaunched(rows, hidden, starts, step, taps)
+        return SpecLaunched(rows, hidden, starts, step, taps, bridged)
+
+    def _bridge_ahead(self, meta: list, logits: torch.Tensor, hidden: torch.Tensor, fed):
+        """The bridge of a replayed verify step whose rows are all greedy, queued before the
+        host reads the step's targets, so that the GPU runs it while the host accepts and
+        settles: the number of drafts each row accepts (m) is worked out on the device from
+        the verify pass's targets and the drafts it read (`bridge_inputs`; with `control`,
+        drawn here, before the pass's outcome is known, as `_accept` would), and the head
+        runs over the row's K + 1 positions with the accepted tokens, logits at position m.
+        Returns (the read: a callable giving the targets [rows * (K + 1)], then the drafts
+        when `fed`; (bridge logits [rows, V'], head hidden [rows * (K + 1), H]); m per row
+        when `control` drew them, else None)."""
+        g, k = self.graphs, self.k
+        bs, width = len(meta), k + 1
+        top = logits.argmax(dim=-1)
+        drafts = g.verify.ids(bs)[:, 1:]
+        preset, m = None, None
+        if self.control is not None:
+            preset = [min(self.control(k), k) for _ in range(bs)]
+            m = self._upload(preset, top.device)
+        ids, index, _ = bridge_inputs(top.view(bs, width), drafts, m)
+        read = self._read_later(torch.cat([top, fed.flatten()]) if fed is not None else top)
+        out = g.bridge.run(meta, hidden, [0] * bs, fed=ids.flatten(), index=index)
+        return read, out, preset
+
+    def _pinned(self, which: int, n: int) -> torch.Tensor:
+        """The first n entries of pinned host buffer `which` (0: reads, 1: uploads), grown as
+        needed. The previous step's copies through it are done (its read waited for them)."""
+        buf = self._pins[which]
+        if buf is None or buf.numel() < n:
+            buf = self._pins[which] = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=True)
+        return buf[:n]
+
+    def _upload(self, values: list[int], device: torch.device) -> torch.Tensor:
+        """`values` on `device` (int64), copied without a host sync."""
+        if device.type != "cuda":
+            return torch.tensor(values, dtype=torch.int64, device=device)
+        host = self._pinned(1, len(values))
+        host.numpy()[:] = values
+        return host.to(device, non_blocking=True)
+
+    def _read_later(self, x: torch.Tensor) -> Callable[[], list[int]]:
+        """Queue a copy of `x` (int64, on the device) to pinned host memory; the callable
+        waits for it (only for it: work queued after it keeps running) and returns it."""
+        if not x.is_cuda:
+            return x.tolist
+        host = self._pinned(0, x.numel())
+        host.copy_(x, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def wait() -> list[int]:
+            done.synchronize()
+            return host.tolist()
+
+        return wait
 
     @staticmethod
     def _fed_drafts(rows: list[Row], drafts: dict[int, Draft | None]) -> torch.Tensor | None:
         """The verify rows' drafts [rows, K] on the device, when every row's are still there
-        (a greedy chain's, `_chain_fed`) and fill it: the verify graph copies them in, and
+        (a greedy chain's, `_chain_fed`): the verify graph copies them in, and
         `launch` reads them back with the rows' targets, in one copy."""
         ids = []
         for i, r in enumerate(rows):
@@ -369,15 +465,21 @@ class Speculator:
         )
 
     def _accept(
-        self, row: Row, logits: torch.Tensor, probs: torch.Tensor | None, target: list | None
+        self,
+        row: Row,
+        logits: torch.Tensor,
+        probs: torch.Tensor | None,
+        target: list | None,
+        preset: int | None = None,
     ) -> list[int]:
         """The row's tokens (`sampling.accept_drafts`; `target`: a greedy row's argmax, read
-        with the step's other greedy rows)."""
+        with the step's other greedy rows; `preset`: the accepted count `control` drew for
+        the row already, `_bridge_ahead`)."""
         drafts = row.token_ids[1:]
         if probs is not None:
             probs = probs[: len(drafts)]
         if self.control is not None:
-            m = min(self.control(len(drafts)), len(drafts))
+            m = preset if preset is not None else min(self.control(len(drafts)), len(drafts))
             after = target[m] if target is not None else int(logits[m].argmax())
             tokens = [*drafts[:m], after]
         elif target is not None:
@@ -417,7 +519,10 @@ class Speculator:
         row's tokens appended, its frontier moved), before they are committed to the cache:
         head position p of the row reads the target's hidden state at p and token p + 1 (the
         last one sampled by the step, or a prompt token). Returns, per lane that decodes next,
-        (lane, row, draft-1 logits, the head's hidden state at its last position)."""
+        (lane, row, draft-1 logits, the head's hidden state at its last position). A step
+        bridged at launch (`_bridge_ahead`) only hands out what that bridge computed."""
+        if launched.bridged is not None:
+            return self._bridged(launched, slices, advanced)
         rows, hidden, lanes, wide = [], [], [], []
         width = self.k + 1
         for i, s in enumerate(slices):
@@ -455,6 +560,24 @@ class Speculator:
             if row.sample is not None:
                 pending.append((lane, row, logits[at], out[int(last[j])]))
                 at += 1
+        return pending
+
+    def _bridged(self, launched: SpecLaunched, slices, advanced: list[KVLane]) -> list:
+        """`bridge`'s result for a step bridged at launch: per lane of `advanced` that decodes
+        next, the bridge's logits at the row's last accepted position (m: a cut at an output
+        boundary stops the frontier before it, and the head's draft 1 then follows the
+        accepted run; drafts are only proposals)."""
+        logits, out = launched.bridged
+        width = self.k + 1
+        pending = []
+        for i, s in enumerate(slices):
+            lane = s.lane
+            if lane not in advanced or lane.prefilling or lane.request.finish_reason is not None:
+                continue
+            m = len(launched.step.tokens[i]) - 1
+            row = Row([], s.start, lane.slot, lane.pages, lane.request.params,
+                      lane.request.generator)  # fmt: skip
+            pending.append((lane, row, logits[i], out[i * width + m]))
         return pending
 
     def _bridge_graph(self, rows: list[Row], wide: list) -> bool:

@@ -217,6 +217,11 @@ class VerifyGraphs(_RowGraphs):
         self.replays += 1
         return s.out
 
+    def ids(self, bs: int) -> torch.Tensor:
+        """The input ids [bs, K + 1] the last replay of batch size bs read (valid until the
+        next fill of that size)."""
+        return self.shapes[bs].batch.input_ids.view(bs, self.width)
+
     def capture(self, page: int, slots: list[int], tap_slots: list[int]) -> float:
         """Captures every batch size on `page` and `slots` (one per row), tapping into
         `tap_slots` (K per row): free entries, overwritten."""
@@ -250,15 +255,26 @@ class HeadGraphs(_RowGraphs):
         hidden = self.hidden_in[: batch.input_ids.shape[0]]
         return self.model.mtp(batch, hidden, self.cache, self.ops, self.model)
 
-    def run(self, rows, hidden: torch.Tensor, last: list[int], fed: torch.Tensor | None = None):
+    def run(
+        self,
+        rows,
+        hidden: torch.Tensor,
+        last: list[int],
+        fed: torch.Tensor | None = None,
+        index: torch.Tensor | None = None,
+    ):
         """rows: (tokens, ctx_len, slot, pages), `fits`; hidden [bs * width, H]: the input
         hidden state of every token; last[i]: row i's token whose logits are returned (an
         index into the row); `fed` [bs * width] int64 on the device: the input ids (the rows'
-        tokens are then placeholders), copied in after the fill, in stream order."""
+        tokens are then placeholders); `index` [bs] int64 on the device: the flat index of
+        each row's logits token (`last` is then ignored); both copied in after the fill, in
+        stream order."""
         s = self.shapes[len(rows)]
         self._fill(s, rows, [i * self.width + j for i, j in enumerate(last)])
         if fed is not None:
             s.batch.input_ids.copy_(fed)
+        if index is not None:
+            s.batch.logits_indices.copy_(index)
         self.hidden_in[: hidden.shape[0]].copy_(hidden)
         s.graph.replay()
         self.replays += 1

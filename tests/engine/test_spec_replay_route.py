@@ -1,0 +1,178 @@
+"""The speculator's replay route on the CPU (`ninfer.engine.speculative`): with stand-ins for its
+captured graphs that run the same calls eagerly, a greedy step takes the route a CUDA step
+takes in the steady state: the drafts of the device-fed chain go into the verify pass without
+a read (`Draft.pending`), the bridge runs before the step's targets are read, its inputs worked
+out from them on the device (`bridge_inputs`, `Speculator._bridge_ahead`), and the targets and
+drafts come back in one read. Greedy output stays plain decode's (K = 1..4, dense and MoE, the
+random head and a controlled draft), and a bench's controlled acceptance draws what it draws
+off the route. The captured graphs themselves run in tests/engine/test_speculative_cuda.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from engine_helpers import assert_idle, greedy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_speculative import _prompts, controlled, make_spec_llm, mtp_models  # noqa: F401
+
+from ninfer.bench.speculative import controlled_acceptance
+from ninfer.engine.executor.runner import Row
+from ninfer.engine.speculative import bridge_inputs
+from ninfer.page import PAGE_SIZE
+from ninfer.request import SamplingParams
+from ninfer.sampling import accept_greedy
+
+EVERY = SamplingParams(max_tokens=1, temperature=0.0)  # a verify row: logits of every token
+
+
+class _Eager:
+    """Stands in for one kind of `executor.spec_graphs.SpecGraphs` (verify, bridge or chain):
+    `fits` as the captured kind decides, `run` as its replay returns, computed eagerly."""
+
+    def __init__(self, runner, width: int, verify: bool) -> None:
+        self.runner, self.width, self.verify = runner, width, verify
+        self.replays = self.fed = self.indexed = 0
+        self._ids: torch.Tensor | None = None
+
+    def fits(self, rows) -> bool:
+        w = self.width
+        return all(
+            len(t) == w and ctx > 0 and -(-(ctx + w) // PAGE_SIZE) <= len(pages)
+            for t, ctx, _, pages in rows
+        )
+
+    def ids(self, bs: int) -> torch.Tensor:
+        assert self._ids is not None and self._ids.shape[0] == bs
+        return self._ids
+
+    def run(self, rows, *args, fed=None, index=None):
+        r, w = self.runner, self.width
+        if self.verify and len(args) > 1:  # VerifyGraphs.run(rows, tap_slots, fed)
+            args, fed = args[:1], args[1]
+        ids = torch.tensor([t for t, *_ in rows], dtype=torch.int64).view(len(rows), w)
+        if fed is not None:
+            self.fed += 1
+            if self.verify:
+                ids[:, 1:] = fed
+            else:
+                ids = fed.view(len(rows), w).clone()
+        self._ids = ids
+        self.replays += 1
+        if self.verify:  # args: tap slots, K per row
+            (taps,) = args
+            k = w - 1
+            batch = r.build_batch([
+                Row(ids[i].tolist(), ctx, slot, pages, EVERY, verify=True,
+                    taps=tuple((o + 1, taps[i * k + o]) for o in range(k)))
+                for i, (_, ctx, slot, pages) in enumerate(rows)
+            ])  # fmt: skip
+            return r.model.forward_hidden(batch, r.cache, r.ops)
+        hidden, last = args
+        batch = r.build_batch([
+            Row(ids[i].tolist(), ctx, slot, pages, EVERY, verify=True)
+            for i, (_, ctx, slot, pages) in enumerate(rows)
+        ])  # fmt: skip
+        logits, out = r.model.mtp(batch, hidden, r.cache, r.ops, r.model)
+        if index is not None:
+            self.indexed += 1
+        else:
+            index = torch.tensor([i * w + j for i, j in enumerate(last)])
+        return logits[index], out
+
+
+def _route(llm):
+    """Put the stand-ins in the speculator's place of its graphs; returns them."""
+    spec = llm.engine.speculator
+    w = spec.k + 1
+    kinds = {
+        "verify": _Eager(spec.runner, w, True),
+        "bridge": _Eager(spec.runner, w, False),
+        "chain": _Eager(spec.runner, 1, False),
+    }
+
+    def install():
+        spec.graphs = type("Graphs", (), kinds)()
+
+    llm.engine.call(install)
+    return kinds
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_the_replay_route_decodes_what_plain_decode_does(make_spec_llm, kind, k):  # noqa: F811
+    """Three lanes with different lengths (rows leave the route near their ends), the random
+    head, then a controlled draft at acceptance 0.6: plain decode's tokens; the verify pass
+    took the chain's drafts on the device and the bridge ran ahead, indexed on the device."""
+    prompts = _prompts(40 + k)
+    params = [greedy(n) for n in (37, 50, 23)]
+    plain = make_spec_llm(kind)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    spec = make_spec_llm(kind, speculative="mtp", num_speculative_tokens=k)
+    kinds = _route(spec)
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    v, b = kinds["verify"], kinds["bridge"]
+    assert v.replays > 10 and v.fed > 5 and b.indexed > 10, (v.replays, v.fed, b.indexed)
+    assert (kinds["chain"].replays > 0) == (k > 1)
+    again = [p + [7] for p in prompts]
+    want2 = [o.token_ids for o in plain.generate(again, params)]
+    controlled(spec, {tuple(p): p + w for p, w in zip(again, want2, strict=True)}, 0.6, k)
+    before = spec.engine.call(lambda: dataclasses.replace(spec.engine.speculator.stats))
+    assert [o.token_ids for o in spec.generate(again, params)] == want2
+    st_ = spec.engine.call(lambda: spec.engine.speculator.stats).since(before)
+    assert 0 < st_.accepted < st_.drafted
+    assert_idle(spec)
+
+
+def test_controlled_acceptance_draws_the_same_on_the_route(make_spec_llm):  # noqa: F811
+    """A bench's controlled acceptance (`Speculator.control`), drawn ahead of the read on the
+    route: the same tokens and counters as off it, from the same seed."""
+    prompts = _prompts(7)
+    params = [greedy(n) for n in (40, 31, 52)]
+    got = []
+    for route in (False, True):
+        spec = make_spec_llm(speculative="mtp", num_speculative_tokens=3)
+        if route:
+            kinds = _route(spec)
+        spec.engine.speculator.control = controlled_acceptance(0.7, 0)
+        outs = [o.token_ids for o in spec.generate(prompts, params)]
+        st_ = spec.engine.call(lambda s=spec: dataclasses.replace(s.engine.speculator.stats))
+        got.append((outs, st_))
+    assert got[0] == got[1]
+    assert kinds["bridge"].indexed > 10
+    assert 0 < got[1][1].accepted < got[1][1].drafted
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 4).flatmap(
+        lambda k: st.lists(
+            st.tuples(
+                st.lists(st.integers(0, 5), min_size=k + 1, max_size=k + 1),
+                st.lists(st.integers(0, 5), min_size=k, max_size=k),
+                st.integers(0, k),
+            ),
+            min_size=1,
+            max_size=8,
+        )
+    )
+)
+def test_bridge_inputs_are_the_accepted_run(rows):
+    """`bridge_inputs`: each row's head input ids begin with the tokens the host accepts
+    (`accept_greedy`: the drafts the target agrees with, then the target's own), and the
+    logits index is that run's last position; with a preset count m (a bench's control), the
+    first m drafts and the target's token after them."""
+    top = torch.tensor([t for t, _, _ in rows])
+    drafts = torch.tensor([d for _, d, _ in rows])
+    w = top.shape[1]
+    ids, index, m = bridge_inputs(top, drafts)
+    for i, (t, d, _) in enumerate(rows):
+        run = accept_greedy(t, d)
+        assert ids[i, : len(run)].tolist() == run and int(m[i]) == len(run) - 1
+        assert int(index[i]) == i * w + len(run) - 1
+    preset = torch.tensor([p for _, _, p in rows])
+    ids, index, m = bridge_inputs(top, drafts, preset)
+    for i, (t, d, p) in enumerate(rows):
+        assert ids[i, : p + 1].tolist() == [*d[:p], t[p]] and int(index[i]) == i * w + p
