@@ -12,17 +12,20 @@ from __future__ import annotations
 import argparse
 import gzip
 import random
+import statistics
 import time
 
 import torch
 
 from ninfer.bench.speculative import controlled_acceptance
-from ninfer.engine import speculative, stepper
+from ninfer.engine import engine, speculative, stepper
+from ninfer.engine.executor import spec_graphs
+from ninfer.engine.kv import state
 from ninfer.llm import LLM
 from ninfer.models.presets import PRESETS, build_random_model
 from ninfer.request import SamplingParams
 
-HOST: dict[str, list[float]] = {}  # phase -> [calls, host seconds] (the engine thread's)
+HOST: dict[str, list[float]] = {}  # phase -> host seconds of each call (the engine thread's)
 EVENTS: list = []  # (phase, start event, end event) per call, on CUDA
 
 
@@ -46,9 +49,7 @@ def _timed(cls, name: str) -> None:
             if marks is not None:
                 marks[1].record()
                 EVENTS.append((key, *marks))
-            acc = HOST.setdefault(key, [0, 0.0])
-            acc[0] += 1
-            acc[1] += time.perf_counter() - t0
+            HOST.setdefault(key, []).append(time.perf_counter() - t0)
 
     setattr(cls, name, wrapped)
 
@@ -73,9 +74,15 @@ def main() -> None:
     if args.read_drafts:
         speculative.Speculator._fed_drafts = staticmethod(lambda rows, drafts: None)
     phases = (
-        (speculative.Speculator, ("launch", "bridge", "draft", "settle_row", "_chain_fed")),
-        (stepper.Stepper, ("run", "settle")),
-    )
+        (speculative.Speculator, ("launch", "bridge", "draft", "settle_row", "_chain_fed",
+                                  "_bridge_ahead")),
+        (stepper.Stepper, ("run", "settle", "_append_tokens", "_stream_deltas")),
+        (engine.Engine, ("step",)),
+        (spec_graphs.VerifyGraphs, ("run",)),
+        (spec_graphs.HeadGraphs, ("run",)),
+        (spec_graphs._RowGraphs, ("_fill",)),
+        (state.KVState, ("after_advance",)),
+    )  # fmt: skip
     for cls, names in phases:
         for n in names:
             _timed(cls, n)
@@ -97,6 +104,21 @@ def main() -> None:
     # twice: the second run meets every shape the first compiled or autotuned
     llm.generate(prompts(), params)
     llm.generate(prompts(), params)
+    # first without the profiler (which slows the host): per-call host and GPU times, the
+    # median of each phase, and the wall time per token
+    todo = prompts()
+    llm.generate(todo, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    HOST.clear()
+    EVENTS.clear()
+    t0 = time.perf_counter()
+    outs = llm.generate(todo, params)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in outs)
+    print(f"unprofiled: wall {wall * 1e3:.1f} ms for {tokens} tokens "
+          f"({wall * 1e3 / max(tokens, 1) * args.batch:.2f} ms per token of a lane)")  # fmt: skip
+    _medians()
     todo = prompts()
     # prefill outside the profile: a one-token run admits and prefills, then the timed run
     # resumes the cached prompt
@@ -128,15 +150,7 @@ def main() -> None:
     for e in rows[:45]:
         print(f"{e.key[:80]:80s} {e.count:7d} {e.device_time_total / 1e3:8.2f} "
               f"{e.cpu_time_total / 1e3:8.2f}")  # fmt: skip
-    for key, (calls, seconds) in HOST.items():
-        print(f"host {key:24s} calls {calls:4d} {seconds * 1e3:9.2f} ms")
-    gpu: dict[str, list[float]] = {}
-    for key, start, end in EVENTS:
-        acc = gpu.setdefault(key, [0, 0.0])
-        acc[0] += 1
-        acc[1] += start.elapsed_time(end)
-    for key, (calls, ms) in gpu.items():
-        print(f"gpu  {key:24s} calls {calls:4d} {ms:9.2f} ms (first launch to last end)")
+    _medians()
     if cuda:
         _gaps(prof, wall)
     if args.trace:
@@ -146,6 +160,22 @@ def main() -> None:
             g.write(f.read())
         print("trace", path + ".gz")
     llm.close()
+
+
+def _medians() -> None:
+    """Per phase: calls, total and median host ms, and (CUDA) the median GPU ms from its
+    first launch to its last end."""
+    gpu: dict[str, list[float]] = {}
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        for key, start, end in EVENTS:
+            gpu.setdefault(key, []).append(start.elapsed_time(end))
+    print(f"{'phase':34s} {'calls':>5s} {'host ms':>9s} {'median':>7s} {'gpu median':>10s}")
+    for key, secs in HOST.items():
+        g = gpu.get(key)
+        gm = f"{statistics.median(g):10.3f}" if g else ""
+        print(f"{key:34s} {len(secs):5d} {sum(secs) * 1e3:9.2f} "
+              f"{statistics.median(secs) * 1e3:7.3f} {gm}")  # fmt: skip
 
 
 def _gaps(prof, wall: float) -> None:
