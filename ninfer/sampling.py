@@ -217,6 +217,40 @@ def accept_greedy(target: list[int], drafts: list[int]) -> list[int]:
     return out + [target[len(drafts)]]
 
 
+def accept_on_device(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`accept_drafts` without a host sync: (m, token) as 0-dim int64 tensors on the logits'
+    device, the row yielding drafts[:m] + [token]. `drafts` [k] int64 on that device. The same
+    rule, the same draws from `generator` in the same order (u [k], then one draw over the
+    vocabulary) and the same comparisons (in float64, as the host makes them), so for the same
+    generator state it yields exactly the tokens `accept_drafts` does."""
+    k = drafts.shape[0]
+    if params.greedy:
+        top = logits.argmax(dim=-1)
+        m = (top[:k] == drafts).long().cumprod(dim=0).sum()
+        return m, top.index_select(0, m.view(1))[0]
+    p = probabilities(logits, params)
+    u = torch.rand(k, generator=generator, device=generator.device if generator else p.device)
+    cols = torch.arange(k, device=p.device)
+    p_d, q_d = p[cols, drafts].double(), draft_probs[cols, drafts].double()
+    ok = (q_d > 0) & (u.double() * q_d <= p_d)
+    m = ok.long().cumprod(dim=0).sum()
+    p_m = p.index_select(0, m.view(1))
+    q = torch.cat([draft_probs[:k].float(), p.new_zeros(1, p.shape[1])])  # row k: after them
+    residual = (p_m - q.index_select(0, m.view(1))).clamp_min_(0)
+    total = residual.sum()
+    # at a rejection: norm(max(p - q, 0)), or norm(p) where that is empty; after k
+    # acceptances: p as is
+    fallback = p_m / p_m.sum()
+    probs = torch.where(m == k, p_m, torch.where(total > 0, residual / total, fallback))
+    return m, draw(probs, [generator])[0]
+
+
 def accept_drafts(
     logits: torch.Tensor,
     drafts: list[int],

@@ -32,11 +32,10 @@ n tokens were accepted: e = s + n) the head runs over the same positions ("bridg
 tokens [s + 1, e] (the last one sampled by that pass, or a prompt token), so its K/V covers
 what the target's does wherever the cache commits or publishes a page; the bridge's last
 logits are draft 1 for a lane that samples next, and k - 1 one-token head passes (their own
-hidden fed back) draft the rest. When every drafting lane is greedy the chain stays on the
-device: each step's argmax is the next step's input ids (`_chain_fed`), and the drafts stay
-there: the next verify graph copies them into its input ids, and they are read back with the
-verify rows' targets, in one copy (`Draft.pending`); a step's only host sync is then that
-read.
+hidden fed back) draft the rest. The chain stays on the device: each step's tokens (a greedy
+lane's argmax, a sampled lane's draw with its generator) are the next step's input ids
+(`_chain_fed`), and the drafts stay there: the next verify graph copies them into its input
+ids, and they are read back with the verify rows' outcome, in one copy (`Draft.pending`).
 A lane resumed from the prefix cache starts bridging at its resumed frontier: the head's K/V
 below it comes with the cached pages. Drafts are only proposals: whatever the head's K/V
 holds, the output is the target's, verified.
@@ -44,13 +43,17 @@ holds, the output is the target's, verified.
 With CUDA graphs (`capture`, at warm-up) the steady state replays captured passes: the verify
 step when every row is a verify row of K + 1 tokens, the bridge when each of its rows is one
 (padded to K + 1 tokens), and each chain step (`executor.spec_graphs`); any other step runs
-eagerly. When a replayed verify step's rows are all greedy, its bridge is queued right behind
-it, before the host reads anything (`_bridge_ahead`): how many drafts each row accepts, the
-head's input ids and the index of its draft-1 logits are worked out on the device from the
-pass's targets and the drafts it read (`bridge_inputs`), so the GPU runs the bridge while the
-host reads the targets, accepts and settles. A greedy steady-state step is then
+eagerly. A replayed verify step's bridge is queued right behind it, before the host reads
+anything (`_bridge_ahead`): how many drafts each row accepts and the token after them (a
+greedy row's from the argmax, a sampled row's by the rejection rule on the device,
+`sampling.accept_on_device`, with the draws the host rule makes), the head's input ids and
+the index of its draft-1 logits are worked out on the device from the pass's logits and the
+drafts it read (`bridge_inputs`), so the GPU runs the bridge while the host reads the
+outcome, appends the tokens and settles. A steady-state step is then
 
-    verify replay, bridge replay | read targets (+ drafts) | accept, settle | chain replays
+    verify replay, bridge replay | read outcome (+ drafts) | settle | chain replays
+
+and its one host sync is that read.
 
 with the GPU idle only while the host settles and plans the chain, and while it schedules
 and plans the next verify beyond what the chain's replays cover. No step is run further
@@ -69,7 +72,7 @@ from ninfer.engine.executor.runner import Feed, Row, Runner, StepResult
 from ninfer.engine.kv.lane import KVLane
 from ninfer.memory.state_pool import StatePool
 from ninfer.page import PAGE_SIZE
-from ninfer.sampling import accept_drafts, accept_greedy, draw, probabilities
+from ninfer.sampling import accept_drafts, accept_greedy, accept_on_device, draw, probabilities
 
 
 def draft_vocab(n: int | None, vocab_size: int, added: frozenset[int]) -> list[int] | None:
@@ -81,22 +84,31 @@ def draft_vocab(n: int | None, vocab_size: int, added: frozenset[int]) -> list[i
     return sorted(set(range(n)) | {i for i in added if 0 <= i < vocab_size})
 
 
-def bridge_inputs(
+def greedy_outcome(
     top: torch.Tensor, drafts: torch.Tensor, m: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """On the device, the bridge over greedy verify rows before their outcome is read: `top`
-    [rows, K + 1] the target's argmax at each position of the rows, `drafts` [rows, K] the
-    drafts they verified, `m` [rows] the drafts each accepts (None: the longest prefix that
-    `top` agrees with, as `sampling.accept_greedy`). Returns (the head's input ids [rows,
-    K + 1]: the accepted drafts, then the target's token after them, the rest of the row
-    padding, the flat index of each row's last accepted position [rows], m)."""
-    rows, width = top.shape
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device, what greedy verify rows yield: `top` [rows, K + 1] the target's argmax
+    at each position, `drafts` [rows, K] the drafts verified, `m` [rows] the drafts each
+    accepts (None: the longest prefix `top` agrees with, as `sampling.accept_greedy`).
+    Returns (m, the target's token after them [rows])."""
     if m is None:
-        m = (top[:, : width - 1] == drafts).long().cumprod(dim=1).sum(dim=1)
-    cols = torch.arange(width, device=top.device)
-    ids = torch.where(cols < m[:, None], torch.cat([drafts, top[:, width - 1 :]], dim=1), top)
-    index = torch.arange(rows, device=top.device) * width + m
-    return ids, index, m
+        m = (top[:, :-1] == drafts).long().cumprod(dim=1).sum(dim=1)
+    return m, top.gather(1, m[:, None])[:, 0]
+
+
+def bridge_inputs(
+    drafts: torch.Tensor, m: torch.Tensor, after: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device, the bridge over verify rows before their outcome is read: `drafts`
+    [rows, K] the drafts verified, `m` [rows] how many each accepts, `after` [rows] the token
+    the target yields after them. Returns (the head's input ids [rows, K + 1]: the accepted
+    drafts, then `after`, which also pads the rest of the row; the flat index of each row's
+    last accepted position [rows])."""
+    rows, k = drafts.shape
+    cols = torch.arange(k + 1, device=drafts.device)
+    tail = after[:, None]
+    ids = torch.where(cols < m[:, None], torch.cat([drafts, tail], dim=1), tail)
+    return ids, torch.arange(rows, device=drafts.device) * (k + 1) + m
 
 
 class ChainIds:
@@ -316,8 +328,9 @@ class Speculator:
             meta = [(r.token_ids, r.ctx_len, r.slot, r.pages) for r in rows]
             logits, hidden = self.graphs.verify.run(meta, self.scratch[:used], fed)
             q_lens = [len(r.token_ids) for r in rows]
-            if all(r.sample.greedy for r in rows) and self.graphs.bridge.fits(meta):
-                ahead = self._bridge_ahead(meta, logits, hidden, fed)
+            known = all(r.sample.greedy or drafts[i].probs is not None for i, r in enumerate(rows))
+            if known and self.graphs.bridge.fits(meta):
+                ahead = self._bridge_ahead(rows, meta, drafts, logits, hidden, fed)
         else:
             batch = runner.build_batch(rows)
             logits, hidden = runner.model.forward_hidden(batch, runner.cache, runner.ops)
@@ -326,22 +339,24 @@ class Speculator:
             q_lens = batch.q_lens
         n = len(rows)
         step = StepResult(tokens=[None] * n, logprobs=[None] * n, errors=[None] * n)
+        starts = [0, *itertools.accumulate(q_lens)]  # host: no copy back
+        if ahead is not None:  # the bridge runs while the host reads and accepts
+            read, bridged = ahead
+            flat = read()
+            if fed is not None:  # the drafts the rows verified came in the same copy
+                self._put_drafts(rows, drafts, flat[2 * n :], fed.shape[1])
+            for i, r in enumerate(rows):
+                drafted, m = r.token_ids[1:], flat[i]
+                step.tokens[i] = self._count(len(drafted), [*drafted[:m], flat[n + i]])
+            return SpecLaunched(rows, hidden, starts, step, taps, bridged)
         # the greedy verify rows' target tokens, read in one copy for all of them
         greedy = any(r.verify and r.sample is not None and r.sample.greedy for r in rows)
-        bridged, preset = None, None
-        if ahead is not None:  # the bridge runs while the host reads and accepts
-            flat, bridged, preset = ahead
-            flat = flat()
-        elif fed is not None:
+        if fed is not None:
             flat = torch.cat([logits.argmax(dim=-1), fed.flatten()]).tolist()
+            argmax = flat[: logits.shape[0]]
+            self._put_drafts(rows, drafts, flat[logits.shape[0] :], fed.shape[1])
         else:
-            flat = logits.argmax(dim=-1).tolist() if greedy else None
-        argmax = flat
-        if fed is not None:  # the drafts the rows verified came in the same copy
-            n_tok = logits.shape[0]
-            argmax, ids, width = flat[:n_tok], flat[n_tok:], fed.shape[1]
-            for j, i in enumerate(sorted(drafts)):
-                drafts[i].tokens = rows[i].token_ids[1:] = ids[j * width : (j + 1) * width]
+            argmax = logits.argmax(dim=-1).tolist() if greedy else None
         plain, plain_rows, at = [], [], 0
         for i, r in enumerate(rows):
             if r.sample is None:
@@ -351,8 +366,7 @@ class Speculator:
                 draft = drafts[i]
                 probs = None if draft is None or draft.probs is None else draft.probs
                 target = argmax[at : at + width] if r.sample.greedy else None
-                m = preset[i] if preset is not None else None
-                step.tokens[i] = self._accept(r, logits[at : at + width], probs, target, m)
+                step.tokens[i] = self._accept(r, logits[at : at + width], probs, target)
             else:
                 plain.append(at)
                 plain_rows.append(i)
@@ -365,31 +379,47 @@ class Speculator:
                 step.tokens[i] = tokens[j]
                 step.logprobs[i] = sampled.logprobs[j]
                 step.errors[i] = errors[j] if errors is not None else None
-        starts = [0, *itertools.accumulate(q_lens)]  # host: no copy back
-        return SpecLaunched(rows, hidden, starts, step, taps, bridged)
+        return SpecLaunched(rows, hidden, starts, step, taps)
 
-    def _bridge_ahead(self, meta: list, logits: torch.Tensor, hidden: torch.Tensor, fed):
-        """The bridge of a replayed verify step whose rows are all greedy, queued before the
-        host reads the step's targets, so that the GPU runs it while the host accepts and
-        settles: the number of drafts each row accepts (m) is worked out on the device from
-        the verify pass's targets and the drafts it read (`bridge_inputs`; with `control`,
-        drawn here, before the pass's outcome is known, as `_accept` would), and the head
-        runs over the row's K + 1 positions with the accepted tokens, logits at position m.
-        Returns (the read: a callable giving the targets [rows * (K + 1)], then the drafts
-        when `fed`; (bridge logits [rows, V'], head hidden [rows * (K + 1), H]); m per row
-        when `control` drew them, else None)."""
+    @staticmethod
+    def _put_drafts(rows: list[Row], drafts: dict, ids: list[int], k: int) -> None:
+        """The drafts the verify rows took on the device (`_fed_drafts`), read back as `ids`
+        (k per row, in row order), into the rows (which held placeholders) and drafts."""
+        for j, i in enumerate(sorted(drafts)):
+            drafts[i].tokens = rows[i].token_ids[1:] = ids[j * k : (j + 1) * k]
+
+    def _bridge_ahead(self, rows: list[Row], meta: list, drafts: dict, logits, hidden, fed):
+        """The bridge of a replayed verify step, queued before the host reads anything, so
+        that the GPU runs it while the host accepts and settles. Each row's outcome is worked
+        out on the device from the pass's logits and the drafts it read: how many drafts it
+        accepts (m) and the token after them (`greedy_outcome`; a sampled row's by
+        `sampling.accept_on_device`, the rejection rule with the draws `_accept` would make;
+        with `control`, m drawn here as `_accept` would); the head then runs over the row's
+        K + 1 positions with the accepted tokens (`bridge_inputs`), logits at position m.
+        Returns (the read: a callable giving m [rows], the tokens after [rows], then the
+        drafts [rows * K] when `fed`; (bridge logits [rows, V'], head hidden
+        [rows * (K + 1), H]))."""
         g, k = self.graphs, self.k
         bs, width = len(meta), k + 1
-        top = logits.argmax(dim=-1)
-        drafts = g.verify.ids(bs)[:, 1:]
-        preset, m = None, None
+        verified = g.verify.ids(bs)[:, 1:]
         if self.control is not None:
-            preset = [min(self.control(k), k) for _ in range(bs)]
-            m = self._upload(preset, top.device)
-        ids, index, _ = bridge_inputs(top.view(bs, width), drafts, m)
-        read = self._read_later(torch.cat([top, fed.flatten()]) if fed is not None else top)
+            m = self._upload([min(self.control(k), k) for _ in range(bs)], logits.device)
+            m, after = greedy_outcome(logits.argmax(dim=-1).view(bs, width), verified, m)
+        elif all(r.sample.greedy for r in rows):
+            m, after = greedy_outcome(logits.argmax(dim=-1).view(bs, width), verified)
+        else:
+            outcomes = [
+                accept_on_device(logits[i * width : (i + 1) * width], verified[i],
+                                 drafts[i].probs, r.sample, r.generator)
+                for i, r in enumerate(rows)
+            ]  # fmt: skip
+            m = torch.stack([o[0] for o in outcomes])
+            after = torch.stack([o[1] for o in outcomes])
+        ids, index = bridge_inputs(verified, m, after)
+        parts = [m, after] if fed is None else [m, after, fed.flatten()]
+        read = self._read_later(torch.cat(parts))
         out = g.bridge.run(meta, hidden, [0] * bs, fed=ids.flatten(), index=index)
-        return read, out, preset
+        return read, out
 
     def _pinned(self, which: int, n: int) -> torch.Tensor:
         """The first n entries of pinned host buffer `which` (0: reads, 1: uploads), grown as
@@ -465,30 +495,28 @@ class Speculator:
         )
 
     def _accept(
-        self,
-        row: Row,
-        logits: torch.Tensor,
-        probs: torch.Tensor | None,
-        target: list | None,
-        preset: int | None = None,
+        self, row: Row, logits: torch.Tensor, probs: torch.Tensor | None, target: list | None
     ) -> list[int]:
         """The row's tokens (`sampling.accept_drafts`; `target`: a greedy row's argmax, read
-        with the step's other greedy rows; `preset`: the accepted count `control` drew for
-        the row already, `_bridge_ahead`)."""
+        with the step's other greedy rows)."""
         drafts = row.token_ids[1:]
         if probs is not None:
             probs = probs[: len(drafts)]
         if self.control is not None:
-            m = preset if preset is not None else min(self.control(len(drafts)), len(drafts))
+            m = min(self.control(len(drafts)), len(drafts))
             after = target[m] if target is not None else int(logits[m].argmax())
             tokens = [*drafts[:m], after]
         elif target is not None:
             tokens = accept_greedy(target, drafts)
         else:
             tokens = accept_drafts(logits, drafts, probs, row.sample, row.generator)
+        return self._count(len(drafts), tokens)
+
+    def _count(self, drafted: int, tokens: list[int]) -> list[int]:
+        """Count a verify row of `drafted` drafts that yields `tokens`; returns them."""
         st = self.stats
         st.verify_rows += 1
-        st.drafted += len(drafts)
+        st.drafted += drafted
         st.accepted += len(tokens) - 1
         st.emitted += len(tokens)
         return tokens
@@ -696,16 +724,36 @@ class Speculator:
 
     @staticmethod
     def _fed(picks: list[tuple[Draft, Row, torch.Tensor]]) -> bool:
-        """Whether the chain stays on the device (`_chain_fed`): every lane greedy."""
-        return all(row.sample.greedy for _, row, _ in picks)
+        """Whether the chain stays on the device (`_chain_fed`): it does, greedy and sampled
+        lanes alike; the tests replace this to compare it with the chain that reads each step
+        back (`_pick`)."""
+        return True
+
+    def _draw(self, lanes: list[tuple[Draft, Row]], logits: torch.Tensor) -> torch.Tensor:
+        """Each lane's next draft token [n] on the device, without a host sync: a greedy
+        lane's argmax, a sampled lane's draw with its generator (the distribution appended to
+        its draft's probs): the tokens and draws of `_pick`, in its order."""
+        top = self._ids(logits.argmax(dim=-1))
+        if all(row.sample.greedy for _, row in lanes):
+            return top
+        picked = []
+        for j, (draft, row) in enumerate(lanes):
+            if row.sample.greedy:
+                picked.append(top[j])
+                continue
+            probs = probabilities(self._full(logits[j]).unsqueeze(0), row.sample)
+            picked.append(draw(probs, [row.generator])[0])
+            draft.probs.append(probs[0])
+        return torch.stack(picked)
 
     def _chain_fed(self, state: list, picks: list[tuple[Draft, Row, torch.Tensor]]) -> None:
-        """`_chain` for greedy lanes without a host sync between its steps: each step's argmax
-        stays on the device and feeds the next step's input ids (`runner.Feed`, or the chain
-        graph's `fed`); the drafts stay on the device (`ChainIds`), read when first needed
-        (with the next verify rows' targets, or by `Draft.tokens`). state:
-        (lane, row, k, hidden) per lane, aligned with picks (draft, row, draft-1 logits)."""
-        tok = self._ids(torch.stack([logits for _, _, logits in picks]).argmax(dim=-1))
+        """`_chain` without a host sync between its steps: each step's tokens (`_draw`) stay
+        on the device and feed the next step's input ids (`runner.Feed`, or the chain graph's
+        `fed`); the drafts stay on the device (`ChainIds`), read when first needed (with the
+        next verify rows' outcome, or by `Draft.tokens`). state: (lane, row, k, hidden) per
+        lane, aligned with picks (draft, row, draft-1 logits)."""
+        lanes = [(draft, row) for draft, row, _ in picks]
+        tok = self._draw(lanes, torch.stack([logits for _, _, logits in picks]))
         at = list(range(len(state)))  # the lanes (indices into state) of tok's rows
         steps = [(at, tok)]
         hidden = torch.stack([h for _, _, _, h in state])
@@ -722,7 +770,7 @@ class Speculator:
                 for ln, r, _, _ in (state[j] for j in at)
             ]
             logits, hidden = self._head_fed(rows, hidden, tok)
-            tok = self._ids(logits.argmax(dim=-1))
+            tok = self._draw([lanes[j] for j in at], logits)
             steps.append((at, tok))
         chain = ChainIds(steps)  # read when the tokens are first needed on the host
         for j, (draft, _, _) in enumerate(picks):

@@ -20,7 +20,7 @@ from test_speculative import _prompts, controlled, make_spec_llm, mtp_models  # 
 
 from ninfer.bench.speculative import controlled_acceptance
 from ninfer.engine.executor.runner import Row
-from ninfer.engine.speculative import bridge_inputs
+from ninfer.engine.speculative import bridge_inputs, greedy_outcome
 from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 from ninfer.sampling import accept_greedy
@@ -145,6 +145,36 @@ def test_controlled_acceptance_draws_the_same_on_the_route(make_spec_llm):  # no
     assert 0 < got[1][1].accepted < got[1][1].drafted
 
 
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_seeded_sampling_draws_the_same_on_and_off_the_route(make_spec_llm, monkeypatch, kind):  # noqa: F811
+    """Seeded sampled requests (and a greedy one beside them): the same tokens on the route
+    (each row's rejection rule on the device, `sampling.accept_on_device`, its draws from the
+    request's generator in the same order), off it, and with the draft chain read back step
+    by step (`_pick`)."""
+    from ninfer.engine.speculative import Speculator
+
+    prompts = _prompts(9)
+    params = [
+        SamplingParams(max_tokens=n, temperature=t, top_k=k, seed=s, ignore_eos=True)
+        for n, t, k, s in ((38, 0.8, 50, 11), (45, 1.2, -1, 12), (29, 0.0, -1, None))
+    ]
+    got, stats = {}, {}
+    for mode in ("route", "eager", "host"):
+        if mode == "host":
+            monkeypatch.setattr(Speculator, "_fed", staticmethod(lambda picks: False))
+        spec = make_spec_llm(kind, speculative="mtp", num_speculative_tokens=3)
+        if mode == "route":
+            kinds = _route(spec)
+        got[mode] = [o.token_ids for o in spec.generate(prompts, params)]
+        stats[mode] = spec.engine.call(
+            lambda s=spec: dataclasses.replace(s.engine.speculator.stats)
+        )
+    assert got["route"] == got["eager"] == got["host"]
+    assert stats["route"] == stats["eager"] == stats["host"]
+    assert kinds["bridge"].indexed > 10 and kinds["verify"].fed > 5
+    assert stats["route"].accepted > 0
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(1, 4).flatmap(
@@ -160,19 +190,21 @@ def test_controlled_acceptance_draws_the_same_on_the_route(make_spec_llm):  # no
     )
 )
 def test_bridge_inputs_are_the_accepted_run(rows):
-    """`bridge_inputs`: each row's head input ids begin with the tokens the host accepts
-    (`accept_greedy`: the drafts the target agrees with, then the target's own), and the
-    logits index is that run's last position; with a preset count m (a bench's control), the
-    first m drafts and the target's token after them."""
+    """`greedy_outcome` and `bridge_inputs`: each row's head input ids begin with the tokens
+    the host accepts (`accept_greedy`: the drafts the target agrees with, then the target's
+    own), and the logits index is that run's last position; with a preset count m (a bench's
+    control), the first m drafts and the target's token after them."""
     top = torch.tensor([t for t, _, _ in rows])
     drafts = torch.tensor([d for _, d, _ in rows])
     w = top.shape[1]
-    ids, index, m = bridge_inputs(top, drafts)
+    m, after = greedy_outcome(top, drafts)
+    ids, index = bridge_inputs(drafts, m, after)
     for i, (t, d, _) in enumerate(rows):
         run = accept_greedy(t, d)
         assert ids[i, : len(run)].tolist() == run and int(m[i]) == len(run) - 1
-        assert int(index[i]) == i * w + len(run) - 1
+        assert int(index[i]) == i * w + len(run) - 1 and int(after[i]) == run[-1]
     preset = torch.tensor([p for _, _, p in rows])
-    ids, index, m = bridge_inputs(top, drafts, preset)
+    m, after = greedy_outcome(top, drafts, preset)
+    ids, index = bridge_inputs(drafts, m, after)
     for i, (t, d, p) in enumerate(rows):
         assert ids[i, : p + 1].tolist() == [*d[:p], t[p]] and int(index[i]) == i * w + p
