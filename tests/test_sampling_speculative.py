@@ -128,27 +128,35 @@ def test_greedy_keeps_the_longest_agreeing_prefix(argmax, drafts):
     st.sampled_from([-1, 2, 4]),
     st.booleans(),
 )
-def test_the_device_rule_yields_what_the_host_rule_does(k, seed, temperature, top_k, exact):
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                          reason="needs CUDA"))],
+)  # fmt: skip
+def test_the_device_rule_yields_what_the_host_rule_does(device, k, seed, temperature, top_k,
+                                                        exact):  # fmt: skip
     """`accept_on_device` (no host sync: the speculator's replayed steps) yields, from the same
     generator state, exactly the tokens `accept_drafts` yields: greedy and sampled, every
     acceptance length, drafts the target excludes, and a draft distribution equal to the
     target's (`exact`: every draft kept)."""
     from ninfer.sampling import accept_on_device
 
-    gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(k + 1, 7, generator=gen) * 2
+    gen = torch.Generator(device).manual_seed(seed)
+    logits = torch.randn(k + 1, 7, generator=gen, device=device) * 2
     params = SamplingParams(temperature=temperature, top_k=top_k)
     if params.greedy:
         q = None
         drafts = [int(t) for t in logits.argmax(dim=-1)[:k]]
-        cut = int(torch.randint(0, k + 1, (1,), generator=gen))
+        cut = int(torch.randint(0, k + 1, (1,), generator=gen, device=device))
         drafts = [d if j < cut else (d + 1) % 7 for j, d in enumerate(drafts)]
     else:
         p = probabilities(logits, params)
-        q = p[:k].clone() if exact else torch.rand(k, 7, generator=gen).softmax(dim=-1)
+        q = p[:k].clone() if exact else torch.rand(k, 7, generator=gen, device=device)
+        q = q.softmax(dim=-1) if not exact else q
         drafts = [int(torch.multinomial(q[j], 1, generator=gen)) for j in range(k)]
     state = gen.get_state()
     want = accept_drafts(logits, drafts, q, params, gen)
     gen.set_state(state)
-    m, token = accept_on_device(logits, torch.tensor(drafts, dtype=torch.int64), q, params, gen)
+    ids = torch.tensor(drafts, dtype=torch.int64, device=device)
+    m, token = accept_on_device(logits, ids, q, params, gen)
     assert drafts[: int(m)] + [int(token)] == want

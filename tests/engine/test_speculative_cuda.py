@@ -95,3 +95,29 @@ def test_greedy_chain_fed_on_the_device_drafts_what_the_host_chain_does(monkeypa
         assert llm.engine.speculator.graphs.chain.replays > 10
         llm.close()
     assert seen["device"] == seen["host"]
+
+
+def test_seeded_sampling_on_the_replay_route(monkeypatch):
+    """Seeded sampled lanes beside a greedy one, with the speculator's graphs: the draft chain
+    drawn on the device and each verify row's rejection rule on the device (the bridge run
+    ahead of the read) give the same tokens as the chain read back step by step, and the
+    same again in a second engine; the steady state replays the graphs."""
+    from ninfer.engine.speculative import Speculator
+
+    model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=13, mtp=True)
+    opts = dict(device="cuda", compile=False, max_concurrency=4, kv_capacity=16384,
+                host_cache_mib=64, speculative="mtp", num_speculative_tokens=3)  # fmt: skip
+    params = [
+        SamplingParams(max_tokens=n, temperature=t, seed=s, ignore_eos=True)
+        for n, t, s in ((36, 0.8, 1), (41, 1.1, 2), (30, 0.0, None))
+    ]
+    got = []
+    for mode in ("device", "device", "host"):
+        if mode == "host":
+            monkeypatch.setattr(Speculator, "_fed", staticmethod(lambda picks: False))
+        llm = LLM.from_model(model, **opts)
+        got.append([o.token_ids for o in llm.generate(PROMPTS, params)])
+        g = llm.engine.speculator.graphs
+        assert g.verify.replays > 10 and g.bridge.replays > 10 and g.chain.replays > 10
+        llm.close()
+    assert got[0] == got[1] == got[2]
