@@ -294,14 +294,33 @@ def write_taps(
     """The conv state at each state tap (`forward.StateTap`): the K-1 inputs before it, taken
     from the pass's own inputs x [T, C], into conv_state[slot] [C, K-1]; those of a tap fewer
     than K-1 tokens into its row from `init` (`tap_init`, the row's initial state: its
-    column K-1 + p holds the input at position p < 0 of the row). Gathers; no host sync."""
-    w = width - 1
-    back = torch.arange(-w, 0, device=x.device)
-    cols = x[(taps.cut[:, None] + back).clamp_min(0)]  # [n, K-1, C]
-    if init is not None:
-        near = taps.near
-        pos = near.offset[:, None] + back  # [j, K-1]: each column's position in its row
-        at = (pos + w).clamp(0, w - 1)[..., None].expand(-1, -1, x.shape[1])
-        before = init.transpose(1, 2).to(x.dtype).gather(1, at)  # [j, K-1, C]
-        cols[near.index] = torch.where((pos < 0)[..., None], before, cols[near.index])
+    column K-1 + p holds the input at position p < 0 of the row). One gather from x and
+    `init`'s rows through an index made once per pass (`_tap_sources`), one scatter; no host
+    sync."""
+    w, n_ch = width - 1, x.shape[1]
+    src = _tap_sources(taps, w, x.shape[0])
+    if init is not None:  # init's rows [j * (K-1), C] after x's
+        x = torch.cat([x, init.transpose(1, 2).to(x.dtype).reshape(-1, n_ch)])
+    cols = x.index_select(0, src).view(-1, w, n_ch)
     conv_state[taps.slot] = cols.transpose(1, 2).to(conv_state.dtype)
+
+
+def _tap_sources(taps: TapIndex, w: int, n_tok: int) -> torch.Tensor:
+    """[n * w] int64: for column i of tap n (the input at position o - w + i of its row, o the
+    tap's offset), its row in cat(x [n_tok, C], the near taps' initial states [j * w, C]): the
+    pass's token cut - w + i, or, at a position before the row's start, column w + p of the
+    near tap's initial state. The same for every layer of a pass: made at the first, kept on
+    the `TapIndex` (in a CUDA graph: the captured pass's constant index)."""
+    key = ("conv", w, n_tok)
+    src = taps.derived.get(key)
+    if src is None:
+        back = torch.arange(-w, 0, device=taps.cut.device)
+        src = taps.cut[:, None] + back  # [n, w]; past the row's start for near taps only
+        near = taps.near
+        if near is not None:
+            pos = near.offset[:, None] + back  # [j, w]: each column's position in its row
+            j = torch.arange(near.index.shape[0], device=src.device)[:, None]
+            before = n_tok + j * w + (pos + w)
+            src[near.index] = torch.where(pos < 0, before, src[near.index])
+        src = taps.derived[key] = src.flatten()
+    return src

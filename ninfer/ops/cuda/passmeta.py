@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -150,6 +150,9 @@ class TapIndex:
     slot: torch.Tensor  # the state slot the tap writes
     rest: TapRest | None = None  # the taps off the chunk grid (their state is advanced)
     near: TapNear | None = None  # the taps in their row's first chunk
+    # derived indices, the same for every layer of the pass, made at first use (by key:
+    # `conv.write_taps`'s column sources)
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, taps: Sequence, q_lens: list[int], device: torch.device) -> TapIndex | None:
