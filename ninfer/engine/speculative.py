@@ -53,11 +53,9 @@ outcome, appends the tokens and settles. A steady-state step is then
 
     verify replay, bridge replay | read outcome (+ drafts) | settle | chain replays
 
-and its one host sync is that read.
-
-with the GPU idle only while the host settles and plans the chain, and while it schedules
-and plans the next verify beyond what the chain's replays cover. No step is run further
-ahead (the next step's rows depend on this one's acceptance).
+and its one host sync is that read: the GPU idles only while the host settles and plans
+the chain, and while it schedules and plans the next verify beyond what the chain's replays
+cover. No step is run further ahead (the next step's rows depend on this one's acceptance).
 """
 
 from __future__ import annotations
@@ -112,10 +110,10 @@ def bridge_inputs(
 
 
 class ChainIds:
-    """The token ids a greedy draft chain (`Speculator._chain_fed`) proposed, still on the
-    device: `steps` (lane indices, ids [len(lanes)] int64) per chain step. `host()` reads them
-    all in one copy (once); `grid` [lanes, steps] is set when every step covers every lane
-    (the rows a verify graph takes its drafts from, without a read)."""
+    """The token ids a draft chain kept on the device (`Speculator._chain_fed`) proposed:
+    `steps` (lane indices, ids [len(lanes)] int64 on the device) per chain step. `host()`
+    reads them all in one copy (once); `grid` [lanes, steps] is set when every step covers
+    every lane (the rows a verify graph takes its drafts from, without a read)."""
 
     def __init__(self, steps: list[tuple[list[int], torch.Tensor]]) -> None:
         self.steps = steps
@@ -142,10 +140,10 @@ class ChainIds:
 
 class Draft:
     """A lane's proposals for its next verify row: tokens and, for a sampled request, the
-    distributions [k, V] they were drawn from. A greedy chain's tokens may still be on the
-    device (`chain`, the lane's index `at` in it): `tokens` reads them (one copy for every
-    lane of that chain), `ids` is their device tensor without a read (None where the chain's
-    steps do not cover every lane), `pending` says whether they are still unread."""
+    distributions [k, V] they were drawn from. A chain's tokens may still be on the device
+    (`chain`, the lane's index `at` in it): `tokens` reads them (one copy for every lane of
+    that chain), `ids` is their device tensor without a read (None where the chain's steps do
+    not cover every lane), `pending` says whether they are still unread."""
 
     __slots__ = ("_tokens", "probs", "chain", "at")
 
@@ -456,7 +454,7 @@ class Speculator:
     @staticmethod
     def _fed_drafts(rows: list[Row], drafts: dict[int, Draft | None]) -> torch.Tensor | None:
         """The verify rows' drafts [rows, K] on the device, when every row's are still there
-        (a greedy chain's, `_chain_fed`): the verify graph copies them in, and
+        (`_chain_fed`): the verify graph copies them in, and
         `launch` reads them back with the rows' targets, in one copy."""
         ids = []
         for i, r in enumerate(rows):

@@ -146,7 +146,11 @@ def test_controlled_acceptance_draws_the_same_on_the_route(make_spec_llm):  # no
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_seeded_sampling_draws_the_same_on_and_off_the_route(make_spec_llm, monkeypatch, kind):  # noqa: F811
+def test_seeded_sampling_draws_the_same_on_and_off_the_route(
+    make_spec_llm,  # noqa: F811
+    monkeypatch,
+    kind,
+):
     """Seeded sampled requests (and a greedy one beside them): the same tokens on the route
     (each row's rejection rule on the device, `sampling.accept_on_device`, its draws from the
     request's generator in the same order), off it, and with the draft chain read back step
