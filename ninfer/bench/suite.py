@@ -50,12 +50,15 @@ class BenchSpec:
     # decode with speculation: a controlled draft of this per-position acceptance (None: the
     # model's own MTP head)
     draft_acceptance: float | None = None
+    # with quantization: prefill and decode once more on the same shape unquantized (the
+    # model's dtype), printed beside (`baseline`)
+    baseline: bool = True
 
 
 @dataclass(slots=True)
 class Loaded:
     label: str
-    model: torch.nn.Module
+    model: torch.nn.Module | None  # None once dropped (the unquantized baseline's turn)
     tokenizer: object
     template: object
     device: torch.device
@@ -139,7 +142,42 @@ def run_suite(spec: BenchSpec, log=print) -> dict:
         results["reuse"] = bench_reuse(
             lambda: loaded.make_llm(spec.engine), cfg.vocab_size, seed=spec.seed, scale=scale
         )
+    quantized = spec.engine.get("quantization") is not None
+    if quantized and spec.baseline and ("prefill" in spec.parts or "decode" in spec.parts):
+        loaded.model = None  # one model in memory at a time (a 27B: 27 GB FP8, 54 GB bf16)
+        release_memory()
+        results["baseline"] = _baseline(spec, machine, log)
+        _baseline_ratios(results)
     return results
+
+
+def _baseline(spec: BenchSpec, machine: dict, log) -> dict:
+    """prefill and decode of the same shape, weights and settings without quantization."""
+    log("the same without quantization (the baseline)...")
+    plain = replace(
+        spec, engine={**spec.engine, "quantization": None}, profile_dir=None, compare_hf=False
+    )
+    loaded = load(plain)
+    out = {"meta": _meta(plain, loaded, loaded_param_counts(loaded).total)}
+    out.update(_throughput(plain, loaded, loaded_param_counts(loaded), machine, log))
+    loaded.model = None
+    release_memory()
+    return out
+
+
+def _baseline_ratios(results: dict) -> None:
+    """Per prompt length and batch size that both ran: quantized over baseline (prefill: the
+    baseline's seconds over the quantized's; decode: steady tok/s over the baseline's)."""
+    base = results["baseline"]
+    ours = {x["prompt_tokens"]: x for x in results.get("prefill", {}).get("rows", [])}
+    for x in base.get("prefill", {}).get("rows", []):
+        mine = ours.get(x["prompt_tokens"])
+        x["quantized_speedup"] = x["seconds"] / mine["seconds"] if mine else None
+    ours = {x["batch"]: x for x in results.get("decode", {}).get("rows", [])}
+    for x in base.get("decode", {}).get("rows", []):
+        mine = (ours.get(x["batch"]) or {}).get("steady_tokens_per_s")
+        theirs = x.get("steady_tokens_per_s")
+        x["quantized_speedup"] = mine / theirs if mine and theirs else None
 
 
 def loaded_param_counts(loaded: Loaded) -> ParamCounts:

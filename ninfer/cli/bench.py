@@ -8,6 +8,8 @@ in which every lane decodes and end to end: bytes per step over the measured mem
 prefill: FLOPs over the measured matmul peak; restore: bytes over the measured copy bandwidth).
 `--json` writes every number; `--profile DIR` writes Chrome traces;
 `--compare-hf` adds transformers on the same weights; `--plot` draws TTFT per turn. With
+`--quantization` the prefill and decode parts run again on the same shape unquantized (the
+model's dtype), printed beside (`--no-baseline`: not). With
 `--speculative mtp` the decode part also prints the draft acceptance and the tokens per verify
 step; `--draft-acceptance A` accepts each draft position with probability A until the first
 rejection, whatever the head proposes (random weights accept almost nothing).
@@ -87,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", type=Path, metavar="DIR",
                    help="torch.profiler traces of extra untimed requests")  # fmt: skip
     p.add_argument("--compare-hf", action="store_true", help="also run transformers")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="with --quantization: skip the prefill and decode of the same shape "
+                   "unquantized that is otherwise printed beside")  # fmt: skip
     p.add_argument("--hf-max-prompt", type=int, default=8192,
                    help="transformers runs the prompt lengths up to this many tokens")  # fmt: skip
     p.add_argument(
@@ -122,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         resume_new_tokens=args.resume_new_tokens,
         resume_histories=args.resume_history,
         draft_acceptance=args.draft_acceptance,
+        baseline=not args.no_baseline,
     )
     console = output_console()
     # progress on stderr: stdout holds the tables alone, for a file or a pipe

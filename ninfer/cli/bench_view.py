@@ -105,6 +105,43 @@ def decode_notes(rows: list[dict]) -> list[str]:
     return lines
 
 
+def baseline(r: dict) -> Table:
+    """The quantized figures beside the same shape's unquantized ones (`--quantization`: the
+    suite's `baseline`), each beside its own bound: prefill time, decode steady tok/s."""
+    base, quant = r["baseline"], r["meta"]["engine"].get("quantization")
+    dtype = base["meta"]["dtype"]
+    mine = {x["prompt_tokens"]: x for x in r.get("prefill", {}).get("rows", [])}
+    rows = []
+    for x in base.get("prefill", {}).get("rows", []):
+        q = mine.get(x["prompt_tokens"])
+        rows.append([
+            f"prefill {x['prompt_tokens']}",
+            f"{ms(q['seconds'])} ({pct(q['fraction_of_bound'])})" if q else "-",
+            f"{ms(x['seconds'])} ({pct(x['fraction_of_bound'])})",
+            _times(x.get("quantized_speedup")),
+        ])  # fmt: skip
+    mine = {x["batch"]: x for x in r.get("decode", {}).get("rows", [])}
+    for x in base.get("decode", {}).get("rows", []):
+        rows.append([f"decode batch {x['batch']}", _steady(mine.get(x["batch"])), _steady(x),
+                     _times(x.get("quantized_speedup"))])  # fmt: skip
+    return table(
+        f"{quant} beside {dtype} (same shape and settings; each of its own bound)",
+        ["", quant, dtype, f"{quant} is"],
+        rows,
+    )
+
+
+def _steady(y: dict | None) -> str:
+    """A decode row's steady tok/s and its fraction of the bound ("-": none)."""
+    if not y or not y.get("steady_tokens_per_s"):
+        return "-"
+    return f"{rate(y['steady_tokens_per_s'], 'tok/s')} ({pct(y['steady_fraction_of_bound'])})"
+
+
+def _times(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
 def hf(h: dict) -> Table:
     def times(x: dict) -> str:
         s = x.get("ninfer_speedup")
@@ -234,6 +271,10 @@ def print_results(console: Console, r: dict) -> None:
             console.print(draw(r[name]["rows"]))
     for line in decode_notes(r.get("decode", {}).get("rows", [])):
         console.print(f"[yellow]{line}[/]", highlight=False)
+    if "baseline" in r:
+        console.print(baseline(r))
+        for line in decode_notes(r["baseline"].get("decode", {}).get("rows", [])):
+            console.print(f"[yellow]baseline {line}[/]", highlight=False)
     parts = (
         ("hf", hf),
         ("ttft", ttft),

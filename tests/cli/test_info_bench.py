@@ -223,7 +223,7 @@ def test_bench_fp8_at_load_bounds_the_fp8_bytes(ninfer, tmp_path):
         out = tmp_path / f"b{len(quant)}.json"
         run = ninfer("bench", "decode", "--prompt-tokens", "16", "--decode-tokens", "8",
                      "--batch-sizes", "1", "--compare-hf", "--hf-max-prompt", "16",
-                     "--json", str(out), *quant, *ENGINE_FLAGS)  # fmt: skip
+                     "--no-baseline", "--json", str(out), *quant, *ENGINE_FLAGS)  # fmt: skip
         assert run.returncode == 0, run.stderr + run.stdout
         rows[bool(quant)] = json.loads(out.read_text())
     fp8, dense = rows[True], rows[False]
@@ -232,3 +232,30 @@ def test_bench_fp8_at_load_bounds_the_fp8_bytes(ninfer, tmp_path):
     assert step[0] < step[1] / 2
     greedy = fp8["hf"]["greedy"]
     assert greedy["tokens"] > 0 and greedy["agreeing_prefix"] == greedy["tokens"]
+
+
+def test_bench_prints_the_unquantized_baseline_beside(ninfer, tmp_path):
+    """`--quantization fp8`: prefill and decode run again on the same shape unquantized, and
+    the JSON holds both with the ratios, the table shows them side by side, each beside its
+    own bound; `--no-baseline` skips it."""
+    out = tmp_path / "q.json"
+    args = ("bench", "prefill,decode", "--prompt-tokens", "16", "--decode-tokens", "8",
+            "--batch-sizes", "1", "--quantization", "fp8", *ENGINE_FLAGS)  # fmt: skip
+    run = ninfer(*args, "--json", str(out))
+    assert run.returncode == 0, run.stderr + run.stdout
+    r = json.loads(out.read_text())
+    base = r["baseline"]
+    assert base["meta"]["engine"]["quantization"] is None
+    assert r["meta"]["model"].endswith("fp8 at load") and "fp8" not in base["meta"]["model"]
+    dq, db = r["decode"]["rows"][0], base["decode"]["rows"][0]
+    assert db["step_bytes"] > 2 * dq["step_bytes"]  # its bound counts the unquantized bytes
+    assert db["quantized_speedup"] == pytest.approx(
+        dq["steady_tokens_per_s"] / db["steady_tokens_per_s"]
+    )
+    pq, pb = r["prefill"]["rows"][0], base["prefill"]["rows"][0]
+    assert pb["quantized_speedup"] == pytest.approx(pb["seconds"] / pq["seconds"])
+    table = run.stdout[run.stdout.index("fp8 beside") :]
+    assert "prefill 16" in table and "decode batch 1" in table
+    run = ninfer(*args, "--no-baseline", "--json", str(out))
+    assert run.returncode == 0 and "baseline" not in json.loads(out.read_text())
+    assert "fp8 beside" not in run.stdout
