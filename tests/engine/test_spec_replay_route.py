@@ -212,3 +212,56 @@ def test_bridge_inputs_are_the_accepted_run(rows):
     ids, index = bridge_inputs(drafts, m, after)
     for i, (t, d, p) in enumerate(rows):
         assert ids[i, : p + 1].tolist() == [*d[:p], t[p]] and int(index[i]) == i * w + p
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(5, 80),  # prompt length
+            st.integers(1, 30),  # max_tokens
+            st.sampled_from([0.0, 0.7, 1.3]),  # temperature
+            st.integers(0, 2**31 - 1),  # seed
+            st.booleans(),  # a stop token among the likely ones
+        ),
+        max_size=3,
+    ),
+    st.integers(1, 4),
+)
+def test_any_mix_of_requests_decodes_the_same_on_the_route(mtp_models, requests, k):  # noqa: F811
+    """Any mix of greedy and seeded sampled requests, of any length, some with stop tokens,
+    beside a longer greedy one (which outlives them, so the route is taken): on the replay
+    route each yields exactly what it yields off it (the same draws in the same order), none
+    is cut short (it ends at max_tokens or at its stop token), and the engine ends idle."""
+    import random
+
+    from ninfer.llm import LLM
+
+    requests = [*requests, (40, 40, 0.0, 0, False)]
+    rng = random.Random(len(requests) * 10 + k)
+    prompts = [[rng.randrange(4, 2000) for _ in range(n)] for n, *_ in requests]
+    params = [
+        SamplingParams(max_tokens=m, temperature=t, seed=s, ignore_eos=True,
+                       stop_token_ids=[rng.randrange(4, 2000) for _ in range(40)] if stop else None)
+        for _, m, t, s, stop in requests
+    ]  # fmt: skip
+    outs = {}
+    for route in (False, True):
+        llm = LLM.from_model(mtp_models["dense"], device="cpu", prefill_chunk=64,
+                             max_concurrency=4, kv_capacity=16384, host_cache_mib=16,
+                             check_invariants=True, speculative="mtp",
+                             num_speculative_tokens=k)  # fmt: skip
+        try:
+            kinds = _route(llm) if route else None
+            outs[route] = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params)]
+            assert_idle(llm)
+            if kinds is not None:
+                assert kinds["verify"].replays > 0 and kinds["bridge"].indexed > 0
+        finally:
+            llm.close()
+    assert outs[True] == outs[False]
+    for (tokens, reason), p in zip(outs[True], params, strict=True):
+        if reason == "length":
+            assert len(tokens) == p.max_tokens
+        else:
+            assert reason == "stop" and tokens and tokens[-1] in p.stop_token_ids
