@@ -217,6 +217,18 @@ def accept_greedy(target: list[int], drafts: list[int]) -> list[int]:
     return out + [target[len(drafts)]]
 
 
+def greedy_outcome(
+    top: torch.Tensor, drafts: torch.Tensor, m: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device, what greedy verify rows yield: `top` [rows, K + 1] the target's argmax
+    at each position, `drafts` [rows, K] the drafts verified, `m` [rows] the drafts each
+    accepts (None: the longest prefix `top` agrees with, as `accept_greedy`).
+    Returns (m, the target's token after them [rows])."""
+    if m is None:
+        m = (top[:, :-1] == drafts).long().cumprod(dim=1).sum(dim=1)
+    return m, top.gather(1, m[:, None])[:, 0]
+
+
 def accept_on_device(
     logits: torch.Tensor,
     drafts: torch.Tensor,
@@ -231,9 +243,8 @@ def accept_on_device(
     generator state it yields exactly the tokens `accept_drafts` does."""
     k = drafts.shape[0]
     if params.greedy:
-        top = logits.argmax(dim=-1)
-        m = (top[:k] == drafts).long().cumprod(dim=0).sum()
-        return m, top.index_select(0, m.view(1))[0]
+        m, after = greedy_outcome(logits.argmax(dim=-1)[None], drafts[None])
+        return m[0], after[0]
     p = probabilities(logits, params)
     u = torch.rand(k, generator=generator, device=generator.device if generator else p.device)
     cols = torch.arange(k, device=p.device)

@@ -66,11 +66,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ninfer.engine.executor.runner import Feed, Row, Runner, StepResult
+from ninfer.engine.executor.runner import Feed, Row, Runner, StepResult, read_later
 from ninfer.engine.kv.lane import KVLane
 from ninfer.memory.state_pool import StatePool
 from ninfer.page import PAGE_SIZE
-from ninfer.sampling import accept_drafts, accept_greedy, accept_on_device, draw, probabilities
+from ninfer.sampling import (
+    accept_drafts,
+    accept_greedy,
+    accept_on_device,
+    draw,
+    greedy_outcome,
+    probabilities,
+)
 
 
 def draft_vocab(n: int | None, vocab_size: int, added: frozenset[int]) -> list[int] | None:
@@ -80,18 +87,6 @@ def draft_vocab(n: int | None, vocab_size: int, added: frozenset[int]) -> list[i
     if n is None or n >= vocab_size:
         return None
     return sorted(set(range(n)) | {i for i in added if 0 <= i < vocab_size})
-
-
-def greedy_outcome(
-    top: torch.Tensor, drafts: torch.Tensor, m: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """On the device, what greedy verify rows yield: `top` [rows, K + 1] the target's argmax
-    at each position, `drafts` [rows, K] the drafts verified, `m` [rows] the drafts each
-    accepts (None: the longest prefix `top` agrees with, as `sampling.accept_greedy`).
-    Returns (m, the target's token after them [rows])."""
-    if m is None:
-        m = (top[:, :-1] == drafts).long().cumprod(dim=1).sum(dim=1)
-    return m, top.gather(1, m[:, None])[:, 0]
 
 
 def bridge_inputs(
@@ -147,16 +142,11 @@ class Draft:
 
     __slots__ = ("_tokens", "probs", "chain", "at")
 
-    def __init__(
-        self,
-        tokens: list[int] | None = None,
-        probs: torch.Tensor | list | None = None,
-        chain: ChainIds | None = None,
-        at: int = 0,
-    ) -> None:
-        self._tokens = tokens
+    def __init__(self, tokens: list[int], probs: torch.Tensor | list | None = None) -> None:
+        self._tokens: list[int] | None = tokens
         self.probs = probs
-        self.chain, self.at = chain, at
+        self.chain: ChainIds | None = None
+        self.at = 0
 
     @property
     def tokens(self) -> list[int]:
@@ -268,7 +258,6 @@ class Speculator:
         self.propose: Callable[[KVLane, int], list[int]] | None = None
         self.control: Callable[[int], int] | None = None
         self.graphs = None  # `executor.spec_graphs.SpecGraphs` once captured (`capture`)
-        self._pins: list[torch.Tensor | None] = [None, None]  # `_pinned`
 
     def capture(self, page: int, slots: list[int], max_pages_per_row: int) -> float:
         """Captures the verify and head graphs (CUDA) for batches up to len(slots), on the
@@ -390,7 +379,7 @@ class Speculator:
         """The bridge of a replayed verify step, queued before the host reads anything, so
         that the GPU runs it while the host accepts and settles. Each row's outcome is worked
         out on the device from the pass's logits and the drafts it read: how many drafts it
-        accepts (m) and the token after them (`greedy_outcome`; a sampled row's by
+        accepts (m) and the token after them (`sampling.greedy_outcome`; a sampled row's by
         `sampling.accept_on_device`, the rejection rule with the draws `_accept` would make;
         with `control`, m drawn here as `_accept` would); the head then runs over the row's
         K + 1 positions with the accepted tokens (`bridge_inputs`), logits at position m.
@@ -401,7 +390,9 @@ class Speculator:
         bs, width = len(meta), k + 1
         verified = g.verify.ids(bs)[:, 1:]
         if self.control is not None:
-            m = self._upload([min(self.control(k), k) for _ in range(bs)], logits.device)
+            m = torch.tensor([min(self.control(k), k) for _ in range(bs)])
+            if logits.is_cuda:  # without a host sync
+                m = m.pin_memory().to(logits.device, non_blocking=True)
             m, after = greedy_outcome(logits.argmax(dim=-1).view(bs, width), verified, m)
         elif all(r.sample.greedy for r in rows):
             m, after = greedy_outcome(logits.argmax(dim=-1).view(bs, width), verified)
@@ -415,41 +406,9 @@ class Speculator:
             after = torch.stack([o[1] for o in outcomes])
         ids, index = bridge_inputs(verified, m, after)
         parts = [m, after] if fed is None else [m, after, fed.flatten()]
-        read = self._read_later(torch.cat(parts))
+        read = read_later(torch.cat(parts))
         out = g.bridge.run(meta, hidden, [0] * bs, fed=ids.flatten(), index=index)
         return read, out
-
-    def _pinned(self, which: int, n: int) -> torch.Tensor:
-        """The first n entries of pinned host buffer `which` (0: reads, 1: uploads), grown as
-        needed. The previous step's copies through it are done (its read waited for them)."""
-        buf = self._pins[which]
-        if buf is None or buf.numel() < n:
-            buf = self._pins[which] = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=True)
-        return buf[:n]
-
-    def _upload(self, values: list[int], device: torch.device) -> torch.Tensor:
-        """`values` on `device` (int64), copied without a host sync."""
-        if device.type != "cuda":
-            return torch.tensor(values, dtype=torch.int64, device=device)
-        host = self._pinned(1, len(values))
-        host.numpy()[:] = values
-        return host.to(device, non_blocking=True)
-
-    def _read_later(self, x: torch.Tensor) -> Callable[[], list[int]]:
-        """Queue a copy of `x` (int64, on the device) to pinned host memory; the callable
-        waits for it (only for it: work queued after it keeps running) and returns it."""
-        if not x.is_cuda:
-            return x.tolist
-        host = self._pinned(0, x.numel())
-        host.copy_(x, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-
-        def wait() -> list[int]:
-            done.synchronize()
-            return host.tolist()
-
-        return wait
 
     @staticmethod
     def _fed_drafts(rows: list[Row], drafts: dict[int, Draft | None]) -> torch.Tensor | None:

@@ -20,10 +20,10 @@ from test_speculative import _prompts, controlled, make_spec_llm, mtp_models  # 
 
 from ninfer.bench.speculative import controlled_acceptance
 from ninfer.engine.executor.runner import Row
-from ninfer.engine.speculative import bridge_inputs, greedy_outcome
+from ninfer.engine.speculative import bridge_inputs
 from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
-from ninfer.sampling import accept_greedy
+from ninfer.sampling import accept_greedy, greedy_outcome
 
 EVERY = SamplingParams(max_tokens=1, temperature=0.0)  # a verify row: logits of every token
 

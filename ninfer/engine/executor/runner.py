@@ -80,6 +80,24 @@ class StepResult:
     errors: list[str | None] = field(default_factory=list)
 
 
+def read_later(x: torch.Tensor) -> Callable[[], list]:
+    """Queue a copy of `x` to pinned host memory (on CUDA); the callable waits for that copy
+    only (work queued after it keeps running) and returns x as a list. A CPU tensor is read
+    when the callable is called."""
+    if not x.is_cuda:
+        return x.tolist
+    host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    host.copy_(x, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> list:
+        done.synchronize()
+        return host.tolist()
+
+    return wait
+
+
 class Launched:
     """A launched step: its sampled ids are being copied to pinned host memory.
 
@@ -92,8 +110,7 @@ class Launched:
         self.rows = rows
         self.sampled = None  # the sampler's result (`ninfer.sampling.SampleResult`) or None
         self.tokens: torch.Tensor | None = None  # sampled ids on the device, for a `Feed`
-        self._host: torch.Tensor | None = None
-        self._event = None
+        self._read: Callable[[], list] | None = None  # `read_later` of the sampled ids
         self._deferred = deferred  # () -> the sampler's result, run once by `sample`
         if sampled is not None:
             self._copy(sampled)
@@ -102,11 +119,7 @@ class Launched:
     def _copy(self, sampled) -> None:
         self.sampled = sampled
         self.tokens = sampled.token_ids
-        if self.tokens.is_cuda:
-            self._host = torch.empty(self.tokens.shape, dtype=torch.int64, pin_memory=True)
-            self._host.copy_(self.tokens, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
+        self._read = read_later(self.tokens)
 
     def sample(self) -> None:
         """Sample a step launched with a deferred mask (nothing for any other step)."""
@@ -129,11 +142,7 @@ class Launched:
         n = len(rows)
         out = StepResult(tokens=[None] * n, logprobs=[None] * n, errors=[None] * n)
         if self.sampled is not None:
-            if self._event is not None:
-                self._event.synchronize()
-                tokens = self._host.tolist()
-            else:
-                tokens = self.tokens.tolist()
+            tokens = self._read()
             logprobs = self.sampled.logprobs
             errors = getattr(self.sampled, "errors", None)
             k = 0
