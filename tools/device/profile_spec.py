@@ -27,6 +27,7 @@ from ninfer.request import SamplingParams
 
 HOST: dict[str, list[float]] = {}  # phase -> host seconds of each call (the engine thread's)
 EVENTS: list = []  # (phase, start event, end event) per call, on CUDA
+ACCEPTED: list[int] = []  # drafts accepted in each Engine.step (its calls' order)
 
 
 def _timed(cls, name: str) -> None:
@@ -65,6 +66,7 @@ def main() -> None:
     ap.add_argument("--trace", default="")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--draft-vocab", type=int, default=None)
+    ap.add_argument("--no-profile", action="store_true", help="the unprofiled run only")
     ap.add_argument(
         "--read-drafts",
         action="store_true",
@@ -86,6 +88,17 @@ def main() -> None:
     for cls, names in phases:
         for n in names:
             _timed(cls, n)
+    timed_step = engine.Engine.step
+
+    def step(self, *a, **k):  # the drafts each step accepts, beside its times
+        spec = self.speculator
+        before = spec.stats.accepted if spec is not None else 0
+        try:
+            return timed_step(self, *a, **k)
+        finally:
+            ACCEPTED.append((spec.stats.accepted if spec is not None else 0) - before)
+
+    engine.Engine.step = step
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     model = build_random_model(PRESETS[args.preset], dtype, args.device, seed=0, mtp=True)
     llm = LLM.from_model(
@@ -112,6 +125,7 @@ def main() -> None:
         torch.cuda.synchronize()
     HOST.clear()
     EVENTS.clear()
+    ACCEPTED.clear()
     t0 = time.perf_counter()
     outs = llm.generate(todo, params)
     wall = time.perf_counter() - t0
@@ -119,6 +133,10 @@ def main() -> None:
     print(f"unprofiled: wall {wall * 1e3:.1f} ms for {tokens} tokens "
           f"({wall * 1e3 / max(tokens, 1) * args.batch:.2f} ms per token of a lane)")  # fmt: skip
     _medians()
+    _by_accepted()
+    if args.no_profile:
+        llm.close()
+        return
     todo = prompts()
     # prefill outside the profile: a one-token run admits and prefills, then the timed run
     # resumes the cached prompt
@@ -170,12 +188,29 @@ def _medians() -> None:
         torch.cuda.synchronize()
         for key, start, end in EVENTS:
             gpu.setdefault(key, []).append(start.elapsed_time(end))
-    print(f"{'phase':34s} {'calls':>5s} {'host ms':>9s} {'median':>7s} {'gpu median':>10s}")
+    print(f"{'phase':34s} {'calls':>5s} {'host ms':>9s} {'median':>7s} {'max':>7s} "
+          f"{'gpu median':>10s} {'gpu mean':>8s} {'gpu max':>8s}")  # fmt: skip
     for key, secs in HOST.items():
         g = gpu.get(key)
-        gm = f"{statistics.median(g):10.3f}" if g else ""
+        gm = f"{statistics.median(g):10.3f} {statistics.mean(g):8.3f} {max(g):8.3f}" if g else ""
         print(f"{key:34s} {len(secs):5d} {sum(secs) * 1e3:9.2f} "
-              f"{statistics.median(secs) * 1e3:7.3f} {gm}")  # fmt: skip
+              f"{statistics.median(secs) * 1e3:7.3f} {max(secs) * 1e3:7.3f} {gm}")  # fmt: skip
+
+
+def _by_accepted() -> None:
+    """Engine.step's host and GPU ms by the drafts the step accepted: whether a step that
+    rejects costs more than one that accepts all."""
+    host = HOST.get("Engine.step", [])
+    gpu = [s.elapsed_time(e) for key, s, e in EVENTS if key == "Engine.step"]
+    by: dict[int, list[tuple[float, float | None]]] = {}
+    for i, (h, m) in enumerate(zip(host, ACCEPTED, strict=False)):
+        by.setdefault(m, []).append((h * 1e3, gpu[i] if i < len(gpu) else None))
+    print(f"{'accepted':>8s} {'steps':>5s} {'host mean':>9s} {'host max':>8s} {'gpu mean':>8s}")
+    for m in sorted(by):
+        hs = [h for h, _ in by[m]]
+        gs = [g for _, g in by[m] if g is not None]
+        gm = f"{statistics.mean(gs):8.3f}" if gs else ""
+        print(f"{m:8d} {len(hs):5d} {statistics.mean(hs):9.3f} {max(hs):8.3f} {gm}")
 
 
 def _gaps(prof, wall: float) -> None:
