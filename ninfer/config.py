@@ -22,7 +22,7 @@ from ninfer.cache.host_pool import SlabGeometry, plan_slab_geometry
 from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, pass_seconds, solo_chunk_pays
 from ninfer.dtypes import DTYPES, KV_DTYPES, itemsize
 from ninfer.models.quant import QUANTIZATION_CHOICES as QUANTIZATIONS
-from ninfer.ops.choices import GATHER_MIN_ROWS, OpChoices
+from ninfer.ops.choices import GATHER_MIN_ROWS, VERIFY_BACKENDS, OpChoices
 from ninfer.page import PAGE_SIZE
 
 if TYPE_CHECKING:  # the command line reads the options without importing torch
@@ -186,6 +186,9 @@ class EngineOptions:
     conv_tile: tuple[int, int, int] | None = _opt(
         None, "the prefill conv's launch shape (rows, channels, warps), powers of two (default: "
         "the kernel's)", flag=False)  # fmt: skip
+    verify_backend: str = _opt(
+        "auto", "FlashInfer's backend for the speculative verify step's attention: \"auto\" "
+        "or \"fa2\" (splits long contexts)", choices=VERIFY_BACKENDS, flag=False)  # fmt: skip
 
     def __post_init__(self) -> None:
         for f, option in option_fields():
@@ -198,6 +201,7 @@ def op_choices(opts: EngineOptions) -> OpChoices:
     return OpChoices(
         gather_min_rows=opts.gather_min_rows,
         conv_tile=opts.conv_tile,
+        verify_backend=opts.verify_backend,
     )
 
 

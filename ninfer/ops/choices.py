@@ -9,6 +9,10 @@ command-line flag: experiments and tests set them).
                      (`attention.gather_pays`; 0 forces it, inf forbids it)
     conv_tile        the prefill conv's launch shape (rows, channels, warps; `conv.Tile`),
                      None for the kernel's own (`conv.TILE`); every tile gives the same values
+    verify_backend   FlashInfer's backend for the speculative verify step's attention (K+1
+                     queries a row over its context, in the verify graphs): "fa2", whose plan
+                     splits a long context over several CTAs, or "auto" (fa3 on sm_90 for a
+                     bf16 cache, one CTA a KV head however long the context)
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 # over its KV tokens, reach this: above the measured break-even, with a margin
 # (docs/results-h200.md, "gathered attention over a cached context").
 GATHER_MIN_ROWS = 1536
+VERIFY_BACKENDS = ("auto", "fa2", "fa3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +33,7 @@ class OpChoices:
 
     gather_min_rows: float = GATHER_MIN_ROWS
     conv_tile: tuple[int, int, int] | None = None
+    verify_backend: str = "auto"
 
     def __post_init__(self) -> None:
         rows = self.gather_min_rows
@@ -37,6 +43,10 @@ class OpChoices:
             raise ValueError(
                 "conv_tile must be None or (rows, channels, warps), each a power of two, got "
                 f"{self.conv_tile!r}"
+            )
+        if self.verify_backend not in VERIFY_BACKENDS:
+            raise ValueError(
+                f"verify_backend must be one of {VERIFY_BACKENDS}, got {self.verify_backend!r}"
             )
 
 

@@ -1,6 +1,7 @@
 """MTP speculative decoding on CUDA (CudaOps, bf16; rejected drafts roll back through the
 verify pass's per-position taps, or, forced, by save-and-replay, `Speculator.replay`; the
-steady state replays the speculator's CUDA graphs, or runs eagerly with `cuda_graphs=False`):
+steady state replays the speculator's CUDA graphs, their verify attention on FlashInfer's fa3
+or fa2 (`verify_backend`), or runs eagerly with `cuda_graphs=False`):
 greedy output of three lanes against plain decode on the same engine settings, with a
 controlled draft so that every acceptance length occurs. bf16 verify passes (K + 1 tokens a
 row) do not match one-token decode bit for bit, so the outputs must agree until a near-tie:
@@ -28,7 +29,7 @@ PROMPTS = [list(range(5, 155)), [(7 * i) % 2000 + 4 for i in range(70)], list(ra
 NEAR_TIE = 0.1  # nats between plain decode's token and another where bf16 may pick either
 
 
-@pytest.mark.parametrize("rollback", ["taps", "taps-eager", "replay"])
+@pytest.mark.parametrize("rollback", ["taps", "taps-fa2", "taps-eager", "replay"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
     model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=11, mtp=True)
@@ -37,9 +38,10 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
     plain = LLM.from_model(model, **opts)
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=20)
     want = plain.generate(PROMPTS, params)
-    graphs = rollback == "taps"
-    spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=k,
-                          **(opts | {"cuda_graphs": graphs}))  # fmt: skip
+    graphs = rollback in ("taps", "taps-fa2")  # taps-fa2: the verify graphs' attention on fa2
+    backend = "fa2" if rollback == "taps-fa2" else "auto"
+    opts |= {"cuda_graphs": graphs, "verify_backend": backend}
+    spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=k, **opts)
     speculator = spec.engine.speculator
     assert not speculator.replay  # the CUDA ops snapshot at offsets 1 .. k
     assert (speculator.graphs is not None) == graphs

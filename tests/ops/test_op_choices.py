@@ -24,7 +24,7 @@ from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 
 # every choice away from its default: as LLM keywords and as the op set's dataclass
-CHOSEN_KWARGS = dict(gather_min_rows=0, conv_tile=(32, 256, 2))
+CHOSEN_KWARGS = dict(gather_min_rows=0, conv_tile=(32, 256, 2), verify_backend="fa2")
 CHOSEN = OpChoices(**CHOSEN_KWARGS)
 
 
@@ -39,6 +39,8 @@ CHOSEN = OpChoices(**CHOSEN_KWARGS)
         (dict(conv_tile=(16, 256, 0)), "conv_tile must be None or (rows, channels, warps)"),
         (dict(conv_tile=[16, 256, 4]), "conv_tile must be None or (rows, channels, warps)"),
         (dict(conv_tile=(16.0, 256, 4)), "conv_tile must be None or (rows, channels, warps)"),
+        (dict(verify_backend="fa4"), "verify_backend must be one of ('auto', 'fa2', 'fa3')"),
+        (dict(verify_backend=None), "verify_backend must be one of ('auto', 'fa2', 'fa3')"),
     ],
 )
 def test_each_choice_is_checked_when_the_options_are_built(options, message):
@@ -52,9 +54,9 @@ def test_each_choice_is_checked_when_the_options_are_built(options, message):
 
 def test_the_options_default_to_the_op_sets_defaults():
     assert op_choices(EngineOptions()) == OpChoices()
-    assert OpChoices() == OpChoices(GATHER_MIN_ROWS, None)
+    assert OpChoices() == OpChoices(GATHER_MIN_ROWS, None, "auto")
     assert op_choices(EngineOptions(**{**CHOSEN_KWARGS, "gather_min_rows": math.inf})) == OpChoices(
-        math.inf, (32, 256, 2)
+        math.inf, (32, 256, 2), "fa2"
     )  # inf forbids the gathered path
 
 
@@ -112,7 +114,7 @@ TILE = Tile(16, 256, 4)
 
 class _Paged:
     def __init__(self, *args, **kwargs) -> None:
-        pass
+        self.kwargs = kwargs
 
     def plan(self, *args, **kwargs) -> None:
         pass
@@ -185,9 +187,10 @@ def _prefill_batch(q_len: int, ctx: int) -> ForwardBatch:
         (None, TILE, False),
         (OpChoices(gather_min_rows=0), TILE, True),
         (OpChoices(conv_tile=(64, 128, 8)), Tile(64, 128, 8), False),
+        (OpChoices(verify_backend="fa2"), TILE, False),
         (CHOSEN, Tile(32, 256, 2), True),
     ],
-    ids=["defaults", "gather", "kernels", "all"],
+    ids=["defaults", "gather", "kernels", "verify", "all"],
 )  # fmt: skip
 def test_cuda_ops_hand_their_choices_to_the_kernels(kernel_calls, choices, tile, eager_gathers):
     """A prefill pass's conv gets the chosen tile; an eager pass over a cached context (70
@@ -217,3 +220,7 @@ def test_cuda_ops_hand_their_choices_to_the_kernels(kernel_calls, choices, tile,
     planner.plan(batch, shape)
     assert planner.gathered_passes == int(eager_gathers)
     assert type(planner.prefill_graph_wrapper(1, torch.zeros(4, dtype=torch.int32))) is _Paged
+    # the verify graphs' wrapper: the chosen FlashInfer backend (`_RowGraphs._new_shape`)
+    verify = planner.prefill_graph_wrapper(2, torch.zeros(4, dtype=torch.int32), "x")
+    assert verify.kwargs["backend"] == "x"
+    assert planner.choices.verify_backend == (choices or OpChoices()).verify_backend

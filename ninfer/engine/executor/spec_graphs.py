@@ -128,7 +128,8 @@ class _RowGraphs(_Graphs):
         if self.width == 1:
             s.wrapper = self.attn.graph_wrapper(bs, self.shape[4], self.indices_dev)
         else:
-            s.wrapper = self.attn.prefill_graph_wrapper(bs, self.indices_dev)
+            backend = self.attn.choices.verify_backend
+            s.wrapper = self.attn.prefill_graph_wrapper(bs, self.indices_dev, backend)
         return s
 
     def fits(self, rows: list[tuple[list[int], int, int, list[int]]]) -> bool:

@@ -238,13 +238,14 @@ class PagedAttention:
             paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev),
         )  # fmt: skip
 
-    def prefill_graph_wrapper(self, rows: int, indices_buf: torch.Tensor):
+    def prefill_graph_wrapper(self, rows: int, indices_buf: torch.Tensor, backend: str = "auto"):
         """A paged prefill wrapper for exactly `rows` rows, capturable in a CUDA graph (the
-        prefill graphs, `ninfer.engine.executor.graphs`): its indptr and last_page_len buffers
-        are its own, `indices_buf` (int32, on the device) may be shared."""
+        prefill graphs, `ninfer.engine.executor.graphs`; the verify graphs pass
+        `choices.verify_backend`): its indptr and last_page_len buffers are its own,
+        `indices_buf` (int32, on the device) may be shared."""
         i32 = dict(dtype=torch.int32, device=self._workspace.device)
         return self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self._workspace, "NHD", use_cuda_graph=True,
+            self._workspace, "NHD", use_cuda_graph=True, backend=backend,
             qo_indptr_buf=torch.zeros(rows + 1, **i32),
             paged_kv_indptr_buf=torch.zeros(rows + 1, **i32),
             paged_kv_indices_buf=indices_buf,
