@@ -94,7 +94,9 @@ def rel_err(out: torch.Tensor, exact: torch.Tensor) -> float:
     return ((out.double() - exact).norm() / exact.norm()).item()
 
 
-def bench_shape(name: str, n: int, k: int, bw: float, prefill: bool = True) -> None:
+def bench_shape(
+    name: str, n: int, k: int, bw: float, prefill: bool = True, rows=DECODE_ROWS
+) -> None:
     fp8_bytes = n * k + math.ceil(n / 128) * math.ceil(k / 128) * 4
     copies = max(2, math.ceil(SPAN / fp8_bytes))
     dense = [torch.randn(n, k, device=DEV) * k**-0.5 for _ in range(copies)]
@@ -102,7 +104,7 @@ def bench_shape(name: str, n: int, k: int, bw: float, prefill: bool = True) -> N
     bf16 = [w.to(BF16) for w in dense]
     del dense
     bf16_linear, gemm = DecodeLinear(), Fp8Gemm()
-    for m in DECODE_ROWS:
+    for m in rows:
         x = torch.randn(m, k, device=DEV, dtype=BF16)
         exact = x.double() @ fp8[0].dequantize(torch.float64).t()
         x16 = lambda x, w: fp8_skinny(x, w, x16=True)  # noqa: E731
@@ -141,10 +143,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write every result row (JSON lines) to this path")
     ap.add_argument("--no-prefill", action="store_true", help="decode shapes only")
+    ap.add_argument("--shapes", help="comma-separated names of SHAPES (default: all)")
+    ap.add_argument("--rows", help="decode rows, e.g. 1,8 (default: 1,2,4,8)")
     args = ap.parse_args()
+    names = args.shapes.split(",") if args.shapes else [s[0] for s in SHAPES]
+    rows = tuple(map(int, args.rows.split(","))) if args.rows else DECODE_ROWS
     bw = copy_bandwidth()
     for name, n, k in SHAPES:
-        bench_shape(name, n, k, bw, prefill=not args.no_prefill)
+        if name in names:
+            bench_shape(name, n, k, bw, prefill=not args.no_prefill, rows=rows)
     if args.json:
         with open(args.json, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in RESULTS)
