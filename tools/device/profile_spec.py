@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--draft-vocab", type=int, default=None)
     ap.add_argument("--no-profile", action="store_true", help="the unprofiled run only")
+    ap.add_argument("--verify-backend", default="auto", help="OpChoices.verify_backend")
     ap.add_argument(
         "--read-drafts",
         action="store_true",
@@ -104,6 +105,7 @@ def main() -> None:
     llm = LLM.from_model(
         model, device=args.device, speculative="mtp", num_speculative_tokens=args.k,
         max_concurrency=max(args.batch, 1), draft_vocab=args.draft_vocab,
+        verify_backend=args.verify_backend,
     )  # fmt: skip
     llm.engine.speculator.control = controlled_acceptance(args.accept, 0)
     rng = random.Random(0)
