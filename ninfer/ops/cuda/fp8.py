@@ -9,12 +9,16 @@ decode, cuBLAS's block-scaled FP8 GEMM for prefill.
   with x padded to 16 rows, or, M == 1, the CUDA cores) and adds the product times each row's
   scale for that K slice. A step never crosses a scale block along K (BLOCK_K divides the
   block's columns, or the block spans K), so one scale per row and step: y = sum over steps of
-  (x . q) * s, each weight's dequantised value never rounded. SPLIT_K > 1 (a layer with fewer
-  column blocks than twice the SMs: more programs in flight) writes fp32 partials that a second
-  launch sums in split order (`skinny.reduce_split`: deterministic). The first call per (M
-  rounded up to a power of two, N, K, block, dtype) autotunes, timing on the device (a split
-  config with its reduce): keep it out of graph capture (the engine's eager warm-up runs it
-  first); later calls launch the chosen config directly.
+  (x . q) * s, each weight's dequantised value never rounded. `X16` (off: not yet measured on
+  a GPU) multiplies in fp16 instead, on the tensor cores for every M: e4m3 to fp16 is one
+  packed conversion per two weights where e4m3 to bf16 is three, and the conversions may be
+  what holds the kernel under the copy rate; x goes to fp16 exactly for |x| in [2^-14, 2^15],
+  a step whose x reaches past 2^15 scaled down by a power of two first. SPLIT_K > 1 (a layer
+  with fewer column blocks than twice the SMs: more programs in flight) writes fp32 partials
+  that a second launch sums in split order (`skinny.reduce_split`: deterministic). The first
+  call per (M rounded up to a power of two, N, K, block, dtype, X16) autotunes, timing on the
+  device (a split config with its reduce): keep it out of graph capture (the engine's eager
+  warm-up runs it first); later calls launch the chosen config directly.
 - prefill (more rows): x is quantised per token per 128 columns to e4m3 (scale = amax / 448,
   fp32, torch ops) and `torch.nn.functional.scaled_mm` multiplies with scale recipes
   BlockWise1x128 (x) and BlockWise128x128 (the weight's 128 x 128 blocks), where the installed
@@ -43,7 +47,7 @@ from ninfer.ops.fp8 import FP8_DTYPE, FP8_MAX, Fp8Weight, quantize_fp8
 
 logger = logging.getLogger(__name__)
 MAX_M = 8
-X16 = False  # fp16 products in the decode GEMV (`_fp8_skinny_kernel`'s X16)
+X16 = False  # fp16 products in the decode GEMV (`_fp8_skinny_kernel`'s X16; module docstring)
 GROUP = 128  # activation quantisation group (columns) of the block-scaled GEMM
 ACT_EPS = 1e-12  # least amax of an activation group (an all-zero group gets a tiny scale)
 
