@@ -38,7 +38,8 @@ CHECK = textwrap.dedent(
             x[-1, :5] *= 3e5
             want = x.double() @ want_w.double().t()
             for c in CONFIGS:
-                for x16 in (False, True):
+                # fp16 products on two of the shapes, 1 and 8 rows (every DOT config takes one)
+                for x16 in (False, True) if n != 200 and m != 3 else (False,):
                     if not _fits(c, m == 1, k, block[1], x16):
                         continue
                     y = torch.full((m, n), float("nan"))
