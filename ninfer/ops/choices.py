@@ -13,9 +13,9 @@ command-line flag: experiments and tests set them).
                      queries a row over its context, in the verify graphs): "auto" (default:
                      fa3 on sm_90 for a bf16 cache, one CTA a KV head however long the
                      context), "fa3", or "fa2", whose plan splits a long context over several
-                     CTAs: 2.5x faster at 1k and 17x at 32k in the kernel bench
-                     (docs/results-h200.md, "Verify attention"), the default once the engine's
-                     GPU tests have run on it
+                     CTAs: faster at every length measured, far faster at long ones
+                     (docs/results-h200.md, "Verify attention"); the default once the
+                     engine's GPU tests have run on it
 """
 
 from __future__ import annotations
