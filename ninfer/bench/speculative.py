@@ -42,6 +42,9 @@ def controlled_draft(
     return propose
 
 
+_GOLDEN = (5**0.5 - 1) / 2  # the Weyl sequence's stride (`controlled_acceptance`)
+
+
 def controlled_acceptance(accept: float, seed: int = 0) -> Callable[[int], int]:
     """A `Speculator.control`: of k drafts, the count before the first rejection when each
     position is accepted with probability `accept`.
@@ -62,9 +65,6 @@ def controlled_acceptance(accept: float, seed: int = 0) -> Callable[[int], int]:
         return m
 
     return control
-
-
-_GOLDEN = (5**0.5 - 1) / 2
 
 
 def stats_since(llm, before) -> dict:
