@@ -187,8 +187,8 @@ class EngineOptions:
         None, "the prefill conv's launch shape (rows, channels, warps), powers of two (default: "
         "the kernel's)", flag=False)  # fmt: skip
     verify_backend: str = _opt(
-        "auto", "FlashInfer's backend for the speculative verify step's attention: \"auto\" "
-        "(default), \"fa3\" or \"fa2\" (splits long contexts over CTAs)",
+        "fa2", "FlashInfer's backend for the speculative verify step's attention: \"fa2\" "
+        "(default: splits long contexts over CTAs), \"fa3\" or \"auto\"",
         choices=VERIFY_BACKENDS, flag=False)  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -10,12 +10,11 @@ command-line flag: experiments and tests set them).
     conv_tile        the prefill conv's launch shape (rows, channels, warps; `conv.Tile`),
                      None for the kernel's own (`conv.TILE`); every tile gives the same values
     verify_backend   FlashInfer's backend for the speculative verify step's attention (K+1
-                     queries a row over its context, in the verify graphs): "auto" (default:
-                     fa3 on sm_90 for a bf16 cache, one CTA a KV head however long the
-                     context), "fa3", or "fa2", whose plan splits a long context over several
-                     CTAs: faster at every length measured, far faster at long ones
-                     (docs/results-h200.md, "Verify attention"); the default once the
-                     engine's GPU tests have run on it
+                     queries a row over its context, in the verify graphs): "fa2" (default),
+                     whose plan splits a long context over several CTAs, faster at every
+                     length measured and far faster at long ones, or "auto" / "fa3" (fa3 on
+                     sm_90 for a bf16 cache: one CTA a KV head, however long the context;
+                     docs/results-h200.md, "Verify attention")
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ class OpChoices:
 
     gather_min_rows: float = GATHER_MIN_ROWS
     conv_tile: tuple[int, int, int] | None = None
-    verify_backend: str = "auto"
+    verify_backend: str = "fa2"
 
     def __post_init__(self) -> None:
         rows = self.gather_min_rows

@@ -44,7 +44,7 @@ def _agree_up_to_near_ties(want, got, max_tokens: int, k: int) -> None:
         assert gap < NEAR_TIE, (k, n, gap, rank)  # rank None: not in plain decode's top 20
 
 
-@pytest.mark.parametrize("backend", ["auto", "fa2"])
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
 def test_verify_graphs_over_long_contexts(backend):
     """The verify graphs are captured at warm-up over short contexts and replayed, planned
     afresh each step, over contexts of thousands of tokens beside short ones (FlashInfer's fa2
@@ -70,7 +70,7 @@ def test_verify_graphs_over_long_contexts(backend):
     spec.close()
 
 
-@pytest.mark.parametrize("rollback", ["taps", "taps-fa2", "taps-eager", "replay"])
+@pytest.mark.parametrize("rollback", ["taps", "taps-fa3", "taps-eager", "replay"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
     model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=11, mtp=True)
@@ -79,8 +79,8 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
     plain = LLM.from_model(model, **opts)
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=20)
     want = plain.generate(PROMPTS, params)
-    graphs = rollback in ("taps", "taps-fa2")  # taps-fa2: the verify graphs' attention on fa2
-    backend = "fa2" if rollback == "taps-fa2" else "auto"
+    graphs = rollback in ("taps", "taps-fa3")  # taps-fa3: the verify graphs' attention on fa3
+    backend = "fa3" if rollback == "taps-fa3" else "fa2"
     opts |= {"cuda_graphs": graphs, "verify_backend": backend}
     spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=k, **opts)
     speculator = spec.engine.speculator

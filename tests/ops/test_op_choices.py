@@ -24,7 +24,7 @@ from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 
 # every choice away from its default: as LLM keywords and as the op set's dataclass
-CHOSEN_KWARGS = dict(gather_min_rows=0, conv_tile=(32, 256, 2), verify_backend="fa2")
+CHOSEN_KWARGS = dict(gather_min_rows=0, conv_tile=(32, 256, 2), verify_backend="fa3")
 CHOSEN = OpChoices(**CHOSEN_KWARGS)
 
 
@@ -54,9 +54,9 @@ def test_each_choice_is_checked_when_the_options_are_built(options, message):
 
 def test_the_options_default_to_the_op_sets_defaults():
     assert op_choices(EngineOptions()) == OpChoices()
-    assert OpChoices() == OpChoices(GATHER_MIN_ROWS, None, "auto")
+    assert OpChoices() == OpChoices(GATHER_MIN_ROWS, None, "fa2")
     assert op_choices(EngineOptions(**{**CHOSEN_KWARGS, "gather_min_rows": math.inf})) == OpChoices(
-        math.inf, (32, 256, 2), "fa2"
+        math.inf, (32, 256, 2), "fa3"
     )  # inf forbids the gathered path
 
 
@@ -187,7 +187,7 @@ def _prefill_batch(q_len: int, ctx: int) -> ForwardBatch:
         (None, TILE, False),
         (OpChoices(gather_min_rows=0), TILE, True),
         (OpChoices(conv_tile=(64, 128, 8)), Tile(64, 128, 8), False),
-        (OpChoices(verify_backend="fa2"), TILE, False),
+        (OpChoices(verify_backend="fa3"), TILE, False),
         (CHOSEN, Tile(32, 256, 2), True),
     ],
     ids=["defaults", "gather", "kernels", "verify", "all"],
