@@ -1,10 +1,9 @@
 """Times CudaOps' FP8 linear (`ninfer.ops.cuda.fp8`) at Qwen3.5-27B shapes beside bf16, against
 the H200's bounds.
 
-Decode (M in 1, 2, 4, 8): `fp8_skinny` with bf16 products and with fp16 ones (X16) against
-the bf16 `DecodeLinear` (cuBLAS or the bf16 skinny GEMM, whichever it picks) on the same
-weights, each as one CUDA graph of CALLS calls cycling over enough weight copies that no call
-finds its weight in L2; GB/s = weight bytes
+Decode (M in 1, 2, 4, 8): `fp8_skinny` against the bf16 `DecodeLinear` (cuBLAS or the bf16
+skinny GEMM, whichever it picks) on the same weights, each as one CUDA graph of CALLS calls
+cycling over enough weight copies that no call finds its weight in L2; GB/s = weight bytes
 (e4m3 values + fp32 scales; bf16) per second, beside the device copy bandwidth measured first
 (read + write of a 2 GiB copy_, the rate a weight-bound GEMV can reach; about 4.2 TB/s, against
 4.8 TB/s nominal). Prefill (M = 1024, 8192): `Fp8Gemm` (activation quantisation included) and
@@ -107,20 +106,18 @@ def bench_shape(
     for m in rows:
         x = torch.randn(m, k, device=DEV, dtype=BF16)
         exact = x.double() @ fp8[0].dequantize(torch.float64).t()
-        x16 = lambda x, w: fp8_skinny(x, w, x16=True)  # noqa: E731
+        err = rel_err(fp8_skinny(x, fp8[0]), exact)
         for impl, fn, ws, nbytes in (("bf16", bf16_linear, bf16, n * k * 2),
-                                     ("fp8", fp8_skinny, fp8, fp8_bytes),
-                                     ("fp8-x16", x16, fp8, fp8_bytes)):  # fmt: skip
+                                     ("fp8", fp8_skinny, fp8, fp8_bytes)):  # fmt: skip
             us = graph_us(fn, x, ws)
             gb_s = nbytes / us / 1e3
             extra = {}
-            if impl != "bf16":  # the config the autotuner chose (SPLIT_K > 1: split-K)
-                tuned = fp8_tuned(x, fp8[0], impl == "fp8-x16")
-                err = rel_err(fn(x, fp8[0]), exact)
+            if impl == "fp8":  # the config the autotuner chose (SPLIT_K > 1: split-K)
+                tuned = fp8_tuned(x, fp8[0])
                 extra = {"rel_err": float(f"{err:.2e}"), "config": tuned and tuned.kwargs}
             report(set=name, N=n, K=k, M=m, impl=impl, us=round(us, 2), gb_s=round(gb_s, 1),
                    of_copy=round(gb_s * 1e9 / bw, 3), **extra)  # fmt: skip
-    for m in PREFILL_ROWS if prefill else ():
+    for m in PREFILL_ROWS:
         x = torch.randn(m, k, device=DEV, dtype=BF16)
         exact = x.double() @ fp8[0].dequantize(torch.float64).t()
         err = rel_err(gemm(x, fp8[0]), exact)

@@ -9,14 +9,10 @@ decode, cuBLAS's block-scaled FP8 GEMM for prefill.
   with x padded to 16 rows, or, M == 1, the CUDA cores) and adds the product times each row's
   scale for that K slice. A step never crosses a scale block along K (BLOCK_K divides the
   block's columns, or the block spans K), so one scale per row and step: y = sum over steps of
-  (x . q) * s, each weight's dequantised value never rounded. `X16` (off: not yet measured on
-  a GPU) multiplies in fp16 instead, on the tensor cores for every M: e4m3 to fp16 is one
-  packed conversion per two weights where e4m3 to bf16 is three, and the conversions may be
-  what holds the kernel under the copy rate; x goes to fp16 exactly for |x| in [2^-14, 2^15],
-  a step whose x reaches past 2^15 scaled down by a power of two first. SPLIT_K > 1 (a layer
+  (x . q) * s, each weight's dequantised value never rounded. SPLIT_K > 1 (a layer
   with fewer column blocks than twice the SMs: more programs in flight) writes fp32 partials
   that a second launch sums in split order (`skinny.reduce_split`: deterministic). The first
-  call per (M rounded up to a power of two, N, K, block, dtype, X16) autotunes, timing on the
+  call per (M rounded up to a power of two, N, K, block, dtype) autotunes, timing on the
   device (a split config with its reduce): keep it out of graph capture (the engine's eager
   warm-up runs it first); later calls launch the chosen config directly.
 - prefill (more rows): x is quantised per token per 128 columns to e4m3 (scale = amax / 448,
@@ -47,7 +43,6 @@ from ninfer.ops.fp8 import FP8_DTYPE, FP8_MAX, Fp8Weight, quantize_fp8
 
 logger = logging.getLogger(__name__)
 MAX_M = 8
-X16 = False  # fp16 products in the decode GEMV (`_fp8_skinny_kernel`'s X16; module docstring)
 GROUP = 128  # activation quantisation group (columns) of the block-scaled GEMM
 ACT_EPS = 1e-12  # least amax of an activation group (an all-zero group gets a tiny scale)
 
@@ -88,11 +83,10 @@ CONFIGS = [
 ]
 
 
-def _fits(c: triton.Config, one_row: bool, k: int, block_k: int, x16: bool = False) -> bool:
-    """A config takes the shape: non-DOT only for M == 1 without X16; a K step inside one
-    scale block."""
+def _fits(c: triton.Config, one_row: bool, k: int, block_k: int) -> bool:
+    """A config takes the shape: non-DOT only for M == 1; a K step inside one scale block."""
     kw = c.kwargs
-    if not kw["DOT"] and (x16 or not one_row):
+    if not kw["DOT"] and not one_row:
         return False
     return block_k >= k or block_k % kw["BLOCK_K"] == 0
 
@@ -108,10 +102,8 @@ def _worth_timing(c: triton.Config, n: int, k: int, sms: int) -> bool:
 
 def _prune(configs, nargs, **kwargs) -> list[triton.Config]:
     one_row, n, k, block_k = nargs["M"] == 1, nargs["N"], nargs["K"], nargs["BK_W"]
-    sms, x16 = num_sms(nargs["x"].device), nargs["X16"]
-    return [
-        c for c in configs if _fits(c, one_row, k, block_k, x16) and _worth_timing(c, n, k, sms)
-    ]
+    sms = num_sms(nargs["x"].device)
+    return [c for c in configs if _fits(c, one_row, k, block_k) and _worth_timing(c, n, k, sms)]
 
 
 def _reduce_hook(nargs, exception=None) -> None:
@@ -126,7 +118,7 @@ def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100
 
 @triton.autotune(
     CONFIGS,
-    key=["M_KEY", "N", "K", "BN_W", "BK_W", "X16"],
+    key=["M_KEY", "N", "K", "BN_W", "BK_W"],
     prune_configs_by={"early_config_prune": _prune},
     post_hook=_reduce_hook,
     do_bench=_bench,
@@ -139,7 +131,7 @@ def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100
 )
 @triton.jit
 def _fp8_skinny_kernel(
-    x, w, s, y, part, M, N, K, M_KEY, s_xm, s_ym, s_sn, BN_W, BK_W, X16: tl.constexpr,
+    x, w, s, y, part, M, N, K, M_KEY, s_xm, s_ym, s_sn, BN_W, BK_W,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
@@ -179,18 +171,8 @@ def _fp8_skinny_kernel(
             if not EVEN_K:
                 x_ok = x_ok & k_ok[None, :]
             xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
-            if X16:
-                # fp16 products: e4m3 -> fp16 is one packed conversion per two weights (to
-                # bf16 it is three). x leaves bf16 for fp16 exactly in [2^-14, 2^15]; a step
-                # whose x reaches past 2^15 is scaled down by a power of two first.
-                xf = xt.to(tl.float32)
-                amax = tl.max(tl.max(tl.abs(xf), axis=1), axis=0)
-                r = tl.where(amax > 32768.0, tl.exp2(-tl.ceil(tl.log2(amax / 32768.0))), 1.0)
-                prod = tl.dot((xf * r).to(tl.float16), tl.trans(wt.to(tl.float16)))
-                acc += prod * (sc / r)[None, :]
-            else:
-                prod = tl.dot(xt, tl.trans(wt.to(xt.dtype)))  # [16, BLOCK_N] fp32
-                acc += prod * sc[None, :]
+            prod = tl.dot(xt, tl.trans(wt.to(xt.dtype)))  # [16, BLOCK_N] fp32
+            acc += prod * sc[None, :]
         else:
             if EVEN_K:
                 xt = tl.load(x_ptrs)
@@ -300,13 +282,9 @@ def skinny_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
     return any(_fits(c, x.shape[0] == 1, k, block_k) for c in CONFIGS)
 
 
-def fp8_skinny(
-    x: torch.Tensor, w: Fp8Weight, config: triton.Config | None = None, x16: bool | None = None
-) -> torch.Tensor:
+def fp8_skinny(x: torch.Tensor, w: Fp8Weight, config: triton.Config | None = None) -> torch.Tensor:
     """y = x @ dequantize(w)^T for x [M, K] (`skinny_fits`), in x.dtype. `config` forces one of
-    CONFIGS (tests); else the autotuned one (first call per key times the candidates). `x16`:
-    fp16 products (the kernel's X16), default `X16`."""
-    x16 = X16 if x16 is None else x16
+    CONFIGS (tests); else the autotuned one (first call per key times the candidates)."""
     if not skinny_fits(x, w):
         raise ValueError(
             f"fp8_skinny needs x [1..{MAX_M}, K] bf16/fp16 and a contiguous FP8 weight, got x "
@@ -314,15 +292,15 @@ def fp8_skinny(
         )
     (m, k), n = x.shape, w.qweight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    key = (triton.next_power_of_2(m), n, k, w.block, x.dtype, x16)
+    key = (triton.next_power_of_2(m), n, k, w.block, x.dtype)
     config = config or _TUNED.get(key)  # `tuned_config`
     if config is not None:
-        _launch(x, w.qweight, w.scale, w.block, y, config, x16)
+        _launch(x, w.qweight, w.scale, w.block, y, config)
         return y
     # first call for the key: the autotuner times the candidates, then runs the best
     sms = num_sms(x.device)
     split = max(c.kwargs["SPLIT_K"] for c in CONFIGS if _worth_timing(c, n, k, sms))
-    args = _args(x, w.qweight, w.scale, w.block, y, split, x16)
+    args = _args(x, w.qweight, w.scale, w.block, y, split)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
     _fp8_skinny_kernel[grid](*args)
     config = _TUNED[key] = _fp8_skinny_kernel.best_config
@@ -331,30 +309,29 @@ def fp8_skinny(
     return y
 
 
-_TUNED: dict[tuple, triton.Config] = {}  # (M to a power of two, N, K, block, dtype, x16)
+_TUNED: dict[tuple, triton.Config] = {}  # (M rounded up to a power of two, N, K, block, dtype)
 
 
-def tuned_config(x: torch.Tensor, w: Fp8Weight, x16: bool | None = None) -> triton.Config | None:
+def tuned_config(x: torch.Tensor, w: Fp8Weight) -> triton.Config | None:
     """The config `fp8_skinny(x, w)` runs (None until its first call for these shapes)."""
-    x16 = X16 if x16 is None else x16
-    m, n, k = triton.next_power_of_2(x.shape[0]), w.qweight.shape[0], x.shape[1]
-    return _TUNED.get((m, n, k, w.block, x.dtype, x16))
+    key = (triton.next_power_of_2(x.shape[0]), w.qweight.shape[0], x.shape[1], w.block, x.dtype)
+    return _TUNED.get(key)
 
 
-def _args(x, qweight, scale, block, y, split: int, x16: bool) -> tuple:
+def _args(x, qweight, scale, block, y, split: int) -> tuple:
     """The kernel's positional args, with a fp32 scratch for `split` partials (a 1-element
     stand-in when split == 1)."""
     (m, k), n = x.shape, qweight.shape[0]
     part = torch.empty(split * m * n if split > 1 else 1, dtype=torch.float32, device=x.device)
     return (x, qweight, scale, y, part, m, n, k, triton.next_power_of_2(m), x.stride(0),
-            y.stride(0), scale.stride(0), *block, x16)  # fmt: skip
+            y.stride(0), scale.stride(0), *block)  # fmt: skip
 
 
-def _launch(x, qweight, scale, block, y, config: triton.Config, x16: bool) -> None:
+def _launch(x, qweight, scale, block, y, config: triton.Config) -> None:
     """y = x @ (qweight * scale)^T with one config, no autotune (also under the Triton
     interpreter, which takes `qweight` in x's dtype: e4m3 values are exact there)."""
     split = config.kwargs["SPLIT_K"]
-    args = _args(x, qweight, scale, block, y, split, x16)
+    args = _args(x, qweight, scale, block, y, split)
     grid = (triton.cdiv(qweight.shape[0], config.kwargs["BLOCK_N"]), split)
     _fp8_skinny_kernel.fn[grid](*args, **config.all_kwargs())
     if split > 1:
