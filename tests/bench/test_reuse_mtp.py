@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.bench.reuse import bench_reuse
+from ninfer.bench.reuse import TRACE_NAMES, bench_reuse
 from ninfer.chat_template import ChatTemplate
 from ninfer.demo import DEMO_DIR
 from ninfer.llm import LLM
@@ -18,11 +18,13 @@ from tests.engine.engine_helpers import TINY, VOCAB
 
 @pytest.mark.slow
 def test_reuse_with_mtp_equals_reuse_without():
-    """Every trace of `bench reuse` reuses exactly as many tokens with MTP on (K = 3) as with it
+    """The traces of `bench reuse` reuse exactly as many tokens with MTP on (K = 3) as with it
     off: with the random head nearly every draft is rejected and rolled back, and none of those
-    columns enters the tree, shifts an endpoint or costs a hit; with a controlled acceptance of
-    0.7 (runs of accepted drafts, the output then the drafts', other tokens than plain
-    decode's) every trace reuses the same fraction of what it could as without MTP."""
+    columns enters the tree, shifts an endpoint or costs a hit (every trace but subagents,
+    whose forks are the agent trace's turns again); with a controlled acceptance of 0.7 (runs
+    of accepted drafts, the output then the drafts', other tokens than plain decode's) the
+    traces of raw tokens, re-rendered chats and forks reuse the same fraction of what they
+    could as without MTP. Every trace runs under one of the two."""
     from ninfer.bench.speculative import controlled_acceptance
 
     tok = Tokenizer.from_dir(DEMO_DIR)
@@ -42,12 +44,17 @@ def test_reuse_with_mtp_equals_reuse_without():
 
     spec = {"speculative": "mtp", "num_speculative_tokens": 3}
     scale = 0.15
-    plain = bench_reuse(factory(), VOCAB, seed=0, scale=scale)["rows"]
-    mtp = bench_reuse(factory(**spec), VOCAB, seed=0, scale=scale)["rows"]
+    rejected = tuple(t for t in TRACE_NAMES if t != "subagents")
+    accepting = ("agent", "chat", "subagents")
+
+    def run(traces, control=None, **kwargs):  # a trace's seed is its place in `traces`
+        rows = bench_reuse(factory(control, **kwargs), VOCAB, seed=0, scale=scale, traces=traces)
+        return rows["rows"]
+
+    plain, mtp = run(rejected), run(rejected, **spec)
     assert [(x["trace"], x["reused"], x["theoretical"]) for x in mtp] == [
         (x["trace"], x["reused"], x["theoretical"]) for x in plain
     ]
-    accepted = bench_reuse(factory(controlled_acceptance(0.7), **spec), VOCAB, seed=0,
-                           scale=scale)["rows"]  # fmt: skip
+    plain, accepted = run(accepting), run(accepting, controlled_acceptance(0.7), **spec)
     for a, p in zip(accepted, plain, strict=True):
         assert a["trace"] == p["trace"] and abs(a["ratio"] - p["ratio"]) <= 0.01, (a, p)
