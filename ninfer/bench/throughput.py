@@ -12,9 +12,10 @@
               first lane's last token; its steps are the tokens the first-finishing lane made in
               it, its seconds the time between that lane's tokens at its ends (`decode_window`).
               The run is `decode_tokens` plus the staggered start long (lanes are admitted one
-              at a time, each prefilling while the earlier ones decode), so the window holds
-              about `decode_tokens` steps; under MIN_WINDOW_STEPS steps it is reported as too
-              short instead of a number.
+              at a time, each prefilling while the earlier ones decode; with speculation a
+              lane gains up to K + 1 tokens a step of it), so the window holds about
+              `decode_tokens` tokens of the first-finishing lane; under MIN_WINDOW_STEPS it
+              is reported as too short instead of a number.
       e2e     end to end: B requests of `decode_tokens` through
               `generate`, tokens generated after each one's first over the longest lane's
               first-token-to-finish time, so the staggered start (other lanes prefilling while
@@ -178,10 +179,14 @@ def bench_decode(
     read_bw = bounds["copy_bytes_per_s"]
     engine = llm.engine_config
     chunk, lanes = engine.scheduling.prefill_chunk, engine.memory.max_concurrency
+    # a lane decoding through the staggered start gains up to K + 1 tokens a step
+    speculator = llm.engine.speculator
+    per_step = 1 if speculator is None else speculator.k + 1
     rows = []
     for batch in batch_sizes:
         e2e_prompts = random_prompts(rng, cfg.vocab_size, batch, prompt_tokens)
-        steady_max = decode_tokens + 1 + staggered_steps(batch, prompt_tokens, chunk)
+        stagger = per_step * staggered_steps(batch, prompt_tokens, chunk)
+        steady_max = decode_tokens + 1 + stagger
         prompts = random_prompts(rng, cfg.vocab_size, batch, prompt_tokens)
         if draft_acceptance is not None and llm.engine.speculator is not None:
             control = speculative.controlled_acceptance(draft_acceptance, seed)

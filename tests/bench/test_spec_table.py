@@ -36,3 +36,20 @@ def test_spec_table_refuses_bad_values(capsys):
         with pytest.raises(SystemExit):
             spec_table.main(bad)
         assert "error" in capsys.readouterr().err
+
+
+def test_a_staggered_start_leaves_a_steady_window_at_high_acceptance(tmp_path):
+    """Prompts of several prefill chunks: lanes start one after another, the early ones
+    decoding through the later ones' prefill at up to K + 1 tokens a step. Every row still
+    gets its all-decoding window (the run is long enough in tokens, not only in steps)."""
+    out = tmp_path / "t.json"
+    spec_table.main([
+        "--contexts", "256", "--prefill-chunk", "64", "--batch-sizes", "4",
+        "--acceptance", "0.9", "--decode-tokens", "12", "--draft-tokens", "3",
+        "--json", str(out),
+    ])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["engine"] for r in rows] == ["plain", "mtp"]
+    for r in rows:
+        assert not r["errors"] and r["steady_step_seconds"] is not None, r["steady_note"]
+        assert r["steady_window_steps"] >= 8
