@@ -2,8 +2,8 @@
 
 Decode and verify linears (M <= skinny.MAX_M rows, bf16 / fp16, contiguous weight) can run
 either on cuBLAS (`F.linear`) or on `skinny.skinny_linear`. Which one is faster depends on the
-weight's shape: cuBLAS nears the copy bandwidth on very wide weights and falls short on mid-
-sized ones. So the first call for a (rows, N, K, dtype) key races the two (after the skinny
+weight's shape: cuBLAS nears the copy bandwidth on very wide weights and falls short on
+mid-sized ones. So the first call for a (rows, N, K, dtype) key races the two (after the skinny
 kernel's own autotune) and keeps the faster for good; a tie goes to cuBLAS. The race measures
 what a decode graph pays: device time only (each candidate captured in a CUDA graph, so the
 Python launch cost of the Triton autotuner's wrapper does not count) with a cold L2 (each call
