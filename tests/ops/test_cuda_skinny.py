@@ -48,7 +48,7 @@ def exact(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(("dtype", "tol"), DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("m", [1, 2, 5, 8, 12, 16])
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
 def test_matches_linear(m, shape, dtype, tol) -> None:
     """Autotuned (first call tunes, second runs the tuned config) vs the exact product and
     F.linear."""
@@ -62,9 +62,9 @@ def test_matches_linear(m, shape, dtype, tol) -> None:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c.kwargs.values())))
 def test_every_config(config) -> None:
-    """Each config forced, bf16 and fp32, M = 1 (and 8 and 16 for the tensor-core ones). A config
+    """Each config forced, bf16 and fp32, M = 1 (and 8 for the tensor-core ones). A config
     whose fp32 tiles do not fit in shared memory is let off (autotune times it as inf)."""
-    for m in (1, 8, 16) if config.kwargs["DOT"] else (1,):
+    for m in (1, 8) if config.kwargs["DOT"] else (1,):
         for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float32, 1e-5)):
             x, w = inputs(m, 1000, 4100, dtype)
             try:
@@ -76,7 +76,7 @@ def test_every_config(config) -> None:
 
 
 @pytest.mark.parametrize("config", [None, CONFIGS[0], SPLIT[0]], ids=["tuned", "plain", "split"])
-@pytest.mark.parametrize("m", [1, 8, 16])
+@pytest.mark.parametrize("m", [1, 8])
 def test_graph_replay(m, config) -> None:
     """Captured in a CUDA graph (after an eager call that tunes and compiles), replay on new x
     and w gives the new product; a split-K config replays its reduce too (N = 1000 tunes to
@@ -101,8 +101,8 @@ def test_deterministic() -> None:
 
 
 def test_rejects_bad_arguments() -> None:
-    x, w = inputs(17, 64, 128, torch.bfloat16)
-    with pytest.raises(ValueError, match="at most 16 rows"):
+    x, w = inputs(9, 64, 128, torch.bfloat16)
+    with pytest.raises(ValueError, match="at most 8 rows"):
         skinny_linear(x, w)
     with pytest.raises(ValueError, match="contiguous w"):
         skinny_linear(x[:2], w.t().contiguous().t())
@@ -118,7 +118,7 @@ def test_decode_linear_race_and_capture():
 
     lin = DecodeLinear()
     w = (torch.randn(4096, 4096, device=DEV) * 0.02).to(torch.bfloat16)
-    for m in (1, 3, 8, 16):
+    for m in (1, 3, 8):
         x = torch.randn(m, 4096, device=DEV).to(torch.bfloat16)
         assert rel_err(lin(x, w), F.linear(x.double(), w.double())) < 1e-2
         assert (m, 4096, 4096, torch.bfloat16) in lin.choice

@@ -1,18 +1,17 @@
 """The linear op of `CudaOps`: cuBLAS, or the Triton skinny GEMM where it is faster.
 
-Decode and verify linears (M <= skinny.MAX_M rows, bf16 / fp16, contiguous weight) can run
-either on cuBLAS (`F.linear`) or on `skinny.skinny_linear`. Which one is faster depends on the
-weight's shape: cuBLAS nears the copy bandwidth on very wide weights and falls short on
-mid-sized ones. So the first call for a (rows, N, K, dtype) key races the two (after the skinny
-kernel's own autotune) and keeps the faster for good; a tie goes to cuBLAS. The race measures
-what a decode graph pays: device time only (each candidate captured in a CUDA graph, so the
-Python launch cost of the Triton autotuner's wrapper does not count) with a cold L2 (each call
-preceded by a write of a buffer larger than the L2, timed alone and subtracted). It runs outside
-any CUDA-graph capture (the engine's warm-up runs every decode batch size eagerly before
-capturing); a key first seen during a capture takes cuBLAS. An FP8 weight
-(`ninfer.ops.fp8.Fp8Weight`) goes to `fp8.Fp8Gemm` (its own skinny GEMV at decode, cuBLAS's FP8
-GEMM for prefill), `enabled` or not. Every other call is F.linear. Knows nothing about the
-model.
+Decode linears (M <= 8 rows, bf16 / fp16, contiguous weight) can run either on cuBLAS
+(`F.linear`) or on `skinny.skinny_linear`. Which one is faster depends on the weight's shape:
+cuBLAS nears the copy bandwidth on very wide weights and falls short on mid-sized ones. So the
+first call for a (rows, N, K, dtype) key races the two (after the skinny kernel's own autotune)
+and keeps the faster for good; a tie goes to cuBLAS. The race measures what a decode graph
+pays: device time only (each candidate captured in a CUDA graph, so the Python launch cost of
+the Triton autotuner's wrapper does not count) with a cold L2 (each call preceded by a write of
+a buffer larger than the L2, timed alone and subtracted). It runs outside any CUDA-graph capture
+(the engine's warm-up runs every decode batch size eagerly before capturing); a key first seen
+during a capture takes cuBLAS. An FP8 weight (`ninfer.ops.fp8.Fp8Weight`) goes to `fp8.Fp8Gemm`
+(its own skinny GEMV at decode, cuBLAS's FP8 GEMM for prefill), `enabled` or not. Every other
+call is F.linear. Knows nothing about the model.
 """
 
 from __future__ import annotations

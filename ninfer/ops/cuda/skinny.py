@@ -1,12 +1,10 @@
-"""Skinny GEMM for decode: y[M, N] = x[M, K] @ w[N, K]^T for M <= 16 token rows, in Triton,
+"""Skinny GEMM for decode: y[M, N] = x[M, K] @ w[N, K]^T for M <= 8 token rows, in Triton,
 reading each weight byte once.
 
 At decode every linear layer is bound by reading its weight (an nn.Linear weight, row-major).
 cuBLAS nears the device copy bandwidth only on the largest (the lm_head); on mid-sized layers it
 stays well below it and adds a split-K reduce kernel on the K-heavy ones. Meant for the linear
-layers of a decode step (M = 1..8) and of a speculative verify step (K + 1 rows a request:
-M = 4..16 at K = 3); for larger M use F.linear. Every M up to 16 costs the same tensor-core
-tile (x is padded to 16 rows).
+layers of a decode step (M = 1..8); for larger M use F.linear.
 
 Program (nb, s) owns output columns [nb * BLOCK_N, (nb + 1) * BLOCK_N) and the s-th of SPLIT_K
 K ranges (whole BLOCK_K steps). Each K step loads a [BLOCK_N, BLOCK_K] weight tile (evict-first)
@@ -37,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_M = 16  # the DOT path's x tile holds 16 rows
+MAX_M = 8
 REDUCE_BLOCK = 1024
 
 
