@@ -44,8 +44,8 @@ def test_a_staggered_start_leaves_a_steady_window_at_high_acceptance(tmp_path):
     gets its all-decoding window (the run is long enough in tokens, not only in steps)."""
     out = tmp_path / "t.json"
     spec_table.main([
-        "--contexts", "256", "--prefill-chunk", "64", "--batch-sizes", "4",
-        "--acceptance", "0.9", "--decode-tokens", "12", "--draft-tokens", "3",
+        "--contexts", "192", "--prefill-chunk", "64", "--batch-sizes", "3",
+        "--acceptance", "0.9", "--decode-tokens", "10", "--draft-tokens", "3",
         "--json", str(out),
     ])  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
