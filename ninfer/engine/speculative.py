@@ -178,7 +178,8 @@ class Draft:
 @dataclass(slots=True)
 class SpeculationStats:
     """Counters since the engine started: verify rows run, draft tokens proposed and accepted,
-    tokens the verify rows yielded (accepted drafts plus the target's own, before stops)."""
+    tokens the verify rows yielded (accepted drafts plus the target's own, before a stop or
+    max_tokens cuts them)."""
 
     verify_rows: int = 0
     drafted: int = 0
@@ -623,12 +624,15 @@ class Speculator:
         return tokens
 
     def _draft_len(self, lane: KVLane, max_model_len: int) -> int:
-        """Drafts for the lane's next verify row: at most K, within max_model_len and
-        max_tokens, and within its pages (chain step j writes the head's K/V at position
-        computed + j - 2)."""
+        """Drafts for the lane's next verify row: at most K, within max_model_len and within
+        its pages (chain step j writes the head's K/V at position computed + j - 2). Not
+        within max_tokens: a row that reaches past it is cut there when its tokens are
+        appended (as at a stop token), and its K drafts keep the step a verify graph's (a
+        row of fewer drafts, or a plain decode row beside verify rows, runs the whole step
+        eagerly)."""
         f = lane.computed
         room = len(lane.pages) * PAGE_SIZE - f + 1
-        return max(0, min(self.k, max_model_len - f - 1, lane.request.tokens_left() - 1, room))
+        return max(0, min(self.k, max_model_len - f - 1, room))
 
     def _chain(self, chain: list) -> None:
         """Draft tokens 1 .. k of each lane: token 1 from the bridge logits, each next one

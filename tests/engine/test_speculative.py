@@ -110,6 +110,23 @@ def test_acceptance_counters_at_the_extremes(make_spec_llm, accept):
         assert st.accepted == 0 and st.emitted == st.verify_rows == 2 * 40
 
 
+def test_rows_near_max_tokens_draft_k_tokens_too(make_spec_llm):
+    """A request's last verify rows draft K tokens like the others (the row is cut at
+    max_tokens when its tokens are appended), so the steps near a request's end stay the
+    verify graphs' (a row of fewer drafts, or a plain decode row beside verify rows, runs the
+    whole step eagerly). The output is still plain decode's, exactly max_tokens long."""
+    prompts = _prompts(21, n=3)
+    params = [greedy(n) for n in (10, 13, 2)]
+    plain = make_spec_llm()
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    spec = make_spec_llm(speculative="mtp", num_speculative_tokens=3)
+    got = [o.token_ids for o in spec.generate(prompts, params)]
+    assert got == want and [len(t) for t in got] == [10, 13, 2]
+    st = spec.engine.call(lambda: spec.engine.speculator.stats)
+    assert st.verify_rows >= 3 and st.drafted == 3 * st.verify_rows
+    assert_idle(spec)
+
+
 def test_stops_inside_an_accepted_run(make_spec_llm):
     """A stop token and max_tokens that fall inside a verify row's accepted tokens end the
     request where plain decode ends it; the rest of the row is dropped."""
@@ -298,11 +315,13 @@ def test_greedy_chain_on_the_device_drafts_what_the_host_chain_does(
 ):
     """The greedy draft chain kept on the device (each step's argmax fed to the next step, one
     read at the end: `Speculator._chain_fed`) proposes, step after step and lane by lane,
-    exactly the tokens of the chain that reads every step back (`_pick`), with lanes whose
-    chains end early (max_tokens) beside full ones; with a trimmed draft vocabulary too."""
+    exactly the tokens of the chain that reads every step back (`_pick`), with a lane whose
+    chains end early (the second one reaches max_model_len) beside full ones; with a trimmed
+    draft vocabulary too."""
     from ninfer.engine.speculative import Speculator
 
-    prompts = _prompts(30 + k)
+    rng = random.Random(30 + k)
+    prompts = [rand_tokens(rng, n) for n in (40, 60, 30)]
     params = [greedy(n) for n in (21, 34, 9)]
     seen: dict[str, list] = {}
     draft = Speculator.draft
@@ -317,9 +336,11 @@ def test_greedy_chain_on_the_device_drafts_what_the_host_chain_does(
         seen[mode] = []
         if mode == "host":
             monkeypatch.setattr(Speculator, "_fed", staticmethod(lambda picks: False))
-        llm = make_spec_llm(speculative="mtp", num_speculative_tokens=k, draft_vocab=vocab)
+        llm = make_spec_llm(speculative="mtp", num_speculative_tokens=k, draft_vocab=vocab,
+                            max_model_len=60 + 34)  # fmt: skip
         outs[mode] = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs["device"] == outs["host"]
+    assert [len(t) for t in outs["device"]] == [21, 34, 9]
     assert seen["device"] == seen["host"]
     lengths = {len(t) for step in seen["device"] for _, t in step}
     assert k in lengths and len(lengths) > 1  # full chains and chains cut short

@@ -17,11 +17,12 @@ pass is a replay:
                    logits at one index per row (its last accepted position); width 1 for a
                    draft chain step
 
-A step no graph serves (a prefill chunk beside the verify rows, fewer drafts near max_tokens, a
-Host restore, images) runs eagerly, as without graphs; a replay computes what the eager pass
-does up to rounding (tests/engine/test_speculative_cuda.py). Each kind captures into its own
-memory pool, so a verify replay's outputs survive the head's replays and the bridge's survive
-the chain's; each output is valid until its own graph kind's next replay.
+A step no graph serves (a prefill chunk beside the verify rows, fewer drafts near
+max_model_len or the pool's end, a Host restore, images) runs eagerly, as without graphs; a
+replay computes what the eager pass does up to rounding (tests/engine/test_speculative_cuda.py).
+Each kind captures into its own memory pool, so a verify replay's outputs survive the head's
+replays and the bridge's survive the chain's; each output is valid until its own graph kind's
+next replay.
 
 Per graph, like `graphs.PrefillGraphs`: one pinned host buffer and one non-blocking copy into
 
