@@ -21,7 +21,7 @@ def test_reuse_with_mtp_equals_reuse_without():
     """The traces of `bench reuse` reuse exactly as many tokens with MTP on (K = 3) as with it
     off: with the random head nearly every draft is rejected and rolled back, and none of those
     columns enters the tree, shifts an endpoint or costs a hit (every trace but subagents,
-    whose forks are the agent trace's turns again); with a controlled acceptance of 0.7 (runs
+    which the second pass covers); with a controlled acceptance of 0.7 (runs
     of accepted drafts, the output then the drafts', other tokens than plain decode's) the
     traces of raw tokens, re-rendered chats and forks reuse the same fraction of what they
     could as without MTP. Every trace runs under one of the two."""

@@ -35,8 +35,8 @@ def _reference(served, max_tokens: int, budget: int | None):
 @pytest.fixture(scope="module")
 def long_reference(served):
     """The engine's greedy reply with budget 1024 of max_tokens 1040: its first `</think>` is
-    token 1024, exactly the budget (the engine's budget itself is tests/engine/
-    test_thinking_budget.py's: here the server must pass it through)."""
+    token 1024, exactly the budget (the budget's own behaviour is tested in
+    tests/engine/test_thinking_budget.py; here the server must pass it through)."""
     close = served.llm.tokenizer.token_to_id("</think>")
     ref = _reference(served, 1040, 1024)
     assert ref.token_ids.index(close) == 1024
