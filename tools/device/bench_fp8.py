@@ -117,7 +117,7 @@ def bench_shape(
                 extra = {"rel_err": float(f"{err:.2e}"), "config": tuned and tuned.kwargs}
             report(set=name, N=n, K=k, M=m, impl=impl, us=round(us, 2), gb_s=round(gb_s, 1),
                    of_copy=round(gb_s * 1e9 / bw, 3), **extra)  # fmt: skip
-    for m in PREFILL_ROWS:
+    for m in PREFILL_ROWS if prefill else ():  # --no-prefill: decode shapes only
         x = torch.randn(m, k, device=DEV, dtype=BF16)
         exact = x.double() @ fp8[0].dequantize(torch.float64).t()
         err = rel_err(gemm(x, fp8[0]), exact)

@@ -67,7 +67,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--draft-vocab", type=int, default=None)
     ap.add_argument("--no-profile", action="store_true", help="the unprofiled run only")
-    ap.add_argument("--verify-backend", default="auto", help="OpChoices.verify_backend")
+    ap.add_argument("--verify-backend", default=None,
+                    help="OpChoices.verify_backend (default: the engine's)")  # fmt: skip
     ap.add_argument(
         "--read-drafts",
         action="store_true",
@@ -105,7 +106,7 @@ def main() -> None:
     llm = LLM.from_model(
         model, device=args.device, speculative="mtp", num_speculative_tokens=args.k,
         max_concurrency=max(args.batch, 1), draft_vocab=args.draft_vocab,
-        verify_backend=args.verify_backend,
+        **({"verify_backend": args.verify_backend} if args.verify_backend else {}),
     )  # fmt: skip
     llm.engine.speculator.control = controlled_acceptance(args.accept, 0)
     rng = random.Random(0)

@@ -9,12 +9,12 @@ decode, cuBLAS's block-scaled FP8 GEMM for prefill.
   with x padded to 16 rows, or, M == 1, the CUDA cores) and adds the product times each row's
   scale for that K slice. A step never crosses a scale block along K (BLOCK_K divides the
   block's columns, or the block spans K), so one scale per row and step: y = sum over steps of
-  (x . q) * s, each weight's dequantised value never rounded. SPLIT_K > 1 (a layer
-  with fewer column blocks than twice the SMs: more programs in flight) writes fp32 partials
-  that a second launch sums in split order (`skinny.reduce_split`: deterministic). The first
-  call per (M rounded up to a power of two, N, K, block, dtype) autotunes, timing on the
-  device (a split config with its reduce): keep it out of graph capture (the engine's eager
-  warm-up runs it first); later calls launch the chosen config directly.
+  (x . q) * s, each weight's dequantised value never rounded. SPLIT_K > 1 (a layer with fewer
+  column blocks than twice the SMs: more programs in flight) writes fp32 partials that a second
+  launch sums in split order (`skinny.reduce_split`: deterministic). The first call per (M
+  rounded up to a power of two, N, K, block, dtype) autotunes, timing on the device (a split
+  config with its reduce): keep it out of graph capture (the engine's eager warm-up runs it
+  first); later calls launch the chosen config directly.
 - prefill (more rows): x is quantised per token per 128 columns to e4m3 (scale = amax / 448,
   fp32, torch ops) and `torch.nn.functional.scaled_mm` multiplies with scale recipes
   BlockWise1x128 (x) and BlockWise128x128 (the weight's 128 x 128 blocks), where the installed
