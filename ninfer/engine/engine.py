@@ -90,7 +90,8 @@ class Engine:
             added = getattr(tokenizer, "added_ids", frozenset())
             vocab = draft_vocab(spec.draft_vocab, model_config.vocab_size, added)
             k = spec.num_speculative_tokens
-            self.speculator = Speculator(self.runner, mem.states, k, spec_slots, vocab)
+            trash = mem.kv.scratch_pages[-1]  # `KVState`: the last scratch page
+            self.speculator = Speculator(self.runner, mem.states, k, spec_slots, vocab, trash)
         self.startup = warmup.prepare_runner(  # CUDA only
             self.runner, cfg.ops, cfg.memory, cfg.scheduling.solo_prefill_chunk, mem.kv,
             mem.states, self.speculator,

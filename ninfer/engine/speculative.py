@@ -49,13 +49,19 @@ greedy row's from the argmax, a sampled row's by the rejection rule on the devic
 `sampling.accept_on_device`, with the draws the host rule makes), the head's input ids and
 the index of its draft-1 logits are worked out on the device from the pass's logits and the
 drafts it read (`bridge_inputs`), so the GPU runs the bridge while the host reads the
-outcome, appends the tokens and settles. A steady-state step is then
+outcome, appends the tokens and settles. The draft chain is queued there too
+(`_chain_ahead`): chain step j's position depends on the acceptance, so each step runs the
+head over a window of K + 1 positions, planned on the host, whose one real row the device
+picks, its padding's K/V sent to a trash page where it would overwrite history. A
+steady-state step is then
 
-    verify replay, bridge replay | read outcome (+ drafts) | settle | chain replays
+    verify replay, bridge replay, chain window replays | read outcome (+ drafts) | settle
 
-and its one host sync is that read: the GPU idles only while the host settles and plans
-the chain, and while it schedules and plans the next verify beyond what the chain's replays
-cover. No step is run further ahead (the next step's rows depend on this one's acceptance).
+and its one host sync is that read: the GPU idles only while the host settles, schedules
+and plans the next verify. No step is run further ahead (the next verify's rows depend on
+this one's acceptance). A lane the host cuts short (a stop, an output boundary) or that has
+room for fewer than K drafts drafts after the read instead, as does every lane of a step
+whose windows reach past a row's pages.
 """
 
 from __future__ import annotations
@@ -240,8 +246,12 @@ class Speculator:
         k: int,
         scratch: list[int],
         vocab: list[int] | None = None,
+        trash_page: int | None = None,
     ) -> None:
-        """`vocab`: the token ids the head proposes from (sorted; None: all of them)."""
+        """`vocab`: the token ids the head proposes from (sorted; None: all of them);
+        `trash_page`: a KV page no lane holds (`KVPool.scratch_pages`), where the chain run
+        ahead writes the K/V of its windows' padding (`_chain_ahead`; without one the chain
+        runs after the read)."""
         if runner.model.mtp is None:
             raise ValueError("speculative='mtp': the model has no MTP draft head")
         model = runner.model
@@ -259,6 +269,12 @@ class Speculator:
         self.propose: Callable[[KVLane, int], list[int]] | None = None
         self.control: Callable[[int], int] | None = None
         self.graphs = None  # `executor.spec_graphs.SpecGraphs` once captured (`capture`)
+        self.trash = None if trash_page is None else trash_page * PAGE_SIZE
+        self.chain_ahead = True  # tests and benches turn it off to compare
+        self.ahead_runs = 0  # chains run ahead (tests, benchmarks)
+        # lane id -> (its draft from the chain run ahead, the frontier it assumed, its
+        # generator's state before that chain drew: `_take_ahead`)
+        self.ahead: dict[int, tuple[Draft, int, object]] = {}
 
     def capture(self, page: int, slots: list[int], max_pages_per_row: int) -> float:
         """Captures the verify and head graphs (CUDA) for batches up to len(slots), on the
@@ -297,6 +313,7 @@ class Speculator:
         drafts = {
             i: self.drafts.pop(lanes[i].lane_id, None) for i, r in enumerate(rows) if r.verify
         }
+        self.ahead = {}
         graph = self._verify_graph(rows)
         fed = self._fed_drafts(rows, drafts) if graph else None
         if fed is None:
@@ -318,7 +335,7 @@ class Speculator:
             q_lens = [len(r.token_ids) for r in rows]
             known = all(r.sample.greedy or drafts[i].probs is not None for i, r in enumerate(rows))
             if known and self.graphs.bridge.fits(meta):
-                ahead = self._bridge_ahead(rows, meta, drafts, logits, hidden, fed)
+                ahead = self._bridge_ahead(rows, lanes, meta, drafts, logits, hidden, fed)
         else:
             batch = runner.build_batch(rows)
             logits, hidden = runner.model.forward_hidden(batch, runner.cache, runner.ops)
@@ -336,6 +353,9 @@ class Speculator:
             for i, r in enumerate(rows):
                 drafted, m = r.token_ids[1:], flat[i]
                 step.tokens[i] = self._count(len(drafted), [*drafted[:m], flat[n + i]])
+                got = self.ahead.get(lanes[i].lane_id)
+                if got is not None:  # the frontier that chain assumed
+                    self.ahead[lanes[i].lane_id] = (got[0], r.ctx_len + m + 1, got[2])
             return SpecLaunched(rows, hidden, starts, step, taps, bridged)
         # the greedy verify rows' target tokens, read in one copy for all of them
         greedy = any(r.verify and r.sample is not None and r.sample.greedy for r in rows)
@@ -376,7 +396,9 @@ class Speculator:
         for j, i in enumerate(sorted(drafts)):
             drafts[i].tokens = rows[i].token_ids[1:] = ids[j * k : (j + 1) * k]
 
-    def _bridge_ahead(self, rows: list[Row], meta: list, drafts: dict, logits, hidden, fed):
+    def _bridge_ahead(
+        self, rows: list[Row], lanes: list[KVLane], meta: list, drafts: dict, logits, hidden, fed
+    ):
         """The bridge of a replayed verify step, queued before the host reads anything, so
         that the GPU runs it while the host accepts and settles. Each row's outcome is worked
         out on the device from the pass's logits and the drafts it read: how many drafts it
@@ -384,6 +406,7 @@ class Speculator:
         `sampling.accept_on_device`, the rejection rule with the draws `_accept` would make;
         with `control`, m drawn here as `_accept` would); the head then runs over the row's
         K + 1 positions with the accepted tokens (`bridge_inputs`), logits at position m.
+        Then the next drafts, where they can run ahead too (`_chain_ahead`).
         Returns (the read: a callable giving m [rows], the tokens after [rows], then the
         drafts [rows * K] when `fed`; (bridge logits [rows, V'], head hidden
         [rows * (K + 1), H]))."""
@@ -409,7 +432,51 @@ class Speculator:
         parts = [m, after] if fed is None else [m, after, fed.flatten()]
         read = read_later(torch.cat(parts))
         out = g.bridge.run(meta, hidden, [0] * bs, fed=ids.flatten(), index=index)
+        self._chain_ahead(rows, lanes, meta, m, index, out)
         return read, out
+
+    def _chain_ahead(self, rows: list[Row], lanes: list[KVLane], meta: list, m, index, out):
+        """The draft chain of a bridged verify step, queued behind the bridge before the host
+        reads the outcome, so that its planning and launches overlap the verify pass instead
+        of following the read. Chain step j's real position, F + m + j (F: the row's first),
+        is known only on the device; so step j runs the head over a window of K + 1
+        positions F + j .. F + j + K, planned on the host, each fed the previous step's
+        token and hidden state at its real index (`index`, F + m of the bridge's), logits
+        there. The window's K/V past the real position lands past the frontier (rewritten
+        before any read, as the bridge's pad); before it, it would overwrite K/V the real
+        position reads, so it goes to the trash page (`HeadGraphs.run`'s `pads`). Each lane's
+        draft is kept in `ahead` with the frontier it assumed; `_chain` takes it when the
+        lane settles there with K drafts to make, else drafts as usual, a sampled lane's
+        generator set back to before this chain's draws (so it draws what it would have
+        drawn had no chain run ahead)."""
+        g, k, width = self.graphs, self.k, self.k + 1
+        if not self.chain_ahead or self.trash is None:
+            return
+        windows = [[(t, ctx + j, slot, pages) for t, ctx, slot, pages in meta] for j in range(1, k)]
+        if not all(head.fits(w) for head, w in zip(g.ahead, windows, strict=True)):
+            return
+        logits, hidden = out
+        picks = [(Draft([], None if r.sample.greedy else []), r) for r in rows]
+        # a generator's state is its seed and offset, on the host: no sync
+        saved = [None if r.sample.greedy or r.generator is None else r.generator.get_state()
+                 for r in rows]  # fmt: skip
+        tok = self._draw(picks, logits)
+        everyone = list(range(len(rows)))
+        steps = [(everyone, tok)]
+        for head, window in zip(g.ahead, windows, strict=True):
+            fed_hidden = hidden[index].repeat_interleave(width, dim=0)
+            logits, hidden = head.run(window, fed_hidden, [0] * len(rows),
+                                      fed=tok.repeat_interleave(width), index=index,
+                                      pads=(self.trash, m))  # fmt: skip
+            tok = self._draw(picks, logits)
+            steps.append((everyone, tok))
+        chain = ChainIds(steps)
+        for i, (draft, _) in enumerate(picks):
+            draft.defer(chain, i)
+            if isinstance(draft.probs, list):
+                draft.probs = torch.stack(draft.probs)
+            self.ahead[lanes[i].lane_id] = (draft, -1, saved[i])  # the frontier: `launch`
+        self.ahead_runs += 1
 
     @staticmethod
     def _fed_drafts(rows: list[Row], drafts: dict[int, Draft | None]) -> torch.Tensor | None:
@@ -637,6 +704,8 @@ class Speculator:
     def _chain(self, chain: list) -> None:
         """Draft tokens 1 .. k of each lane: token 1 from the bridge logits, each next one
         from a one-token head pass over the previous one and the head's own hidden state."""
+        ahead, self.ahead = self.ahead, {}
+        chain = [c for c in chain if not self._take_ahead(ahead, c[0], c[2])]
         state, picks = [], []
         for lane, row, k, logits, hidden in chain:
             self.drafts.pop(lane.lane_id, None)
@@ -674,14 +743,35 @@ class Speculator:
             draft = self.drafts.get(lane.lane_id)
             if draft is None:
                 continue
-            if self.propose is not None:
-                draft.tokens = list(self.propose(lane, k))[:k]
-                if draft.probs is not None:  # a point mass on each proposal
-                    vocab = draft.probs[0].shape[-1]
-                    tokens = torch.tensor(draft.tokens, device=draft.probs[0].device)
-                    draft.probs = torch.nn.functional.one_hot(tokens, vocab).float()
-            elif isinstance(draft.probs, list):
+            if isinstance(draft.probs, list):
                 draft.probs = torch.stack(draft.probs)
+            self._propose(lane, draft, k)
+
+    def _take_ahead(self, ahead: dict, lane: KVLane, k: int) -> bool:
+        """Whether the lane's drafts are those its chain run ahead made (`_chain_ahead`):
+        the lane settled at the frontier that chain assumed, with all K drafts to make. If
+        not, its generator goes back to before that chain's draws."""
+        got = ahead.get(lane.lane_id)
+        if got is None:
+            return False
+        if got[1] != lane.computed or k != self.k:
+            if got[2] is not None:
+                lane.request.generator.set_state(got[2])
+            return False
+        self.drafts[lane.lane_id] = got[0]
+        self._propose(lane, got[0], k)
+        return True
+
+    def _propose(self, lane: KVLane, draft: Draft, k: int) -> None:
+        """With `propose` set, its k tokens replace the head's (a sampled lane's draft
+        distribution is then a point mass on each)."""
+        if self.propose is None:
+            return
+        draft.tokens = list(self.propose(lane, k))[:k]
+        if draft.probs is not None:
+            vocab = draft.probs[0].shape[-1]
+            tokens = torch.tensor(draft.tokens, device=draft.probs[0].device)
+            draft.probs = torch.nn.functional.one_hot(tokens, vocab).float()
 
     @staticmethod
     def _fed(picks: list[tuple[Draft, Row, torch.Tensor]]) -> bool:

@@ -34,7 +34,7 @@ class _Eager:
 
     def __init__(self, runner, width: int, verify: bool) -> None:
         self.runner, self.width, self.verify = runner, width, verify
-        self.replays = self.fed = self.indexed = 0
+        self.replays = self.fed = self.indexed = self.padded = 0
         self._ids: torch.Tensor | None = None
 
     def fits(self, rows) -> bool:
@@ -48,7 +48,7 @@ class _Eager:
         assert self._ids is not None and self._ids.shape[0] == bs
         return self._ids
 
-    def run(self, rows, *args, fed=None, index=None):
+    def run(self, rows, *args, fed=None, index=None, pads=None):
         r, w = self.runner, self.width
         if self.verify and len(args) > 1:  # VerifyGraphs.run(rows, tap_slots, fed)
             args, fed = args[:1], args[1]
@@ -75,6 +75,11 @@ class _Eager:
             Row(ids[i].tolist(), ctx, slot, pages, EVERY, verify=True)
             for i, (_, ctx, slot, pages) in enumerate(rows)
         ])  # fmt: skip
+        if pads is not None:  # a chain window: the K/V before row m to the trash page
+            slot, m = pads
+            before = torch.arange(w)[None, :] < m[:, None]
+            batch.slot_mapping.view(len(rows), w).masked_fill_(before, slot)
+            self.padded += int(before.sum())
         logits, out = r.model.mtp(batch, hidden, r.cache, r.ops, r.model)
         if index is not None:
             self.indexed += 1
@@ -90,6 +95,7 @@ def _route(llm):
     kinds = {
         "verify": _Eager(spec.runner, w, True),
         "bridge": _Eager(spec.runner, w, False),
+        "ahead": [_Eager(spec.runner, w, False) for _ in range(spec.k - 1)],
         "chain": _Eager(spec.runner, 1, False),
     }
 
@@ -115,7 +121,8 @@ def test_the_replay_route_decodes_what_plain_decode_does(make_spec_llm, kind, k)
     assert [o.token_ids for o in spec.generate(prompts, params)] == want
     v, b = kinds["verify"], kinds["bridge"]
     assert v.replays > 10 and v.fed > 5 and b.indexed > 10, (v.replays, v.fed, b.indexed)
-    assert (kinds["chain"].replays > 0) == (k > 1)
+    windows = kinds["chain"].replays + sum(a.replays for a in kinds["ahead"])
+    assert (windows > 0) == (k > 1)
     again = [p + [7] for p in prompts]
     want2 = [o.token_ids for o in plain.generate(again, params)]
     controlled(spec, {tuple(p): p + w for p, w in zip(again, want2, strict=True)}, 0.6, k)
@@ -143,6 +150,61 @@ def test_controlled_acceptance_draws_the_same_on_the_route(make_spec_llm):  # no
     assert got[0] == got[1]
     assert kinds["bridge"].indexed > 10
     assert 0 < got[1][1].accepted < got[1][1].drafted
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_the_chain_run_ahead_drafts_what_the_chain_after_the_read_does(
+    make_spec_llm,  # noqa: F811
+    monkeypatch,
+    k,
+):
+    """On the route, the draft chain runs ahead of the read (`Speculator._chain_ahead`: each
+    step a window of K + 1 positions, its real row picked on the device, the padding before
+    it sent to the trash page). With the lanes' outputs pinned to plain decode's by a
+    proposal that depends only on the position (so both runs keep the same histories and
+    accept the same counts), the head's own drafts made ahead equal, step by step, those the
+    chain makes after the read: the K/V the windows write, and what they read, is the
+    one-token chain's."""
+    from ninfer.engine.speculative import Speculator
+
+    prompts = _prompts(11)
+    params = [greedy(n) for n in (36, 47, 25)]
+    plain = make_spec_llm()
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    expected = {tuple(p): p + w for p, w in zip(prompts, want, strict=True)}
+
+    def pinned(lane, n: int) -> list[int]:  # plain decode's tokens, one position in 4 wrong
+        tokens = lane.request.tokens
+        at = len(tokens)
+        full = next(v for p, v in expected.items() if tokens[: len(p)] == list(p)) + [0] * n
+        return [t if (at + j) % 4 != 2 else t + 1 for j, t in enumerate(full[at : at + n])]
+
+    seen: dict[bool, dict] = {True: {}, False: {}}
+    propose = Speculator._propose
+
+    def recording(self, lane, draft, n):  # the head's own drafts, before the proposal
+        key = (tuple(lane.request.tokens[:3]), lane.computed)
+        seen[self.chain_ahead][key] = tuple(draft.tokens)
+        propose(self, lane, draft, n)
+
+    monkeypatch.setattr(Speculator, "_propose", recording)
+    for ahead in (True, False):
+        spec = make_spec_llm(speculative="mtp", num_speculative_tokens=k)
+        kinds = _route(spec)
+
+        def setup(sp=spec.engine.speculator, on=ahead):
+            sp.chain_ahead, sp.propose = on, pinned
+
+        spec.engine.call(setup)
+        assert [o.token_ids for o in spec.generate(prompts, params)] == want
+        runs = spec.engine.call(lambda s=spec: s.engine.speculator.ahead_runs)
+        if ahead:
+            assert runs > 5 and all(a.replays > 5 for a in kinds["ahead"]), runs
+            assert sum(a.padded for a in kinds["ahead"]) > 5  # accepted drafts: windows pad
+        else:
+            assert runs == 0 and kinds["chain"].replays > 5
+        assert_idle(spec)
+    assert len(seen[True]) > 20 and seen[True] == seen[False]
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])

@@ -93,10 +93,12 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
     _agree_up_to_near_ties(want, got, 40, k)
     st = spec.engine.speculator.stats
     assert 0 < st.accepted < st.drafted
-    if graphs:  # the steady state replayed: verify, bridge and (K > 1) the chain
+    if graphs:  # the steady state replayed: verify, bridge and (K > 1) the chain, run ahead
         g = speculator.graphs
         assert g.verify.replays > 10 and g.bridge.replays > 10, (g.verify.replays, st)
-        assert (g.chain.replays > 10) == (k > 1), g.chain.replays
+        assert speculator.ahead_runs > 10, speculator.ahead_runs
+        windows = sum(head.replays for head in g.ahead)
+        assert (windows > 10) == (k > 1), windows
     spec.check_idle()
     plain.close()
     spec.close()
@@ -105,7 +107,8 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
 def test_greedy_chain_fed_on_the_device_drafts_what_the_host_chain_does(monkeypatch):
     """With the speculator's graphs, the greedy draft chain fed on the device (the chain
     graph's input ids copied from the previous step's argmax, one read at the end) proposes
-    exactly what the chain that reads each step back proposes: same kernels, same order."""
+    exactly what the chain that reads each step back proposes: same kernels, same order.
+    (The chain runs after the read here; `test_chain_run_ahead_*` for the one run ahead.)"""
     from ninfer.engine.speculative import Speculator
 
     model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=12, mtp=True)
@@ -125,6 +128,7 @@ def test_greedy_chain_fed_on_the_device_drafts_what_the_host_chain_does(monkeypa
         if mode == "host":
             monkeypatch.setattr(Speculator, "_fed", staticmethod(lambda picks: False))
         llm = LLM.from_model(model, **opts)
+        llm.engine.speculator.chain_ahead = False
         llm.generate(PROMPTS, params)
         assert llm.engine.speculator.graphs.chain.replays > 10
         llm.close()
@@ -134,8 +138,9 @@ def test_greedy_chain_fed_on_the_device_drafts_what_the_host_chain_does(monkeypa
 def test_seeded_sampling_on_the_replay_route(monkeypatch):
     """Seeded sampled lanes beside a greedy one, with the speculator's graphs: the draft chain
     drawn on the device and each verify row's rejection rule on the device (the bridge run
-    ahead of the read) give the same tokens as the chain read back step by step, and the
-    same again in a second engine; the steady state replays the graphs."""
+    ahead of the read) give the same tokens as the chain read back step by step; the chain
+    run ahead of the read gives the same tokens again in a second engine; the steady state
+    replays the graphs."""
     from ninfer.engine.speculative import Speculator
 
     model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=13, mtp=True)
@@ -146,12 +151,125 @@ def test_seeded_sampling_on_the_replay_route(monkeypatch):
         for n, t, s in ((36, 0.8, 1), (41, 1.1, 2), (30, 0.0, None))
     ]
     got = []
-    for mode in ("device", "device", "host"):
+    for mode in ("ahead", "ahead", "device", "host"):
         if mode == "host":
             monkeypatch.setattr(Speculator, "_fed", staticmethod(lambda picks: False))
         llm = LLM.from_model(model, **opts)
+        sp = llm.engine.speculator
+        sp.chain_ahead = mode == "ahead"
         got.append([o.token_ids for o in llm.generate(PROMPTS, params)])
-        g = llm.engine.speculator.graphs
-        assert g.verify.replays > 10 and g.bridge.replays > 10 and g.chain.replays > 10
+        g = sp.graphs
+        assert g.verify.replays > 10 and g.bridge.replays > 10
+        chained = sp.ahead_runs if mode == "ahead" else g.chain.replays
+        assert chained > 10, (mode, chained)
         llm.close()
-    assert got[0] == got[1] == got[2]
+    assert got[0] == got[1]
+    assert got[2] == got[3]
+
+
+def test_chain_window_writes_only_its_real_position_and_agrees_with_the_chain():
+    """One chain step run ahead (`HeadGraphs.run` with `pads`) over a window of K + 1
+    positions whose real one is the m-th: the head's K/V at the positions before it (history
+    the real position reads) stays as it was, the window's padding there goes to the trash
+    page, the real position's K/V is written; its logits and hidden state are the one-token
+    chain step's at that position, up to bf16 rounding (other kernels at other row counts)."""
+    from ninfer.page import PAGE_SIZE
+
+    model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=14, mtp=True)
+    llm = LLM.from_model(model, device="cuda", compile=False, max_concurrency=2,
+                         kv_capacity=8192, host_cache_mib=64, speculative="mtp",
+                         num_speculative_tokens=3)  # fmt: skip
+    eng = llm.engine
+    sp, kv = eng.speculator, eng.runner.cache.kv[-1]  # the head's K/V entry
+    pool, states = eng.kv_state.kv, eng.kv_state.states
+    pages, slot = pool.alloc(2), states.acquire()
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        noise = torch.randn(kv[pages].shape, generator=gen, device="cuda").to(kv.dtype)
+        kv[pages] = noise
+        trash = sp.trash // PAGE_SIZE
+        kv[trash] = 0
+        width, hidden_size = sp.k + 1, CUDA_TINY.hidden_size
+        hidden = torch.randn(width, hidden_size, generator=gen, device="cuda").to(torch.bfloat16)
+        tok = torch.full((width,), 17, device="cuda")
+
+        def at(p: int) -> torch.Tensor:
+            return kv[pages[p // PAGE_SIZE], :, p % PAGE_SIZE].clone()
+
+        for m, ctx in ((2, 90), (3, 60), (0, 30)):  # (60: the window crosses a page)
+            before = kv[pages].clone()
+            first = ctx + 1  # chain step 1's window: F + 1 .. F + 1 + K
+            index = torch.tensor([m], device="cuda")
+            row = ([0] * width, first, slot, pages)
+            logits, out = sp.graphs.ahead[0].run(
+                [row], hidden, [0], fed=tok, index=index, pads=(sp.trash, index)
+            )
+            logits, out = logits.clone(), out.clone()
+            torch.cuda.synchronize()
+            real = first + m
+            for p in range(real):
+                assert torch.equal(at(p), before[p // PAGE_SIZE, :, p % PAGE_SIZE]), (m, p)
+            assert not torch.equal(at(real), before[real // PAGE_SIZE, :, real % PAGE_SIZE])
+            assert (kv[trash] != 0).any() == (m > 0), m
+            want, want_out = sp.graphs.chain.run(
+                [([17], real, slot, pages)], hidden[m : m + 1], [0]
+            )
+            scale = want.abs().max().item()
+            assert (logits[0] - want[0]).abs().max().item() <= 0.03 * scale, m
+            err = (out[m].float() - want_out[0].float()).abs().max().item()
+            assert err <= 0.03 * want_out[0].float().abs().max().item(), m
+            kv[trash] = 0
+    finally:
+        states.release(slot)
+        pool.free(pages)
+    llm.close()
+
+
+def test_chain_run_ahead_drafts_what_the_chain_does(monkeypatch):
+    """Greedy lanes whose output a controlled proposal pins to plain decode's (so both runs
+    see the same histories): the head's own drafts from the chain run ahead of the read
+    equal those of the chain run after it at nearly every step (other kernels at K + 1 rows:
+    a near-tie may part), and the steady state runs the chain ahead."""
+    from ninfer.engine.speculative import Speculator
+
+    model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=15, mtp=True)
+    opts = dict(device="cuda", compile=False, max_concurrency=4, kv_capacity=16384,
+                host_cache_mib=64, check_invariants=True)  # fmt: skip
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = LLM.from_model(model, **opts)
+    want = plain.generate(PROMPTS, params)
+    plain.close()
+    expected = {tuple(p): p + o.token_ids for p, o in zip(PROMPTS, want, strict=True)}
+
+    def pinned(lane, k: int) -> list[int]:  # plain decode's tokens, one position in 5 wrong
+        tokens = lane.request.tokens
+        n = len(tokens)
+        full = next(v for p, v in expected.items() if tokens[: len(p)] == list(p)) + [0] * k
+        return [t if (n + j) % 5 != 3 else (t + 1) % 2000 for j, t in enumerate(full[n : n + k])]
+
+    seen: dict[bool, list] = {}
+    propose = Speculator._propose
+
+    def recording(self, lane, draft, k):  # the head's drafts, before the proposal
+        key = (tuple(lane.request.tokens[:3]), lane.computed)
+        seen[self.chain_ahead].append((key, tuple(draft.tokens)))
+        propose(self, lane, draft, k)
+
+    monkeypatch.setattr(Speculator, "_propose", recording)
+    outs = {}
+    for ahead in (True, False):
+        seen[ahead] = []
+        llm = LLM.from_model(model, speculative="mtp", num_speculative_tokens=3, **opts)
+        sp = llm.engine.speculator
+        sp.chain_ahead = ahead
+        sp.propose = pinned
+        outs[ahead] = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        assert (sp.ahead_runs > 10) == ahead, sp.ahead_runs
+        assert 0 < sp.stats.accepted < sp.stats.drafted
+        llm.check_idle()
+        llm.close()
+    assert outs[True] == outs[False]
+    drafts = {mode: dict(seen[mode]) for mode in seen}
+    assert drafts[True].keys() == drafts[False].keys()
+    same = sum(drafts[True][key] == d for key, d in drafts[False].items())
+    assert same >= 0.9 * len(drafts[False]), (same, len(drafts[False]))

@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true", help="the unprofiled run only")
     ap.add_argument("--verify-backend", default=None,
                     help="OpChoices.verify_backend (default: the engine's)")  # fmt: skip
+    ap.add_argument("--no-ahead", action="store_true",
+                    help="draft after the read (Speculator.chain_ahead off)")  # fmt: skip
     ap.add_argument(
         "--read-drafts",
         action="store_true",
@@ -79,7 +81,7 @@ def main() -> None:
         speculative.Speculator._fed_drafts = staticmethod(lambda rows, drafts: None)
     phases = (
         (speculative.Speculator, ("launch", "bridge", "draft", "settle_row", "_chain_fed",
-                                  "_bridge_ahead")),
+                                  "_bridge_ahead", "_chain_ahead")),
         (stepper.Stepper, ("run", "settle", "_append_tokens", "_stream_deltas")),
         (engine.Engine, ("step",)),
         (spec_graphs.VerifyGraphs, ("run",)),
@@ -109,6 +111,7 @@ def main() -> None:
         **({"verify_backend": args.verify_backend} if args.verify_backend else {}),
     )  # fmt: skip
     llm.engine.speculator.control = controlled_acceptance(args.accept, 0)
+    llm.engine.speculator.chain_ahead = not args.no_ahead
     rng = random.Random(0)
     vocab = model.config.vocab_size
 
@@ -133,8 +136,11 @@ def main() -> None:
     outs = llm.generate(todo, params)
     wall = time.perf_counter() - t0
     tokens = sum(len(o.token_ids) for o in outs)
+    spec = llm.engine.speculator
+    chained = spec.graphs.chain.replays if spec.graphs is not None else 0
     print(f"unprofiled: wall {wall * 1e3:.1f} ms for {tokens} tokens "
-          f"({wall * 1e3 / max(tokens, 1) * args.batch:.2f} ms per token of a lane)")  # fmt: skip
+          f"({wall * 1e3 / max(tokens, 1) * args.batch:.2f} ms per token of a lane); "
+          f"chains run ahead {spec.ahead_runs}, chain replays {chained}")  # fmt: skip
     _medians()
     _by_accepted()
     if args.no_profile:

@@ -14,8 +14,9 @@ pass is a replay:
                    a static input buffer: width W for the bridge over a verify row (the
                    positions the row accepted, n <= W, padded to W: the pad's K/V lands past
                    the lane's frontier, where the next pass writes before anything reads it),
-                   logits at one index per row (its last accepted position); width 1 for a
-                   draft chain step
+                   logits at one index per row (its last accepted position); width W for
+                   each chain step run ahead (a window of W positions, one of them the row's
+                   real one; `run`'s `pads`); width 1 for a draft chain step
 
 A step no graph serves (a prefill chunk beside the verify rows, fewer drafts near
 max_model_len or the pool's end, a Host restore, images) runs eagerly, as without graphs; a
@@ -249,6 +250,7 @@ class HeadGraphs(_RowGraphs):
         hidden = model.config.hidden_size
         dtype = model.model.embed_tokens.weight.dtype
         self.hidden_in = torch.zeros(max_batch * width, hidden, dtype=dtype, device=device)
+        self.columns = torch.arange(width, device=device)
 
     def _n_logits(self, bs: int) -> int:
         return bs
@@ -264,19 +266,26 @@ class HeadGraphs(_RowGraphs):
         last: list[int],
         fed: torch.Tensor | None = None,
         index: torch.Tensor | None = None,
+        pads: tuple[int, torch.Tensor] | None = None,
     ):
         """rows: (tokens, ctx_len, slot, pages), `fits`; hidden [bs * width, H]: the input
         hidden state of every token; last[i]: row i's token whose logits are returned (an
         index into the row); `fed` [bs * width] int64 on the device: the input ids (the rows'
         tokens are then placeholders); `index` [bs] int64 on the device: the flat index of
-        each row's logits token (`last` is then ignored); both copied in after the fill, in
-        stream order."""
+        each row's logits token (`last` is then ignored); `pads` (slot, m [bs] int64 on the
+        device): the K/V of row i's tokens before its m[i]-th goes to `slot` (a scratch
+        page's), not to their positions, whose K/V they would overwrite; all applied after
+        the fill, in stream order."""
         s = self.shapes[len(rows)]
         self._fill(s, rows, [i * self.width + j for i, j in enumerate(last)])
         if fed is not None:
             s.batch.input_ids.copy_(fed)
         if index is not None:
             s.batch.logits_indices.copy_(index)
+        if pads is not None:
+            slot, m = pads
+            before = self.columns[None, :] < m[:, None]
+            s.batch.slot_mapping.view(s.bs, self.width).masked_fill_(before, slot)
         self.hidden_in[: hidden.shape[0]].copy_(hidden)
         s.graph.replay()
         self.replays += 1
@@ -293,21 +302,25 @@ class HeadGraphs(_RowGraphs):
 
 
 class SpecGraphs:
-    """The three kinds a speculator replays: `verify`, `bridge` (width K + 1) and `chain`
-    (width 1)."""
+    """The kinds a speculator replays: `verify`, `bridge` (width K + 1), `ahead` (chain steps
+    1 .. K - 1 run ahead, width K + 1 each: each its own buffers, wrappers and pool, so that
+    all are filled and planned while the verify pass runs) and `chain` (width 1)."""
 
     def __init__(self, model, ops, cache, device, max_batch: int, max_pages_per_row: int, k: int):
         args = (model, ops, cache, device, max_batch, max_pages_per_row)
         self.verify = VerifyGraphs(*args, k)
         self.bridge = HeadGraphs(*args, k + 1)
+        self.ahead = [HeadGraphs(*args, k + 1) for _ in range(k - 1)]
         self.chain = HeadGraphs(*args, 1)
 
     def capture(self, page: int, slots: list[int], tap_slots: list[int]) -> float:
-        """Captures all three (see each `capture`); returns the seconds taken."""
+        """Captures them all (see each `capture`); returns the seconds taken."""
         seconds = self.verify.capture(page, slots, tap_slots)
-        seconds += self.bridge.capture(page, slots)
-        return seconds + self.chain.capture(page, slots)
+        for head in (self.bridge, *self.ahead, self.chain):
+            seconds += head.capture(page, slots)
+        return seconds
 
     @property
     def replays(self) -> int:
-        return self.verify.replays + self.bridge.replays + self.chain.replays
+        kinds = (self.verify, self.bridge, *self.ahead, self.chain)
+        return sum(g.replays for g in kinds)

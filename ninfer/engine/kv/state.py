@@ -100,7 +100,8 @@ class KVState:
             mc.head_dim,
             torch_dtype(memory.kv_dtype),
             device,
-            scratch=memory.scratch_entries,
+            # with speculation, one more: the trash page of the chain run ahead
+            scratch=memory.scratch_entries + int(memory.speculative_slots > 0),
         )
         self.states = StatePool(
             memory.max_concurrency,
