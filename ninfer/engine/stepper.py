@@ -343,13 +343,14 @@ class Stepper:
     def _draft(self, pending: list) -> None:
         """The speculator's drafts for the lanes' next verify rows, after the pages for the
         head's chain are mapped where the pool allows (a lane that cannot grow drafts fewer),
-        then, where it allows more, those the next step's chain run ahead reaches (its
-        windows end K - 1 positions past the verify row's: `Speculator._chain_ahead`)."""
+        then, from the lane's own entitlement, those the next step's chain run ahead reaches
+        (its windows end K - 1 positions past the verify row's: `Speculator._chain_ahead`;
+        without them that step drafts after the read)."""
         spec, lanes = self.speculator, self.roster.lanes
         budget, limit = self.kv_state.budget, self.memory.max_model_len
         for lane, *_ in pending:
             if lane in lanes and budget.grow(lane, lane.computed + spec.k - 1):
-                budget.grow(lane, min(lane.computed + 2 * spec.k, limit))
+                budget.grow_entitled(lane, min(lane.computed + 2 * spec.k, limit))
         spec.draft(pending, lanes, limit)
 
     def _append(self, req: Request, token: int, logprobs, now: float) -> None:

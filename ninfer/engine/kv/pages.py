@@ -100,6 +100,21 @@ class PageBudget:
         self.reserved -= lane.entitled_pages
         lane.entitled_pages = 0
 
+    def grow_entitled(self, lane: KVLane, upto: int) -> bool:
+        """`grow` for pages that only speed the lane up: from its own entitlement and the free
+        pages only (no eviction, nothing another lane or admission could claim). Returns
+        False, mapping nothing, where those do not cover [0, upto)."""
+        need = pages_for(upto) - len(lane.pages)
+        if need <= 0:
+            return True
+        if need > lane.entitled_pages or need > self.pool.num_free:
+            return False
+        lane.entitled_pages -= need
+        self.reserved -= need
+        lane.pages.extend(self.pool.alloc(need))
+        lane.private.extend([True] * need)
+        return True
+
     def grow(self, lane: KVLane, upto: int) -> bool:
         """Map pages so that `lane.pages` covers positions [0, upto). Returns False (mapping
         nothing new) when the pool cannot extend the lane: the engine suspends it."""
