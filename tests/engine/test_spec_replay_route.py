@@ -207,6 +207,43 @@ def test_the_chain_run_ahead_drafts_what_the_chain_after_the_read_does(
     assert len(seen[True]) > 20 and seen[True] == seen[False]
 
 
+def test_a_sampled_lane_that_drafts_after_the_read_draws_as_without_the_chain_ahead(
+    make_spec_llm,  # noqa: F811
+    monkeypatch,
+):
+    """Seeded sampled lanes decoding up to max_model_len: near it a lane has room for fewer
+    than K drafts, so it drafts after the read although its chain ran ahead, and its
+    generator must first go back to before that chain's draws. The same tokens with the
+    chain ahead as without it, and that fallback happened."""
+    from ninfer.engine.speculative import Speculator
+
+    prompts = _prompts(13)
+    params = [
+        SamplingParams(max_tokens=400, temperature=t, seed=s, ignore_eos=True)
+        for t, s in ((0.9, 21), (1.2, 22), (0.7, 23))
+    ]
+    declined = []
+    take = Speculator._take_ahead
+
+    def counting(self, ahead, lane, k):
+        got = take(self, ahead, lane, k)
+        if not got and lane.lane_id in ahead and not lane.request.params.greedy:
+            declined.append(lane.lane_id)
+        return got
+
+    monkeypatch.setattr(Speculator, "_take_ahead", counting)
+    outs = {}
+    for ahead in (True, False):
+        spec = make_spec_llm(speculative="mtp", num_speculative_tokens=3, max_model_len=220)
+        _route(spec)
+        spec.engine.call(lambda sp=spec.engine.speculator, on=ahead: setattr(sp, "chain_ahead", on))
+        outs[ahead] = [(o.token_ids, o.finish_reason) for o in spec.generate(prompts, params)]
+        assert_idle(spec)
+    assert declined  # sampled lanes whose chain ran ahead drafted after the read
+    assert all(reason == "length" for _, reason in outs[True])
+    assert outs[True] == outs[False]
+
+
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_seeded_sampling_draws_the_same_on_and_off_the_route(
     make_spec_llm,  # noqa: F811
