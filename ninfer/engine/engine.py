@@ -85,13 +85,13 @@ class Engine:
         self.runner = Runner(model, ops, cache, self.device, sampler)
         self.speculator: Speculator | None = None
         if cfg.speculation.speculative == "mtp":
-            spec_slots = mem.states.scratch_slots[cfg.memory.scratch_entries :]
             spec = cfg.speculation
             added = getattr(tokenizer, "added_ids", frozenset())
             vocab = draft_vocab(spec.draft_vocab, model_config.vocab_size, added)
             k = spec.num_speculative_tokens
-            trash = mem.kv.scratch_pages[-1]  # `KVState`: the last scratch page
-            self.speculator = Speculator(self.runner, mem.states, k, spec_slots, vocab, trash)
+            self.speculator = Speculator(
+                self.runner, mem.states, k, mem.spec_slots, vocab, mem.trash_page
+            )
         self.startup = warmup.prepare_runner(  # CUDA only
             self.runner, cfg.ops, cfg.memory, cfg.scheduling.solo_prefill_chunk, mem.kv,
             mem.states, self.speculator,

@@ -244,6 +244,53 @@ def test_a_sampled_lane_that_drafts_after_the_read_draws_as_without_the_chain_ah
     assert outs[True] == outs[False]
 
 
+def test_a_lane_cut_at_an_output_boundary_drafts_as_without_the_chain_ahead(
+    make_spec_llm,  # noqa: F811
+    monkeypatch,
+):
+    """A chat's output boundary cuts a verify row's accepted run (`Speculator.cut`), so the
+    lane settles before the frontier its chain run ahead assumed and drafts after the read,
+    a sampled lane's generator set back first. Every fifth token id marks a boundary here,
+    so cuts are frequent: seeded sampled and greedy lanes give the same tokens with the
+    chain ahead as without it, and sampled lanes fell back so."""
+    from ninfer.engine.speculative import Speculator
+    from ninfer.llm import LLM
+
+    job = LLM._job
+
+    def with_boundaries(self, *args, **kwargs):
+        request = job(self, *args, **kwargs)
+        request.hints.output_after = tuple(range(0, 2560, 5))
+        return request
+
+    monkeypatch.setattr(LLM, "_job", with_boundaries)
+    missed = []
+    take = Speculator._take_ahead
+
+    def counting(self, ahead, lane, k):
+        got = ahead.get(lane.lane_id)
+        if got is not None and got[1] != lane.computed and not lane.request.params.greedy:
+            missed.append(lane.lane_id)
+        return take(self, ahead, lane, k)
+
+    monkeypatch.setattr(Speculator, "_take_ahead", counting)
+    prompts = _prompts(5, n=5)
+    params = [
+        SamplingParams(max_tokens=n, temperature=t, seed=s, ignore_eos=True)
+        for n, t, s in ((70, 0.9, 31), (55, 1.1, 32), (64, 0, None), (48, 0.8, 33), (60, 0, None))
+    ]
+    outs = {}
+    for ahead in (True, False):
+        spec = make_spec_llm(speculative="mtp", num_speculative_tokens=3)
+        _route(spec)
+        spec.engine.call(lambda sp=spec.engine.speculator, on=ahead: setattr(sp, "chain_ahead", on))
+        outs[ahead] = [o.token_ids for o in spec.generate(prompts, params)]
+        assert_idle(spec)
+    assert missed  # sampled lanes cut before the frontier their chain assumed
+    assert [len(t) for t in outs[True]] == [p.max_tokens for p in params]
+    assert outs[True] == outs[False]
+
+
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_seeded_sampling_draws_the_same_on_and_off_the_route(
     make_spec_llm,  # noqa: F811

@@ -116,6 +116,10 @@ class KVState:
             device,
             scratch=memory.scratch_entries + memory.speculative_slots,
         )
+        # the speculator's entries past the runner's scratch: its state slots, and the trash page
+        # where the draft chain run ahead of the read writes the rows it does not keep
+        self.spec_slots = self.states.scratch_slots[memory.scratch_entries :]
+        self.trash_page = self.kv.scratch_pages[-1] if memory.speculative_slots > 0 else None
         self.transfer: Transfer = DeviceOnlyTransfer()
         self.host_slabs = None  # the Host tier's HostSlabs (read by the cache file's load/save)
         self._index = None
