@@ -81,8 +81,22 @@ def measure(loaded, engine: dict, args, machine: dict) -> list[dict]:
                         llm, cfg, counts, context, args.decode_tokens, args.batch_sizes,
                         machine, *sizes, draft_acceptance=a,
                     )  # fmt: skip
-                    rows += [{"engine": label, "context": context, **r} for r in got]
+                    for r in got:
+                        rows.append({"engine": label, "context": context, **r})
+                        print(_row_line(rows[-1]), flush=True)  # a time box keeps these
     return rows
+
+
+def _row_line(r: dict) -> str:
+    """One measured row as a plain line, printed as soon as it is measured."""
+    step, a = r.get("steady_step_seconds"), r.get("spec_draft_acceptance")
+    per_step = r.get("spec_tokens_per_step")
+    return (
+        f"row: context={r['context']} batch={r['batch']} engine={r['engine']}"
+        f" a={'-' if a is None else f'{a:g}'}"
+        f" ms/token={'-' if not step else f'{step * 1e3:.2f}'}"
+        f" tok/step={'-' if per_step is None else f'{per_step:.2f}'}"
+    )
 
 
 def table(rows: list[dict]) -> Table:

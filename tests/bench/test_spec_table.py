@@ -27,6 +27,10 @@ def test_spec_table_rows_and_table(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "MTP speculative decode against plain decode" in printed
     assert printed.count("plain") >= 2 and "0.9" in printed
+    # each row is printed as it is measured, before the table (a time box keeps them)
+    lines = [line for line in printed.splitlines() if line.startswith("row: ")]
+    assert len(lines) == 6 and "engine=mtp a=0.9" in lines[-1]
+    assert printed.index(lines[-1]) < printed.index("MTP speculative decode against")
 
 
 def test_spec_table_refuses_bad_values(capsys):
