@@ -20,11 +20,11 @@ from tests.engine.engine_helpers import TINY, VOCAB
 def test_reuse_with_mtp_equals_reuse_without():
     """The traces of `bench reuse` reuse exactly as many tokens with MTP on (K = 3) as with it
     off: with the random head nearly every draft is rejected and rolled back, and none of those
-    columns enters the tree, shifts an endpoint or costs a hit (every trace but subagents,
-    which the second pass covers); with a controlled acceptance of 0.7 (runs
-    of accepted drafts, the output then the drafts', other tokens than plain decode's) the
-    traces of raw tokens, re-rendered chats and forks reuse the same fraction of what they
-    could as without MTP. Every trace runs under one of the two."""
+    columns enters the tree, shifts an endpoint or costs a hit (the edit, retry and no-reply
+    traces); with a controlled acceptance of 0.7 (runs of accepted drafts, the output then
+    the drafts', other tokens than plain decode's) the traces of raw tokens, re-rendered
+    chats and forks reuse the same fraction of what they could as without MTP. Every trace
+    runs under one of the two."""
     from ninfer.bench.speculative import controlled_acceptance
 
     tok = Tokenizer.from_dir(DEMO_DIR)
@@ -44,8 +44,8 @@ def test_reuse_with_mtp_equals_reuse_without():
 
     spec = {"speculative": "mtp", "num_speculative_tokens": 3}
     scale = 0.15
-    rejected = tuple(t for t in TRACE_NAMES if t != "subagents")
     accepting = ("agent", "chat", "subagents")
+    rejected = tuple(t for t in TRACE_NAMES if t not in accepting)
 
     def run(traces, control=None, **kwargs):  # a trace's seed is its place in `traces`
         rows = bench_reuse(factory(control, **kwargs), VOCAB, seed=0, scale=scale, traces=traces)

@@ -12,6 +12,7 @@ from engine_helpers import assert_idle, distinct_blocks, greedy, rand_tokens, ru
 
 from ninfer.cache.common import SnapshotKind
 from ninfer.cache.taps import TapConfig, plan_taps
+from ninfer.engine.kv import pages
 
 
 @pytest.fixture
@@ -197,14 +198,15 @@ def test_pressure_active_growth_evicts_cache(make_llm):
     assert_idle(llm)
 
 
-def test_suspension_when_pool_cannot_extend(make_llm):
+def test_suspension_when_pool_cannot_extend(make_llm, monkeypatch):
+    monkeypatch.setattr(pages, "OUTPUT_WINDOW", 64)  # admissions reserve 64 output tokens
     rng = random.Random(9)
-    llm = make_llm(kv_capacity=20 * 64, max_concurrency=2, host_cache_mib=0)  # unbacked
+    llm = make_llm(kv_capacity=6 * 64, max_concurrency=2, host_cache_mib=0)  # unbacked
     roomy = make_llm(kv_capacity=200 * 64, max_concurrency=2, prefix_reuse=False)
     prompts_ = [rand_tokens(rng, 100), rand_tokens(rng, 100)]
-    outs = llm.generate(prompts_, greedy(700))
-    expect = roomy.generate(prompts_, greedy(700))
-    # Both lanes draw their 10-page entitlement (100 + 512 tokens) from the 20-page pool. The
+    outs = llm.generate(prompts_, greedy(250))
+    expect = roomy.generate(prompts_, greedy(250))
+    # Both lanes draw their 3-page entitlement (100 + 64 tokens) from the 6-page pool. The
     # lane that first needs an 11th page is suspended through its endpoint snapshot; its
     # release lets the other one grow to the end, then it resumes from the snapshot and ends
     # at max_tokens too, with the tokens of an uninterrupted run.

@@ -5,6 +5,8 @@ that many tokens; the reply is the engine's with the same budget."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from server_helpers import MODEL
 
@@ -32,21 +34,13 @@ def _reference(served, max_tokens: int, budget: int | None):
     return served.llm.chat(ASK, p)[0]
 
 
-@pytest.fixture(scope="module")
-def long_reference(served):
-    """The engine's greedy reply with budget 1024 of max_tokens 1040: its first `</think>` is
-    token 1024, exactly the budget (the budget's own behaviour is tested in
-    tests/engine/test_thinking_budget.py; here the server must pass it through)."""
-    close = served.llm.tokenizer.token_to_id("</think>")
-    ref = _reference(served, 1040, 1024)
-    assert ref.token_ids.index(close) == 1024
-    return ref
-
-
-def test_anthropic_budget_tokens_closes_the_thinking(long_reference, anth):
+def test_anthropic_budget_tokens_closes_the_thinking(served, anth):
     """The reply is the engine's with the same budget: its thinking block ends at token 1024
-    and the answer follows in a text block."""
-    ref = long_reference
+    and the answer follows in a text block. The engine's reference (greedy, budget 1024 of
+    max_tokens 1040: its first `</think>` is token 1024, exactly the budget; the budget's own
+    behaviour is tested in tests/engine/test_thinking_budget.py) decodes beside the request,
+    in the same steps."""
+    close = served.llm.tokenizer.token_to_id("</think>")
     kw = dict(
         model=MODEL,
         max_tokens=1040,
@@ -54,7 +48,11 @@ def test_anthropic_budget_tokens_closes_the_thinking(long_reference, anth):
         extra_body=GREEDY,
         thinking={"type": "enabled", "budget_tokens": 1024},
     )
-    msg = anth.messages.create(**kw)
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(_reference, served, 1040, 1024)
+        msg = anth.messages.create(**kw)
+        ref = reference.result()
+    assert ref.token_ids.index(close) == 1024
     reasoning, _, answer = ref.text.partition("</think>")
     assert [b.type for b in msg.content] == ["thinking", "text"]
     assert msg.content[0].thinking == reasoning.rstrip("\n")
