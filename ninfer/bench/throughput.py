@@ -35,6 +35,7 @@ import time
 from ninfer.bench import speculative
 from ninfer.bench.model_math import ParamCounts, decode_step_bytes, prefill_flops
 from ninfer.models.config import Qwen35Config
+from ninfer.page import PAGE_SIZE
 
 FIRST_ID = 16  # stay clear of the special tokens at the bottom of every vocabulary
 
@@ -104,6 +105,13 @@ def decode_window(token_times: list[list[float]], min_steps: int = MIN_WINDOW_ST
     start = max(t[0] for t in token_times)  # the last lane's first token
     ref = min(range(len(token_times)), key=lambda i: token_times[i][-1])  # first to finish
     times = token_times[ref]
+    if start > times[-1]:  # a lane finished before the last one started decoding
+        most = most_at_once(token_times)
+        note = (
+            f"the lanes never all decoded at once (at most {most} of {len(token_times)}): "
+            "fewer fit the KV pool or max_concurrency"
+        )
+        return {"steps": 0, "seconds": 0.0, "step_seconds": None, "note": note}
     b = len(times) - 1
     gaps = sorted(t1 - t0 for t0, t1 in zip(times, times[1:], strict=False))
     slack = gaps[len(gaps) // 2] / 2 if gaps else 0.0
@@ -116,6 +124,16 @@ def decode_window(token_times: list[list[float]], min_steps: int = MIN_WINDOW_ST
         )
         return {"steps": steps, "seconds": seconds, "step_seconds": None, "note": note}
     return {"steps": steps, "seconds": seconds, "step_seconds": seconds / steps, "note": None}
+
+
+def most_at_once(token_times: list[list[float]]) -> int:
+    """The most lanes decoding at one time: lane i from its first token to its last."""
+    edges = sorted((t, kind) for ts in token_times for t, kind in ((ts[0], 0), (ts[-1], 1)))
+    now = most = 0
+    for _, kind in edges:  # at equal times a start counts before an end (kind 0 < 1)
+        now += 1 if kind == 0 else -1
+        most = max(most, now)
+    return most
 
 
 def stream_batch(llm, prompts: list[dict], params) -> tuple[list[list[float]], list[str]]:
@@ -231,6 +249,10 @@ def _steady_state(llm, prompts: list[dict], max_tokens: int, lanes: int, bound_t
     if len(prompts) > lanes:
         note = f"batch > max_concurrency {lanes}: never all decoding"
         window.update(step_seconds=None, note=note)
+    elif window["note"] and "never all decoded" in window["note"]:
+        pool = llm.engine_config.memory.kv_pages * PAGE_SIZE
+        need = sum(len(p["prompt_token_ids"]) + max_tokens for p in prompts)
+        window["note"] += f" (the KV pool holds {pool} tokens; the batch needs {need})"
     step_s = window["step_seconds"]
     tps = len(prompts) / step_s if step_s else None
     figures = {

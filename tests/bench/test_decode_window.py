@@ -86,7 +86,8 @@ def test_a_short_window_gives_no_figure():
 def test_lanes_that_never_all_decode_give_no_figure():
     times, *_ = simulate(batch=3, chunks=1, n=12, max_lanes=2)  # lane 2 waits for lane 0
     w = decode_window(times)
-    assert w["steps"] == 0 and w["step_seconds"] is None and w["note"]
+    assert w["steps"] == 0 and w["step_seconds"] is None
+    assert "never all decoded at once (at most 2 of 3)" in w["note"]
     assert decode_window([[1.0, 2.0], []])["note"] == "lane(s) [1] produced no token"
 
 
@@ -135,3 +136,20 @@ def test_bench_decode_with_a_short_run_says_so(demo_llm):
     assert r["steady_step_seconds"] is None and r["steady_tokens_per_s"] is None
     assert "too short" in r["steady_note"] and r["steady_window_steps"] < MIN_WINDOW_STEPS
     assert r["e2e_tokens_per_s"] > 0
+
+
+def test_a_batch_the_kv_pool_cannot_hold_at_once_says_so():
+    """Three lanes of 300 + 40 tokens on a pool of 8 pages (512 tokens): they decode one or two
+    at a time, and the row says why there is no figure instead of asking for more tokens."""
+    from ninfer.bench.model_math import param_counts
+    from ninfer.bench.throughput import bench_decode
+    from ninfer.demo import demo_config
+    from ninfer.llm import LLM
+
+    cfg = demo_config()
+    with LLM(device="cpu", max_concurrency=4, kv_capacity=512, host_cache_mib=0) as llm:
+        (r,) = bench_decode(llm, cfg, param_counts(cfg), 300, 40, [3], {"copy_bytes_per_s": 1e10},
+                            4, 4)  # fmt: skip
+    assert r["steady_step_seconds"] is None and not r["errors"]
+    assert "never all decoded at once" in r["steady_note"]
+    assert "the KV pool holds 512 tokens" in r["steady_note"], r["steady_note"]
