@@ -25,6 +25,24 @@ if os.environ.get("NINFER_HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["NINFER_HYPOTHESIS_PROFILE"])
 
 
+def _share_the_cores() -> None:
+    """Each pytest-xdist worker takes its share of the cores for torch's intra-op threads (and
+    passes it to the processes its tests start): two workers each running torch's default of
+    one thread per core oversubscribe the machine, and the tiny models' many small ops then
+    spend their time waiting on each other (the suite ran about a third slower)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 1:
+        return
+    import torch
+
+    share = max(1, (os.cpu_count() or 1) // workers)
+    os.environ.setdefault("OMP_NUM_THREADS", str(share))
+    torch.set_num_threads(share)
+
+
+_share_the_cores()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """pyproject's addopts run the suite on two pytest-xdist workers (`-n 2`; `-n 0` for one
