@@ -452,22 +452,35 @@ def resolve_dtypes(opts: EngineOptions, on_cuda: bool) -> tuple[str, str]:
 
 
 def _resolve_pages(
-    opts: EngineOptions, facts: DeviceFacts, page_bytes: int, state_bytes: int, c: int, len_cfg: int
-) -> int:
-    """Device KV pages: an explicit token cap, or "auto" (free memory becomes block cache)."""
+    opts: EngineOptions, facts: DeviceFacts, page_bytes: int, state_bytes: int, c: int,
+    len_cfg: int, slots: str,
+) -> int:  # fmt: skip
+    """Device KV pages: an explicit token cap, or "auto" (free memory becomes block cache).
+    `state_bytes`: the recurrent-state slots', which `slots` itemises for the error."""
     if opts.kv_capacity != "auto":
         return opts.kv_capacity // PAGE_SIZE
     if facts.device.startswith("cuda"):
-        budget = facts.free_bytes - max(CUDA_RESERVE_BYTES, facts.total_bytes // 10) - state_bytes
+        reserve = max(CUDA_RESERVE_BYTES, facts.total_bytes // 10)
+        budget = facts.free_bytes - reserve - state_bytes
     else:
         # CPU: room for every lane at full length plus as much again as cache, kept modest.
         want = (c + 1) * len_cfg * (page_bytes // PAGE_SIZE)
         budget = min(want, CPU_AUTO_KV_CAP_BYTES, facts.free_bytes // 4)
     pages = budget // page_bytes
     if pages < 2:
+        gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
+        left = (
+            f"{gb(facts.free_bytes)} free, less {gb(reserve)} kept for activations and "
+            f"graphs and {gb(state_bytes)} of recurrent-state slots ({slots}), leaves "
+            f"{gb(max(budget, 0))}"
+            if facts.device.startswith("cuda")
+            else f"{gb(facts.free_bytes)} free"
+        )
         raise ValueError(
-            f"kv_capacity='auto': not enough free memory on {facts.device} for KV pages "
-            f"({facts.free_bytes} B free); pass kv_capacity=<tokens>"
+            f"kv_capacity='auto': not enough free memory on {facts.device} for KV pages: "
+            f"{left}, less than 2 pages of {page_bytes} B. Pass kv_capacity=<tokens> (sized "
+            "by hand: nothing is kept back), or lower max_concurrency or "
+            "num_speculative_tokens (fewer state slots)"
         )
     return int(pages)
 
@@ -561,7 +574,8 @@ def _memory(
     slots = (c + 1 if host_tier else c + 2) if slots is None else slots
     spec_slots = c * spec.num_speculative_tokens
     states = state_bytes * (c + slots + scratch + spec_slots)
-    pages = _resolve_pages(opts, facts, page_bytes, states, c, len_cfg)
+    itemised = f"{c} lanes, {slots} snapshots, {scratch} scratch, {spec_slots} speculative"
+    pages = _resolve_pages(opts, facts, page_bytes, states, c, len_cfg, itemised)
     max_len = min(len_cfg, pages * PAGE_SIZE)
     if opts.max_model_len is not None and max_len < opts.max_model_len:
         _kv_short(pages, opts.max_model_len)  # "auto" KV: the memory left after the weights

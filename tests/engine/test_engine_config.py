@@ -191,3 +191,23 @@ def test_speculation_adds_the_heads_kv_layer_and_scratch_slots_and_its_own_graph
     described = cfg.describe()
     assert (described["speculative"], described["num_speculative_tokens"]) == ("mtp", want_k)
     assert plain.speculation.speculative is None and plain.speculation.num_speculative_tokens == 0
+
+
+def test_auto_kv_without_room_itemises_the_memory_and_names_the_options():
+    """The 35B-A3B with MTP after its bf16 weights on an 80 GB card (10.75 GB free, call Z3a):
+    the 10 % kept back and 42 state slots of 64 MB leave nothing for KV pages. The error says
+    where the memory went and which options change it; an explicit kv_capacity resolves."""
+    from ninfer.models.presets import PRESETS
+
+    h100 = DeviceFacts("cuda", 10_750_197_760, 85_520_000_000)
+    opts = dict(max_concurrency=8, speculative="mtp", host_cache_mib=0)
+    with pytest.raises(ValueError) as e:
+        resolve(EngineOptions(**opts), PRESETS["35B-A3B"], h100)
+    said = str(e.value)
+    assert said.startswith("kv_capacity='auto': not enough free memory on cuda")
+    assert "10.75 GB free, less 8.55 GB kept" in said
+    assert "(8 lanes, 10 snapshots, 0 scratch, 24 speculative), leaves 0.00 GB" in said
+    for option in ("kv_capacity=<tokens>", "max_concurrency", "num_speculative_tokens"):
+        assert option in said
+    cfg = resolve(EngineOptions(kv_capacity=24576, **opts), PRESETS["35B-A3B"], h100)
+    assert cfg.memory.kv_pages * 64 == 24576
