@@ -249,7 +249,7 @@ def _steady_state(llm, prompts: list[dict], max_tokens: int, lanes: int, bound_t
     if len(prompts) > lanes:
         note = f"batch > max_concurrency {lanes}: never all decoding"
         window.update(step_seconds=None, note=note)
-    elif window["note"] and "never all decoded" in window["note"]:
+    elif window["step_seconds"] is None and all(times) and most_at_once(times) < len(prompts):
         pool = llm.engine_config.memory.kv_pages * PAGE_SIZE
         need = sum(len(p["prompt_token_ids"]) + max_tokens for p in prompts)
         window["note"] += f" (the KV pool holds {pool} tokens; the batch needs {need})"
