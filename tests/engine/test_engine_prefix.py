@@ -207,7 +207,7 @@ def test_suspension_when_pool_cannot_extend(make_llm, monkeypatch):
     outs = llm.generate(prompts_, greedy(250))
     expect = roomy.generate(prompts_, greedy(250))
     # Both lanes draw their 3-page entitlement (100 + 64 tokens) from the 6-page pool. The
-    # lane that first needs an 11th page is suspended through its endpoint snapshot; its
+    # lane that first needs a 4th page is suspended through its endpoint snapshot; its
     # release lets the other one grow to the end, then it resumes from the snapshot and ends
     # at max_tokens too, with the tokens of an uninterrupted run.
     assert [o.finish_reason for o in outs] == ["length", "length"]
