@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 import torch
-from engine_helpers import assert_idle, greedy
+from engine_helpers import VOCAB, assert_idle, greedy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_speculative import _prompts, controlled, make_spec_llm, mtp_models  # noqa: F401
@@ -261,7 +261,7 @@ def test_a_lane_cut_at_an_output_boundary_drafts_as_without_the_chain_ahead(
 
     def with_boundaries(self, *args, **kwargs):
         request = job(self, *args, **kwargs)
-        request.hints.output_after = tuple(range(0, 2560, 5))
+        request.hints.output_after = tuple(range(0, VOCAB, 5))
         return request
 
     monkeypatch.setattr(LLM, "_job", with_boundaries)
