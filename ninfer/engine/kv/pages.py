@@ -109,10 +109,7 @@ class PageBudget:
             return True
         if need > lane.entitled_pages or need > self.pool.num_free:
             return False
-        lane.entitled_pages -= need
-        self.reserved -= need
-        lane.pages.extend(self.pool.alloc(need))
-        lane.private.extend([True] * need)
+        self._map(lane, self.pool.alloc(need), need)
         return True
 
     def grow(self, lane: KVLane, upto: int) -> bool:
@@ -128,8 +125,13 @@ class PageBudget:
         pages = self.take(need)
         if pages is None:
             return False
+        self._map(lane, pages, from_entitlement)
+        return True
+
+    def _map(self, lane: KVLane, pages: list[int], from_entitlement: int) -> None:
+        """Append `pages` to the lane as its private pages, `from_entitlement` of them drawn
+        from its entitlement (and so from the reservations)."""
         lane.entitled_pages -= from_entitlement
         self.reserved -= from_entitlement
         lane.pages.extend(pages)
-        lane.private.extend([True] * need)
-        return True
+        lane.private.extend([True] * len(pages))
