@@ -25,8 +25,9 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+import triton
 
-from ninfer.ops.cuda.fp8 import Fp8Gemm, fp8_skinny, w8a8_gemm
+from ninfer.ops.cuda.fp8 import Fp8Gemm, fp8_skinny, tuning_times, w8a8_gemm
 from ninfer.ops.cuda.fp8 import tuned_config as fp8_tuned
 from ninfer.ops.cuda.linear import DecodeLinear
 from ninfer.ops.fp8 import quantize_fp8
@@ -107,14 +108,28 @@ def bench_shape(
         x = torch.randn(m, k, device=DEV, dtype=BF16)
         exact = x.double() @ fp8[0].dequantize(torch.float64).t()
         err = rel_err(fp8_skinny(x, fp8[0]), exact)
-        for impl, fn, ws, nbytes in (("bf16", bf16_linear, bf16, n * k * 2),
-                                     ("fp8", fp8_skinny, fp8, fp8_bytes)):  # fmt: skip
+        # the autotuner's fastest config that reads one 128-column tile a step (GROUPS 1), raced
+        # in the same graphs as the one it chose (GROUPS > 1 reads several side by side)
+        times = tuning_times(x, fp8[0])
+        one = [c for c in times if c.kwargs.get("GROUPS", 1) == 1]
+        best_one = min(one, key=times.get) if one else None
+        races = [("bf16", bf16_linear, bf16, n * k * 2), ("fp8", fp8_skinny, fp8, fp8_bytes)]
+        if best_one is not None and best_one is not fp8_tuned(x, fp8[0]):
+            g1 = lambda x, w, c=best_one: fp8_skinny(x, w, c)  # noqa: E731
+            races.append(("fp8-groups1", g1, fp8, fp8_bytes))
+        for impl, fn, ws, nbytes in races:
             us = graph_us(fn, x, ws)
             gb_s = nbytes / us / 1e3
             extra = {}
             if impl == "fp8":  # the config the autotuner chose (SPLIT_K > 1: split-K)
                 tuned = fp8_tuned(x, fp8[0])
-                extra = {"rel_err": float(f"{err:.2e}"), "config": tuned and tuned.kwargs}
+                extra = {
+                    "rel_err": float(f"{err:.2e}"),
+                    "config": tuned and tuned.kwargs,
+                    "tuning_ms": {str(c.kwargs): round(t, 4) for c, t in times.items()},
+                }
+            elif impl == "fp8-groups1":
+                extra = {"config": best_one.kwargs}
             report(set=name, N=n, K=k, M=m, impl=impl, us=round(us, 2), gb_s=round(gb_s, 1),
                    of_copy=round(gb_s * 1e9 / bw, 3), **extra)  # fmt: skip
     for m in PREFILL_ROWS if prefill else ():  # --no-prefill: decode shapes only
@@ -143,6 +158,9 @@ def main() -> None:
     ap.add_argument("--shapes", help="comma-separated names of SHAPES (default: all)")
     ap.add_argument("--rows", help="decode rows, e.g. 1,8 (default: 1,2,4,8)")
     args = ap.parse_args()
+    # time every candidate here, not a disk-cached choice (tools/device/env.sh turns the cache
+    # on): the fp8-groups1 rows race the autotuner's timings
+    triton.knobs.autotuning.cache = False
     names = args.shapes.split(",") if args.shapes else [s[0] for s in SHAPES]
     rows = tuple(map(int, args.rows.split(","))) if args.rows else DECODE_ROWS
     bw = copy_bandwidth()

@@ -3,13 +3,16 @@ decode, cuBLAS's block-scaled FP8 GEMM for prefill.
 
 - decode (M <= MAX_M rows, bf16 / fp16 x): `fp8_skinny` reads each e4m3 weight byte once and
   keeps the activations in bf16 (W8A16). Program (nb, s) owns output columns [nb * BLOCK_N,
-  (nb + 1) * BLOCK_N) and the s-th of SPLIT_K K ranges (whole BLOCK_K steps); per BLOCK_K step
-  it loads a [BLOCK_N, BLOCK_K] e4m3 tile (evict-first), converts it to x's dtype (exact: every
-  e4m3 value is a bf16 value), multiplies it with the same K slice of x in fp32 (tensor cores
-  with x padded to 16 rows, or, M == 1, the CUDA cores) and adds the product times each row's
-  scale for that K slice. A step never crosses a scale block along K (BLOCK_K divides the
-  block's columns, or the block spans K), so one scale per row and step: y = sum over steps of
-  (x . q) * s, each weight's dequantised value never rounded. SPLIT_K > 1 (a layer with fewer
+  (nb + 1) * BLOCK_N) and the s-th of SPLIT_K K ranges (whole steps of GROUPS * BLOCK_K
+  columns); per step it loads GROUPS [BLOCK_N, BLOCK_K] e4m3 tiles side by side (evict-first),
+  converts each to x's dtype (exact: every e4m3 value is a bf16 value), multiplies it with the
+  same K slice of x in fp32 (tensor cores with x padded to 16 rows, or, M == 1, the CUDA cores)
+  and adds the product times each row's scale for that K slice. A tile never crosses a scale
+  block along K (BLOCK_K divides the block's columns, or the block spans K), so one scale per
+  row and tile: y = sum over tiles of (x . q) * s, each weight's dequantised value never
+  rounded. GROUPS > 1 reads GROUPS * BLOCK_K contiguous bytes of each row a step, across scale
+  blocks (a 128 x 128-block weight caps BLOCK_K at 128: 128 bytes of a row, where the bf16
+  GEMV's tiles read 512). SPLIT_K > 1 (a layer with fewer
   column blocks than twice the SMs: more programs in flight) writes fp32 partials that a second
   launch sums in split order (`skinny.reduce_split`: deterministic). The first call per (M
   rounded up to a power of two, N, K, block, dtype) autotunes, timing on the device (a split
@@ -48,14 +51,16 @@ ACT_EPS = 1e-12  # least amax of an activation group (an all-zero group gets a t
 
 
 def _config(
-    bn: int, bk: int, warps: int, stages: int, dot: bool = True, split: int = 1
+    bn: int, bk: int, warps: int, stages: int, dot: bool = True, split: int = 1, groups: int = 1
 ) -> triton.Config:
     kw = {"BLOCK_N": bn, "BLOCK_K": bk, "DOT": dot, "STAGES": stages, "SPLIT_K": split}
+    kw["GROUPS"] = groups
     return triton.Config(kw, num_warps=warps, num_stages=stages)
 
 
-# (BLOCK_N, BLOCK_K, num_warps, stages[, DOT[, SPLIT_K]]). e4m3 tiles are half the bytes of bf16
-# ones, so the tiles are wider than skinny.py's for the same bytes in flight.
+# (BLOCK_N, BLOCK_K, num_warps, stages[, DOT[, SPLIT_K[, GROUPS]]]). e4m3 tiles are half the
+# bytes of bf16 ones, so the tiles are wider than skinny.py's for the same bytes in flight; the
+# GROUPS > 1 ones read 256 or 512 contiguous bytes of a row a step from a 128 x 128-block weight.
 CONFIGS = [
     _config(16, 128, 4, 4),
     _config(32, 128, 4, 4),
@@ -80,6 +85,14 @@ CONFIGS = [
     _config(16, 128, 4, 4, dot=False, split=2),
     _config(32, 128, 4, 4, dot=False, split=2),
     _config(16, 128, 4, 4, dot=False, split=4),
+    _config(32, 128, 4, 3, groups=2),
+    _config(16, 128, 4, 3, groups=4),
+    _config(32, 128, 8, 3, groups=4),
+    _config(64, 128, 8, 2, groups=2),
+    _config(32, 128, 4, 3, groups=2, split=2),
+    _config(16, 128, 4, 3, dot=False, groups=2),
+    _config(16, 128, 4, 3, dot=False, groups=4),
+    _config(32, 128, 8, 3, dot=False, groups=2),
 ]
 
 
@@ -97,7 +110,8 @@ def _worth_timing(c: triton.Config, n: int, k: int, sms: int) -> bool:
     kw = c.kwargs
     split = kw["SPLIT_K"]
     blocks = triton.cdiv(n, kw["BLOCK_N"])
-    return split == 1 or (blocks < 2 * sms and triton.cdiv(k, kw["BLOCK_K"]) >= 4 * split)
+    steps = triton.cdiv(k, kw["BLOCK_K"] * kw["GROUPS"])
+    return split == 1 or (blocks < 2 * sms and steps >= 4 * split)
 
 
 def _prune(configs, nargs, **kwargs) -> list[triton.Config]:
@@ -126,22 +140,23 @@ def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100
 @triton.heuristics(
     {
         "EVEN_N": lambda a: a["N"] % a["BLOCK_N"] == 0,
-        "EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0,
+        "EVEN_K": lambda a: a["K"] % (a["BLOCK_K"] * a["GROUPS"]) == 0,
     }
 )
 @triton.jit
 def _fp8_skinny_kernel(
     x, w, s, y, part, M, N, K, M_KEY, s_xm, s_ym, s_sn, BN_W, BK_W,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUPS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     """Program (nb, sk): y[:, nb * BLOCK_N : (nb + 1) * BLOCK_N] over the sk-th K range, into y
     (SPLIT_K == 1) or part[sk] (fp32 [SPLIT_K, M, N]). w [N, K] e4m3, s the scales
-    [ceil(N / BN_W), ceil(K / BK_W)] fp32 with row stride s_sn. M_KEY is only an autotune
-    key."""
+    [ceil(N / BN_W), ceil(K / BK_W)] fp32 with row stride s_sn. A step covers GROUPS tiles of
+    BLOCK_K columns, each inside one scale block. M_KEY is only an autotune key."""
+    STEP: tl.constexpr = BLOCK_K * GROUPS
     nb, sk = tl.program_id(0), tl.program_id(1)
     n0 = nb * BLOCK_N
-    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_span = tl.cdiv(tl.cdiv(K, STEP), SPLIT_K) * STEP
     k_lo = sk * k_span
     k_hi = tl.minimum(K, k_lo + k_span)
     rows = tl.arange(0, BLOCK_N)
@@ -156,32 +171,40 @@ def _fp8_skinny_kernel(
     else:
         x_ptrs = x + k_lo + cols
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
-        k_ok = k + cols < K
-        if EVEN_N and EVEN_K:
-            wt = tl.load(w_ptrs, eviction_policy="evict_first")
-        elif EVEN_K:
-            wt = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
-        else:
-            w_ok = n_ok[:, None] & k_ok[None, :]
-            wt = tl.load(w_ptrs, mask=w_ok, other=0.0, eviction_policy="evict_first")
-        sc = tl.load(s_ptrs + k // BK_W, mask=n_ok, other=0.0)  # [BLOCK_N] fp32
-        if DOT:
-            x_ok = (xm < M)[:, None]
-            if not EVEN_K:
-                x_ok = x_ok & k_ok[None, :]
-            xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
-            prod = tl.dot(xt, tl.trans(wt.to(xt.dtype)))  # [16, BLOCK_N] fp32
-            acc += prod * sc[None, :]
-        else:
-            if EVEN_K:
-                xt = tl.load(x_ptrs)
+    for k in tl.range(k_lo, k_hi, STEP, num_stages=STAGES):
+        for g in tl.static_range(GROUPS):  # the step's tiles, loaded side by side along K
+            kg = k + g * BLOCK_K
+            k_ok = kg + cols < K
+            if EVEN_N and EVEN_K:
+                wt = tl.load(w_ptrs + g * BLOCK_K, eviction_policy="evict_first")
+            elif EVEN_K:
+                wt = tl.load(
+                    w_ptrs + g * BLOCK_K, mask=n_ok[:, None], other=0.0,
+                    eviction_policy="evict_first",
+                )  # fmt: skip
             else:
-                xt = tl.load(x_ptrs, mask=k_ok, other=0.0)
-            prod = tl.sum(wt.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
-            acc += prod * sc
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
+                w_ok = n_ok[:, None] & k_ok[None, :]
+                wt = tl.load(
+                    w_ptrs + g * BLOCK_K, mask=w_ok, other=0.0, eviction_policy="evict_first"
+                )
+            # [BLOCK_N] fp32; a tile past K (the last step's) is zeros: any in-range scale
+            sc = tl.load(s_ptrs + tl.minimum(kg, K - 1) // BK_W, mask=n_ok, other=0.0)
+            if DOT:
+                x_ok = (xm < M)[:, None]
+                if not EVEN_K:
+                    x_ok = x_ok & k_ok[None, :]
+                xt = tl.load(x_ptrs + g * BLOCK_K, mask=x_ok, other=0.0)
+                prod = tl.dot(xt, tl.trans(wt.to(xt.dtype)))  # [16, BLOCK_N] fp32
+                acc += prod * sc[None, :]
+            else:
+                if EVEN_K:
+                    xt = tl.load(x_ptrs + g * BLOCK_K)
+                else:
+                    xt = tl.load(x_ptrs + g * BLOCK_K, mask=k_ok, other=0.0)
+                prod = tl.sum(wt.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
+                acc += prod * sc
+        w_ptrs += STEP
+        x_ptrs += STEP
     offs_n = n0 + rows
     if DOT:
         ok = (xm < M)[:, None] & n_ok[None, :]
@@ -302,20 +325,32 @@ def fp8_skinny(x: torch.Tensor, w: Fp8Weight, config: triton.Config | None = Non
     split = max(c.kwargs["SPLIT_K"] for c in CONFIGS if _worth_timing(c, n, k, sms))
     args = _args(x, w.qweight, w.scale, w.block, y, split)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
+    _fp8_skinny_kernel.configs_timings = None
     _fp8_skinny_kernel[grid](*args)
     config = _TUNED[key] = _fp8_skinny_kernel.best_config
+    times = _fp8_skinny_kernel.configs_timings or {}  # None: tuned from the disk cache
+    _TIMES[key] = {c: t[0] if isinstance(t, (list, tuple)) else t for c, t in times.items()}
     if config.kwargs["SPLIT_K"] > 1:
         reduce_split(args[4], y, config.kwargs["SPLIT_K"])
     return y
 
 
 _TUNED: dict[tuple, triton.Config] = {}  # (M rounded up to a power of two, N, K, block, dtype)
+_TIMES: dict[tuple, dict[triton.Config, float]] = {}  # the same keys: `tuning_times`
 
 
 def tuned_config(x: torch.Tensor, w: Fp8Weight) -> triton.Config | None:
     """The config `fp8_skinny(x, w)` runs (None until its first call for these shapes)."""
     key = (triton.next_power_of_2(x.shape[0]), w.qweight.shape[0], x.shape[1], w.block, x.dtype)
     return _TUNED.get(key)
+
+
+def tuning_times(x: torch.Tensor, w: Fp8Weight) -> dict[triton.Config, float]:
+    """The autotuner's median ms per candidate config when `fp8_skinny` tuned these shapes (a
+    split config's reduce included); {} before, or when the tuning came from Triton's disk
+    cache."""
+    key = (triton.next_power_of_2(x.shape[0]), w.qweight.shape[0], x.shape[1], w.block, x.dtype)
+    return _TIMES.get(key, {})
 
 
 def _args(x, qweight, scale, block, y, split: int) -> tuple:
