@@ -5,6 +5,8 @@
 # GEMV race at the 27B shapes (each shape's tuned config beside the fastest GROUPS 1 config,
 # `fp8-groups1`, in the same graphs), then the 27B FP8 decode at batch 1 and 8 and its 8k
 # prefill with bf16 beside it (callM2.sh of results/h200-2026-12-06e with the new configs).
+# The prefill rows time the activation quantisation as one Triton pass (`quantize_groups`),
+# where call M2 ran five torch passes over an fp32 copy of x.
 set -uo pipefail
 B=${B:-580}
 source tools/device/env.sh
@@ -15,7 +17,7 @@ timeout $(box 150) python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
   tests/ops/test_cuda_fp8.py >$OUT/fp8_tests.log 2>&1
 lap "fp8 tests rc=$?: $(grep -E 'passed|failed|error' $OUT/fp8_tests.log | tail -1)"
 grep -E "^(FAILED|ERROR)|^E  " $OUT/fp8_tests.log | cut -c1-300 | head -12
-timeout $(box 120) python3 tools/device/bench_fp8.py --no-prefill --rows 1,8 \
+timeout $(box 150) python3 tools/device/bench_fp8.py --rows 1,8 \
   --json $OUT/bench_fp8.json >$OUT/bench_fp8.log 2>&1
 lap "bench_fp8 rc=$?"; python3 -c "
 import json, sys

@@ -31,6 +31,8 @@ from ninfer.ops.cuda.fp8 import (  # noqa: E402
     Fp8Gemm,
     _fits,
     fp8_skinny,
+    quantize_groups,
+    quantize_groups_ref,
     skinny_fits,
     w8a8_fits,
     w8a8_gemm,
@@ -87,6 +89,25 @@ def test_every_skinny_config(config, m):
     except OutOfResources:
         pytest.skip("config exceeds this GPU's resources")
     assert rel_err(got, exact) < 1e-2
+
+
+@pytest.mark.parametrize(("m", "k"), [(1, 128), (37, 640), (1024, 17408), (0, 256)])
+def test_activation_quantisation_is_the_torch_ops_bit_for_bit(m, k):
+    """The prefill's one-pass quantisation (`quantize_groups`) gives the torch ops' e4m3 values
+    and scales exactly, scales column-major; rows of zeros, huge and tiny values included."""
+    gen = torch.Generator(DEV).manual_seed(m + k)
+    x = torch.randn(m, k, device=DEV, generator=gen)
+    if m > 2:
+        x[1] = 0.0
+        x[2, :128] *= 1e4
+        x[2, 128:] *= 1e-30
+    x = x.to(torch.bfloat16)
+    q, s = quantize_groups(x, 128)
+    q_ref, s_ref = quantize_groups_ref(x, 128)
+    assert q.dtype == q_ref.dtype and s.shape == s_ref.shape
+    assert m == 0 or s.stride() == s_ref.stride() == (1, m)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(s, s_ref)
 
 
 @pytest.mark.parametrize("block", BLOCKS)

@@ -54,3 +54,37 @@ def test_every_fp8_skinny_config_matches_the_dequantised_product():
         [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600
     )
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+QUANT_CHECK = textwrap.dedent(
+    """
+    import torch
+    from ninfer.ops.cuda.fp8 import ACT_EPS, FP8_MAX, quant_groups_into, quantize_groups_ref
+
+    torch.manual_seed(0)
+    for m, k in ((1, 128), (37, 384), (16, 256), (0, 128)):
+        x = torch.randn(m, k)
+        if m > 2:
+            x[1] = 0.0
+            x[2, :128] *= 1e4
+        q = torch.full((m, k), float("nan"))
+        s = quant_groups_into(x, q, 128)
+        _, s_ref = quantize_groups_ref(x, 128)
+        assert torch.equal(s, s_ref) and (m == 0 or s.stride() == s_ref.stride()), (m, k)
+        xf = x.view(m, k // 128, 128)
+        want = (xf / s_ref[..., None]).clamp(-FP8_MAX, FP8_MAX).view(m, k)
+        assert torch.equal(q, want), (m, k, (q - want).abs().max())
+    print("ok")
+    """
+)
+
+
+def test_activation_quantisation_kernel_gives_the_torch_quotients():
+    """`quant_groups_into` under the interpreter, q in fp32 (the interpreter has no e4m3): the
+    same scales, column-major, and the same clamped quotients as `quantize_groups_ref` before
+    its e4m3 rounding (that rounding runs on a GPU in tests/ops/test_cuda_fp8.py)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", QUANT_CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]

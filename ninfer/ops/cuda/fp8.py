@@ -19,9 +19,10 @@ decode, cuBLAS's block-scaled FP8 GEMM for prefill.
   config with its reduce): keep it out of graph capture (the engine's eager warm-up runs it
   first); later calls launch the chosen config directly.
 - prefill (more rows): x is quantised per token per 128 columns to e4m3 (scale = amax / 448,
-  fp32, torch ops) and `torch.nn.functional.scaled_mm` multiplies with scale recipes
-  BlockWise1x128 (x) and BlockWise128x128 (the weight's 128 x 128 blocks), where the installed
-  torch and cuBLAS (>= 12.9, sm_90) support it; per-channel weights (compressed-tensors) take
+  fp32; one Triton pass, `quantize_groups`) and `torch.nn.functional.scaled_mm` multiplies
+  with scale recipes BlockWise1x128 (x) and BlockWise128x128 (the weight's 128 x 128
+  blocks), where the installed torch and cuBLAS (>= 12.9, sm_90) support it; per-channel
+  weights (compressed-tensors) take
   `torch._scaled_mm` with per-token and per-channel scales. Support is probed once per
   `Fp8Gemm` with one small call, outside any capture. Without the block-scaled cuBLAS GEMM, a
   128 x 128-block weight takes our Triton w8a8 GEMM (`w8a8_gemm`: the same quantised x, e4m3
@@ -375,12 +376,65 @@ def _launch(x, qweight, scale, block, y, config: triton.Config) -> None:
 
 def quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (K a multiple of `group`) per token per `group` columns to e4m3: (q [M, K],
-    scales [M, K / group] fp32, column-major as cuBLAS reads them). scale = amax / FP8_MAX."""
+    scales [M, K / group] fp32, column-major as cuBLAS reads them). scale = amax / FP8_MAX.
+    One pass of `_quant_groups_kernel` on CUDA (read x once, write q and the scales), bit for
+    bit `quantize_groups_ref`, which runs elsewhere."""
+    if not x.is_cuda:
+        return quantize_groups_ref(x, group)
+    q = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    return q, quant_groups_into(x, q, group)
+
+
+def quantize_groups_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_groups` in torch ops (five passes over an fp32 copy of x): the oracle."""
     m, k = x.shape
     xf = x.float().view(m, k // group, group)
     scale = xf.abs().amax(dim=-1).clamp(min=ACT_EPS) / FP8_MAX
     q = (xf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(m, k)
     return q, scale.t().contiguous().t()
+
+
+QUANT_ROWS = 16  # rows a `_quant_groups_kernel` program takes: a [16, group] tile
+
+
+def quant_groups_into(x: torch.Tensor, q: torch.Tensor, group: int) -> torch.Tensor:
+    """x [M, K] quantised into q ([M, K], unit stride along K; e4m3, or fp32 under the Triton
+    interpreter, which holds the unrounded quotients): returns the scales [M, K / group] fp32,
+    column-major."""
+    m, k = x.shape
+    if k % group or x.stride(-1) != 1 or q.shape != x.shape or q.stride(-1) != 1:
+        raise ValueError(f"quant_groups_into needs K a multiple of {group}, got x {tuple(x.shape)}")
+    scale = torch.empty(k // group, m, dtype=torch.float32, device=x.device).t()
+    if m == 0:
+        return scale
+    grid = (triton.cdiv(m, QUANT_ROWS), k // group)
+    _quant_groups_kernel[grid](
+        x, q, scale, m, x.stride(0), q.stride(0), scale.stride(1), ACT_EPS, FP8_MAX,
+        GROUP_K=group, ROWS=QUANT_ROWS,
+    )  # fmt: skip
+    return scale
+
+
+@triton.jit
+def _quant_groups_kernel(
+    x, q, s, M, s_xm, s_qm, s_sg, eps, qmax, GROUP_K: tl.constexpr, ROWS: tl.constexpr
+):
+    """Program (pm, g): rows [pm * ROWS, (pm + 1) * ROWS), columns of group g. As the torch
+    ops: scale = max(amax, eps) / qmax and q = clamp(x / scale) with IEEE divisions, so the
+    e4m3 rounding (round to nearest even) sees the same quotients."""
+    pm, g = tl.program_id(0), tl.program_id(1)
+    rows = pm * ROWS + tl.arange(0, ROWS)
+    cols = g * GROUP_K + tl.arange(0, GROUP_K)
+    ok = rows < M
+    r64 = rows.to(tl.int64)
+    xt = tl.load(x + r64[:, None] * s_xm + cols[None, :], mask=ok[:, None], other=0.0)
+    xt = xt.to(tl.float32)
+    amax = tl.max(tl.abs(xt), axis=1)
+    sc = tl.math.div_rn(tl.maximum(amax, eps), qmax)
+    qt = tl.math.div_rn(xt, sc[:, None])
+    qt = tl.minimum(tl.maximum(qt, -qmax), qmax)
+    tl.store(q + r64[:, None] * s_qm + cols[None, :], qt.to(q.dtype.element_ty), mask=ok[:, None])
+    tl.store(s + rows + g * s_sg, sc, mask=ok)
 
 
 def _blockwise(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
