@@ -389,7 +389,7 @@ def quantize_groups_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torc
     """`quantize_groups` in torch ops (five passes over an fp32 copy of x): the oracle."""
     m, k = x.shape
     xf = x.float().view(m, k // group, group)
-    scale = xf.abs().amax(dim=-1).clamp(min=ACT_EPS) / FP8_MAX
+    scale = xf.abs().amax(dim=-1).clamp(min=ACT_EPS) * (1 / FP8_MAX)
     q = (xf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(m, k)
     return q, scale.t().contiguous().t()
 
@@ -409,7 +409,7 @@ def quant_groups_into(x: torch.Tensor, q: torch.Tensor, group: int) -> torch.Ten
         return scale
     grid = (triton.cdiv(m, QUANT_ROWS), k // group)
     _quant_groups_kernel[grid](
-        x, q, scale, m, x.stride(0), q.stride(0), scale.stride(1), ACT_EPS, FP8_MAX,
+        x, q, scale, m, x.stride(0), q.stride(0), scale.stride(1), ACT_EPS, 1 / FP8_MAX, FP8_MAX,
         GROUP_K=group, ROWS=QUANT_ROWS,
     )  # fmt: skip
     return scale
@@ -417,11 +417,11 @@ def quant_groups_into(x: torch.Tensor, q: torch.Tensor, group: int) -> torch.Ten
 
 @triton.jit
 def _quant_groups_kernel(
-    x, q, s, M, s_xm, s_qm, s_sg, eps, qmax, GROUP_K: tl.constexpr, ROWS: tl.constexpr
+    x, q, s, M, s_xm, s_qm, s_sg, eps, inv_qmax, qmax, GROUP_K: tl.constexpr, ROWS: tl.constexpr
 ):
     """Program (pm, g): rows [pm * ROWS, (pm + 1) * ROWS), columns of group g. As the torch
-    ops: scale = max(amax, eps) / qmax and q = clamp(x / scale) with IEEE divisions, so the
-    e4m3 rounding (round to nearest even) sees the same quotients."""
+    ops: scale = max(amax, eps) * fp32(1 / qmax) and q = clamp(x / scale), an IEEE division,
+    so the e4m3 rounding (round to nearest even) sees the same quotients."""
     pm, g = tl.program_id(0), tl.program_id(1)
     rows = pm * ROWS + tl.arange(0, ROWS)
     cols = g * GROUP_K + tl.arange(0, GROUP_K)
@@ -430,7 +430,7 @@ def _quant_groups_kernel(
     xt = tl.load(x + r64[:, None] * s_xm + cols[None, :], mask=ok[:, None], other=0.0)
     xt = xt.to(tl.float32)
     amax = tl.max(tl.abs(xt), axis=1)
-    sc = tl.math.div_rn(tl.maximum(amax, eps), qmax)
+    sc = tl.maximum(amax, eps) * inv_qmax
     qt = tl.math.div_rn(xt, sc[:, None])
     qt = tl.minimum(tl.maximum(qt, -qmax), qmax)
     tl.store(q + r64[:, None] * s_qm + cols[None, :], qt.to(q.dtype.element_ty), mask=ok[:, None])
