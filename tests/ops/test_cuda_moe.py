@@ -160,7 +160,7 @@ def test_route_ties_and_limits() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [1, 3, 8, 40])
+@pytest.mark.parametrize("n", [1, 3, 8, 40, 80])
 def test_moe_matches_reference(n, dtype) -> None:
     weights = experts(256, 128, dtype)
     x = torch.randn(n, 256, device=DEV, dtype=dtype)
@@ -278,7 +278,7 @@ def test_moe_block_decode_odd_shapes(dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [17, 40])
+@pytest.mark.parametrize("n", [65, 100])
 def test_moe_block_larger_batches(n, dtype, ops) -> None:
     """Past DECODE_PAIRS routed pairs: the grouped (bf16) or bmm path plus the shared expert
     through separate ops, routed by torch.topk as the reference."""
@@ -343,7 +343,7 @@ def test_moe_block_graph_replay(n, ops) -> None:
         assert rel_err(out, ref) < TOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("n", [1, 8, 24])
+@pytest.mark.parametrize("n", [1, 8, 24, 40])
 def test_sparse_moe_fused_on_cuda(n, ops) -> None:
     """The model's SparseMoE after `fuse()` (router | shared gate as one weight, the original
     parameters views of it) through `CudaOps.moe_block`, against its unfused forward with the

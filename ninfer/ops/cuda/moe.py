@@ -63,7 +63,10 @@ import torch.nn.functional as F
 from ninfer.ops.fp8 import Fp8Weight
 from ninfer.ops.reference.dense import moe_block_experts, route_ref
 
-DECODE_PAIRS = 64  # routed pairs (N * top_k) up to which the Triton path runs: 8 at top-8
+# routed pairs (N * top_k) up to which the Triton path runs: 32 tokens at top-8 (an MTP verify
+# pass of 8 lanes at K = 3), where it still beats the grouped GEMM (docs/results-h200.md, "MoE
+# decode")
+DECODE_PAIRS = 256
 DECODE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ROUTE_MAX_EXPERTS = 1024  # one program holds a token's E logits (padded to a power of two)
 # Autotuned in the engine's eager warm-up, before any graph capture, per (pairs or tokens, rows,
