@@ -4,6 +4,11 @@ and the alignment Triton specialises on."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -105,3 +110,60 @@ def test_conv_state_at_any_tap(rows, data):
         row_x = x[starts[t.row] : starts[t.row] + t.offset].t()
         want = torch.cat([initial, row_x], dim=1)[:, -(width - 1) :]
         assert torch.equal(pool[t.slot], want), t
+
+
+TAP_KERNELS = textwrap.dedent(
+    """
+    import random
+    import torch
+    from ninfer.forward import StateTap
+    from ninfer.ops.cuda import conv
+    from ninfer.ops.cuda.passmeta import PassMeta
+
+    rng = random.Random(0)
+    checked = 0
+    for case in range(40):
+        width, channels = rng.choice([(4, 6), (4, 130), (3, 5), (2, 9)])
+        rows = [(rng.randint(0, 90) * (rng.random() < 0.7), rng.randint(2, 140))
+                for _ in range(rng.randint(1, 3))]
+        q_lens, ctx_lens = [q for _, q in rows], [c for c, _ in rows]
+        taps, slot = [], len(rows) + 2
+        for r, q in enumerate(q_lens):
+            for o in sorted(rng.sample(range(1, q), min(q - 1, rng.randint(0, 3)))):
+                taps.append(StateTap(r, o, slot))
+                slot += 1
+        if not taps:
+            continue
+        x_dtype = torch.float16 if case % 2 else torch.float32
+        x = torch.randn(sum(q_lens), channels + 3)[:, 1 : channels + 1].to(x_dtype)  # a view
+        pool = torch.randn(slot, channels, width - 1) * 1e3
+        pool[0, 0, 0] = -pool[0, 0, 0].abs()
+        slots = torch.randperm(len(rows) + 2)[: len(rows)]
+        meta = PassMeta.of(q_lens, ctx_lens, torch.device("cpu"), taps)
+        want_init = got_init = None
+        if meta.taps.near is not None:
+            want_init = conv.tap_init_ref(pool, slots, meta)
+            got_init = conv._tap_init(pool, slots, meta)
+            assert torch.equal(got_init.view(torch.int32), want_init.view(torch.int32)), case
+        want, got = pool.clone(), pool.clone()
+        conv.write_taps_ref(x, width, want, meta.taps, want_init)
+        conv._write_taps(x, width, got, meta.taps, got_init)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case
+        checked += 1
+    assert checked > 25, checked
+    print("ok")
+    """
+)
+
+
+def test_tap_kernels_equal_the_torch_ops_under_the_interpreter():
+    """`conv._tap_init` and `conv._write_taps` (the CUDA path: one launch each) under Triton's
+    interpreter give `tap_init_ref` and `write_taps_ref`'s values bit for bit (the sign of a
+    fresh row's zeros included): random rows, taps near and far from their row's start,
+    widths 2-4, x a strided view in fp32 or fp16 over an fp32 state."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", TAP_KERNELS], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]

@@ -12,6 +12,11 @@ CUDA graph. Math in fp32, as the reference.
 writes q, k (L2-normalised per head) and v as three contiguous tensors, which is what fla's
 chunked kernels read; a separate split, `.contiguous()` and l2norm would move the conv output
 through memory four more times (27B, 8k tokens: ~470 MB per layer).
+
+A pass with state taps (the prefix cache's in-pass snapshots, the speculative verify's rows)
+also writes the conv state at each tap: `tap_init` reads the near taps' initial states before
+the conv (one launch), `write_taps` gathers each tap's K-1 inputs into its slot after it (one
+launch); on every GDN layer of a verify pass, so launches, not bytes, are what they cost.
 Knows nothing about the model.
 
 Inputs of row r (W = K - 1), token i of the row is x[cu_q[r] + i]:
@@ -276,12 +281,49 @@ def _prefill(x, weight, conv_state, out, batch, meta, qkv: tuple[int, int] | Non
 def tap_init(conv_state: torch.Tensor, slots: torch.Tensor, meta) -> torch.Tensor | None:
     """The initial conv state [j, C, K-1] of the rows of the pass's taps near their row's start
     (`TapIndex.near`; zeros for a fresh row), read before the conv overwrites the rows' slots;
-    None without such taps. `meta`: the pass's `PassMeta`."""
+    None without such taps. `meta`: the pass's `PassMeta`. On CUDA one launch
+    (`_tap_init_kernel`), elsewhere torch ops (`tap_init_ref`): the same values."""
     taps = meta.taps
     if taps is None or taps.near is None:
         return None
-    rows = taps.near.row
+    if not conv_state.is_cuda:
+        return tap_init_ref(conv_state, slots, meta)
+    return _tap_init(conv_state, slots, meta)
+
+
+def tap_init_ref(conv_state: torch.Tensor, slots: torch.Tensor, meta) -> torch.Tensor:
+    rows = meta.taps.near.row
     return conv_state[slots[rows]] * meta.has_state[rows, None, None].to(conv_state.dtype)
+
+
+def _tap_init(conv_state: torch.Tensor, slots: torch.Tensor, meta) -> torch.Tensor:
+    rows = meta.taps.near.row
+    j, (_, n_ch, w) = rows.shape[0], conv_state.shape
+    init = torch.empty(j, n_ch, w, dtype=conv_state.dtype, device=conv_state.device)
+    _tap_init_kernel[(j, triton.cdiv(n_ch, BLOCK_C))](
+        conv_state, slots, rows, meta.has_state, init, n_ch, *conv_state.stride(),
+        W=w, WP=triton.next_power_of_2(w), BC=BLOCK_C,
+    )  # fmt: skip
+    return init
+
+
+@triton.jit
+def _tap_init_kernel(
+    conv_state, slots, rows, has_state, init, C, s_ss, s_sc, s_sw,
+    W: tl.constexpr, WP: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """Program (near tap jj, channel block): init[jj, c, :] = conv_state[slots[r], c, :] *
+    has_state[r] (r the tap's row; the product in the state's dtype, as the torch ops)."""
+    jj, cb = tl.program_id(0), tl.program_id(1)
+    r = tl.load(rows + jj)
+    slot = tl.load(slots + r).to(tl.int64)
+    keep = tl.load(has_state + r).to(init.dtype.element_ty)
+    c = cb * BC + tl.arange(0, BC)
+    w = tl.arange(0, WP)
+    ok = (c < C)[:, None] & (w < W)[None, :]
+    vals = tl.load(conv_state + slot * s_ss + c[:, None] * s_sc + w[None, :] * s_sw, mask=ok)
+    dst = init + jj * C * W + c[:, None] * W + w[None, :]
+    tl.store(dst, (vals * keep).to(init.dtype.element_ty), mask=ok)
 
 
 def write_taps(
@@ -294,15 +336,69 @@ def write_taps(
     """The conv state at each state tap (`forward.StateTap`): the K-1 inputs before it, taken
     from the pass's own inputs x [T, C], into conv_state[slot] [C, K-1]; those of a tap fewer
     than K-1 tokens into its row from `init` (`tap_init`, the row's initial state: its
-    column K-1 + p holds the input at position p < 0 of the row). One gather from x and
-    `init`'s rows through an index made once per pass (`_tap_sources`), one scatter; no host
-    sync."""
+    column K-1 + p holds the input at position p < 0 of the row), rounded to x's dtype as the
+    pass's inputs are. Through an index made once per pass (`_tap_sources`); no host sync. On
+    CUDA one launch (`_write_taps_kernel`), elsewhere a gather and a scatter in torch ops
+    (`write_taps_ref`): the same values."""
+    if not x.is_cuda:
+        write_taps_ref(x, width, conv_state, taps, init)
+        return
+    _write_taps(x, width, conv_state, taps, init)
+
+
+def _write_taps(x, width, conv_state, taps, init) -> None:
+    w, (n_tok, n_ch) = width - 1, x.shape
+    src = _tap_sources(taps, w, n_tok)
+    n = taps.slot.shape[0]
+    if n == 0:
+        return
+    # init's rows are read as a contiguous [j, C, W]; without near taps no source points there
+    held = init.contiguous() if init is not None else conv_state  # (a stand-in, never read)
+    _write_taps_kernel[(n, triton.cdiv(n_ch, BLOCK_C))](
+        x, held, src, taps.slot, conv_state, n_tok, n_ch, x.stride(0), x.stride(1),
+        *conv_state.stride(), W=w, WP=triton.next_power_of_2(w), BC=BLOCK_C,
+    )  # fmt: skip
+
+
+def write_taps_ref(
+    x: torch.Tensor,
+    width: int,
+    conv_state: torch.Tensor,
+    taps: TapIndex,
+    init: torch.Tensor | None = None,
+) -> None:
     w, n_ch = width - 1, x.shape[1]
     src = _tap_sources(taps, w, x.shape[0])
     if init is not None:  # init's rows [j * (K-1), C] after x's
         x = torch.cat([x, init.transpose(1, 2).to(x.dtype).reshape(-1, n_ch)])
     cols = x.index_select(0, src).view(-1, w, n_ch)
     conv_state[taps.slot] = cols.transpose(1, 2).to(conv_state.dtype)
+
+
+@triton.jit
+def _write_taps_kernel(
+    x, init, src, slot, conv_state, T, C, s_xt, s_xc, s_ss, s_sc, s_sw,
+    W: tl.constexpr, WP: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """Program (tap n, channel block): conv_state[slot[n], c, i] = the i-th source of the tap,
+    src[n * W + i]: x's token s (s < T) or column (s - T) % W of near tap (s - T) // W's
+    initial state init [j, C, W] (contiguous), rounded to x's dtype first."""
+    n, cb = tl.program_id(0), tl.program_id(1)
+    c = cb * BC + tl.arange(0, BC)
+    i = tl.arange(0, WP)
+    i_ok = i < W
+    s = tl.load(src + n * W + i, mask=i_ok, other=0)  # [WP] int64
+    from_x = s < T
+    r = tl.where(from_x, 0, s - T)
+    ok = i_ok[:, None] & (c < C)[None, :]
+    xv = tl.load(x + s[:, None] * s_xt + c[None, :] * s_xc, mask=ok & from_x[:, None])
+    iv = tl.load(
+        init + (r // W)[:, None] * (C * W) + c[None, :] * W + (r % W)[:, None],
+        mask=ok & ~from_x[:, None],
+    ).to(x.dtype.element_ty)
+    v = tl.where(from_x[:, None], xv, iv).to(conv_state.dtype.element_ty)
+    dst = conv_state + tl.load(slot + n).to(tl.int64) * s_ss
+    tl.store(dst + c[None, :] * s_sc + i[:, None] * s_sw, v, mask=ok)
 
 
 def _tap_sources(taps: TapIndex, w: int, n_tok: int) -> torch.Tensor:
