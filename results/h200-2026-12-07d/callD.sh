@@ -2,7 +2,8 @@
 # Device call D (carry .whl .fi_cache), for the next session: what call C (taken back) left
 # unrun. The GPU tests of 725187c (the activation scale as torch's CUDA division computes it:
 # the bit-for-bit quantisation test failed before it) and of 214dd8f (the MoE decode kernels up
-# to 256 routed pairs), the speculative GPU tests on that tree; the 35B-A3B's MTP rows at batch
+# to 256 routed pairs) and 890b5d1 (the conv state taps in one launch each), the speculative
+# and engine GPU tests on that tree; the 35B-A3B's MTP rows at batch
 # 4 and 8 (a = 0.7; they took the grouped GEMM before 214dd8f: 0.78x / 0.85x plain in call Z3b);
 # then the 35B-A3B's FP8 decode at batch 1 under the profiler (4.6 ms a step in call B against
 # bf16's 3.45: its top kernels).
@@ -13,8 +14,9 @@ t0=$(date +%s); lap() { echo "[$(($(date +%s) - t0)) s] $*"; }
 left() { echo $((B - ($(date +%s) - t0))); }
 box() { local want=$1 s; s=$(left); echo $(( s - 20 < want ? s - 20 : want )); }
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout $(box 200) python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
-  tests/ops/test_cuda_fp8.py tests/ops/test_cuda_moe.py tests/engine/test_speculative_cuda.py \
+timeout $(box 240) python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
+  tests/ops/test_cuda_state_taps.py tests/ops/test_cuda_fp8.py tests/ops/test_cuda_moe.py \
+  tests/engine/test_speculative_cuda.py tests/engine/test_engine_cuda.py \
   >$OUT/tests.log 2>&1
 lap "tests rc=$?: $(grep -E 'passed|failed|error' $OUT/tests.log | tail -1)"
 grep -E "^(FAILED|ERROR)|^E  " $OUT/tests.log | cut -c1-300 | head -12

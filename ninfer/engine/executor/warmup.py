@@ -31,6 +31,10 @@ logger = logging.getLogger(__name__)
 WARM_CACHED_TOKENS = 1600
 WARM_CACHED_TAIL = 587
 GREEDY = SamplingParams(temperature=0.0)
+# short fresh passes: tokens in (8, 16] and (16, 32], the two token counts past the decode
+# batches that the MoE decode kernels tune for (`ops.cuda.moe`: tunings per power of two of
+# tokens or pairs, up to DECODE_PAIRS), so that no short prompt tunes them while serving
+WARM_SHORT_PASSES = (12, 24)
 
 
 def prepare_runner(
@@ -121,10 +125,11 @@ def warm_up(
     """Runs every kernel path of `runner` once before serving (JIT builds, Triton autotune,
     torch.compile): with `tune_tokens`, first one fresh row of that many tokens (the longest
     pass the engine runs: see below); then a fresh two-row prefill, a continuing chunk mixed
-    with decode rows, one eager decode per batch size, then (capture=True, CUDA) the decode
-    graphs into `runner.graphs` and, with `prefill_graph` = (max tokens, scratch page,
-    scratch slot), the prefill graphs into `runner.prefill_graphs` (a capture that fails
-    leaves every prefill eager, with one warning); with a `speculator`, its graphs instead
+    with decode rows, fresh rows of WARM_SHORT_PASSES tokens, one eager decode per batch size,
+    then (capture=True, CUDA) the decode graphs into `runner.graphs` and, with
+    `prefill_graph` = (max tokens, scratch page, scratch slot), the prefill graphs into
+    `runner.prefill_graphs` (a capture that fails leaves every prefill eager, with one
+    warning); with a `speculator`, its graphs instead
     (`Speculator.capture`). `pages` (>= 3) and `slots` (one per row,
     max batch = len(slots)) are free pool entries that are overwritten. Returns (and keeps in
     `runner.startup`) the seconds per phase.
@@ -173,6 +178,8 @@ def _prefill_paths(
     rows = [Row(list(range(1, 40)), 99, slots[0], p[:3], GREEDY)]
     rows += [Row([5], 17 + i, slots[1], [p[2]], GREEDY) for i in range(min(n - 1, 1))]
     runner.step(rows)
+    for q in WARM_SHORT_PASSES:  # the MoE decode kernels' tunings past the decode batches
+        runner.step([Row(list(range(1, q + 1)), 0, slots[0], p[:1], GREEDY)])
     spare = spare_slot if spare_slot is not None else (slots[1] if n > 1 else None)
     q = WARM_CACHED_TOKENS
     table = [p[0]] * -(-(PAGE_SIZE + q) // PAGE_SIZE)  # K/V of [0, 64) written above

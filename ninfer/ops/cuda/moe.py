@@ -69,8 +69,10 @@ from ninfer.ops.reference.dense import moe_block_experts, route_ref
 DECODE_PAIRS = 256
 DECODE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ROUTE_MAX_EXPERTS = 1024  # one program holds a token's E logits (padded to a power of two)
-# Autotuned in the engine's eager warm-up, before any graph capture, per (pairs or tokens, rows,
-# K, top_k, dtypes): (BLOCK_N, BLOCK_K, num_warps, STAGES). STAGES 1: plain 16-byte loads,
+# Autotuned in the engine's eager warm-up, before any graph capture, per (pairs or tokens rounded
+# up to a power of two, rows, K, top_k, dtypes): (BLOCK_N, BLOCK_K, num_warps, STAGES). The
+# rounding keeps the tunings to six sizes up to DECODE_PAIRS (the warm-up runs each), not one
+# per token count a pass may bring while serving. STAGES 1: plain 16-byte loads,
 # latency hidden by the programs in flight; 3: a cp.async ring in shared memory.
 # gate_up: one pair's rows, BLOCK_N * BLOCK_K / (32 * num_warps) fp32 accumulators per thread,
 # twice that (gate and up rows).
@@ -160,8 +162,8 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         on the probabilities unless two distinct fp32 logits round to one probability. ids are
         distinct and < E whatever the logits (NaN ones give NaN weights). SHARED (0 or 1): also
         wts[t, TOP_K] = sigmoid(logits[t, E]) = 1 / (1 + expf(-l)) (fp32, IEEE division, as
-        torch's sigmoid) and ids[t, TOP_K] = E. KP = next power of two >= P. `tokens` (the grid)
-        is only an autotune key."""
+        torch's sigmoid) and ids[t, TOP_K] = E. KP = next power of two >= P. `tokens` (the grid,
+        rounded up to a power of two) is only an autotune key."""
         t = tl.program_id(0)
         offs = tl.arange(0, BLOCK_E)
         ok = offs < E
@@ -246,9 +248,10 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         n in [nb * BLOCK_N, (nb + 1) * BLOCK_N), t = p // P with P = TOP_K + SHARED pairs per
         token, W = w[ids[p]] for the routed pairs; with SHARED, W = ws (the shared expert's
         [2N, K], the same row stride s_wn) for pair j = p % P == TOP_K. N = I, K = H.
-        `pairs` (the grid's first dim) is only an autotune key: not specialised on, so that every
-        batch size shares one binary per config. FP8 (routed experts only, SHARED 0): w is e4m3
-        and sc its scales [E, ceil(2N / BN_W), ceil(K / BK_W)] (strides s_se, s_sn)."""
+        `pairs` (the grid's first dim rounded up to a power of two) is only an autotune key: not
+        specialised on, so that every batch size shares one binary per config. FP8 (routed
+        experts only, SHARED 0): w is e4m3 and sc its scales [E, ceil(2N / BN_W),
+        ceil(K / BK_W)] (strides s_se, s_sn)."""
         p, nb = tl.program_id(0), tl.program_id(1)
         per: tl.constexpr = TOP_K + SHARED
         base = w + tl.load(ids + p) * s_we
@@ -286,8 +289,9 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         stride s_wn). Each dot product and its product with the weight are rounded to out's dtype
         (as the reference's linear and multiply), then the terms are added in fp32 (the routed
         ones in a fixed tree, then the shared one: deterministic) and rounded once. `tokens` (the
-        grid's first dim) is only an autotune key. FP8 (SHARED 0): w is e4m3 and sc its scales
-        [E, ceil(N / BN_W), ceil(K / BK_W)] (strides s_se, s_sn)."""
+        grid's first dim, rounded up to a power of two) is only an autotune key. FP8 (SHARED
+        0): w is e4m3 and sc its scales [E, ceil(N / BN_W), ceil(K / BK_W)] (strides s_se,
+        s_sn)."""
         t, nb = tl.program_id(0), tl.program_id(1)
         per: tl.constexpr = TOP_K + SHARED
         offs_j = tl.arange(0, KP)
@@ -361,7 +365,7 @@ def _route(logits: torch.Tensor, num_experts: int, top_k: int, shared: bool, dty
     weights = torch.empty(n, per, dtype=dtype, device=logits.device)
     ids = torch.empty(n, per, dtype=torch.int64, device=logits.device)
     _route_kernel[(n,)](
-        logits, weights, ids, n, num_experts, logits.stride(0),
+        logits, weights, ids, _pow2(n), num_experts, logits.stride(0),
         TOP_K=top_k, SHARED=int(shared), KP=_pow2(per), BLOCK_E=_pow2(num_experts),
     )  # fmt: skip
     return weights, ids
@@ -428,12 +432,12 @@ def _experts(
     h = x.new_empty(pairs, inter)
     out = x.new_empty(n, hidden)
     _gate_up_silu_kernel[lambda m: (pairs, -(-inter // m["BLOCK_N"]))](
-        x, gate_up, s_gate_up, ids, h, pairs, inter, hidden,
+        x, gate_up, s_gate_up, ids, h, _pow2(pairs), inter, hidden,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0), *gate_up_scales,
         TOP_K=top_k, SHARED=has_shared, FP8=int(fp8),
     )  # fmt: skip
     _down_sum_kernel[lambda m: (n, -(-hidden // m["BLOCK_N"]))](
-        h, down, s_down, ids, weights, out, n, hidden, inter,
+        h, down, s_down, ids, weights, out, _pow2(n), hidden, inter,
         h.stride(0), down.stride(0), down.stride(1), out.stride(0), *down_scales,
         TOP_K=top_k, SHARED=has_shared, FP8=int(fp8), KP=_pow2(top_k),
     )  # fmt: skip
