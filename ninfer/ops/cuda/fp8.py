@@ -381,6 +381,7 @@ def quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Te
     bit `quantize_groups_ref`, which runs elsewhere."""
     if not x.is_cuda:
         return quantize_groups_ref(x, group)
+    x = x if x.stride(-1) == 1 else x.contiguous()  # any row stride; unit stride along K
     q = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
     return q, quant_groups_into(x, q, group)
 
