@@ -37,6 +37,7 @@ from ninfer.ops.cuda.fp8 import (  # noqa: E402
     w8a8_fits,
     w8a8_gemm,
 )
+from ninfer.ops.cuda.moe import DECODE_PAIRS, block_fusable, moe_block_decode  # noqa: E402
 from ninfer.ops.fp8 import quantize_fp8  # noqa: E402
 from ninfer.ops.reference import ReferenceOps, moe_ref  # noqa: E402
 
@@ -186,6 +187,29 @@ def test_fp8_moe_matches_reference(ops, n, block):
     got = ops.moe(x, router, gate_up, down, top_k)
     ref = moe_ref(x, router, gate_up, down, top_k)
     assert rel_err(got, ref) < 1e-2
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("n", [1, 8, 32, 40], ids=lambda n: f"N{n}")
+def test_fp8_moe_block_with_its_shared_expert(ops, n, block):
+    """The MoE block over FP8 experts and an FP8 shared expert (35B-A3B shapes): up to
+    DECODE_PAIRS routed pairs `CudaOps.moe_block` fuses it (`moe_block_decode`: four launches,
+    the shared expert's e4m3 tiles times their own scales), beyond it composes the separate
+    ops; both within the decode kernels' error of the reference block on the dequantised
+    weights."""
+    gen = torch.Generator(DEV).manual_seed(4)
+    e, h, i, top_k = 256, 2048, 512, 8
+    x = torch.randn(n, h, device=DEV, generator=gen).to(torch.bfloat16)
+    router = (torch.randn(e + 1, h, device=DEV, generator=gen) * 0.02).to(torch.bfloat16)
+    gate_up, down = fp8_experts(e, h, i, block)
+    shared_gate_up, shared_down = (w.expert(0) for w in fp8_experts(1, h, i, block, seed=5))
+    args = (x, router, gate_up, down, shared_gate_up, shared_down, top_k)
+    got = ops.moe_block(*args)
+    ref = ReferenceOps().moe_block(*args)
+    assert rel_err(got, ref) < 1e-2
+    assert block_fusable(*args) == (n * top_k <= DECODE_PAIRS)
+    if n * top_k <= DECODE_PAIRS:
+        assert torch.equal(got, moe_block_decode(*args, ops.linear))
 
 
 def test_fp8_moe_decode_graph_replays_new_inputs(ops):

@@ -46,8 +46,9 @@ always replays the path it was captured with:
   gathered and one bmm; it copies the weights, so it is only meant for small models.
 - FP8 experts (`ninfer.ops.fp8.Fp8Weight`, `moe_fp8`): decode-sized inputs run the decode
   kernels above on the e4m3 weights (each weight times its block's scale in fp32 as it is read;
-  the shared expert then runs as separate ops); larger ones `moe_dequantized`, which expands
-  the experts it needs to x.dtype per call and runs the grouped or bmm path (correct, slow).
+  in `moe_block_decode` an FP8 shared expert's tiles too, times its own scales); larger ones
+  `moe_dequantized`, which expands the experts it needs to x.dtype per call and runs the
+  grouped or bmm path (correct, slow).
 
 `CudaOps`' module imports this one, so it imports with torch alone; the Triton kernels are
 defined only where triton is installed. Knows nothing about the model.
@@ -239,7 +240,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
     @_even
     @triton.jit(do_not_specialize=["pairs"])
     def _gate_up_silu_kernel(
-        x, w, ws, ids, h, pairs, N, K, s_xt, s_we, s_wn, s_hp, sc, s_se, s_sn, BN_W, BK_W,
+        x, w, ws, ids, h, pairs, N, K, s_xt, s_we, s_wn, s_hp, sc, ssc, s_se, s_sn, BN_W, BK_W,
         TOP_K: tl.constexpr, SHARED: tl.constexpr, FP8: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
         ROW_SCALE: tl.constexpr,
@@ -249,17 +250,20 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         token, W = w[ids[p]] for the routed pairs; with SHARED, W = ws (the shared expert's
         [2N, K], the same row stride s_wn) for pair j = p % P == TOP_K. N = I, K = H.
         `pairs` (the grid's first dim rounded up to a power of two) is only an autotune key: not
-        specialised on, so that every batch size shares one binary per config. FP8 (routed
-        experts only, SHARED 0): w is e4m3 and sc its scales [E, ceil(2N / BN_W),
-        ceil(K / BK_W)] (strides s_se, s_sn)."""
+        specialised on, so that every batch size shares one binary per config. FP8: w (and ws)
+        e4m3, sc the experts' scales [E, ceil(2N / BN_W), ceil(K / BK_W)] (strides s_se, s_sn)
+        and ssc the shared expert's [ceil(2N / BN_W), ceil(K / BK_W)] (row stride s_sn)."""
         p, nb = tl.program_id(0), tl.program_id(1)
         per: tl.constexpr = TOP_K + SHARED
-        base = w + tl.load(ids + p) * s_we
-        if SHARED:
-            base = tl.where(p % per == TOP_K, ws, base)  # that pair's id (E) is not an expert
+        e = tl.load(ids + p)
+        base = w + e * s_we
+        sbase = sc + e * s_se  # FP8 only
+        if SHARED:  # that pair's id (E) is not an expert
+            base = tl.where(p % per == TOP_K, ws, base)
+            sbase = tl.where(p % per == TOP_K, ssc, sbase)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         rows = offs_n[:, None] + tl.arange(0, 2)[None, :] * N  # [gate row n, up row N + n]
-        srows = sc + tl.load(ids + p) * s_se + (rows // BN_W) * s_sn  # FP8 only
+        srows = sbase + (rows // BN_W) * s_sn  # FP8 only
         rows = base + rows * s_wn
         xr = x + (p // per) * s_xt
         acc = _dot_rows(
@@ -275,7 +279,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
     @_even
     @triton.jit(do_not_specialize=["tokens"])
     def _down_sum_kernel(
-        h, w, ws, ids, wts, out, tokens, N, K, s_hp, s_we, s_wn, s_ot, sc, s_se, s_sn, BN_W,
+        h, w, ws, ids, wts, out, tokens, N, K, s_hp, s_we, s_wn, s_ot, sc, ssc, s_se, s_sn, BN_W,
         BK_W, TOP_K: tl.constexpr, SHARED: tl.constexpr, FP8: tl.constexpr, KP: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
         EVEN: tl.constexpr, ROW_SCALE: tl.constexpr,
@@ -289,9 +293,9 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         stride s_wn). Each dot product and its product with the weight are rounded to out's dtype
         (as the reference's linear and multiply), then the terms are added in fp32 (the routed
         ones in a fixed tree, then the shared one: deterministic) and rounded once. `tokens` (the
-        grid's first dim, rounded up to a power of two) is only an autotune key. FP8 (SHARED
-        0): w is e4m3 and sc its scales [E, ceil(N / BN_W), ceil(K / BK_W)] (strides s_se,
-        s_sn)."""
+        grid's first dim, rounded up to a power of two) is only an autotune key. FP8: w (and
+        ws) e4m3, sc the experts' scales [E, ceil(N / BN_W), ceil(K / BK_W)] (strides s_se,
+        s_sn) and ssc the shared expert's [ceil(N / BN_W), ceil(K / BK_W)] (row stride s_sn)."""
         t, nb = tl.program_id(0), tl.program_id(1)
         per: tl.constexpr = TOP_K + SHARED
         offs_j = tl.arange(0, KP)
@@ -312,6 +316,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
             s_rows = ws + offs_n[:, None] * s_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
             s_vec = h + s_pair * s_hp + offs_k
             s_acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            s_srows = (ssc + (offs_n // BN_W) * s_sn)[None, :]  # [1, BLOCK_N], FP8 only
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             if EVEN:
                 v = tl.load(vecs + k0)
@@ -334,7 +339,12 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
                     sr = tl.load(
                         s_rows + k0, mask=(offs_n < N)[:, None] & sk_ok[None, :], other=0.0
                     )
-                s_acc += sr.to(tl.float32) * sv.to(tl.float32)[None, :]
+                srf = sr.to(tl.float32)
+                if FP8:
+                    one = _scaled(srf[None, :, :], s_srows, k0, K, (offs_n < N)[None, :],
+                                  BLOCK_K, BK_W, ROW_SCALE)  # fmt: skip
+                    srf = tl.reshape(one, (BLOCK_N, BLOCK_K))
+                s_acc += srf * sv.to(tl.float32)[None, :]
         dt = out.dtype.element_ty
         y = tl.sum(acc, axis=2).to(dt).to(tl.float32) * weight[:, None]  # [KP, BLOCK_N]
         y = tl.where((offs_j < TOP_K)[:, None], y.to(dt).to(tl.float32), 0.0)
@@ -404,12 +414,28 @@ def _experts(
     shared: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
     """The gate_up and down kernels over the pairs of (weights, ids) [N, P], P = top_k (+ 1
-    when `shared` = (shared gate_up [2I, H], shared down [H, I]) is given). Routed expert
-    weights may be FP8 (`Fp8Weight`, both or neither; then no `shared`)."""
+    when `shared` = (shared gate_up [2I, H], shared down [H, I]) is given). The expert weights
+    may be FP8 (`Fp8Weight`: all of them or none; the shared expert's blocks the routed
+    experts')."""
     gate_up, gate_up_scales, fp8 = _fp8_args(gate_up)
     down, down_scales, down_fp8 = _fp8_args(down)
-    if fp8 != down_fp8 or (fp8 and shared is not None):
-        raise ValueError("moe_decode takes FP8 gate_up and down together, without a shared expert")
+    if fp8 != down_fp8:
+        raise ValueError("moe_decode takes FP8 gate_up and down together")
+    s_gate_up_scale = s_down_scale = gate_up_scales[0]  # dummies unless shared and FP8
+    if shared is not None:
+        (s_gate_up, su, su_fp8), (s_down, sd, sd_fp8) = map(_fp8_args, shared)
+        if su_fp8 != fp8 or sd_fp8 != fp8:
+            raise ValueError("the fused shared expert is FP8 exactly when the routed experts are")
+        # a 2-D scale's args are (scale, row stride, 1, BN_W, BK_W); a stacked one's (scale,
+        # expert stride, row stride, BN_W, BK_W)
+        if fp8 and (su[3:] != gate_up_scales[3:] or sd[3:] != down_scales[3:]
+                    or su[1] != gate_up_scales[2] or sd[1] != down_scales[2]):  # fmt: skip
+            raise ValueError(
+                "the fused FP8 shared expert needs the routed experts' scale blocks and scale row "
+                f"strides: blocks {su[3:]}, {sd[3:]} vs {gate_up_scales[3:]}, {down_scales[3:]}"
+            )
+        s_gate_up_scale, s_down_scale = su[0], sd[0]
+        shared = (s_gate_up, s_down)
     n, hidden = x.shape
     inter = down.shape[-1]
     if gate_up.stride(-1) != 1 or down.stride(-1) != 1:
@@ -433,13 +459,13 @@ def _experts(
     out = x.new_empty(n, hidden)
     _gate_up_silu_kernel[lambda m: (pairs, -(-inter // m["BLOCK_N"]))](
         x, gate_up, s_gate_up, ids, h, _pow2(pairs), inter, hidden,
-        x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0), *gate_up_scales,
-        TOP_K=top_k, SHARED=has_shared, FP8=int(fp8),
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0), gate_up_scales[0],
+        s_gate_up_scale, *gate_up_scales[1:], TOP_K=top_k, SHARED=has_shared, FP8=int(fp8),
     )  # fmt: skip
     _down_sum_kernel[lambda m: (n, -(-hidden // m["BLOCK_N"]))](
         h, down, s_down, ids, weights, out, _pow2(n), hidden, inter,
-        h.stride(0), down.stride(0), down.stride(1), out.stride(0), *down_scales,
-        TOP_K=top_k, SHARED=has_shared, FP8=int(fp8), KP=_pow2(top_k),
+        h.stride(0), down.stride(0), down.stride(1), out.stride(0), down_scales[0], s_down_scale,
+        *down_scales[1:], TOP_K=top_k, SHARED=has_shared, FP8=int(fp8), KP=_pow2(top_k),
     )  # fmt: skip
     return out
 
@@ -474,7 +500,8 @@ def moe_block_decode(
     router linear over router_weight [E + 1, H] (`linear`, default F.linear), the routing
     kernel (top_k pairs + the shared one per token), gate_up + SwiGLU over all pairs, down
     summed per token. The shared expert needs the routed experts' shapes (shared_gate_up
-    [2I, H], shared_down [H, I]) and row strides (`block_fusable` checks all it needs)."""
+    [2I, H], shared_down [H, I]) and row strides, and is FP8 exactly when they are
+    (`block_fusable` checks all it needs)."""
     moe_block_experts(router_weight, gate_up)  # router [E + 1, H], else ValueError
     x = x if x.stride(-1) == 1 else x.contiguous()
     weights, ids = moe_route(x, router_weight, top_k, shared=True, linear=linear)
@@ -488,17 +515,31 @@ def _decode_sized(x: torch.Tensor, top_k: int) -> bool:
 def block_fusable(
     x: torch.Tensor,
     router_weight: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    shared_gate_up: torch.Tensor,
-    shared_down: torch.Tensor,
+    gate_up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
+    shared_gate_up: torch.Tensor | Fp8Weight,
+    shared_down: torch.Tensor | Fp8Weight,
     top_k: int,
 ) -> bool:
     """Whether `moe_block_decode` takes this MoE block (`Ops.moe_block`'s arguments): inputs
     decode-sized as for `moe_grouped`, router_weight [E + 1, H] with E <= ROUTE_MAX_EXPERTS,
     expert weights with unit stride along the last dim, and a shared expert with the routed
-    experts' shapes and row strides. Shapes, strides and dtypes only: a captured graph replays
-    the choice it was captured with."""
+    experts' shapes and row strides; FP8 (`Fp8Weight`) all four or none, the shared expert's
+    blocks and scale row strides those of the routed experts. Shapes, strides and dtypes
+    only: a captured graph replays the choice it was captured with."""
+    weights = (gate_up, down, shared_gate_up, shared_down)
+    fp8 = [isinstance(w, Fp8Weight) for w in weights]
+    if any(fp8) and not all(fp8):
+        return False
+    if all(fp8):
+        if shared_gate_up.block != gate_up.block or shared_down.block != down.block:
+            return False
+        scales = [w.scale for w in weights]
+        if any(sc.stride(-1) != 1 for sc in scales):
+            return False
+        if scales[2].stride(0) != scales[0].stride(1) or scales[3].stride(0) != scales[1].stride(1):
+            return False
+        gate_up, down, shared_gate_up, shared_down = (w.qweight for w in weights)
     num_experts = gate_up.shape[0]
     return (
         _decode_sized(x, top_k)

@@ -231,12 +231,11 @@ class CudaOps(ReferenceOps):
         shared_down: torch.Tensor,
         top_k: int,
     ) -> torch.Tensor:
-        """Decode-sized blocks `block_fusable` accepts: `moe_block_decode` (four launches, the
-        router GEMV through self.linear). Otherwise (FP8 weights too) the reference's
+        """Decode-sized blocks `block_fusable` accepts (bf16 or FP8 experts): `moe_block_decode`
+        (four launches, the router GEMV through self.linear). Otherwise the reference's
         composition over this class's own ops (`moe`, linear, silu_mul, sigmoid_mul)."""
         args = (x, router_weight, gate_up, down, shared_gate_up, shared_down, top_k)
-        fp8 = any(isinstance(w, Fp8Weight) for w in args[2:6])
-        if not fp8 and block_fusable(*args):
+        if block_fusable(*args):
             return moe_block_decode(*args, self.linear)
         return moe_block_ref(*args, self.moe, self.linear, self.silu_mul, self.sigmoid_mul)
 
