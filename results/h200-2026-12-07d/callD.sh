@@ -5,8 +5,10 @@
 # to 256 routed pairs) and 890b5d1 (the conv state taps in one launch each), the speculative
 # and engine GPU tests on that tree; the 35B-A3B's MTP rows at batch
 # 4 and 8 (a = 0.7; they took the grouped GEMM before 214dd8f: 0.78x / 0.85x plain in call Z3b);
-# then the 35B-A3B's FP8 decode at batch 1 under the profiler (4.6 ms a step in call B against
-# bf16's 3.45: its top kernels).
+# then the 35B-A3B's FP8 decode at batch 1 (4.6 ms a step in call B against bf16's 3.45) with
+# the MoE block fused over its FP8 experts and shared expert (aadda42; test_cuda_fp8.py's
+# `test_fp8_moe_block_with_its_shared_expert` above), its top kernels under the profiler (the
+# bench's timed figures are taken apart from the profiled requests).
 set -uo pipefail
 B=${B:-570}
 source tools/device/env.sh
