@@ -23,6 +23,7 @@ CHECK = textwrap.dedent(
     from ninfer.ops.cuda.gdn import gdn_rows
     from ninfer.ops.cuda.passmeta import PassMeta
     from ninfer.ops.reference.gdn import l2norm, recurrent_gated_delta_rule_ref
+    from ninfer.ops.reference.dense import gdn_gates_ref
 
     torch.manual_seed(0)
     rng = random.Random(0)
@@ -72,6 +73,16 @@ CHECK = textwrap.dedent(
         untouched = [s for s in range(12) if s not in slots.tolist() and s not in taps.values()]
         assert torch.equal(state[untouched], before[untouched])
         assert torch.equal(pool[:, 0], other)  # the other layer is not written
+        # the gates in the kernel (raw a, b and A_log, dt_bias; `gdn_gates_ref`'s formulas),
+        # softplus' linear branch (a + dt_bias > 20) included
+        a_raw, b_raw = torch.randn(t, hv) * 8, torch.randn(t, hv) * 3
+        a_log, dt_bias = torch.randn(hv) * 0.5, torch.randn(hv) * 4
+        g2, beta2 = gdn_gates_ref(a_raw, b_raw, a_log, dt_bias)
+        fused, split = before.clone(), before.clone()
+        o_fused = gdn_rows(q, k, v, a_raw, b_raw, fused, slots, 0.25, meta, gates=(a_log, dt_bias))
+        o_split = gdn_rows(q, k, v, g2, beta2, split, slots, 0.25, meta)
+        assert torch.allclose(o_fused, o_split, atol=1e-5), trial
+        assert torch.allclose(fused, split, atol=1e-5, equal_nan=True), trial
     print("ok")
     """
 )

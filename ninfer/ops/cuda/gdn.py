@@ -22,6 +22,16 @@ L2_EPS = 1e-6
 
 
 @triton.jit
+def _gates(a, b, a_log, dt_bias, h, beta):
+    """The gates of value head h from its raw a and b projections, as `gdn_gates_ref`: g =
+    -exp(A_log) softplus(a + dt_bias) in fp32, beta = sigmoid(b) rounded to `beta`'s dtype."""
+    x = a.to(tl.float32) + tl.load(dt_bias + h).to(tl.float32)
+    soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    g = -tl.exp(tl.load(a_log + h).to(tl.float32)) * soft
+    return g, tl.sigmoid(b.to(tl.float32)).to(beta.dtype.element_ty)
+
+
+@triton.jit
 def _gdn_decode_kernel(
     q, k, v, g, beta, o, state, slots, scale, a_log, dt_bias,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_bt, s_ot, s_oh,
@@ -45,10 +55,7 @@ def _gdn_decode_kernel(
     gv = tl.load(g + r * s_gt + h).to(tl.float32)
     bb = tl.load(beta + r * s_bt + h)
     if GATES:
-        x = gv + tl.load(dt_bias + h).to(tl.float32)
-        soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-        gv = -tl.exp(tl.load(a_log + h).to(tl.float32)) * soft
-        bb = tl.sigmoid(bb.to(tl.float32)).to(beta.dtype.element_ty)
+        gv, bb = _gates(gv, bb, a_log, dt_bias, h, beta)
     decay = tl.exp(gv)
     bb = bb.to(tl.float32)
     slot = tl.load(slots + r).to(tl.int64)
@@ -99,16 +106,17 @@ def gdn_decode(
 
 @triton.jit
 def _gdn_rows_kernel(
-    q, k, v, g, beta, o, state, slots, has_state, cu, tap_tok, scale,
+    q, k, v, g, beta, o, state, slots, has_state, cu, tap_tok, scale, a_log, dt_bias,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_bt, s_ot, s_oh,
     s_slot, s_h, s_dk, s_dv,
-    GROUP: tl.constexpr, DK: tl.constexpr, BV: tl.constexpr,
+    GROUP: tl.constexpr, DK: tl.constexpr, BV: tl.constexpr, GATES: tl.constexpr,
 ):  # fmt: skip
     """One program: row r, value head h, value columns [vb * BV, (vb + 1) * BV): the row's
     tokens [cu[r], cu[r+1]) one at a time from the state at its slot (zeros for a fresh row),
     as `_gdn_decode_kernel` steps one; q, k L2-normalised, g the log decay, beta the gate.
     After token t the state goes to slot tap_tok[t] too when that is >= 0 (a state tap); after
-    the row's last token, back to the row's slot."""
+    the row's last token, back to the row's slot. GATES: g and beta hold the raw a and b
+    projections, turned into gates here (`_gates`)."""
     r, h, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = h // GROUP
     offs_k = tl.arange(0, DK)
@@ -123,8 +131,12 @@ def _gdn_rows_kernel(
         bq = tl.load(q + t * s_qt + hk * s_qh + offs_k).to(tl.float32) * scale
         bk = tl.load(k + t * s_kt + hk * s_kh + offs_k).to(tl.float32)
         bv = tl.load(v + t * s_vt + h * s_vh + offs_v).to(tl.float32)
-        decay = tl.exp(tl.load(g + t * s_gt + h).to(tl.float32))
-        bb = tl.load(beta + t * s_bt + h).to(tl.float32)
+        gv = tl.load(g + t * s_gt + h).to(tl.float32)
+        bb = tl.load(beta + t * s_bt + h)
+        if GATES:
+            gv, bb = _gates(gv, bb, a_log, dt_bias, h, beta)
+        decay = tl.exp(gv)
+        bb = bb.to(tl.float32)
         s = s * decay
         d = bb * (bv - tl.sum(s * bk[:, None], axis=0))
         s = s + bk[:, None] * d[None, :]
@@ -146,6 +158,7 @@ def gdn_rows(
     slots: torch.Tensor,
     scale: float,
     meta: PassMeta,
+    gates: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The rows of a pass of short rows (`meta.tap_tok` set: the speculative verify graphs'
     rows of K + 1 tokens) through the recurrence token by token, one launch: the state is
@@ -153,7 +166,9 @@ def gdn_rows(
     (`gdn_prefill`) gathers, scatters and advances its taps in a dozen launches per layer.
     q, k [T, Hk, dk] L2-normalised, v [T, Hv, dv], g [T, Hv] log decay, beta [T, Hv]; state
     [slots, Hv, dk, dv] fp32 (any strides); `meta.tap_tok` [T] int64: the slot that takes the
-    state after each token, or -1. Returns o [T, Hv, dv] in v.dtype."""
+    state after each token, or -1. `gates` = (A_log, dt_bias) [Hv]: g and beta are the raw a
+    and b projections, turned into gates in the kernel (as `gdn_decode`: two launches less per
+    layer). Returns o [T, Hv, dv] in v.dtype."""
     n_tok, hv, dv = v.shape
     dk = k.shape[-1]
     if min(q.stride(-1), k.stride(-1), v.stride(-1), g.stride(-1), beta.stride(-1)) != 1:
@@ -161,11 +176,13 @@ def gdn_rows(
     o = torch.empty_like(v)
     bv = min(32, dv)
     rows = slots.shape[0]
+    a_log, dt_bias = gates if gates is not None else (g, g)  # unused without GATES
     _gdn_rows_kernel[(rows, hv, dv // bv)](
         q, k, v, g, beta, o, state, slots, meta.has_state, meta.cu_seqlens, meta.tap_tok, scale,
+        a_log, dt_bias,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), beta.stride(0), o.stride(0), o.stride(1), *state.stride(),
-        GROUP=hv // k.shape[1], DK=dk, BV=bv, num_warps=4,
+        GROUP=hv // k.shape[1], DK=dk, BV=bv, GATES=gates is not None, num_warps=4,
     )  # fmt: skip
     return o
 

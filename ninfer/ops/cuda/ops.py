@@ -322,8 +322,10 @@ class CudaOps(ReferenceOps):
         scale: float,
     ) -> torch.Tensor:
         """Prefill: the conv writes q, k (L2-normalised) and v contiguous, as fla reads them
-        (`conv.causal_conv_qkv`); decode, or channels the conv kernel cannot split by head:
-        the composition of `causal_conv` and `gated_delta`."""
+        (`conv.causal_conv_qkv`), then the gates and the chunked rule, or, for the verify
+        graphs' short rows (`PassMeta.tap_tok`), `gdn.gdn_rows` with the gates in its kernel;
+        decode, or channels the conv kernel cannot split by head: the composition of
+        `causal_conv` and `gated_delta`."""
         key_dim, dk = gdn_key_dim(x.shape[1], state), state.shape[2]
         fast = self.plan.fast("gdn_prefill") and self._conv.splits_heads(x.shape[1], key_dim, dk)
         if batch.is_decode or not fast:
@@ -338,8 +340,11 @@ class CudaOps(ReferenceOps):
         )
         if taps is not None:
             self._conv.write_taps(x, conv_weight.shape[1], conv_state, meta.taps, init)
-        g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         slots = batch.state_slots
+        if meta.tap_tok is not None:  # the verify graphs' short rows: the gates in the kernel
+            gates = (a_log, dt_bias)
+            return self._gdn.gdn_rows(q, k, v, a, b, state, slots, scale, meta, gates=gates)
+        g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         return self._gdn.gdn_prefill(q, k, v, g, beta, state, slots, scale, meta, normalized=True)
 
     def gdn(
