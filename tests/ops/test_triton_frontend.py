@@ -132,3 +132,76 @@ def test_fp8_moe_decode_kernels_compile(monkeypatch, n, block):
     )
     assert {f.__name__ for f, _ in launches} == {"_gate_up_silu_kernel", "_down_sum_kernel"}
     assert _compile_launches(launches) >= 2
+
+
+@pytest.mark.parametrize("block", [(128, 128), (1, 0)], ids=["block128", "per-channel"])
+def test_fp8_moe_block_kernels_with_the_shared_expert_compile(monkeypatch, block):
+    """The fused MoE block on FP8 experts and an FP8 shared expert (`_experts` with `shared`),
+    every autotune config, through the front end for sm_90."""
+    from ninfer.ops.fp8 import quantize_fp8
+
+    e, h, i, top_k, n = 8, 2048, 512, 4, 3
+    gate_blk = (1, h) if block == (1, 0) else block
+    down_blk = (1, i) if block == (1, 0) else block
+    gate_up = quantize_fp8(torch.randn(e + 1, 2 * i, h) * 0.02, gate_blk)
+    down = quantize_fp8(torch.randn(e + 1, h, i) * 0.02, down_blk)
+    routed = (quantize_fp8(gate_up.dequantize(torch.float32)[:e], gate_blk),
+              quantize_fp8(down.dequantize(torch.float32)[:e], down_blk))  # fmt: skip
+    shared = (gate_up.expert(e), down.expert(e))
+    x = torch.randn(n, h).to(torch.bfloat16)
+    weights = torch.rand(n, top_k + 1)
+    ids = torch.randint(0, e, (n, top_k + 1), dtype=torch.int64)
+    launches = _launches(monkeypatch, lambda: moe._experts(x, *routed, weights, ids, top_k, shared))
+    assert {f.__name__ for f, _ in launches} == {"_gate_up_silu_kernel", "_down_sum_kernel"}
+    assert all(v["SHARED"] == 1 and v["FP8"] == 1 for _, v in launches)
+    assert _compile_launches(launches) >= 2
+
+
+def test_state_tap_kernels_compile(monkeypatch):
+    """The conv state taps' two launches (`conv._tap_init`, `conv._write_taps`) through the
+    front end for sm_90: a bf16 pass over a bf16 conv state, taps near their row's start."""
+    from ninfer.forward import StateTap
+    from ninfer.ops.cuda import conv
+    from ninfer.ops.cuda.passmeta import PassMeta
+
+    width, channels = 4, 640
+    meta = PassMeta.of(
+        [5, 90], [30, 0], torch.device("cpu"), [StateTap(0, 2, 5), StateTap(1, 70, 6)]
+    )
+    pool = torch.randn(8, channels, width - 1).to(torch.bfloat16)
+    x = torch.randn(95, channels).to(torch.bfloat16)
+    slots = torch.tensor([1, 2], dtype=torch.int32)
+
+    def both():
+        conv._write_taps(x, width, pool, meta.taps, conv._tap_init(pool, slots, meta))
+
+    launches = _launches(monkeypatch, both)
+    names = [f.__name__ for f, _ in launches]
+    assert names == ["_tap_init_kernel", "_write_taps_kernel"], names
+    assert _compile_launches(launches) == 2
+
+
+def test_verify_rows_with_their_gates_compile(monkeypatch):
+    """`gdn.gdn_rows` with the gates in the kernel (the verify graphs' rows) and without,
+    through the front end for sm_90."""
+    from ninfer.ops.cuda import gdn
+    from ninfer.ops.cuda.passmeta import PassMeta
+
+    t, hk, hv, dk, dv = 8, 2, 4, 128, 128
+    q, k = (torch.randn(t, hk, dk).to(torch.bfloat16) for _ in range(2))
+    v = torch.randn(t, hv, dv).to(torch.bfloat16)
+    a, b = (torch.randn(t, hv).to(torch.bfloat16) for _ in range(2))
+    state = torch.zeros(6, hv, dk, dv)
+    cu = torch.tensor([0, 4, 8])
+    meta = PassMeta(torch.zeros(t, dtype=torch.int64), torch.tensor([1, 0]), cu, cu, cu,
+                    tap_tok=torch.full((t,), -1, dtype=torch.int64))  # fmt: skip
+    slots = torch.tensor([0, 1], dtype=torch.int32)
+    gates = (torch.randn(hv), torch.randn(hv).to(torch.bfloat16))
+
+    def both():
+        gdn.gdn_rows(q, k, v, a, b, state, slots, 0.1, meta, gates=gates)
+        gdn.gdn_rows(q, k, v, a.float(), b, state, slots, 0.1, meta)
+
+    launches = _launches(monkeypatch, both)
+    assert [v["GATES"] for _, v in launches] == [True, False]
+    assert _compile_launches(launches) == 2
