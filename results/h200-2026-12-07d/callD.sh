@@ -10,11 +10,7 @@
 # `test_fp8_moe_block_with_its_shared_expert` above), its top kernels under the profiler (the
 # bench's timed figures are taken apart from the profiled requests).
 set -uo pipefail
-B=${B:-570}
-source tools/device/env.sh
-t0=$(date +%s); lap() { echo "[$(($(date +%s) - t0)) s] $*"; }
-left() { echo $((B - ($(date +%s) - t0))); }
-box() { local want=$1 s; s=$(left); echo $(( s - 20 < want ? s - 20 : want )); }
+source tools/device/env.sh  # B (default 570), lap, box
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout $(box 240) python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
   tests/ops/test_cuda_state_taps.py tests/ops/test_cuda_fp8.py tests/ops/test_cuda_moe.py \

@@ -1,7 +1,14 @@
 # Sourced on the device machine, in the repository root: unpacks the carried wheels (.whl/) and
 # JIT caches (.fi_cache/) and sets PYTHONPATH so that `python3 -m ninfer` and pytest use them.
-# Usage (the `run` tool, carry [".whl", ".fi_cache"]):  source tools/device/env.sh; ...
+# Usage (the `run` tool, carry [".whl", ".fi_cache"]):  B=570 source tools/device/env.sh; ...
 # `save_caches` (at the end of a command) writes the grown caches to $OUT for the next call.
+# The call's time box, from the moment this is sourced: B seconds (default 570, under the
+# tool's 600 s limit). `lap MSG` prints the seconds so far; `box WANT` the seconds a step may
+# take: WANT, or what is left of B less BOX_MARGIN (default 20, for the logs and caches).
+B=${B:-570}; BOX_MARGIN=${BOX_MARGIN:-20}; t0=$(date +%s)
+lap() { echo "[$(($(date +%s) - t0)) s] $*"; }
+left() { echo $((B - ($(date +%s) - t0))); }
+box() { local want=$1 s; s=$(left); echo $(( s - BOX_MARGIN < want ? s - BOX_MARGIN : want )); }
 if [ -z "${NINFER_DEVICE_ENV:-}" ]; then  # once per machine session (scripts source it too)
 python3 -c "import zipfile,glob; [zipfile.ZipFile(w).extractall('/tmp/site') for w in glob.glob('.whl/*')]"
 # unzip stamps files with the current time; older stamps keep ninja from rebuilding the carried
