@@ -205,3 +205,22 @@ def test_verify_rows_with_their_gates_compile(monkeypatch):
     launches = _launches(monkeypatch, both)
     assert [v["GATES"] for _, v in launches] == [True, False]
     assert _compile_launches(launches) == 2
+
+
+@pytest.mark.parametrize("n", [1, 3, 12, 24, 32])
+def test_moe_decode_kernels_tune_per_power_of_two(monkeypatch, n):
+    """The MoE decode kernels' autotune keys (`tokens`, `pairs`: the grid's first dim) are
+    rounded up to a power of two, so a pass of any token count up to DECODE_PAIRS reuses one of
+    the six tunings the warm-up made instead of tuning while serving."""
+    e, h, i, top_k = 8, 256, 128, 8
+    gate_up = torch.randn(e, 2 * i, h).to(torch.bfloat16)
+    down = torch.randn(e, h, i).to(torch.bfloat16)
+    x = torch.randn(n, h).to(torch.bfloat16)
+    weights = torch.rand(n, top_k).to(torch.bfloat16)
+    ids = torch.randint(0, e, (n, top_k), dtype=torch.int64)
+    launches = _launches(
+        monkeypatch, lambda: moe._experts(x, gate_up, down, weights, ids, top_k, None)
+    )
+    pow2 = 1 << (n - 1).bit_length()
+    keys = {f.__name__: v.get("pairs", v.get("tokens")) for f, v in launches}
+    assert keys == {"_gate_up_silu_kernel": pow2 * top_k, "_down_sum_kernel": pow2}, keys
