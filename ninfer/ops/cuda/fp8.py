@@ -18,7 +18,7 @@ decode, cuBLAS's block-scaled FP8 GEMM for prefill.
   rounded up to a power of two, N, K, block, dtype) autotunes, timing on the device (a split
   config with its reduce): keep it out of graph capture (the engine's eager warm-up runs it
   first); later calls launch the chosen config directly.
-- prefill (more rows): x is quantised per token per 128 columns to e4m3 (scale = amax / 448,
+- prefill (more rows): x is quantised per token per 128 columns to e4m3 (scale = amax * 1/448,
   fp32; one Triton pass, `quantize_groups`) and `torch.nn.functional.scaled_mm` multiplies
   with scale recipes BlockWise1x128 (x) and BlockWise128x128 (the weight's 128 x 128
   blocks), where the installed torch and cuBLAS (>= 12.9, sm_90) support it; per-channel
@@ -376,9 +376,10 @@ def _launch(x, qweight, scale, block, y, config: triton.Config) -> None:
 
 def quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (K a multiple of `group`) per token per `group` columns to e4m3: (q [M, K],
-    scales [M, K / group] fp32, column-major as cuBLAS reads them). scale = amax / FP8_MAX.
-    One pass of `_quant_groups_kernel` on CUDA (read x once, write q and the scales), bit for
-    bit `quantize_groups_ref`, which runs elsewhere."""
+    scales [M, K / group] fp32, column-major as cuBLAS reads them). scale = amax * fp32(1 /
+    FP8_MAX), as torch's CUDA division by a number computes amax / FP8_MAX. One pass of
+    `_quant_groups_kernel` on CUDA (read x once, write q and the scales), bit for bit
+    `quantize_groups_ref`, which runs elsewhere."""
     if not x.is_cuda:
         return quantize_groups_ref(x, group)
     x = x if x.stride(-1) == 1 else x.contiguous()  # any row stride; unit stride along K
@@ -404,7 +405,10 @@ def quant_groups_into(x: torch.Tensor, q: torch.Tensor, group: int) -> torch.Ten
     column-major."""
     m, k = x.shape
     if k % group or x.stride(-1) != 1 or q.shape != x.shape or q.stride(-1) != 1:
-        raise ValueError(f"quant_groups_into needs K a multiple of {group}, got x {tuple(x.shape)}")
+        raise ValueError(
+            f"quant_groups_into needs K a multiple of {group} and x, q of one shape with unit "
+            f"stride along K: x {tuple(x.shape)} {x.stride()}, q {tuple(q.shape)} {q.stride()}"
+        )
     scale = torch.empty(k // group, m, dtype=torch.float32, device=x.device).t()
     if m == 0:
         return scale
