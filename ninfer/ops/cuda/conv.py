@@ -292,6 +292,7 @@ def tap_init(conv_state: torch.Tensor, slots: torch.Tensor, meta) -> torch.Tenso
 
 
 def tap_init_ref(conv_state: torch.Tensor, slots: torch.Tensor, meta) -> torch.Tensor:
+    """`tap_init` in torch ops (off CUDA, and the kernel's oracle); the pass has near taps."""
     rows = meta.taps.near.row
     return conv_state[slots[rows]] * meta.has_state[rows, None, None].to(conv_state.dtype)
 
@@ -367,6 +368,7 @@ def write_taps_ref(
     taps: TapIndex,
     init: torch.Tensor | None = None,
 ) -> None:
+    """`write_taps` in torch ops (off CUDA, and the kernel's oracle)."""
     w, n_ch = width - 1, x.shape[1]
     src = _tap_sources(taps, w, x.shape[0])
     if init is not None:  # init's rows [j * (K-1), C] after x's
