@@ -2,7 +2,9 @@
 .moe_block_decode`: the routing, gate_up + SwiGLU and down kernels) under Triton's CPU
 interpreter, against the reference block over the dequantised weights. The interpreter has no
 e4m3 or bf16, so the weights go in as fp32 holding the e4m3 values with their block scales
-(the kernels convert each tile to fp32 first: the same products), and x in fp32; the e4m3
+(the kernels convert each tile to fp32 first: the same products), and x in fp32. Both scale
+layouts the kernels take: a scale gathered per element (a K step spanning two 128-column
+blocks) and one per row (ROW_SCALE: a step inside one block, or per-channel scales). The e4m3
 loads themselves run on a GPU in tests/ops/test_cuda_moe.py. TRITON_INTERPRET is read when a
 kernel is defined: the check runs in a fresh interpreter."""
 
@@ -30,40 +32,44 @@ CHECK = textwrap.dedent(
         def __post_init__(self):
             pass
 
-    def fp8(shape, gen, spread):
+    def fp8(shape, spread, per_channel):
         w = torch.randn(*shape, generator=gen) * 0.05
         w = w * torch.logspace(0, spread, shape[-2]).view(-1, 1)  # rows of scale blocks differ
-        q = quantize_fp8(w, (128, 128))
+        q = quantize_fp8(w, (1, shape[-1]) if per_channel else (128, 128))
         return Held(q.qweight.float(), q.scale, q.block), q.dequantize(torch.float32)
 
+    def rel(a, b):
+        return ((a - b).norm() / b.norm()).item()
+
     gen = torch.Generator().manual_seed(0)
-    hidden, inter, experts, top_k = 128, 128, 16, 4
-    gate_up, gate_up_d = fp8((experts, 2 * inter, hidden), gen, 1.0)
-    down, down_d = fp8((experts, hidden, inter), gen, 1.0)
-    s_gate_up, s_gate_up_d = fp8((2 * inter, hidden), gen, 2.0)
-    s_down, s_down_d = fp8((hidden, inter), gen, 2.0)
-    router = torch.randn(experts + 1, hidden, generator=gen) * 0.1
-    weights = (gate_up, down, s_gate_up, s_down)
-    for n in (1, 3):
-        x = torch.randn(n, hidden, generator=gen)
-        assert moe.block_fusable(x, router, *weights, top_k), n
-        got = moe.moe_block_decode(x, router, *weights, top_k)
-        want = moe_block_ref(x, router, gate_up_d, down_d, s_gate_up_d, s_down_d, top_k)
-        err = ((got - want).norm() / want.norm()).item()
-        assert err < 1e-5, (n, err)
-        # the shared expert's own scales count: its dequantised weights scaled by 2 differ
-        other = moe_block_ref(x, router, gate_up_d, down_d, 2 * s_gate_up_d, s_down_d, top_k)
-        assert ((got - other).norm() / want.norm()).item() > 1e-2
-        other = moe_block_ref(x, router, gate_up_d, down_d, s_gate_up_d, 2 * s_down_d, top_k)
-        assert ((got - other).norm() / want.norm()).item() > 1e-2
-    x = torch.randn(2, hidden, generator=gen)
-    assert not moe.block_fusable(x, router, gate_up, down, s_gate_up_d, s_down_d, top_k)
-    try:
-        moe.moe_block_decode(x, router, gate_up, down, s_gate_up_d, s_down_d, top_k)
-    except ValueError as e:
-        assert "shared expert is FP8" in str(e), e
-    else:
-        raise AssertionError("a bf16 shared expert beside FP8 experts was taken")
+    experts, top_k = 16, 4
+    # the interpreter runs one config per kernel (BLOCK_K 256 for gate_up, 512 for down): over
+    # K = 256 in 128 x 128 blocks a step spans two scale blocks (a scale gathered per
+    # element), over K = 128 or with per-channel scales one scale per row (ROW_SCALE)
+    cases = ((False, 256, 256, (3,)), (False, 128, 128, (2,)), (True, 128, 128, (2,)))
+    for per_channel, hidden, inter, tokens in cases:
+        (gu, gu_d), (d, d_d) = (fp8((experts, 2 * inter, hidden), 1.0, per_channel),
+                                fp8((experts, hidden, inter), 1.0, per_channel))
+        (sgu, sgu_d), (sd, sd_d) = (fp8((2 * inter, hidden), 2.0, per_channel),
+                                    fp8((hidden, inter), 2.0, per_channel))
+        router = torch.randn(experts + 1, hidden, generator=gen) * 0.1
+        for n in tokens:
+            x = torch.randn(n, hidden, generator=gen)
+            assert moe.block_fusable(x, router, gu, d, sgu, sd, top_k), n
+            got = moe.moe_block_decode(x, router, gu, d, sgu, sd, top_k)
+            want = moe_block_ref(x, router, gu_d, d_d, sgu_d, sd_d, top_k)
+            assert rel(got, want) < 1e-5, (per_channel, n, rel(got, want))
+            # the shared expert's own scales count: doubling its dequantised weights differs
+            assert rel(got, moe_block_ref(x, router, gu_d, d_d, 2 * sgu_d, sd_d, top_k)) > 1e-2
+            assert rel(got, moe_block_ref(x, router, gu_d, d_d, sgu_d, 2 * sd_d, top_k)) > 1e-2
+        x = torch.randn(2, hidden, generator=gen)
+        assert not moe.block_fusable(x, router, gu, d, sgu_d, sd_d, top_k)
+        try:
+            moe.moe_block_decode(x, router, gu, d, sgu_d, sd_d, top_k)
+        except ValueError as e:
+            assert "shared expert is FP8" in str(e), e
+        else:
+            raise AssertionError("a bf16 shared expert beside FP8 experts was taken")
     print("ok")
     """
 )
