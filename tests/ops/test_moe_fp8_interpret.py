@@ -5,7 +5,7 @@ e4m3 or bf16, so the weights go in as fp32 holding the e4m3 values with their bl
 (the kernels convert each tile to fp32 first: the same products), and x in fp32. Both scale
 layouts the kernels take: a scale gathered per element (a K step spanning two 128-column
 blocks) and one per row (ROW_SCALE: a step inside one block, or per-channel scales). The e4m3
-loads themselves run on a GPU in tests/ops/test_cuda_moe.py. TRITON_INTERPRET is read when a
+loads themselves run on a GPU in tests/ops/test_cuda_fp8.py. TRITON_INTERPRET is read when a
 kernel is defined: the check runs in a fresh interpreter."""
 
 from __future__ import annotations
