@@ -15,9 +15,10 @@ decode, cuBLAS's block-scaled FP8 GEMM for prefill.
   GEMV's tiles read 512). SPLIT_K > 1 (a layer with fewer
   column blocks than twice the SMs: more programs in flight) writes fp32 partials that a second
   launch sums in split order (`skinny.reduce_split`: deterministic). The first call per (M
-  rounded up to a power of two, N, K, block, dtype) autotunes, timing on the device (a split
-  config with its reduce): keep it out of graph capture (the engine's eager warm-up runs it
-  first); later calls launch the chosen config directly.
+  rounded up to a power of two, N, K, block, dtype) autotunes, timing each candidate as a
+  decode graph runs it (`timing.graph_bench`: in a CUDA graph, cold L2; a split config with its
+  reduce): keep it out of graph capture (the engine's eager warm-up runs it first); later
+  calls launch the chosen config directly.
 - prefill (more rows): x is quantised per token per 128 columns to e4m3 (scale = amax * 1/448,
   fp32; one Triton pass, `quantize_groups`) and `torch.nn.functional.scaled_mm` multiplies
   with scale recipes BlockWise1x128 (x) and BlockWise128x128 (the weight's 128 x 128
@@ -43,6 +44,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.cuda.skinny import num_sms, reduce_split
+from ninfer.ops.cuda.timing import graph_bench
 from ninfer.ops.fp8 import FP8_DTYPE, FP8_MAX, Fp8Weight, quantize_fp8
 
 logger = logging.getLogger(__name__)
@@ -127,16 +129,12 @@ def _reduce_hook(nargs, exception=None) -> None:
         reduce_split(nargs["part"], nargs["y"], nargs["SPLIT_K"])
 
 
-def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100 ms
-    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
-
-
 @triton.autotune(
     CONFIGS,
     key=["M_KEY", "N", "K", "BN_W", "BK_W"],
     prune_configs_by={"early_config_prune": _prune},
     post_hook=_reduce_hook,
-    do_bench=_bench,
+    do_bench=graph_bench,
 )
 @triton.heuristics(
     {
@@ -233,7 +231,7 @@ GEMM_CONFIGS = [
 ]
 
 
-@triton.autotune(GEMM_CONFIGS, key=["N", "K"], do_bench=_bench)
+@triton.autotune(GEMM_CONFIGS, key=["N", "K"], do_bench=graph_bench)
 @triton.jit
 def _w8a8_kernel(
     xq, xs, w, ws, y, M, N, K, s_xm, s_xsm, s_xsk, s_wsn, s_ym,
@@ -347,9 +345,9 @@ def tuned_config(x: torch.Tensor, w: Fp8Weight) -> triton.Config | None:
 
 
 def tuning_times(x: torch.Tensor, w: Fp8Weight) -> dict[triton.Config, float]:
-    """The autotuner's median ms per candidate config when `fp8_skinny` tuned these shapes (a
-    split config's reduce included); {} before, or when the tuning came from Triton's disk
-    cache."""
+    """The autotuner's ms per candidate config when `fp8_skinny` tuned these shapes (cold-L2
+    device time in a CUDA graph, a split config's reduce included); {} before, or when the
+    tuning came from Triton's disk cache."""
     key = (triton.next_power_of_2(x.shape[0]), w.qweight.shape[0], x.shape[1], w.block, x.dtype)
     return _TIMES.get(key, {})
 

@@ -5,13 +5,11 @@ Decode linears (M <= 8 rows, bf16 / fp16, contiguous weight) can run either on c
 cuBLAS nears the copy bandwidth on very wide weights and falls short on mid-sized ones. So the
 first call for a (rows, N, K, dtype) key races the two (after the skinny kernel's own autotune)
 and keeps the faster for good; a tie goes to cuBLAS. The race measures what a decode graph
-pays: device time only (each candidate captured in a CUDA graph, so the Python launch cost of
-the Triton autotuner's wrapper does not count) with a cold L2 (each call preceded by a write of
-a buffer larger than the L2, timed alone and subtracted). It runs outside any CUDA-graph capture
-(the engine's warm-up runs every decode batch size eagerly before capturing); a key first seen
-during a capture takes cuBLAS. An FP8 weight (`ninfer.ops.fp8.Fp8Weight`) goes to `fp8.Fp8Gemm`
-(its own skinny GEMV at decode, cuBLAS's FP8 GEMM for prefill), `enabled` or not. Every other
-call is F.linear. Knows nothing about the model.
+pays (`timing.cold_call_ms`: device time in a CUDA graph, cold L2). It runs outside any
+CUDA-graph capture (the engine's warm-up runs every decode batch size eagerly before capturing);
+a key first seen during a capture takes cuBLAS. An FP8 weight (`ninfer.ops.fp8.Fp8Weight`) goes
+to `fp8.Fp8Gemm` (its own skinny GEMV at decode, cuBLAS's FP8 GEMM for prefill), `enabled` or
+not. Every other call is F.linear. Knows nothing about the model.
 """
 
 from __future__ import annotations
@@ -21,33 +19,10 @@ import torch.nn.functional as F
 
 from ninfer.ops.cuda.fp8 import Fp8Gemm
 from ninfer.ops.cuda.skinny import MAX_M, skinny_linear
+from ninfer.ops.cuda.timing import cold_call_ms
 from ninfer.ops.fp8 import Fp8Weight
 
-RACE_CALLS = 4  # calls per captured graph
-RACE_REPLAYS = 3
 MARGIN = 0.98  # the skinny kernel must be at least 2 % faster to be chosen
-FLUSH_BYTES = 128 << 20  # > the L2 of any current GPU (H200: 60 MiB)
-
-
-def _graph_ms(fn, flush: torch.Tensor | None) -> float:
-    """Device ms per call of `fn` (each preceded by `flush.zero_()` when given), replayed as one
-    CUDA graph of RACE_CALLS calls."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(RACE_CALLS):
-            if flush is not None:
-                flush.zero_()
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(RACE_REPLAYS):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / (RACE_REPLAYS * RACE_CALLS)
 
 
 class DecodeLinear:
@@ -85,9 +60,8 @@ class DecodeLinear:
 
     def _race(self, key: tuple, x: torch.Tensor, w: torch.Tensor) -> bool:
         skinny_linear(x, w)  # autotune first: not part of the race
-        flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=x.device)
-        base = _graph_ms(lambda: None, flush)
-        cublas = max(_graph_ms(lambda: F.linear(x, w), flush) - base, 0.0)
-        skinny = max(_graph_ms(lambda: skinny_linear(x, w), flush) - base, 0.0)
+        fns = {"cublas": lambda: F.linear(x, w), "skinny": lambda: skinny_linear(x, w)}
+        times = cold_call_ms(fns, x.device)
+        cublas, skinny = times["cublas"], times["skinny"]
         self.timings[key] = (cublas, skinny)
         return skinny < MARGIN * cublas

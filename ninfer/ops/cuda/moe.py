@@ -61,6 +61,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.cuda.timing import graph_bench
 from ninfer.ops.fp8 import Fp8Weight
 from ninfer.ops.reference.dense import moe_block_experts, route_ref
 
@@ -107,12 +108,10 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
 
     _INTERPRET = triton.knobs.runtime.interpret
 
-    def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100 ms
-        return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
-
     def _autotune(configs, key):
-        """Under the interpreter (no device timer) only the first config: autotune never times."""
-        return triton.autotune(configs[: 1 if _INTERPRET else None], key=key, do_bench=_bench)
+        """Under the interpreter (no device timer) only the first config: autotune never times.
+        On a GPU each config is timed as a decode graph runs it (`timing.graph_bench`)."""
+        return triton.autotune(configs[: 1 if _INTERPRET else None], key=key, do_bench=graph_bench)
 
     def _block_configs(table):
         return [

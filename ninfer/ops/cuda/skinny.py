@@ -21,8 +21,9 @@ second launch sums them in a fixed order: deterministic.
 
 The first `skinny_linear` call for a key (M rounded up to a power of two, N, K, dtype) runs
 `triton.autotune` over CONFIGS (pruned by shape and SM count; a split-K config is timed with its
-reduce) and remembers the winner, which later calls launch directly. Tuning times the kernel on
-the device, so that first call must come before any CUDA-graph capture (the engine's warm-up);
+reduce) and remembers the winner, which later calls launch directly. Tuning times each
+candidate as a decode graph runs it (`timing.graph_bench`: in a CUDA graph, cold L2), so that
+first call must come before any CUDA-graph capture (the engine's warm-up);
 later calls have no host sync and allocate only by shape (y, and the partials of a split-K
 config), so they can be captured. Knows nothing about the model.
 """
@@ -34,6 +35,8 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from ninfer.ops.cuda.timing import graph_bench
 
 MAX_M = 8
 REDUCE_BLOCK = 1024
@@ -110,10 +113,6 @@ def _prune(configs, nargs, **kwargs) -> list[triton.Config]:
     return [c for c in configs if c in keep]
 
 
-def _bench(fn, quantiles):  # autotune timing, shorter than the default 25 + 100 ms
-    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
-
-
 def _reduce_hook(nargs, exception=None) -> None:
     """Autotune post-hook: a split-K config is timed with its reduce launch."""
     if exception is None and nargs["SPLIT_K"] > 1:
@@ -125,7 +124,7 @@ def _reduce_hook(nargs, exception=None) -> None:
     key=["M_KEY", "N", "K"],
     prune_configs_by={"early_config_prune": _prune},
     post_hook=_reduce_hook,
-    do_bench=_bench,
+    do_bench=graph_bench,
 )
 @triton.heuristics(
     {
