@@ -27,6 +27,7 @@ from triton.runtime.errors import OutOfResources  # noqa: E402
 
 from ninfer.ops.cuda import CudaOps  # noqa: E402
 from ninfer.ops.cuda.fp8 import (  # noqa: E402
+    ACT_EPS,  # noqa: E402
     CONFIGS,
     Fp8Gemm,
     _fits,
@@ -38,8 +39,9 @@ from ninfer.ops.cuda.fp8 import (  # noqa: E402
     w8a8_gemm,
 )
 from ninfer.ops.cuda.moe import DECODE_PAIRS, block_fusable, moe_block_decode  # noqa: E402
-from ninfer.ops.fp8 import quantize_fp8  # noqa: E402
+from ninfer.ops.fp8 import FP8_DTYPE, FP8_MAX, Fp8Weight, quantize_fp8  # noqa: E402
 from ninfer.ops.reference import ReferenceOps, moe_ref  # noqa: E402
+from ninfer.ops.reference.dense import moe_block_ref  # noqa: E402
 
 DEV = torch.device("cuda")
 SHAPES = [(5120, 6144), (17408, 5120), (5120, 17408), (12288, 5120), (10240, 5120), (1000, 4100)]
@@ -189,14 +191,31 @@ def test_fp8_moe_matches_reference(ops, n, block):
     assert rel_err(got, ref) < 1e-2
 
 
+def prefill_linear_ref(x: torch.Tensor, w) -> torch.Tensor:
+    """`Fp8Gemm`'s prefill arithmetic in fp32 torch ops: x quantised to e4m3 per token per 128
+    columns (128 x 128-block weights) or per token (per-channel weights), times the dequantised
+    weight. A bf16 weight is the plain product."""
+    if not isinstance(w, Fp8Weight):
+        return F.linear(x.float(), w.float()).to(x.dtype)
+    if w.per_channel:  # one scale per token
+        xf = x.float()
+        xs = xf.abs().amax(dim=-1, keepdim=True).clamp(min=ACT_EPS) / FP8_MAX
+        xq = (xf / xs).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * xs
+    else:
+        q, xs = quantize_groups_ref(x, 128)
+        xq = q.float() * xs.repeat_interleave(128, dim=1)
+    return F.linear(xq, w.dequantize(torch.float32)).to(x.dtype)
+
+
 @pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("n", [1, 8, 32, 40], ids=lambda n: f"N{n}")
 def test_fp8_moe_block_with_its_shared_expert(ops, n, block):
     """The MoE block over FP8 experts and an FP8 shared expert (35B-A3B shapes): up to
     DECODE_PAIRS routed pairs `CudaOps.moe_block` fuses it (`moe_block_decode`: four launches,
     the shared expert's e4m3 tiles times their own scales), beyond it composes the separate
-    ops; both within the decode kernels' error of the reference block on the dequantised
-    weights."""
+    ops, whose shared expert's linears then take the prefill GEMM (activations quantised to
+    e4m3, `prefill_linear_ref`). Either way within the decode kernels' error (1e-2) of the
+    reference block with the same arithmetic."""
     gen = torch.Generator(DEV).manual_seed(4)
     e, h, i, top_k = 256, 2048, 512, 8
     x = torch.randn(n, h, device=DEV, generator=gen).to(torch.bfloat16)
@@ -205,10 +224,13 @@ def test_fp8_moe_block_with_its_shared_expert(ops, n, block):
     shared_gate_up, shared_down = (w.expert(0) for w in fp8_experts(1, h, i, block, seed=5))
     args = (x, router, gate_up, down, shared_gate_up, shared_down, top_k)
     got = ops.moe_block(*args)
-    ref = ReferenceOps().moe_block(*args)
+    fused = n * top_k <= DECODE_PAIRS
+    ref_ops = ReferenceOps()
+    linear = ref_ops.linear if fused else prefill_linear_ref
+    ref = moe_block_ref(*args, moe_ref, linear, ref_ops.silu_mul, ref_ops.sigmoid_mul)
     assert rel_err(got, ref) < 1e-2
-    assert block_fusable(*args) == (n * top_k <= DECODE_PAIRS)
-    if n * top_k <= DECODE_PAIRS:
+    assert block_fusable(*args) == fused
+    if fused:
         assert torch.equal(got, moe_block_decode(*args, ops.linear))
 
 
