@@ -3,8 +3,10 @@
 interpreter, against the reference block over the dequantised weights. The interpreter has no
 e4m3 or bf16, so the weights go in as fp32 holding the e4m3 values with their block scales
 (the kernels convert each tile to fp32 first: the same products), and x in fp32. Both scale
-layouts the kernels take: a scale gathered per element (a K step spanning two 128-column
-blocks) and one per row (ROW_SCALE: a step inside one block, or per-channel scales). The e4m3
+layouts and each way a kernel's K step meets the scale blocks (`moe._scale_blocks`): a step
+inside one block (or per-channel scales: one scale per row), a step spanning whole 128-column
+blocks (a scale per row and block), and blocks that do not divide the step (96 columns: a
+scale gathered per element). The e4m3
 loads themselves run on a GPU in tests/ops/test_cuda_fp8.py. TRITON_INTERPRET is read when a
 kernel is defined: the check runs in a fresh interpreter."""
 
@@ -32,10 +34,10 @@ CHECK = textwrap.dedent(
         def __post_init__(self):
             pass
 
-    def fp8(shape, spread, per_channel):
+    def fp8(shape, spread, block):
         w = torch.randn(*shape, generator=gen) * 0.05
         w = w * torch.logspace(0, spread, shape[-2]).view(-1, 1)  # rows of scale blocks differ
-        q = quantize_fp8(w, (1, shape[-1]) if per_channel else (128, 128))
+        q = quantize_fp8(w, (1, shape[-1]) if block is None else block)
         return Held(q.qweight.float(), q.scale, q.block), q.dequantize(torch.float32)
 
     def rel(a, b):
@@ -44,21 +46,22 @@ CHECK = textwrap.dedent(
     gen = torch.Generator().manual_seed(0)
     experts, top_k = 16, 4
     # the interpreter runs one config per kernel (BLOCK_K 256 for gate_up, 512 for down): over
-    # K = 256 in 128 x 128 blocks a step spans two scale blocks (a scale gathered per
-    # element), over K = 128 or with per-channel scales one scale per row (ROW_SCALE)
-    cases = ((False, 256, 256, (3,)), (False, 128, 128, (2,)), (True, 128, 128, (2,)))
-    for per_channel, hidden, inter, tokens in cases:
-        (gu, gu_d), (d, d_d) = (fp8((experts, 2 * inter, hidden), 1.0, per_channel),
-                                fp8((experts, hidden, inter), 1.0, per_channel))
-        (sgu, sgu_d), (sd, sd_d) = (fp8((2 * inter, hidden), 2.0, per_channel),
-                                    fp8((hidden, inter), 2.0, per_channel))
+    # K = 256 in 128 x 128 blocks a step spans two or four whole scale blocks, over K = 128 or
+    # with per-channel scales (block None) it lies in one, 96-column blocks divide no step
+    cases = (((128, 128), 256, 256, (3,)), ((128, 128), 128, 128, (2,)), (None, 128, 128, (2,)),
+             ((128, 96), 192, 192, (2,)))
+    for block, hidden, inter, tokens in cases:
+        (gu, gu_d), (d, d_d) = (fp8((experts, 2 * inter, hidden), 1.0, block),
+                                fp8((experts, hidden, inter), 1.0, block))
+        (sgu, sgu_d), (sd, sd_d) = (fp8((2 * inter, hidden), 2.0, block),
+                                    fp8((hidden, inter), 2.0, block))
         router = torch.randn(experts + 1, hidden, generator=gen) * 0.1
         for n in tokens:
             x = torch.randn(n, hidden, generator=gen)
             assert moe.block_fusable(x, router, gu, d, sgu, sd, top_k), n
             got = moe.moe_block_decode(x, router, gu, d, sgu, sd, top_k)
             want = moe_block_ref(x, router, gu_d, d_d, sgu_d, sd_d, top_k)
-            assert rel(got, want) < 1e-5, (per_channel, n, rel(got, want))
+            assert rel(got, want) < 1e-5, (block, n, rel(got, want))
             # the shared expert's own scales count: doubling its dequantised weights differs
             assert rel(got, moe_block_ref(x, router, gu_d, d_d, 2 * sgu_d, sd_d, top_k)) > 1e-2
             assert rel(got, moe_block_ref(x, router, gu_d, d_d, sgu_d, 2 * sd_d, top_k)) > 1e-2

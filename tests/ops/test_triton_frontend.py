@@ -37,21 +37,22 @@ def _to_ttir(kernel, signature: dict, constexprs: dict) -> None:
 
 
 @triton.jit
-def _scaled_tile(scales, out, ROW_SCALE: tl.constexpr):
+def _scaled_tile(scales, out, BK_W, SCALES: tl.constexpr):
     """A [32, 2, 128] tile through `moe._scaled`, summed into out[32]."""
     rows = tl.arange(0, 32)[:, None] * 2 + tl.arange(0, 2)[None, :]
     ok = rows >= 0
     wf = tl.full((32, 2, 128), 1.0, tl.float32)
-    wf = moe._scaled(wf, scales + rows * 4, 0, 128, ok, 128, 128, ROW_SCALE)
+    wf = moe._scaled(wf, scales + rows * 4, 0, 128, ok, 128, BK_W, SCALES)
     tl.store(out + tl.arange(0, 32), tl.sum(tl.sum(wf, 2), 1))
 
 
-@pytest.mark.parametrize("row_scale", [True, False])
-def test_fp8_scale_helper_types_for_both_scale_layouts(row_scale):
+@pytest.mark.parametrize("scales", [1, 2, 4, 0])
+def test_fp8_scale_helper_types_for_every_scale_layout(scales):
     """The FP8 MoE decode kernels' scale helper compiles for one scale per row (a K step inside
-    one scale block) and for per-element gathered scales."""
-    _to_ttir(_scaled_tile, {"scales": "*fp32", "out": "*fp32", "ROW_SCALE": "constexpr"},
-             {"ROW_SCALE": row_scale})  # fmt: skip
+    one scale block), a scale per row and block (a step spanning whole blocks) and per-element
+    gathered scales."""
+    sig = {"scales": "*fp32", "out": "*fp32", "BK_W": "i32", "SCALES": "constexpr"}
+    _to_ttir(_scaled_tile, sig, {"SCALES": scales})
 
 
 _DTYPES = {

@@ -119,11 +119,20 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
             for n, k, w, st in table
         ]
 
+    def _scale_blocks(fp8: bool, block_k: int, bk_w: int, k: int) -> int:
+        """How a kernel's K step of `block_k` columns meets FP8 scale blocks `bk_w` columns wide
+        (`_scaled`): 1, inside one block (or not FP8); a power of two > 1, that many whole
+        blocks (steps start at multiples of block_k); 0, neither (scales gathered per
+        element)."""
+        if not fp8 or bk_w % block_k == 0 or bk_w >= k:
+            return 1
+        n = block_k // bk_w
+        return n if block_k % bk_w == 0 and n & (n - 1) == 0 else 0
+
     _even = triton.heuristics(
         {
             "EVEN": lambda a: a["N"] % a["BLOCK_N"] == 0 and a["K"] % a["BLOCK_K"] == 0,
-            # FP8: a K step lies inside one scale block, so one scale per row and step
-            "ROW_SCALE": lambda a: a["BK_W"] % a["BLOCK_K"] == 0 or a["BK_W"] >= a["K"],
+            "SCALES": lambda a: _scale_blocks(a["FP8"], a["BLOCK_K"], a["BK_W"], a["K"]),
         }
     )
 
@@ -196,13 +205,22 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         tl.store(ids + t * per + offs_j, picked, mask=j_ok)
 
     @triton.jit
-    def _scaled(wf, srows, k0, K, ok, BLOCK_K: tl.constexpr, BK_W, ROW_SCALE: tl.constexpr):
+    def _scaled(wf, srows, k0, K, ok, BLOCK_K: tl.constexpr, BK_W, SCALES: tl.constexpr):
         """The fp32 weight tile `wf` [R0, R1, BLOCK_K] at K step k0 times its FP8 scales, whose
-        rows' scale rows start at the pointers `srows` [R0, R1]: one scale per row when the
-        step lies in one scale block (ROW_SCALE), else gathered per element; `ok` masks the
-        rows. Both branches return the tile's shape (Triton types a function's returns alike)."""
-        if ROW_SCALE:
+        rows' scale rows start at the pointers `srows` [R0, R1]: SCALES (`_scale_blocks`) = 1,
+        the step lies in one scale block: one scale per row; SCALES > 1, the step spans SCALES
+        whole blocks: SCALES scales per row, each over its BLOCK_K / SCALES columns; 0,
+        gathered per element. `ok` masks the rows. Every branch returns the tile's shape
+        (Triton types a function's returns alike)."""
+        if SCALES == 1:
             return wf * tl.load(srows + k0 // BK_W, mask=ok, other=0.0)[:, :, None]
+        if SCALES > 1:
+            SUB: tl.constexpr = BLOCK_K // SCALES
+            j = tl.arange(0, SCALES)
+            m = ok[:, :, None] & (k0 + j * SUB < K)[None, None, :]
+            sc = tl.load(srows[:, :, None] + (k0 // BK_W + j)[None, None, :], mask=m, other=0.0)
+            parts = tl.reshape(wf, (wf.shape[0], wf.shape[1], SCALES, SUB))
+            return tl.reshape(parts * sc[:, :, :, None], wf.shape)
         blk = (k0 + tl.arange(0, BLOCK_K)) // BK_W
         k_ok = (k0 + tl.arange(0, BLOCK_K)) < K
         m = ok[:, :, None] & k_ok[None, None, :]
@@ -211,7 +229,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
     @triton.jit
     def _dot_rows(
         rows, vec, K, row_ok, srows, BK_W, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-        STAGES: tl.constexpr, FP8: tl.constexpr, ROW_SCALE: tl.constexpr,
+        STAGES: tl.constexpr, FP8: tl.constexpr, SCALES: tl.constexpr,
     ):  # fmt: skip
         """fp32 dot products [R0, R1] of the K-long unit-stride rows starting at the pointers
         `rows` [R0, R1] with vec [K]; row_ok [R0, R1] or [R0, 1]. Products are summed per lane
@@ -231,7 +249,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
             wf = w.to(tl.float32)
             if FP8:
                 ok = tl.broadcast_to(row_ok, srows.shape)
-                wf = _scaled(wf, srows, k0, K, ok, BLOCK_K, BK_W, ROW_SCALE)
+                wf = _scaled(wf, srows, k0, K, ok, BLOCK_K, BK_W, SCALES)
             acc += wf * v.to(tl.float32)[None, None, :]
         return tl.sum(acc, axis=2)
 
@@ -242,7 +260,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         x, w, ws, ids, h, pairs, N, K, s_xt, s_we, s_wn, s_hp, sc, ssc, s_se, s_sn, BN_W, BK_W,
         TOP_K: tl.constexpr, SHARED: tl.constexpr, FP8: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
-        ROW_SCALE: tl.constexpr,
+        SCALES: tl.constexpr,
     ):  # fmt: skip
         """Program (pair p, block nb): h[p, n] = silu(W[n] . x[t]) * (W[N + n] . x[t]) for
         n in [nb * BLOCK_N, (nb + 1) * BLOCK_N), t = p // P with P = TOP_K + SHARED pairs per
@@ -267,7 +285,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         xr = x + (p // per) * s_xt
         acc = _dot_rows(
             rows, xr, K, (offs_n < N)[:, None], srows, BK_W, BLOCK_K, EVEN, STAGES, FP8,
-            ROW_SCALE,
+            SCALES,
         )  # fmt: skip
         dt = h.dtype.element_ty
         gate, up = tl.split(acc.to(dt).to(tl.float32))
@@ -281,7 +299,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         h, w, ws, ids, wts, out, tokens, N, K, s_hp, s_we, s_wn, s_ot, sc, ssc, s_se, s_sn, BN_W,
         BK_W, TOP_K: tl.constexpr, SHARED: tl.constexpr, FP8: tl.constexpr, KP: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-        EVEN: tl.constexpr, ROW_SCALE: tl.constexpr,
+        EVEN: tl.constexpr, SCALES: tl.constexpr,
     ):  # fmt: skip
         """Program (token t, block nb): out[t, n] = sum_j wts[p] * (w[e, n] . h[p]) over the
         TOP_K routed pairs p = t * P + j (P = TOP_K + SHARED), e = ids[p], for n in
@@ -326,7 +344,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
                 r = tl.load(rows + k0, mask=n_ok & k_ok, other=0.0)
             rf = r.to(tl.float32)
             if FP8:
-                rf = _scaled(rf, srows, k0, K, s_ok, BLOCK_K, BK_W, ROW_SCALE)
+                rf = _scaled(rf, srows, k0, K, s_ok, BLOCK_K, BK_W, SCALES)
             acc += rf * v.to(tl.float32)
             if SHARED:
                 if EVEN:
@@ -341,7 +359,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
                 srf = sr.to(tl.float32)
                 if FP8:
                     one = _scaled(srf[None, :, :], s_srows, k0, K, (offs_n < N)[None, :],
-                                  BLOCK_K, BK_W, ROW_SCALE)  # fmt: skip
+                                  BLOCK_K, BK_W, SCALES)  # fmt: skip
                     srf = tl.reshape(one, (BLOCK_N, BLOCK_K))
                 s_acc += srf * sv.to(tl.float32)[None, :]
         dt = out.dtype.element_ty
