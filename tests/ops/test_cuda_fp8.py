@@ -38,7 +38,13 @@ from ninfer.ops.cuda.fp8 import (  # noqa: E402
     w8a8_fits,
     w8a8_gemm,
 )
-from ninfer.ops.cuda.moe import DECODE_PAIRS, block_fusable, moe_block_decode  # noqa: E402
+from ninfer.ops.cuda.moe import (  # noqa: E402
+    DECODE_PAIRS,
+    block_fusable,
+    moe_block_decode,
+    moe_grouped_fp8,
+    moe_grouped_mm,
+)
 from ninfer.ops.fp8 import FP8_DTYPE, FP8_MAX, Fp8Weight, quantize_fp8  # noqa: E402
 from ninfer.ops.reference import ReferenceOps, moe_ref  # noqa: E402
 from ninfer.ops.reference.dense import moe_block_ref  # noqa: E402
@@ -177,10 +183,10 @@ def fp8_experts(e: int, h: int, i: int, block: tuple[int, int], seed: int = 1):
 
 
 @pytest.mark.parametrize("block", BLOCKS)
-@pytest.mark.parametrize("n", [1, 4, 8, 300], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("n", [1, 4, 8, 300, 2048], ids=lambda n: f"N{n}")
 def test_fp8_moe_matches_reference(ops, n, block):
     """35B-A3B shapes (E 256, H 2048, I 512, top-8): N <= 8 the decode kernels on e4m3
-    weights, N = 300 the dequantising grouped path."""
+    weights, N = 300 and 2048 the FP8 grouped GEMM (`moe_grouped_fp8`, BLOCK_M 16 and 64)."""
     gen = torch.Generator(DEV).manual_seed(2)
     e, h, i, top_k = 256, 2048, 512, 8
     x = torch.randn(n, h, device=DEV, generator=gen).to(torch.bfloat16)
@@ -232,6 +238,28 @@ def test_fp8_moe_block_with_its_shared_expert(ops, n, block):
     assert block_fusable(*args) == fused
     if fused:
         assert torch.equal(got, moe_block_decode(*args, ops.linear))
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+def test_fp8_grouped_gemm_against_the_grouped_path_on_dequantised_experts(block):
+    """`moe_grouped_fp8` rounds where `moe_grouped_mm` does on the dequantised experts (each
+    projection, SwiGLU, the routing weight's product), so the two differ only by their fp32
+    sums' order; it allocates no bf16 copy of the experts."""
+    gen = torch.Generator(DEV).manual_seed(6)
+    e, h, i, top_k, n = 256, 2048, 512, 8, 1000
+    x = torch.randn(n, h, device=DEV, generator=gen).to(torch.bfloat16)
+    router = (torch.randn(e, h, device=DEV, generator=gen) * 0.02).to(torch.bfloat16)
+    gate_up, down = fp8_experts(e, h, i, block)
+    moe_grouped_fp8(x, router, gate_up, down, top_k)  # tunes first
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    got = moe_grouped_fp8(x, router, gate_up, down, top_k)
+    peak = torch.cuda.max_memory_allocated() - base
+    dense = [w.dequantize(torch.bfloat16) for w in (gate_up, down)]
+    want = moe_grouped_mm(x, router, *dense, top_k)
+    assert rel_err(got, want) < 5e-3
+    assert peak < dense[0].numel() * 2 // 4, peak  # far below one projection's bf16 copy
 
 
 def test_fp8_moe_decode_graph_replays_new_inputs(ops):

@@ -158,6 +158,23 @@ def test_fp8_moe_block_kernels_with_the_shared_expert_compile(monkeypatch, block
     assert _compile_launches(launches) >= 2
 
 
+@pytest.mark.parametrize("block", [(128, 128), (1, 0)], ids=["block128", "per-channel"])
+def test_fp8_grouped_gemm_compiles(monkeypatch, block):
+    """The MoE's FP8 grouped GEMM (`moe.moe_grouped_fp8`: gate_up with the token gather, down
+    with the routing weights), every autotune config, through the front end for sm_90."""
+    from ninfer.ops.fp8 import quantize_fp8
+
+    e, h, i, top_k, n = 16, 2048, 512, 8, 64
+    gate_up = quantize_fp8(torch.randn(e, 2 * i, h) * 0.02, (1, h) if block == (1, 0) else block)
+    down = quantize_fp8(torch.randn(e, h, i) * 0.02, (1, i) if block == (1, 0) else block)
+    x = torch.randn(n, h).to(torch.bfloat16)
+    router = torch.randn(e, h).to(torch.bfloat16)
+    launches = _launches(monkeypatch, lambda: moe.moe_grouped_fp8(x, router, gate_up, down, top_k))
+    assert {f.__name__ for f, _ in launches} == {"_grouped_fp8_kernel"}
+    assert {(v["GATHER"], v["WEIGHTED"]) for _, v in launches} == {(True, False), (False, True)}
+    assert _compile_launches(launches) == len(launches)
+
+
 def test_state_tap_kernels_compile(monkeypatch):
     """The conv state taps' two launches (`conv._tap_init`, `conv._write_taps`) through the
     front end for sm_90: a bf16 pass over a bf16 conv state, taps near their row's start."""

@@ -47,8 +47,10 @@ always replays the path it was captured with:
 - FP8 experts (`ninfer.ops.fp8.Fp8Weight`, `moe_fp8`): decode-sized inputs run the decode
   kernels above on the e4m3 weights (each weight times its block's scale in fp32 as it is read;
   in `moe_block_decode` an FP8 shared expert's tiles too, times its own scales); larger ones
-  `moe_dequantized`, which expands the experts it needs to x.dtype per call and runs the
-  grouped or bmm path (correct, slow).
+  `moe_grouped_fp8`: the grouped path's sorted pairs through a Triton grouped GEMM that reads
+  the e4m3 experts as they are (`grouped_fp8`: W8A16, each K step times its scale block).
+  Weights it does not take (a scale block narrower than its K step) go to `moe_dequantized`,
+  which expands the experts it needs to x.dtype per call (correct, slow).
 
 `CudaOps`' module imports this one, so it imports with torch alone; the Triton kernels are
 defined only where triton is installed. Knows nothing about the model.
@@ -102,9 +104,12 @@ DOWN_CONFIGS = (
 ROUTE_WARPS = (1, 2, 4)
 
 
+grouped_fp8 = None  # the FP8 grouped GEMM's module, where triton is installed
 if importlib.util.find_spec("triton") is not None:  # else only the torch paths
     import triton
     import triton.language as tl
+
+    from ninfer.ops.cuda import grouped_fp8
 
     _INTERPRET = triton.knobs.runtime.interpret
 
@@ -594,11 +599,49 @@ def moe_fp8(
 ) -> torch.Tensor:
     """`moe_grouped` over FP8 experts: decode-sized inputs with both projections FP8 run the
     decode kernels on the e4m3 weights (each weight times its scale in fp32 as it is read),
-    the rest `moe_dequantized`."""
+    larger ones the FP8 grouped GEMM (`moe_grouped_fp8`) where it takes the weights, the rest
+    `moe_dequantized`."""
     both = isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight)
     if both and _decode_sized(x, top_k):
         return moe_decode(x, router_weight, gate_up, down, top_k)
+    grouped = grouped_fp8 is not None and both
+    if grouped and grouped_fp8.fits(x.dtype, gate_up) and grouped_fp8.fits(x.dtype, down):
+        return moe_grouped_fp8(x, router_weight, gate_up, down, top_k)
     return moe_dequantized(x, router_weight, gate_up, down, top_k)
+
+
+def _sorted_pairs(weights: torch.Tensor, ids: torch.Tensor, num_experts: int):
+    """The routed (token, expert) pairs (`route_ref`'s weights and ids [N, top_k]) sorted by
+    expert, on the device: (their routing weights [N * top_k, 1] in sorted order, each sorted
+    pair's token, per-expert pair counts [E] int32)."""
+    flat = ids.reshape(-1)
+    n, top_k = ids.shape
+    token = torch.arange(n, device=ids.device).repeat_interleave(top_k)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    return weights.reshape(-1, 1)[order], token[order], counts
+
+
+def moe_grouped_fp8(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: Fp8Weight,
+    down: Fp8Weight,
+    top_k: int,
+) -> torch.Tensor:
+    """`moe_grouped_mm` with `grouped_fp8.grouped_fp8` for the two grouped GEMMs: each e4m3
+    expert weight read as it is (scaled in the kernel), none expanded to x.dtype. The same
+    roundings as `moe_grouped_mm` on the dequantised weights (each projection's output to
+    x.dtype, SwiGLU in x.dtype, the routing weight's product rounded)."""
+    pairs = x.shape[0] * top_k
+    w, tok, counts = _sorted_pairs(*route_ref(x, router_weight, top_k), gate_up.shape[0])
+    bm = grouped_fp8.block_m(pairs, gate_up.shape[0])
+    offs, block_end = grouped_fp8.block_table(counts, bm)
+    gate, up = grouped_fp8.grouped_fp8(x, tok, gate_up, offs, block_end, bm, pairs).chunk(2, -1)
+    h = F.silu(gate) * up
+    y = grouped_fp8.grouped_fp8(h, None, down, offs, block_end, bm, pairs, w.reshape(-1))
+    return torch.zeros_like(x).index_add_(0, tok, y)
 
 
 def moe_dequantized(
@@ -651,11 +694,8 @@ def moe_grouped_mm(
         gate, up = torch.bmm(gate_up[flat], x[token, :, None]).squeeze(-1).chunk(2, dim=-1)
         y = torch.bmm(down[flat], (F.silu(gate) * up)[:, :, None]).squeeze(-1) * w
         return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=x.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    w_sorted, tok, counts = _sorted_pairs(weights, ids, num_experts)
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    tok = token[order]
     gate, up = torch._grouped_mm(x[tok], gate_up.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
-    y = torch._grouped_mm(F.silu(gate) * up, down.transpose(-2, -1), offs=offs) * w[order]
+    y = torch._grouped_mm(F.silu(gate) * up, down.transpose(-2, -1), offs=offs) * w_sorted
     return torch.zeros_like(x).index_add_(0, tok, y.to(x.dtype))
