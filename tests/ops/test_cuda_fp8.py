@@ -262,6 +262,24 @@ def test_fp8_grouped_gemm_against_the_grouped_path_on_dequantised_experts(block)
     assert peak < dense[0].numel() * 2 // 4, peak  # far below one projection's bf16 copy
 
 
+def test_fp8_grouped_gemm_captures_any_length_after_one_eager_call():
+    """The first eager call tunes every BLOCK_M, so a prefill graph of another length (another
+    BLOCK_M) captures and replays new inputs."""
+    gen = torch.Generator(DEV).manual_seed(7)
+    e, h, i, top_k = 64, 1024, 256, 8
+    gate_up, down = fp8_experts(e, h, i, (128, 128))
+    router = (torch.randn(e, h, device=DEV, generator=gen) * 0.02).to(torch.bfloat16)
+    moe_grouped_fp8(torch.randn(40, h, device=DEV).to(torch.bfloat16), router, gate_up, down, 8)
+    x = torch.randn(1000, h, device=DEV, generator=gen).to(torch.bfloat16)  # BLOCK_M 128
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = moe_grouped_fp8(x, router, gate_up, down, top_k)
+    x.copy_(torch.randn(x.shape, device=DEV, generator=gen).to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(y, moe_ref(x, router, gate_up, down, top_k)) < 1e-2
+
+
 def test_fp8_moe_decode_graph_replays_new_inputs(ops):
     gen = torch.Generator(DEV).manual_seed(3)
     e, h, i, top_k = 64, 2048, 512, 8

@@ -60,6 +60,15 @@ CHECK = textwrap.dedent(
         assert rel(got, want) < 1e-5, (block, rel(got, want))
         if pairs > moe.DECODE_PAIRS:  # the path moe_fp8 takes past the decode kernels
             assert torch.equal(moe.moe_fp8(x, router, gu, d, top_k), got)
+        _, tok, sorted_counts = moe._sorted_pairs(weights, ids, experts)
+        outs = []
+        for m in grouped_fp8.BLOCK_MS:  # every BLOCK_M gives the rows (up to the sums' order)
+            offs, block_end = grouped_fp8.block_table(sorted_counts, m)
+            outs.append(grouped_fp8.grouped_fp8(x, tok, gu, offs, block_end, m, pairs))
+        assert all(rel(o, outs[0]) < 1e-6 for o in outs[1:]), block
+        experts_sorted = ids.reshape(-1).sort(stable=True).values
+        exact = torch.bmm(gu_d[experts_sorted], x[tok, :, None]).squeeze(-1)
+        assert rel(outs[0], exact) < 1e-5, block
         print(block, "pairs per expert", counts.tolist(), "BLOCK_M", bm, "err", rel(got, want))
     print("ok")
     """

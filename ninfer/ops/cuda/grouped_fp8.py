@@ -19,8 +19,10 @@ routing weight and rounded again, as the reference's `grouped_mm(...) * w` round
 Against expanding every expert to bf16 per call (`moe.moe_dequantized`), it reads each e4m3
 weight byte once per M block and allocates no [E, N, K] bf16 copy. BLOCK_M is chosen by the
 caller from the mean pairs per expert (`block_m`); BLOCK_N, BLOCK_K, warps and stages are
-autotuned per (N, K, BLOCK_M, scale block) on first use, timed in a CUDA graph
-(`timing.graph_bench`), outside any capture. Knows nothing about the model.
+autotuned per (N, K, BLOCK_M, scale block), timed in a CUDA graph (`timing.graph_bench`). The
+first call per weight shape tunes and compiles every BLOCK_M at once, so a later pass of
+another length, or a CUDA-graph capture, finds them ready; that first call must be eager (the
+engine's warm-up makes it), and one inside a capture raises. Knows nothing about the model.
 """
 
 from __future__ import annotations
@@ -115,11 +117,14 @@ def _grouped_fp8_kernel(
     tl.store(o_ptrs, y, mask=r_ok[:, None] & n_ok[None, :])
 
 
+BLOCK_MS = (16, 32, 64, 128)  # the BLOCK_M `block_m` picks from
+
+
 def block_m(pairs: int, experts: int) -> int:
-    """BLOCK_M for `pairs` sorted pairs over `experts` experts: the power of two (16..128) at
-    or above the mean pairs per expert."""
+    """BLOCK_M for `pairs` sorted pairs over `experts` experts: the least of BLOCK_MS at or
+    above the mean pairs per expert (the largest past it)."""
     mean = -(-pairs // max(experts, 1))
-    return min(128, max(16, triton.next_power_of_2(mean)))
+    return next((m for m in BLOCK_MS if m >= mean), BLOCK_MS[-1])
 
 
 def block_table(counts: torch.Tensor, bm: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,6 +173,28 @@ def grouped_fp8(
     out = torch.empty(pairs, n, dtype=a.dtype, device=a.device)
     if pairs == 0:
         return out
+    key = (n, k, w.block, a.dtype, rows is not None, weights is not None)
+    if key not in _PRIMED:
+        if a.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"grouped_fp8 first called for {key} inside a CUDA-graph capture: its tuning "
+                "and compiles need an eager call first (the engine's warm-up)"
+            )
+        counts = torch.diff(offs, prepend=offs.new_zeros(1))
+        for m in BLOCK_MS:  # every BLOCK_M a later pass (or a capture) may pick
+            if m != bm:
+                _launch(a, rows, w, offs, block_table(counts, m)[1], m, pairs, weights, out)
+        _PRIMED.add(key)
+    _launch(a, rows, w, offs, block_end, bm, pairs, weights, out)
+    return out
+
+
+# (N, K, block, dtype, gather, weighted) `grouped_fp8` has tuned and compiled at every BLOCK_M
+_PRIMED: set[tuple] = set()
+
+
+def _launch(a, rows, w, offs, block_end, bm, pairs, weights, out) -> None:
+    experts, n, k = w.qweight.shape
     max_blocks = triton.cdiv(pairs, bm) + experts  # sum of ceil(count / bm) over the experts
     grid = lambda meta: (max_blocks, triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
     log_e = max(1, (experts - 1).bit_length())
@@ -179,4 +206,3 @@ def grouped_fp8(
         out.stride(0), w.block[0], w.block[1], BLOCK_M=bm, LOG_E=log_e,
         GATHER=rows is not None, WEIGHTED=weights is not None,
     )  # fmt: skip
-    return out
