@@ -168,6 +168,15 @@ class EngineOptions:
         None, "with --speculative: the draft head proposes only the first N token ids and "
         "the tokenizer's added tokens (a faster draft; default: every token)", metavar="N",
         kind=int, lo=1)  # fmt: skip
+    # The draft's own weights in FP8: the MTP layer's projections (attention, MLP or experts)
+    # quantised at load as the FP8 releases store them (fine-grained, 128 x 128; `mtp.fc`, the
+    # norms and routers stay as loaded), so each draft pass reads about half the bytes. The
+    # target is untouched, so the output is unchanged; only the drafts, and with them the
+    # acceptance, may differ. None: the head as loaded.
+    draft_quantization: str | None = _opt(
+        None, 'with --speculative: "fp8" quantises the MTP draft layer\'s projections to FP8 '
+        "at load (a faster draft; the target stays as loaded; default: as loaded)",
+        choices=QUANTIZATIONS)  # fmt: skip
     # Queue timeout budget (seconds). In-flight coalescing (§12.2) lets the FIFO head wait for a
     # prefilling sibling only while twice the sibling's predicted prefill up to the shared
     # target is within half of it; 0 disables coalescing. No request is ever failed for waiting.
@@ -336,6 +345,7 @@ class Speculation:
     speculative: str | None = None  # the draft method
     num_speculative_tokens: int = 0  # 0 when off
     draft_vocab: int | None = None  # the draft's first token ids (None: all)
+    draft_quantization: str | None = None  # the draft layer quantised at load ("fp8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,17 +507,18 @@ def _host_geometry(
 
 
 def resolve_speculation(opts: EngineOptions) -> Speculation:
-    """The draft method, K (default DEFAULT_SPECULATIVE_TOKENS) and the draft's vocabulary;
-    ValueError naming num_speculative_tokens or draft_vocab when given without
-    `speculative`. A draft_vocab at or past the model's vocabulary means all of it."""
+    """The draft method, K (default DEFAULT_SPECULATIVE_TOKENS), the draft's vocabulary and its
+    quantisation; ValueError naming num_speculative_tokens, draft_vocab or draft_quantization
+    when given without `speculative`. A draft_vocab at or past the model's vocabulary means
+    all of it."""
     if opts.speculative is None:
-        for name in ("num_speculative_tokens", "draft_vocab"):
+        for name in ("num_speculative_tokens", "draft_vocab", "draft_quantization"):
             if getattr(opts, name) is not None:
                 raise ValueError(f"{name} needs speculative='mtp'")
         return Speculation()
     k = opts.num_speculative_tokens
     k = DEFAULT_SPECULATIVE_TOKENS if k is None else k
-    return Speculation(opts.speculative, k, opts.draft_vocab)
+    return Speculation(opts.speculative, k, opts.draft_vocab, opts.draft_quantization)
 
 
 def check_fit(opts: EngineOptions, model: Qwen35Config, on_cuda: bool) -> None:

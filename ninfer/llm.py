@@ -89,6 +89,18 @@ def _load(options: EngineOptions, device: str):
     return config, tokenizer, template, build, processor
 
 
+def _quantize_draft(model, choice: str) -> None:
+    """`draft_quantization`: the MTP head's projections to FP8, in place (a model handed to
+    `LLM.from_model` keeps its FP8 head afterwards). ValueError naming speculative for a model
+    without a head."""
+    from ninfer.models.quant import on_the_fly
+    from ninfer.models.quantize import quantize_draft_
+
+    if getattr(model, "mtp", None) is None:
+        raise ValueError("speculative='mtp': the model has no MTP draft head")
+    quantize_draft_(model, on_the_fly(choice))
+
+
 def _image_processor(path: Path):
     """The checkpoint's `ImageProcessorConfig` when it has a vision tower and a processor
     config, else None (a text-only load)."""
@@ -160,6 +172,8 @@ class LLM:
         got = next(model.parameters()).dtype
         if got != torch_dtype(dtype):
             raise ValueError(f"dtype: the engine resolved {dtype}, the model's weights are {got}")
+        if options.speculative is not None and options.draft_quantization is not None:
+            _quantize_draft(model, options.draft_quantization)  # before memory is measured
         # Resolved once, with free memory measured with the weights in place: "auto" KV takes
         # what is left. Each value was checked on its own when `options` was built.
         self._cfg: EngineConfig = resolve(options, config, probe_device(facts.device), dtypes)

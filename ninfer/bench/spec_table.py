@@ -29,7 +29,7 @@ from ninfer.cli.main import add_engine_flags, engine_kwargs
 from ninfer.config import DEFAULT_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS
 from ninfer.models.presets import PRESETS
 
-SPEC_KEYS = ("speculative", "num_speculative_tokens", "draft_vocab")
+SPEC_KEYS = ("speculative", "num_speculative_tokens", "draft_vocab", "draft_quantization")
 
 
 def _floats(text: str) -> list[float]:
@@ -70,7 +70,8 @@ def measure(loaded, engine: dict, args, machine: dict) -> list[dict]:
     sizes = (loaded.dtype.itemsize, loaded.kv_dtype.itemsize)
     plain = {k: v for k, v in engine.items() if k not in SPEC_KEYS}
     spec = plain | {"speculative": "mtp", "num_speculative_tokens": args.draft_tokens,
-                    "draft_vocab": engine.get("draft_vocab")}  # fmt: skip
+                    "draft_vocab": engine.get("draft_vocab"),
+                    "draft_quantization": engine.get("draft_quantization")}  # fmt: skip
     lanes = max(args.batch_sizes)
     rows = []
     for label, options, accepts in (("plain", plain, [None]), ("mtp", spec, args.acceptance)):

@@ -89,6 +89,20 @@ def quantize_(model: Qwen35ForCausalLM, scheme: QuantScheme) -> Qwen35ForCausalL
 
 
 @torch.no_grad()
+def quantize_draft_(model: Qwen35ForCausalLM, scheme: QuantScheme) -> list[str]:
+    """Quantises, in place, the MTP draft head's modules `scheme` converts (those under
+    `mtp.`: with the official not-convert list, the layer's projections and experts, not
+    `mtp.fc`, its norms or routers); the target's modules and `model.quant_scheme` stay as
+    they are. Modules already FP8 are left alone. Returns the names converted. Call before
+    `fuse_projections`."""
+    linears, experts = fp8_targets(model, scheme)
+    names = [n for n in (*linears, *experts) if n.startswith("mtp.")]
+    for name in names:
+        convert_module(model, name, scheme, quantize=True)
+    return names
+
+
+@torch.no_grad()
 def dequantize_(model: Qwen35ForCausalLM, dtype: torch.dtype) -> Qwen35ForCausalLM:
     """Replaces, in place, every FP8 module by a dense one in `dtype` whose weights are the FP8
     values times their scales (what the reference op multiplies by); returns `model`. The model

@@ -418,6 +418,52 @@ def test_draft_vocab_ids_and_options():
         LLM.from_model(model, device="cpu", kv_capacity=4096, speculative="mtp", draft_vocab=0)
 
 
+@pytest.mark.parametrize(("kind", "config"), [("dense", TINY), ("moe", TINY_MOE)])
+def test_an_fp8_draft_layer_keeps_plain_decode_output(make_spec_llm, kind, config):
+    """`draft_quantization="fp8"`: the MTP layer's projections (and experts) become FP8 at load,
+    `mtp.fc`, the routers and every target module stay as they were, and greedy output is
+    plain decode's (the target verifies every draft)."""
+    from torch import nn
+
+    from ninfer.models.fp8 import Fp8Linear
+    from ninfer.models.qwen3_5 import Experts
+
+    prompts = _prompts(44)
+    params = [greedy(n) for n in (31, 44, 19)]
+    want = [o.token_ids for o in make_spec_llm(kind).generate(prompts, params)]
+    model = build_random_model(config, torch.float32, "cpu", seed=1 if kind == "dense" else 2,
+                               mtp=True)  # fmt: skip
+    before = {n: type(m) for n, m in model.named_modules() if not n.startswith("mtp.")}
+    with LLM.from_model(model, device="cpu", prefill_chunk=64, max_concurrency=4,
+                        kv_capacity=16384, host_cache_mib=16, check_invariants=True,
+                        speculative="mtp", num_speculative_tokens=3,
+                        draft_quantization="fp8") as llm:  # fmt: skip
+        assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    fp8 = {n for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
+    fp8 |= {n for n, m in model.named_modules() if isinstance(m, Experts) and m.blocks}
+    assert fp8 and all(n.startswith("mtp.layers.0.") for n in fp8), fp8
+    assert "mtp.layers.0.self_attn.o_proj" in fp8
+    assert isinstance(model.mtp.fc, nn.Linear) and model.quant_scheme is None
+    after = {n: type(m) for n, m in model.named_modules() if not n.startswith("mtp.")}
+    assert after == before
+    if kind == "moe":
+        assert "mtp.layers.0.mlp.experts" in fp8
+        assert not any(n.endswith(("mlp.gate", "shared_expert_gate")) for n in fp8)
+
+
+def test_draft_quantization_options():
+    model = build_random_model(TINY, torch.float32, "cpu", mtp=True)
+    with pytest.raises(ValueError, match="draft_quantization needs speculative"):
+        LLM.from_model(model, device="cpu", kv_capacity=4096, draft_quantization="fp8")
+    with pytest.raises(ValueError, match="draft_quantization"):
+        LLM.from_model(model, device="cpu", kv_capacity=4096, speculative="mtp",
+                       draft_quantization="int4")  # fmt: skip
+    plain = build_random_model(TINY, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="speculative"):
+        LLM.from_model(plain, device="cpu", kv_capacity=4096, speculative="mtp",
+                       draft_quantization="fp8")  # fmt: skip
+
+
 def test_a_trimmed_draft_over_an_fp8_lm_head_is_refused():
     """A checkpoint whose not-convert list leaves the LM head FP8: its rows carry block
     scales, so the draft cannot slice them; `draft_vocab` is refused by name before any

@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--trace", default="")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--draft-vocab", type=int, default=None)
+    ap.add_argument("--draft-quantization", default=None, help='"fp8": the MTP layer in FP8')
     ap.add_argument("--no-profile", action="store_true", help="the unprofiled run only")
     ap.add_argument("--verify-backend", default=None,
                     help="OpChoices.verify_backend (default: the engine's)")  # fmt: skip
@@ -108,6 +109,7 @@ def main() -> None:
     llm = LLM.from_model(
         model, device=args.device, speculative="mtp", num_speculative_tokens=args.k,
         max_concurrency=max(args.batch, 1), draft_vocab=args.draft_vocab,
+        draft_quantization=args.draft_quantization,
         **({"verify_backend": args.verify_backend} if args.verify_backend else {}),
     )  # fmt: skip
     llm.engine.speculator.control = controlled_acceptance(args.accept, 0)
