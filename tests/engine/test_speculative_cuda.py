@@ -273,3 +273,28 @@ def test_chain_run_ahead_drafts_what_the_chain_does(monkeypatch):
     assert drafts[True].keys() == drafts[False].keys()
     same = sum(drafts[True][key] == d for key, d in drafts[False].items())
     assert same >= 0.9 * len(drafts[False]), (same, len(drafts[False]))
+
+
+def test_an_fp8_draft_layer_in_the_graphs_keeps_plain_decode_output():
+    """`draft_quantization="fp8"`: the head's passes run the FP8 kernels inside the
+    speculator's graphs (their configs tuned in the eager run before each capture); greedy
+    output as plain decode's up to near-ties, the steady state replayed."""
+    from ninfer.models.fp8 import Fp8Linear
+
+    model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=12, mtp=True)
+    opts = dict(device="cuda", compile=False, max_concurrency=4, kv_capacity=16384,
+                host_cache_mib=64)  # fmt: skip
+    plain = LLM.from_model(model, **opts)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=20)
+    want = plain.generate(PROMPTS, params)
+    plain.close()
+    spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=3,
+                          draft_quantization="fp8", **opts)  # fmt: skip
+    assert any(isinstance(m, Fp8Linear) for m in model.mtp.modules())
+    expected = {tuple(p): p + o.token_ids for p, o in zip(PROMPTS, want, strict=True)}
+    spec.engine.speculator.propose = controlled_draft(expected, 0.6, CUDA_TINY.vocab_size, 3)
+    got = spec.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    _agree_up_to_near_ties(want, got, 40, 3)
+    g = spec.engine.speculator.graphs
+    assert g is not None and g.verify.replays > 10 and g.bridge.replays > 10
+    spec.close()
