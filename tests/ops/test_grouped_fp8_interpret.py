@@ -9,7 +9,6 @@ defined: the check runs in a fresh interpreter."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,27 +17,17 @@ import pytest
 
 pytest.importorskip("triton")
 
+from fp8_held import interpreter_env  # noqa: E402
+
 CHECK = textwrap.dedent(
     """
     import torch
     from ninfer.ops.cuda import grouped_fp8, moe
-    from ninfer.ops.fp8 import Fp8Weight, quantize_fp8
+    from fp8_held import held_fp8, rel
     from ninfer.ops.reference import moe_ref
 
-    class Held(Fp8Weight):  # e4m3 values held in fp32
-        __slots__ = ()
-
-        def __post_init__(self):
-            pass
-
     def fp8(shape, block):
-        w = torch.randn(*shape, generator=gen) * 0.05
-        w = w * torch.logspace(0, 1.0, shape[-2]).view(-1, 1)  # rows of scale blocks differ
-        q = quantize_fp8(w, (1, shape[-1]) if block is None else block)
-        return Held(q.qweight.float(), q.scale, q.block), q.dequantize(torch.float32)
-
-    def rel(a, b):
-        return ((a - b).norm() / b.norm()).item()
+        return held_fp8(gen, shape, 1.0, block)
 
     gen = torch.Generator().manual_seed(0)
     # (block, experts, hidden, inter, tokens, top_k, skew): skew pushes most pairs to expert 0
@@ -76,7 +65,7 @@ CHECK = textwrap.dedent(
 
 
 def test_grouped_fp8_gemm_matches_the_reference_moe():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = interpreter_env()
     run = subprocess.run(
         [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600
     )
