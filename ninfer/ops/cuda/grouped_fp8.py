@@ -173,7 +173,7 @@ def grouped_fp8(
     out = torch.empty(pairs, n, dtype=a.dtype, device=a.device)
     if pairs == 0:
         return out
-    key = (n, k, w.block, a.dtype, rows is not None, weights is not None)
+    key = (experts, n, k, w.block, a.dtype, rows is not None, weights is not None)
     if key not in _PRIMED:
         if a.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
@@ -189,7 +189,7 @@ def grouped_fp8(
     return out
 
 
-# (N, K, block, dtype, gather, weighted) `grouped_fp8` has tuned and compiled at every BLOCK_M
+# (E, N, K, block, dtype, gather, weighted) `grouped_fp8` has tuned and compiled at every BLOCK_M
 _PRIMED: set[tuple] = set()
 
 

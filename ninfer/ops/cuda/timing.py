@@ -1,9 +1,10 @@
 """Device time of a decode-sized call as a CUDA graph pays it: the call captured in a graph
 (so no Python launch cost counts, and a second launch, such as a split-K reduce, costs what it
 costs on the device) and preceded by a write of a buffer larger than the L2 (a decode step
-reads each weight once, so from HBM), that write timed alone and subtracted. Used by the
-decode linears' choices (`linear.DecodeLinear`'s race of cuBLAS and the skinny GEMM,
-`fp8.fp8_skinny`'s choice of config). Run it outside any CUDA-graph capture.
+reads each weight once, so from HBM), that write timed alone and subtracted. Used by
+`linear.DecodeLinear`'s race of cuBLAS and the skinny GEMM (`cold_call_ms`) and, as
+`triton.autotune`'s timer (`graph_bench`), by the Triton kernels' config choices (skinny, fp8,
+moe, grouped_fp8). Run it outside any CUDA-graph capture.
 """
 
 from __future__ import annotations
