@@ -170,7 +170,7 @@ class EngineOptions:
         kind=int, lo=1)  # fmt: skip
     # The draft's own weights in FP8: the MTP layer's projections (attention, MLP or experts)
     # quantised at load as the FP8 releases store them (fine-grained, 128 x 128; `mtp.fc`, the
-    # norms and routers stay as loaded), so each draft pass reads about half the bytes. The
+    # norms and routers stay as loaded), so a draft pass reads the layer in half the bytes. The
     # target is untouched, so the output is unchanged; only the drafts, and with them the
     # acceptance, may differ. None: the head as loaded.
     draft_quantization: str | None = _opt(
