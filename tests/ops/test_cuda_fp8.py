@@ -100,6 +100,36 @@ def test_every_skinny_config(config, m):
     assert rel_err(got, exact) < 1e-2
 
 
+def every_e4m3_weight(n: int = 128, k: int = 256) -> Fp8Weight:
+    """Row r, column c holds the e4m3 byte (2 r + c) mod 256 (the two NaN bytes as zero), so
+    columns 0 and 1 hold every byte: signs, zeros, subnormals, 448. Scales 2^-7 per block."""
+    r, c = torch.arange(n)[:, None], torch.arange(k)[None, :]
+    byte = ((2 * r + c) % 256).to(torch.uint8)
+    byte[(byte & 0x7F) == 0x7F] = 0
+    scale = torch.full((n // 128, k // 128), 2.0**-7)
+    return Fp8Weight(byte.view(FP8_DTYPE).to(DEV), scale.to(DEV), (128, 128))
+
+
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c.kwargs.values())))
+def test_every_skinny_config_widens_every_e4m3_value_exactly(config, m):
+    """One-hot rows of x pick columns of the weight: each output is one dequantised weight,
+    exact in bf16, so every config (the integer widening of BITS ones included) must give it
+    bit for bit, subnormal e4m3 values and signed zeros' products included."""
+    w = every_e4m3_weight()
+    if not _fits(config, m == 1, w.shape[1], 128):
+        pytest.skip("config does not take this shape")
+    for cols in ([0], [1]) if m == 1 else ([0, 1, 2, 3],):
+        x = torch.zeros(m, w.shape[1], device=DEV, dtype=torch.bfloat16)
+        x[torch.arange(m), cols] = 1.0
+        want = w.dequantize(torch.float32)[:, cols].t().to(torch.bfloat16)
+        try:
+            got = fp8_skinny(x, w, config)
+        except OutOfResources:
+            pytest.skip("config exceeds this GPU's resources")
+        assert torch.equal(got, want), (cols, (got.float() - want.float()).abs().max())
+
+
 @pytest.mark.parametrize(("m", "k"), [(1, 128), (37, 640), (1024, 17408), (0, 256)])
 def test_activation_quantisation_is_the_torch_ops_bit_for_bit(m, k):
     """The prefill's one-pass quantisation (`quantize_groups`) gives the torch ops' e4m3 values

@@ -1,24 +1,25 @@
 """`CudaOps.linear` on an FP8 weight (`ninfer.ops.fp8.Fp8Weight`): a Triton skinny GEMV for
 decode, cuBLAS's block-scaled FP8 GEMM for prefill.
 
-- decode (M <= MAX_M rows, bf16 / fp16 x): `fp8_skinny` reads each e4m3 weight byte once and
-  keeps the activations in bf16 (W8A16). Program (nb, s) owns output columns [nb * BLOCK_N,
-  (nb + 1) * BLOCK_N) and the s-th of SPLIT_K K ranges (whole steps of GROUPS * BLOCK_K
-  columns); per step it loads GROUPS [BLOCK_N, BLOCK_K] e4m3 tiles side by side (evict-first),
-  converts each to x's dtype (exact: every e4m3 value is a bf16 value), multiplies it with the
-  same K slice of x in fp32 (tensor cores with x padded to 16 rows, or, M == 1, the CUDA cores)
-  and adds the product times each row's scale for that K slice. A tile never crosses a scale
-  block along K (BLOCK_K divides the block's columns, or the block spans K), so one scale per
-  row and tile: y = sum over tiles of (x . q) * s, each weight's dequantised value never
-  rounded. GROUPS > 1 reads GROUPS * BLOCK_K contiguous bytes of each row a step, across scale
-  blocks (a 128 x 128-block weight caps BLOCK_K at 128: 128 bytes of a row, where the bf16
-  GEMV's tiles read 512). SPLIT_K > 1 (a layer with fewer
-  column blocks than twice the SMs: more programs in flight) writes fp32 partials that a second
-  launch sums in split order (`skinny.reduce_split`: deterministic). The first call per (M
-  rounded up to a power of two, N, K, block, dtype) autotunes, timing each candidate as a
-  decode graph runs it (`timing.graph_bench`: in a CUDA graph, cold L2; a split config with its
-  reduce): keep it out of graph capture (the engine's eager warm-up runs it first); later
-  calls launch the chosen config directly.
+- decode (M <= MAX_M rows, bf16 / fp16 x): `fp8_skinny` reads each e4m3 weight byte once and keeps
+  the activations in bf16 (W8A16). Program (nb, s) owns output columns
+  [nb * BLOCK_N, (nb + 1) * BLOCK_N) and the s-th of SPLIT_K K ranges (whole steps of
+  GROUPS * BLOCK_K columns); per step it loads GROUPS [BLOCK_N, BLOCK_K] e4m3 tiles side by side
+  (evict-first), converts each to x's dtype (exact: every e4m3 value is a bf16 value; by the
+  conversion unit, or, BITS configs with bf16 x, by integer ops on the bytes, `E4M3_BF16_ASM`),
+  multiplies it with the same K slice of x in fp32 (tensor cores with x padded to 16 rows, or,
+  M == 1, the CUDA cores) and adds the product times each row's scale for that K slice. A tile
+  never crosses a scale block along K (BLOCK_K divides the block's columns, or the block spans K),
+  so one scale per row and tile: y = sum over tiles of (x . q) * s, each weight's dequantised
+  value never rounded. GROUPS > 1 reads GROUPS * BLOCK_K contiguous bytes of each row a step,
+  across scale blocks (a 128 x 128-block weight caps BLOCK_K at 128: 128 bytes of a row, where the
+  bf16 GEMV's tiles read 512). SPLIT_K > 1 (a layer with fewer column blocks than twice the SMs:
+  more programs in flight) writes fp32 partials that a second launch sums in split order
+  (`skinny.reduce_split`: deterministic). The first call per (M rounded up to a power of two, N,
+  K, block, dtype) autotunes, timing each candidate as a decode graph runs it
+  (`timing.graph_bench`: in a CUDA graph, cold L2; a split config with its reduce): keep it out of
+  graph capture (the engine's eager warm-up runs it first); later calls launch the chosen config
+  directly.
 - prefill (more rows): x is quantised per token per 128 columns to e4m3 (scale = amax * 1/448,
   fp32; one Triton pass, `quantize_groups`) and `torch.nn.functional.scaled_mm` multiplies
   with scale recipes BlockWise1x128 (x) and BlockWise128x128 (the weight's 128 x 128
@@ -54,17 +55,25 @@ ACT_EPS = 1e-12  # least amax of an activation group (an all-zero group gets a t
 
 
 def _config(
-    bn: int, bk: int, warps: int, stages: int, dot: bool = True, split: int = 1, groups: int = 1
+    bn: int,
+    bk: int,
+    warps: int,
+    stages: int,
+    dot: bool = True,
+    split: int = 1,
+    groups: int = 1,
+    bits: bool = False,
 ) -> triton.Config:
     kw = {"BLOCK_N": bn, "BLOCK_K": bk, "DOT": dot, "STAGES": stages, "SPLIT_K": split}
-    kw["GROUPS"] = groups
+    kw["GROUPS"], kw["BITS"] = groups, bits
     return triton.Config(kw, num_warps=warps, num_stages=stages)
 
 
 # (BLOCK_N, BLOCK_K, num_warps, stages[, DOT[, SPLIT_K[, GROUPS]]]). e4m3 tiles are half the
 # bytes of bf16 ones, so the tiles are wider than skinny.py's for the same bytes in flight; the
 # GROUPS > 1 ones read 256 or 512 contiguous bytes of a row a step from a 128 x 128-block weight.
-CONFIGS = [
+# Each comes twice: widening e4m3 by the conversion unit, and by integer ops (BITS, bf16 x).
+_SHAPES = [
     _config(16, 128, 4, 4),
     _config(32, 128, 4, 4),
     _config(64, 128, 4, 4),
@@ -97,12 +106,19 @@ CONFIGS = [
     _config(16, 128, 4, 3, dot=False, groups=4),
     _config(32, 128, 8, 3, dot=False, groups=2),
 ]
+CONFIGS = _SHAPES + [
+    triton.Config({**c.kwargs, "BITS": True}, num_warps=c.num_warps, num_stages=c.num_stages)
+    for c in _SHAPES
+]
 
 
-def _fits(c: triton.Config, one_row: bool, k: int, block_k: int) -> bool:
-    """A config takes the shape: non-DOT only for M == 1; a K step inside one scale block."""
+def _fits(
+    c: triton.Config, one_row: bool, k: int, block_k: int, dtype: torch.dtype = torch.bfloat16
+) -> bool:
+    """A config takes the shape: non-DOT only for M == 1; a K step inside one scale block;
+    BITS only for bf16 x (any other x would run the BITS-less twin twice)."""
     kw = c.kwargs
-    if not kw["DOT"] and not one_row:
+    if (not kw["DOT"] and not one_row) or (kw["BITS"] and dtype != torch.bfloat16):
         return False
     return block_k >= k or block_k % kw["BLOCK_K"] == 0
 
@@ -119,14 +135,57 @@ def _worth_timing(c: triton.Config, n: int, k: int, sms: int) -> bool:
 
 def _prune(configs, nargs, **kwargs) -> list[triton.Config]:
     one_row, n, k, block_k = nargs["M"] == 1, nargs["N"], nargs["K"], nargs["BK_W"]
-    sms = num_sms(nargs["x"].device)
-    return [c for c in configs if _fits(c, one_row, k, block_k) and _worth_timing(c, n, k, sms)]
+    x = nargs["x"]
+    sms = num_sms(x.device)
+    fits = [c for c in configs if _fits(c, one_row, k, block_k, x.dtype)]
+    return [c for c in fits if _worth_timing(c, n, k, sms)]
 
 
 def _reduce_hook(nargs, exception=None) -> None:
     """Autotune post-hook: a split-K config is timed with its reduce launch."""
     if exception is None and nargs["SPLIT_K"] > 1:
         reduce_split(nargs["part"], nargs["y"], nargs["SPLIT_K"])
+
+
+# Four e4m3 bytes ($2, one 32-bit word) -> four bf16 ($0: bytes 0 and 1, $1: bytes 2 and 3).
+# prmt puts each byte in the top of a 16-bit lane (sign at bit 15, exponent and mantissa under
+# it); the exponent and mantissa move four places down, into bf16's, which gives the e4m3 value
+# times 2^-120 (bf16's exponent bias, 127, against e4m3's 7; subnormals included: bf16 subnormals
+# times 2^-120 likewise); one bf16x2 multiply by 2^120 (0x7B80) per two weights makes it exact.
+E4M3_BF16_ASM = tl.constexpr("""{
+.reg .b32 a, b, lift, nz;
+mov.b32 lift, 0x7B807B80;
+mov.b32 nz, 0x80008000;
+prmt.b32 a, $2, 0, 0x1404;
+prmt.b32 b, $2, 0, 0x3424;
+and.b32 $0, a, 0x80008000;
+and.b32 $1, b, 0x80008000;
+and.b32 a, a, 0x7F007F00;
+and.b32 b, b, 0x7F007F00;
+shr.b32 a, a, 4;
+shr.b32 b, b, 4;
+or.b32 $0, $0, a;
+or.b32 $1, $1, b;
+fma.rn.bf16x2 $0, $0, lift, nz;
+fma.rn.bf16x2 $1, $1, lift, nz;
+}""")
+
+
+@triton.jit
+def _widen(wt, dtype: tl.constexpr, BITS: tl.constexpr):  # dtype: x's
+    """e4m3 -> dtype, exact. BITS (bf16 x only): four weights a time in integer ops and two
+    bf16x2 multiplies (`E4M3_BF16_ASM`). Else the conversion unit's: e4m3x2 -> f16x2, then one
+    f16 -> bf16 per weight."""
+    if BITS and dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            asm=E4M3_BF16_ASM,
+            constraints="=r,=r,r",
+            args=[wt.to(tl.uint8, bitcast=True)],
+            dtype=tl.bfloat16,
+            is_pure=True,
+            pack=4,
+        )
+    return wt.to(dtype)
 
 
 @triton.autotune(
@@ -146,7 +205,8 @@ def _reduce_hook(nargs, exception=None) -> None:
 def _fp8_skinny_kernel(
     x, w, s, y, part, M, N, K, M_KEY, s_xm, s_ym, s_sn, BN_W, BK_W,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
-    SPLIT_K: tl.constexpr, GROUPS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUPS: tl.constexpr, BITS: tl.constexpr, EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
     """Program (nb, sk): y[:, nb * BLOCK_N : (nb + 1) * BLOCK_N] over the sk-th K range, into y
     (SPLIT_K == 1) or part[sk] (fp32 [SPLIT_K, M, N]). w [N, K] e4m3, s the scales
@@ -193,14 +253,15 @@ def _fp8_skinny_kernel(
                 if not EVEN_K:
                     x_ok = x_ok & k_ok[None, :]
                 xt = tl.load(x_ptrs + g * BLOCK_K, mask=x_ok, other=0.0)
-                prod = tl.dot(xt, tl.trans(wt.to(xt.dtype)))  # [16, BLOCK_N] fp32
+                prod = tl.dot(xt, tl.trans(_widen(wt, xt.dtype, BITS)))  # [16, BLOCK_N] fp32
                 acc += prod * sc[None, :]
             else:
                 if EVEN_K:
                     xt = tl.load(x_ptrs + g * BLOCK_K)
                 else:
                     xt = tl.load(x_ptrs + g * BLOCK_K, mask=k_ok, other=0.0)
-                prod = tl.sum(wt.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
+                wf = _widen(wt, xt.dtype, BITS).to(tl.float32)
+                prod = tl.sum(wf * xt.to(tl.float32)[None, :], axis=1)
                 acc += prod * sc
         w_ptrs += STEP
         x_ptrs += STEP
