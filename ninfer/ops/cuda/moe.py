@@ -45,7 +45,9 @@ always replays the path it was captured with:
 - bmm (larger batches in other dtypes, or no `torch._grouped_mm`): each pair's expert weights
   gathered and one bmm; it copies the weights, so it is only meant for small models.
 - FP8 experts (`ninfer.ops.fp8.Fp8Weight`, `moe_fp8`): decode-sized inputs run the decode
-  kernels above on the e4m3 weights (each weight times its block's scale in fp32 as it is read;
+  kernels above on the e4m3 weights (each weight times its block's scale in fp32 as it is read,
+  or, where a tile's rows lie in one row of scale blocks (ROW_SCALE, the 128 x 128 blocks), the
+  activations' K slice times the tile's scales once a step, so a weight costs one multiply-add;
   in `moe_block_decode` an FP8 shared expert's tiles too, times its own scales); larger ones
   `moe_grouped_fp8`: the grouped path's sorted pairs through a Triton grouped GEMM that reads
   the e4m3 experts as they are (`grouped_fp8`: W8A16, each K step times its scale block).
@@ -134,10 +136,16 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         n = block_k // bk_w
         return n if block_k % bk_w == 0 and n & (n - 1) == 0 else 0
 
+    def _rows_share(block_n: int, bn_w: int, n: int) -> bool:
+        """A kernel's BLOCK_N-row tiles (at multiples of block_n, and, gate_up's up rows, of
+        n) each lie in one row of scale blocks bn_w rows tall: its rows share their scales."""
+        return bn_w % block_n == 0 and n % block_n == 0
+
     _even = triton.heuristics(
         {
             "EVEN": lambda a: a["N"] % a["BLOCK_N"] == 0 and a["K"] % a["BLOCK_K"] == 0,
             "SCALES": lambda a: _scale_blocks(a["FP8"], a["BLOCK_K"], a["BK_W"], a["K"]),
+            "ROW_SCALE": lambda a: bool(a["FP8"]) and _rows_share(a["BLOCK_N"], a["BN_W"], a["N"]),
         }
     )
 
@@ -234,12 +242,14 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
     @triton.jit
     def _dot_rows(
         rows, vec, K, row_ok, srows, BK_W, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-        STAGES: tl.constexpr, FP8: tl.constexpr, SCALES: tl.constexpr,
+        STAGES: tl.constexpr, FP8: tl.constexpr, SCALES: tl.constexpr, ROW_SCALE: tl.constexpr,
     ):  # fmt: skip
         """fp32 dot products [R0, R1] of the K-long unit-stride rows starting at the pointers
         `rows` [R0, R1] with vec [K]; row_ok [R0, R1] or [R0, 1]. Products are summed per lane
         over K and reduced once at the end. FP8: each weight times its scale (`_scaled`, scale
-        rows at `srows`, BK_W columns per scale block) before the product."""
+        rows at `srows`, BK_W columns per scale block) before the product; ROW_SCALE (the rows
+        along R0 share their scales: srows [1, R1]), vec's slice times each R1 column's scales
+        instead, once a step, and each weight only times that."""
         offs_k = tl.arange(0, BLOCK_K)
         ptrs = rows[:, :, None] + offs_k[None, None, :]
         acc = tl.zeros(ptrs.shape, dtype=tl.float32)
@@ -252,10 +262,16 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
                 v = tl.load(vec + k0 + offs_k, mask=k_ok, other=0.0)
                 w = tl.load(ptrs + k0, mask=row_ok[:, :, None] & k_ok[None, None, :], other=0.0)
             wf = w.to(tl.float32)
-            if FP8:
+            vf = v.to(tl.float32)[None, None, :]
+            if ROW_SCALE:
+                vf = tl.broadcast_to(vf, (1, srows.shape[1], BLOCK_K))
+                vf = _scaled(
+                    vf, srows, k0, K, tl.full(srows.shape, True, tl.int1), BLOCK_K, BK_W, SCALES
+                )
+            elif FP8:
                 ok = tl.broadcast_to(row_ok, srows.shape)
                 wf = _scaled(wf, srows, k0, K, ok, BLOCK_K, BK_W, SCALES)
-            acc += wf * v.to(tl.float32)[None, None, :]
+            acc += wf * vf
         return tl.sum(acc, axis=2)
 
     @_autotune(_block_configs(DECODE_CONFIGS), ["pairs", "N", "K", "SHARED", "FP8", "BK_W"])
@@ -265,7 +281,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         x, w, ws, ids, h, pairs, N, K, s_xt, s_we, s_wn, s_hp, sc, ssc, s_se, s_sn, BN_W, BK_W,
         TOP_K: tl.constexpr, SHARED: tl.constexpr, FP8: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
-        SCALES: tl.constexpr,
+        SCALES: tl.constexpr, ROW_SCALE: tl.constexpr,
     ):  # fmt: skip
         """Program (pair p, block nb): h[p, n] = silu(W[n] . x[t]) * (W[N + n] . x[t]) for
         n in [nb * BLOCK_N, (nb + 1) * BLOCK_N), t = p // P with P = TOP_K + SHARED pairs per
@@ -285,12 +301,16 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
             sbase = tl.where(p % per == TOP_K, ssc, sbase)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         rows = offs_n[:, None] + tl.arange(0, 2)[None, :] * N  # [gate row n, up row N + n]
-        srows = sbase + (rows // BN_W) * s_sn  # FP8 only
+        if ROW_SCALE:  # the tile's first gate and up rows' scale rows stand for all of them
+            first = nb * BLOCK_N + tl.arange(0, 2)[None, :] * N  # [1, 2]
+            srows = sbase + (first // BN_W) * s_sn
+        else:
+            srows = sbase + (rows // BN_W) * s_sn  # FP8 only
         rows = base + rows * s_wn
         xr = x + (p // per) * s_xt
         acc = _dot_rows(
             rows, xr, K, (offs_n < N)[:, None], srows, BK_W, BLOCK_K, EVEN, STAGES, FP8,
-            SCALES,
+            SCALES, ROW_SCALE,
         )  # fmt: skip
         dt = h.dtype.element_ty
         gate, up = tl.split(acc.to(dt).to(tl.float32))
@@ -304,7 +324,7 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         h, w, ws, ids, wts, out, tokens, N, K, s_hp, s_we, s_wn, s_ot, sc, ssc, s_se, s_sn, BN_W,
         BK_W, TOP_K: tl.constexpr, SHARED: tl.constexpr, FP8: tl.constexpr, KP: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-        EVEN: tl.constexpr, SCALES: tl.constexpr,
+        EVEN: tl.constexpr, SCALES: tl.constexpr, ROW_SCALE: tl.constexpr,
     ):  # fmt: skip
         """Program (token t, block nb): out[t, n] = sum_j wts[p] * (w[e, n] . h[p]) over the
         TOP_K routed pairs p = t * P + j (P = TOP_K + SHARED), e = ids[p], for n in
@@ -330,15 +350,22 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
         rows = rows[:, :, None] + offs_k[None, None, :]
         vecs = (h + pair * s_hp)[:, None, None] + offs_k[None, None, :]  # [KP, 1, BLOCK_K]
         n_ok = (offs_n < N)[None, :, None]
-        srows = sc + e[:, None] * s_se + (offs_n // BN_W)[None, :] * s_sn  # [KP, BLOCK_N], FP8
-        s_ok = tl.broadcast_to((offs_n < N)[None, :], srows.shape)
+        if ROW_SCALE:  # [KP, 1]: each expert's scale row for all the tile's rows
+            srows = sc + e[:, None] * s_se + ((nb * BLOCK_N) // BN_W) * s_sn
+            s_ok = tl.full(srows.shape, True, tl.int1)
+        else:
+            srows = sc + e[:, None] * s_se + (offs_n // BN_W)[None, :] * s_sn  # [KP, BLOCK_N]
+            s_ok = tl.broadcast_to((offs_n < N)[None, :], srows.shape)
         acc = tl.zeros([KP, BLOCK_N, BLOCK_K], dtype=tl.float32)
         if SHARED:
             s_pair = t * per + TOP_K
             s_rows = ws + offs_n[:, None] * s_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
             s_vec = h + s_pair * s_hp + offs_k
             s_acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-            s_srows = (ssc + (offs_n // BN_W) * s_sn)[None, :]  # [1, BLOCK_N], FP8 only
+            if ROW_SCALE:
+                s_srows = ssc + ((nb * BLOCK_N) // BN_W) * s_sn + tl.zeros([1, 1], tl.int32)
+            else:
+                s_srows = (ssc + (offs_n // BN_W) * s_sn)[None, :]  # [1, BLOCK_N], FP8 only
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             if EVEN:
                 v = tl.load(vecs + k0)
@@ -348,9 +375,12 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
                 v = tl.load(vecs + k0, mask=k_ok, other=0.0)
                 r = tl.load(rows + k0, mask=n_ok & k_ok, other=0.0)
             rf = r.to(tl.float32)
-            if FP8:
+            vf = v.to(tl.float32)  # [KP, 1, BLOCK_K]
+            if ROW_SCALE:
+                vf = _scaled(vf, srows, k0, K, s_ok, BLOCK_K, BK_W, SCALES)
+            elif FP8:
                 rf = _scaled(rf, srows, k0, K, s_ok, BLOCK_K, BK_W, SCALES)
-            acc += rf * v.to(tl.float32)
+            acc += rf * vf
             if SHARED:
                 if EVEN:
                     sv = tl.load(s_vec + k0)
@@ -362,11 +392,16 @@ if importlib.util.find_spec("triton") is not None:  # else only the torch paths
                         s_rows + k0, mask=(offs_n < N)[:, None] & sk_ok[None, :], other=0.0
                     )
                 srf = sr.to(tl.float32)
-                if FP8:
+                svf = sv.to(tl.float32)[None, :]
+                if ROW_SCALE:
+                    every = tl.full(s_srows.shape, True, tl.int1)
+                    one = _scaled(svf[None, :, :], s_srows, k0, K, every, BLOCK_K, BK_W, SCALES)
+                    svf = tl.reshape(one, (1, BLOCK_K))
+                elif FP8:
                     one = _scaled(srf[None, :, :], s_srows, k0, K, (offs_n < N)[None, :],
                                   BLOCK_K, BK_W, SCALES)  # fmt: skip
                     srf = tl.reshape(one, (BLOCK_N, BLOCK_K))
-                s_acc += srf * sv.to(tl.float32)[None, :]
+                s_acc += srf * svf
         dt = out.dtype.element_ty
         y = tl.sum(acc, axis=2).to(dt).to(tl.float32) * weight[:, None]  # [KP, BLOCK_N]
         y = tl.where((offs_j < TOP_K)[:, None], y.to(dt).to(tl.float32), 0.0)
