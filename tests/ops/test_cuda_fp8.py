@@ -91,8 +91,10 @@ def test_decode_linear_matches_reference(ops, m, n, k, block):
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c.kwargs.values())))
 def test_every_skinny_config(config, m):
+    """Each config with the x dtype it serves (BITS ones bf16, the others fp16)."""
     x, w, exact = fp8_inputs(m, 1000, 4096, (128, 128))
-    if not _fits(config, m == 1, 4096, 128):
+    x = x if config.kwargs["BITS"] else x.half()
+    if not _fits(config, m == 1, 4096, 128, x.dtype):
         pytest.skip("config does not take this shape")
     try:
         got = fp8_skinny(x, w, config)
@@ -116,14 +118,16 @@ def every_e4m3_weight(n: int = 128, k: int = 256) -> Fp8Weight:
 def test_every_skinny_config_widens_every_e4m3_value_exactly(config, m):
     """One-hot rows of x pick columns of the weight: each output is one dequantised weight,
     exact in bf16, so every config (the integer widening of BITS ones included) must give it
-    bit for bit, subnormal e4m3 values and signed zeros' products included."""
+    bit for bit, subnormal e4m3 values and signed zeros' products included; x bf16 for the
+    BITS configs, fp16 for the others (every e4m3 value times 2^-7 is an fp16 value too)."""
     w = every_e4m3_weight()
-    if not _fits(config, m == 1, w.shape[1], 128):
+    dtype = torch.bfloat16 if config.kwargs["BITS"] else torch.float16
+    if not _fits(config, m == 1, w.shape[1], 128, dtype):
         pytest.skip("config does not take this shape")
     for cols in ([0], [1]) if m == 1 else ([0, 1, 2, 3],):
-        x = torch.zeros(m, w.shape[1], device=DEV, dtype=torch.bfloat16)
+        x = torch.zeros(m, w.shape[1], device=DEV, dtype=dtype)
         x[torch.arange(m), cols] = 1.0
-        want = w.dequantize(torch.float32)[:, cols].t().to(torch.bfloat16)
+        want = w.dequantize(torch.float32)[:, cols].t().to(dtype)
         try:
             got = fp8_skinny(x, w, config)
         except OutOfResources:

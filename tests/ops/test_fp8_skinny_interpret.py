@@ -33,8 +33,9 @@ CHECK = textwrap.dedent(
         for m in (1, 3, 8):
             x = torch.randn(m, k)
             want = x.float() @ want_w.t()
-            for c in CONFIGS:
-                if not _fits(c, m == 1, k, block[1]):
+            for c in CONFIGS:  # BITS ones for bf16 x, the others for fp16 (fp32 here: same sums)
+                dtype = torch.bfloat16 if c.kwargs["BITS"] else torch.float16
+                if not _fits(c, m == 1, k, block[1], dtype):
                     continue
                 y = torch.full((m, n), float("nan"))
                 _launch(x, values, w.scale, block, y, c)

@@ -72,7 +72,9 @@ def _config(
 # (BLOCK_N, BLOCK_K, num_warps, stages[, DOT[, SPLIT_K[, GROUPS]]]). e4m3 tiles are half the
 # bytes of bf16 ones, so the tiles are wider than skinny.py's for the same bytes in flight; the
 # GROUPS > 1 ones read 256 or 512 contiguous bytes of a row a step from a 128 x 128-block weight.
-# Each comes twice: widening e4m3 by the conversion unit, and by integer ops (BITS, bf16 x).
+# Each comes twice: widening e4m3 by integer ops (BITS), for bf16 x, and by the conversion unit,
+# for any other x. On an H100 the best BITS config beat the best conversion one at every 27B
+# shape and row count (docs/results-h200.md, 2026-12-07f), so bf16 x times only BITS ones.
 _SHAPES = [
     _config(16, 128, 4, 4),
     _config(32, 128, 4, 4),
@@ -116,9 +118,9 @@ def _fits(
     c: triton.Config, one_row: bool, k: int, block_k: int, dtype: torch.dtype = torch.bfloat16
 ) -> bool:
     """A config takes the shape: non-DOT only for M == 1; a K step inside one scale block;
-    BITS only for bf16 x (any other x would run the BITS-less twin twice)."""
+    BITS exactly for bf16 x (`_widen`'s integer recipe is bf16's; other dtypes convert)."""
     kw = c.kwargs
-    if (not kw["DOT"] and not one_row) or (kw["BITS"] and dtype != torch.bfloat16):
+    if (not kw["DOT"] and not one_row) or kw["BITS"] != (dtype == torch.bfloat16):
         return False
     return block_k >= k or block_k % kw["BLOCK_K"] == 0
 
@@ -362,7 +364,7 @@ def skinny_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
     if not (w.qweight.is_contiguous() and w.scale.stride(-1) == 1):
         return False
     k, block_k = w.qweight.shape[1], w.block[1]
-    return any(_fits(c, x.shape[0] == 1, k, block_k) for c in CONFIGS)
+    return any(_fits(c, x.shape[0] == 1, k, block_k, x.dtype) for c in CONFIGS)
 
 
 def fp8_skinny(x: torch.Tensor, w: Fp8Weight, config: triton.Config | None = None) -> torch.Tensor:
