@@ -633,7 +633,7 @@ def moe_fp8(
     top_k: int,
 ) -> torch.Tensor:
     """`moe_grouped` over FP8 experts: decode-sized inputs with both projections FP8 run the
-    decode kernels on the e4m3 weights (each weight times its scale in fp32 as it is read),
+    decode kernels on the e4m3 weights (scaled in fp32 as they are read: module docstring),
     larger ones the FP8 grouped GEMM (`moe_grouped_fp8`) where it takes the weights, the rest
     `moe_dequantized`."""
     both = isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight)
