@@ -2,9 +2,9 @@
 # Device call K (carry .whl .fi_cache), fifteenth session: 2026-12-07e's call H, unchanged:
 # issue 37's rows with the MTP layer in FP8 (7d3c19b, `--draft-quantization fp8`: the layer in
 # half its bytes, a 27B draft pass about 0.8 GB instead of 1.2; the 27B's three head passes
-# took 0.50 ms each of a 23.6 ms step in 2026-12-07d's call B) beside the bf16 head in the same run (calls F5-F6 of
-# 2026-12-07e: 27B 8.93 ms a token, 9B 3.26, 35B-A3B 2.86 at batch 1, a = 0.7), then the
-# speculative GPU tests on that tree.
+# took 0.50 ms each of a 23.6 ms step in 2026-12-07d's call B) beside the bf16 head in the
+# same run (calls F5-F6 of 2026-12-07e: 27B 8.93 ms a token, 9B 3.26, 35B-A3B 2.86 at batch
+# 1, a = 0.7), then the speculative GPU tests on that tree.
 set -uo pipefail
 source tools/device/env.sh  # B (default 570), lap, box
 nvidia-smi --query-gpu=name --format=csv,noheader
