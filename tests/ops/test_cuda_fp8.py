@@ -14,6 +14,8 @@ value 6144). Skipped without CUDA or without triton.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -232,6 +234,23 @@ def test_fp8_moe_matches_reference(ops, n, block):
     assert rel_err(got, ref) < 1e-2
 
 
+@contextlib.contextmanager
+def full_reductions():
+    """cuBLAS's bf16 / fp16 GEMMs without reduced-precision (bf16 / fp16) split-K sums, which
+    torch allows by default: a reference's per-expert GEMMs of one to three rows may otherwise
+    round their partial sums."""
+    matmul = torch.backends.cuda.matmul
+    saved = (matmul.allow_bf16_reduced_precision_reduction,
+             matmul.allow_fp16_reduced_precision_reduction)  # fmt: skip
+    matmul.allow_bf16_reduced_precision_reduction = False
+    matmul.allow_fp16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        (matmul.allow_bf16_reduced_precision_reduction,
+         matmul.allow_fp16_reduced_precision_reduction) = saved  # fmt: skip
+
+
 def prefill_linear_ref(x: torch.Tensor, w) -> torch.Tensor:
     """`Fp8Gemm`'s prefill arithmetic in fp32 torch ops: x quantised to e4m3 per token per 128
     columns (128 x 128-block weights) or per token (per-channel weights), times the dequantised
@@ -268,7 +287,8 @@ def test_fp8_moe_block_with_its_shared_expert(ops, n, block):
     fused = n * top_k <= DECODE_PAIRS
     ref_ops = ReferenceOps()
     linear = ref_ops.linear if fused else prefill_linear_ref
-    ref = moe_block_ref(*args, moe_ref, linear, ref_ops.silu_mul, ref_ops.sigmoid_mul)
+    with full_reductions():  # the oracle's per-expert bf16 GEMMs without bf16 split-K sums
+        ref = moe_block_ref(*args, moe_ref, linear, ref_ops.silu_mul, ref_ops.sigmoid_mul)
     assert rel_err(got, ref) < 1e-2
     assert block_fusable(*args) == fused
     if fused:
