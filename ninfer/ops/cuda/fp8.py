@@ -55,17 +55,10 @@ ACT_EPS = 1e-12  # least amax of an activation group (an all-zero group gets a t
 
 
 def _config(
-    bn: int,
-    bk: int,
-    warps: int,
-    stages: int,
-    dot: bool = True,
-    split: int = 1,
-    groups: int = 1,
-    bits: bool = False,
+    bn: int, bk: int, warps: int, stages: int, dot: bool = True, split: int = 1, groups: int = 1
 ) -> triton.Config:
     kw = {"BLOCK_N": bn, "BLOCK_K": bk, "DOT": dot, "STAGES": stages, "SPLIT_K": split}
-    kw["GROUPS"], kw["BITS"] = groups, bits
+    kw["GROUPS"], kw["BITS"] = groups, False
     return triton.Config(kw, num_warps=warps, num_stages=stages)
 
 
