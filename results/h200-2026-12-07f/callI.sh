@@ -10,7 +10,7 @@ source tools/device/env.sh  # B (default 570), lap, box
 nvidia-smi --query-gpu=name --format=csv,noheader
 # the tests first, in 12 processes (pytest-xdist from .whl/): a changed kernel source compiles
 # every config again, and the bench below then finds them in the Triton cache
-timeout $(box 200) python3 -m pytest -q -n 12 -p no:cacheprovider -o addopts="" -rfE \
+timeout $(box 200) python3 -m pytest -q $XDIST -p no:cacheprovider -o addopts="" -rfE \
   tests/ops/test_cuda_fp8.py -k "skinny or decode_linear" >$OUT/tests.log 2>&1
 lap "tests rc=$?: $(grep -E 'passed|failed|error' $OUT/tests.log | tail -1)"
 grep -E "^(FAILED|ERROR)|^E  " $OUT/tests.log | cut -c1-300 | head -12

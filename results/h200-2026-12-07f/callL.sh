@@ -9,7 +9,7 @@
 set -uo pipefail
 source tools/device/env.sh  # B (default 570), lap, box
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout $(box 180) python3 -m pytest -q -n 12 -p no:cacheprovider -o addopts="" -rfE \
+timeout $(box 180) python3 -m pytest -q $XDIST -p no:cacheprovider -o addopts="" -rfE \
   tests/ops/test_cuda_fp8.py tests/ops/test_cuda_moe.py >$OUT/tests.log 2>&1
 lap "tests rc=$?: $(grep -E 'passed|failed|error' $OUT/tests.log | tail -1)"
 grep -E "^(FAILED|ERROR)|^E  " $OUT/tests.log | cut -c1-300 | head -12

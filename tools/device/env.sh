@@ -32,6 +32,11 @@ fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
 export NINFER_DEVICE_ENV=1
 fi
+# pytest's processes: XDIST="-n 12" where pytest-xdist came in .whl/ (here: `pip download
+# pytest-xdist execnet --no-deps -d .whl`; 12 compiling processes take a cold machine's Triton
+# compiles in a minute), else empty: `python3 -m pytest $XDIST ...`
+XDIST=""
+if python3 -c "import xdist" 2>/dev/null; then XDIST="-n 12"; fi
 # Then, here: replace .fi_cache/triton.tgz* by the returned parts (the carry limit is 64 MiB
 # with the wheels and the working tree: check `du -cb .whl/* .fi_cache/*` first). At most 8
 # files come back from $OUT: keep the rest to one archive (the results' call scripts tar
