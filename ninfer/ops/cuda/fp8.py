@@ -66,8 +66,8 @@ def _config(
 # bytes of bf16 ones, so the tiles are wider than skinny.py's for the same bytes in flight; the
 # GROUPS > 1 ones read 256 or 512 contiguous bytes of a row a step from a 128 x 128-block weight.
 # Each comes twice: widening e4m3 by integer ops (BITS), for bf16 x, and by the conversion unit,
-# for any other x. On an H100 the best BITS config beat the best conversion one at every 27B
-# shape and row count (docs/results-h200.md, 2026-12-07f), so bf16 x times only BITS ones.
+# for any other x. bf16 x times only the BITS ones: their best beat the conversion's best at
+# every shape measured (docs/results-h200.md, the BITS configs).
 _SHAPES = [
     _config(16, 128, 4, 4),
     _config(32, 128, 4, 4),
