@@ -22,7 +22,7 @@ from ninfer.cache.host_pool import SlabGeometry, plan_slab_geometry
 from ninfer.costs import CPU_RATES, CUDA_NOMINAL, DeviceRates, pass_seconds, solo_chunk_pays
 from ninfer.dtypes import DTYPES, KV_DTYPES, itemsize
 from ninfer.models.quant import QUANTIZATION_CHOICES as QUANTIZATIONS
-from ninfer.ops.choices import GATHER_MIN_ROWS, VERIFY_BACKENDS, OpChoices
+from ninfer.ops.choices import FP8_DECODE, GATHER_MIN_ROWS, VERIFY_BACKENDS, OpChoices
 from ninfer.page import PAGE_SIZE
 
 if TYPE_CHECKING:  # the command line reads the options without importing torch
@@ -199,6 +199,10 @@ class EngineOptions:
         "fa2", "FlashInfer's backend for the speculative verify step's attention: \"fa2\" "
         "(default: splits long contexts over CTAs), \"fa3\" or \"auto\"",
         choices=VERIFY_BACKENDS, flag=False)  # fmt: skip
+    fp8_decode: str = _opt(
+        "w8a16", "the FP8 decode GEMV's activations on 128x128-block weights: \"w8a16\" "
+        "(default: bf16), \"w8a8\" (quantised per token per 128 columns, as prefill does) or "
+        "\"fastest\" (per shape, whichever is faster)", choices=FP8_DECODE)  # fmt: skip
 
     def __post_init__(self) -> None:
         for f, option in option_fields():
@@ -212,6 +216,7 @@ def op_choices(opts: EngineOptions) -> OpChoices:
         gather_min_rows=opts.gather_min_rows,
         conv_tile=opts.conv_tile,
         verify_backend=opts.verify_backend,
+        fp8_decode=opts.fp8_decode,
     )
 
 

@@ -15,6 +15,11 @@ command-line flag: experiments and tests set them).
                      length measured and far faster at long ones, or "auto" / "fa3" (fa3 on
                      sm_90 for a bf16 cache: one CTA a KV head, however long the context;
                      docs/results-h200.md, "Verify attention")
+    fp8_decode       the FP8 decode GEMV's activations on 128 x 128-block weights: "w8a16"
+                     (default: x stays bf16, times the dequantised weight), "w8a8" (x quantised
+                     per token per 128 columns as the prefill quantises it, e4m3 products on
+                     the tensor cores) or "fastest" (per shape, whichever the autotuner times
+                     faster); `ninfer.ops.cuda.fp8.ACTS`
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 # (docs/results-h200.md, "gathered attention over a cached context").
 GATHER_MIN_ROWS = 1536
 VERIFY_BACKENDS = ("auto", "fa2", "fa3")
+FP8_DECODE = ("w8a16", "w8a8", "fastest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +42,7 @@ class OpChoices:
     gather_min_rows: float = GATHER_MIN_ROWS
     conv_tile: tuple[int, int, int] | None = None
     verify_backend: str = "fa2"
+    fp8_decode: str = "w8a16"
 
     def __post_init__(self) -> None:
         rows = self.gather_min_rows
@@ -50,6 +57,8 @@ class OpChoices:
             raise ValueError(
                 f"verify_backend must be one of {VERIFY_BACKENDS}, got {self.verify_backend!r}"
             )
+        if self.fp8_decode not in FP8_DECODE:
+            raise ValueError(f"fp8_decode must be one of {FP8_DECODE}, got {self.fp8_decode!r}")
 
 
 def _is_tile(tile: object) -> bool:

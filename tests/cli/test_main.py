@@ -25,11 +25,11 @@ def test_every_llm_option_is_a_flag_and_every_flag_an_option():
 
     # API.md's flags, plus the coalescing queue timeout (spec §12.2), which API.md leaves open,
     # and the switches of the overlapped decode, of the prefill graphs and the lone prompt's
-    # pass size, the vision tower's output cache and the MTP draft's vocabulary and weights
-    # (engine details API.md does not name)
+    # pass size, the vision tower's output cache, the MTP draft's vocabulary and weights and
+    # the FP8 decode GEMV's activations (engine details API.md does not name)
     extra = ["--pending-timeout-s", "--no-overlap-decode", "--prefill-graph-tokens",
              "--solo-prefill-chunk", "--encoder-cache-mib", "--draft-vocab",
-             "--draft-quantization"]  # fmt: skip
+             "--draft-quantization", "--fp8-decode"]  # fmt: skip
     assert sorted(f for f, _, _ in ENGINE_FLAGS) == sorted([*API_FLAGS, *extra])
     params = set(inspect.signature(LLM.__init__).parameters) - {"self"}
     assert {dest for _, dest, _ in ENGINE_FLAGS} <= params

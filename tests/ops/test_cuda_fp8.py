@@ -27,16 +27,19 @@ pytest.importorskip("triton")
 
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
+from ninfer.ops.choices import OpChoices  # noqa: E402
 from ninfer.ops.cuda import CudaOps, grouped_fp8  # noqa: E402
 from ninfer.ops.cuda.fp8 import (  # noqa: E402
     ACT_EPS,  # noqa: E402
     CONFIGS,
     Fp8Gemm,
     _fits,
+    a8_admits,
     fp8_skinny,
     quantize_groups,
     quantize_groups_ref,
     skinny_fits,
+    tuned_config,
     w8a8_fits,
     w8a8_gemm,
 )
@@ -103,6 +106,68 @@ def test_every_skinny_config(config, m):
     except OutOfResources:
         pytest.skip("config exceeds this GPU's resources")
     assert rel_err(got, exact) < 1e-2
+
+
+A8 = [c for c in CONFIGS if c.kwargs["A8"]]
+
+
+def quantised_exact(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+    """The float64 product of x quantised as prefill quantises it (per token per 128 columns,
+    `quantize_groups_ref`) with the dequantised weight."""
+    q, xs = quantize_groups_ref(x, 128)
+    xq = q.double() * xs.double().repeat_interleave(128, dim=1)
+    return xq @ w.dequantize(torch.float64).t()
+
+
+@pytest.mark.parametrize("m", [1, 4, 8])
+@pytest.mark.parametrize("config", A8, ids=lambda c: "-".join(map(str, c.kwargs.values())))
+def test_every_a8_config_quantises_x_as_prefill_does(config, m):
+    """An A8 config's output is the float64 product of the prefill's quantised x within its
+    fp32 sums and bf16 rounding (< 5e-3; about 1.6e-3 of it is the rounding), while the
+    unquantised x's product lies about 2.4e-2 away: a kernel that skipped the quantisation, or
+    quantised other groups, or other values, fails."""
+    x, w, exact = fp8_inputs(m, 1000, 4096, (128, 128))
+    want = quantised_exact(x, w)
+    assert _fits(config, m == 1, 4096, 128, x.dtype, a8=1)
+    assert not _fits(config, m == 1, 4096, 128, x.dtype)  # only where asked
+    try:
+        got = fp8_skinny(x, w, config)
+    except OutOfResources:
+        pytest.skip("config exceeds this GPU's resources")
+    assert rel_err(want, exact) > 1.5e-2
+    assert rel_err(got, want) < 5e-3
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("acts", ["fastest", "w8a8"])
+@pytest.mark.parametrize("m", [1, 8])
+def test_decode_activations_follow_acts(m, acts, block):
+    """`acts` "w8a8" runs an A8 config, "fastest" tunes over both kinds: an A8 choice computes
+    as the prefill's quantised x does, any other as the dequantised product; a per-channel
+    weight (its prefill quantises per token) never takes A8, nor does the default "w8a16"."""
+    x, w, exact = fp8_inputs(m, 5120, 6144, block)
+    got = fp8_skinny(x, w, acts=acts)
+    chosen = tuned_config(x, w, acts)
+    assert chosen is not None and chosen.kwargs["A8"] <= a8_admits(w)
+    if acts == "w8a8":
+        assert chosen.kwargs["A8"] == a8_admits(w)
+    if chosen.kwargs["A8"]:
+        assert rel_err(got, quantised_exact(x, w)) < 5e-3
+    else:
+        assert rel_err(got, exact) < 1e-2
+    fp8_skinny(x, w)
+    assert not tuned_config(x, w).kwargs["A8"]
+    with pytest.raises(ValueError, match="acts"):
+        fp8_skinny(x, w, acts="fp8")
+
+
+def test_the_op_set_passes_its_fp8_decode_choice():
+    """`OpChoices.fp8_decode` reaches the FP8 GEMV: "w8a8" decodes as prefill quantises."""
+    x, w, _ = fp8_inputs(4, 5120, 6144, (128, 128))
+    ops = CudaOps(choices=OpChoices(fp8_decode="w8a8"))
+    got = ops.linear(x, w)
+    assert tuned_config(x, w, "w8a8").kwargs["A8"]
+    assert rel_err(got, quantised_exact(x, w)) < 5e-3
 
 
 def every_e4m3_weight(n: int = 128, k: int = 256) -> Fp8Weight:

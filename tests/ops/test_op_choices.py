@@ -24,7 +24,9 @@ from ninfer.page import PAGE_SIZE
 from ninfer.request import SamplingParams
 
 # every choice away from its default: as LLM keywords and as the op set's dataclass
-CHOSEN_KWARGS = dict(gather_min_rows=0, conv_tile=(32, 256, 2), verify_backend="fa3")
+CHOSEN_KWARGS = dict(
+    gather_min_rows=0, conv_tile=(32, 256, 2), verify_backend="fa3", fp8_decode="w8a8"
+)
 CHOSEN = OpChoices(**CHOSEN_KWARGS)
 
 
@@ -41,6 +43,8 @@ CHOSEN = OpChoices(**CHOSEN_KWARGS)
         (dict(conv_tile=(16.0, 256, 4)), "conv_tile must be None or (rows, channels, warps)"),
         (dict(verify_backend="fa4"), "verify_backend must be one of ('auto', 'fa2', 'fa3')"),
         (dict(verify_backend=None), "verify_backend must be one of ('auto', 'fa2', 'fa3')"),
+        (dict(fp8_decode="fp8"), "fp8_decode must be one of ('w8a16', 'w8a8', 'fastest')"),
+        (dict(fp8_decode=None), "fp8_decode must be one of ('w8a16', 'w8a8', 'fastest')"),
     ],
 )
 def test_each_choice_is_checked_when_the_options_are_built(options, message):
@@ -56,7 +60,7 @@ def test_the_options_default_to_the_op_sets_defaults():
     assert op_choices(EngineOptions()) == OpChoices()
     assert OpChoices() == OpChoices(GATHER_MIN_ROWS, None, "fa2")
     assert op_choices(EngineOptions(**{**CHOSEN_KWARGS, "gather_min_rows": math.inf})) == OpChoices(
-        math.inf, (32, 256, 2), "fa3"
+        math.inf, (32, 256, 2), "fa3", "w8a8"
     )  # inf forbids the gathered path
 
 
@@ -155,7 +159,7 @@ def kernel_calls(monkeypatch):
         "ninfer.ops.cuda.conv": conv,
         "ninfer.ops.cuda.gdn": types.SimpleNamespace(gdn_prefill=gdn_prefill),
         "ninfer.ops.cuda.glue": types.SimpleNamespace(),
-        "ninfer.ops.cuda.linear": types.SimpleNamespace(DecodeLinear=lambda enabled: None),
+        "ninfer.ops.cuda.linear": types.SimpleNamespace(DecodeLinear=types.SimpleNamespace),
     }
     for name, module in stubs.items():
         monkeypatch.setitem(sys.modules, name, module)
@@ -224,3 +228,5 @@ def test_cuda_ops_hand_their_choices_to_the_kernels(kernel_calls, choices, tile,
     verify = planner.prefill_graph_wrapper(2, torch.zeros(4, dtype=torch.int32), "x")
     assert verify.kwargs["backend"] == "x"
     assert planner.choices.verify_backend == (choices or OpChoices()).verify_backend
+    # the FP8 decode GEMV's activations (`fp8.Fp8Gemm` inside `DecodeLinear`)
+    assert ops.linear.fp8_decode == (choices or OpChoices()).fp8_decode

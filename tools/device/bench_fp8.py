@@ -13,12 +13,16 @@ bf16 989 TFLOP/s; about 770 bf16 measured for 8192^3). Also each path's relative
 the float64 product with the dequantised weight, and which prefill GEMM served. One JSON line
 per measurement on stdout (and in --json PATH).
 
+--a8: the decode rows' autotuner may also pick the W8A8 configs (x quantised in the kernel,
+`fp8_skinny(..., acts="fastest")`); fp8-best-A8 / fp8-best-BITS rows race each kind's best.
+
 Usage (device machine, repo root): PYTHONPATH=. python3 tools/device/bench_fp8.py [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -95,7 +99,7 @@ def rel_err(out: torch.Tensor, exact: torch.Tensor) -> float:
 
 
 def bench_shape(
-    name: str, n: int, k: int, bw: float, prefill: bool = True, rows=DECODE_ROWS
+    name: str, n: int, k: int, bw: float, prefill: bool = True, rows=DECODE_ROWS, a8=False
 ) -> None:
     fp8_bytes = n * k + math.ceil(n / 128) * math.ceil(k / 128) * 4
     copies = max(2, math.ceil(SPAN / fp8_bytes))
@@ -104,17 +108,25 @@ def bench_shape(
     bf16 = [w.to(BF16) for w in dense]
     del dense
     bf16_linear, gemm = DecodeLinear(), Fp8Gemm()
+    acts = "fastest" if a8 else "w8a16"
+    skinny = functools.partial(fp8_skinny, acts=acts)
     for m in rows:
         x = torch.randn(m, k, device=DEV, dtype=BF16)
         exact = x.double() @ fp8[0].dequantize(torch.float64).t()
-        err = rel_err(fp8_skinny(x, fp8[0]), exact)
+        err = rel_err(skinny(x, fp8[0]), exact)
         # the autotuner's fastest config that reads one 128-column tile a step (GROUPS 1), raced
         # in the same graphs as the one it chose (GROUPS > 1 reads several side by side)
-        times = tuning_times(x, fp8[0])
+        times = tuning_times(x, fp8[0], acts)
         one = [c for c in times if c.kwargs.get("GROUPS", 1) == 1]
         best_one = min(one, key=times.get) if one else None
-        races = [("bf16", bf16_linear, bf16, n * k * 2), ("fp8", fp8_skinny, fp8, fp8_bytes)]
-        if best_one is not None and best_one is not fp8_tuned(x, fp8[0]):
+        races = [("bf16", bf16_linear, bf16, n * k * 2), ("fp8", skinny, fp8, fp8_bytes)]
+        for kind in ("A8", "BITS") if a8 else ():  # each kind's best, raced in the graphs
+            own = [c for c in times if c.kwargs[kind]]
+            if own:
+                best = min(own, key=times.get)
+                fn = lambda x, w, c=best: fp8_skinny(x, w, c)  # noqa: E731
+                races.append((f"fp8-best-{kind}", fn, fp8, fp8_bytes))
+        if best_one is not None and best_one is not fp8_tuned(x, fp8[0], acts):
             g1 = lambda x, w, c=best_one: fp8_skinny(x, w, c)  # noqa: E731
             races.append(("fp8-groups1", g1, fp8, fp8_bytes))
         for impl, fn, ws, nbytes in races:
@@ -122,7 +134,7 @@ def bench_shape(
             gb_s = nbytes / us / 1e3
             extra = {}
             if impl == "fp8":  # the config the autotuner chose (SPLIT_K > 1: split-K)
-                tuned = fp8_tuned(x, fp8[0])
+                tuned = fp8_tuned(x, fp8[0], acts)
                 extra = {
                     "rel_err": float(f"{err:.2e}"),
                     "config": tuned and tuned.kwargs,
@@ -130,6 +142,12 @@ def bench_shape(
                 }
             elif impl == "fp8-groups1":
                 extra = {"config": best_one.kwargs}
+            elif impl.startswith("fp8-best"):
+                c = fn.__defaults__[0]
+                extra = {
+                    "config": c.kwargs,
+                    "rel_err": float(f"{rel_err(fn(x, fp8[0]), exact):.2e}"),
+                }
             report(set=name, N=n, K=k, M=m, impl=impl, us=round(us, 2), gb_s=round(gb_s, 1),
                    of_copy=round(gb_s * 1e9 / bw, 3), **extra)  # fmt: skip
     for m in PREFILL_ROWS if prefill else ():  # --no-prefill: decode shapes only
@@ -157,6 +175,7 @@ def main() -> None:
     ap.add_argument("--no-prefill", action="store_true", help="decode shapes only")
     ap.add_argument("--shapes", help="comma-separated names of SHAPES (default: all)")
     ap.add_argument("--rows", help="decode rows, e.g. 1,8 (default: 1,2,4,8)")
+    ap.add_argument("--a8", action="store_true", help="decode may pick the W8A8 configs too")
     args = ap.parse_args()
     # time every candidate here, not a disk-cached choice (tools/device/env.sh turns the cache
     # on): the fp8-groups1 rows race the autotuner's timings
@@ -166,7 +185,7 @@ def main() -> None:
     bw = copy_bandwidth()
     for name, n, k in SHAPES:
         if name in names:
-            bench_shape(name, n, k, bw, prefill=not args.no_prefill, rows=rows)
+            bench_shape(name, n, k, bw, prefill=not args.no_prefill, rows=rows, a8=args.a8)
     if args.json:
         with open(args.json, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in RESULTS)

@@ -50,15 +50,29 @@ from ninfer.ops.fp8 import FP8_DTYPE, FP8_MAX, Fp8Weight, quantize_fp8
 
 logger = logging.getLogger(__name__)
 MAX_M = 8
+# the decode GEMV's activations (`fp8_skinny`'s `acts`), as the kernel's A8_OK code: x as it
+# is (W8A16), quantised like prefill (W8A8, A8 configs only), or whichever the autotuner times
+# faster per shape
+ACTS = {"w8a16": 0, "fastest": 1, "w8a8": 2}
 GROUP = 128  # activation quantisation group (columns) of the block-scaled GEMM
 ACT_EPS = 1e-12  # least amax of an activation group (an all-zero group gets a tiny scale)
+# the same as constants of the FP8 GEMV's A8 configs (fp32 in the kernel, as the quantisation
+# kernel's arguments)
+_ACT_EPS, _INV_QMAX, _QMAX = tl.constexpr(ACT_EPS), tl.constexpr(1 / FP8_MAX), tl.constexpr(FP8_MAX)
 
 
 def _config(
-    bn: int, bk: int, warps: int, stages: int, dot: bool = True, split: int = 1, groups: int = 1
+    bn: int,
+    bk: int,
+    warps: int,
+    stages: int,
+    dot: bool = True,
+    split: int = 1,
+    groups: int = 1,
+    a8: bool = False,
 ) -> triton.Config:
     kw = {"BLOCK_N": bn, "BLOCK_K": bk, "DOT": dot, "STAGES": stages, "SPLIT_K": split}
-    kw["GROUPS"], kw["BITS"] = groups, False
+    kw["GROUPS"], kw["BITS"], kw["A8"] = groups, False, a8
     return triton.Config(kw, num_warps=warps, num_stages=stages)
 
 
@@ -101,21 +115,64 @@ _SHAPES = [
     _config(16, 128, 4, 3, dot=False, groups=4),
     _config(32, 128, 8, 3, dot=False, groups=2),
 ]
-CONFIGS = _SHAPES + [
-    triton.Config({**c.kwargs, "BITS": True}, num_warps=c.num_warps, num_stages=c.num_stages)
-    for c in _SHAPES
+# W8A8 (A8): each tile of x quantised to e4m3 in the kernel, as the prefill quantises it (per
+# token per GROUP columns), e4m3 x e4m3 products on the tensor cores: no widening of the weight.
+# The quantisation is redone by every column block, so wide BLOCK_N spreads it thinner.
+_A8 = [
+    _config(32, 128, 4, 4, a8=True),
+    _config(64, 128, 4, 4, a8=True),
+    _config(128, 128, 4, 4, a8=True),
+    _config(128, 128, 8, 3, a8=True),
+    _config(256, 128, 8, 3, a8=True),
+    _config(64, 128, 4, 4, split=2, a8=True),
+    _config(128, 128, 8, 3, split=2, a8=True),
+    _config(128, 128, 4, 4, split=4, a8=True),
+    _config(64, 128, 4, 3, groups=2, a8=True),
+    _config(128, 128, 8, 3, groups=2, a8=True),
+    _config(64, 128, 8, 3, groups=4, a8=True),
 ]
+CONFIGS = (
+    _SHAPES
+    + [
+        triton.Config({**c.kwargs, "BITS": True}, num_warps=c.num_warps, num_stages=c.num_stages)
+        for c in _SHAPES
+    ]
+    + _A8
+)
 
 
 def _fits(
-    c: triton.Config, one_row: bool, k: int, block_k: int, dtype: torch.dtype = torch.bfloat16
+    c: triton.Config,
+    one_row: bool,
+    k: int,
+    block_k: int,
+    dtype: torch.dtype = torch.bfloat16,
+    a8: int = 0,
 ) -> bool:
     """A config takes the shape: non-DOT only for M == 1; a K step inside one scale block;
-    BITS exactly for bf16 x (`_widen`'s integer recipe is bf16's; other dtypes convert)."""
+    BITS exactly for bf16 x (`_widen`'s integer recipe is bf16's; other dtypes convert); A8
+    configs only where asked, `a8` the mode's code in ACTS (0: none, 1: beside the others,
+    2: alone)."""
     kw = c.kwargs
-    if (not kw["DOT"] and not one_row) or kw["BITS"] != (dtype == torch.bfloat16):
+    if kw["A8"]:
+        return a8 > 0 and kw["DOT"] and kw["BLOCK_K"] == GROUP and k % GROUP == 0
+    if a8 == 2 or (not kw["DOT"] and not one_row) or kw["BITS"] != (dtype == torch.bfloat16):
         return False
     return block_k >= k or block_k % kw["BLOCK_K"] == 0
+
+
+def a8_admits(w: Fp8Weight) -> bool:
+    """Whether decode may quantise x for w (A8 configs): GROUP x GROUP blocks, the fine-grained
+    scheme whose prefill quantises x per token per GROUP columns, so decode then computes as
+    prefill does."""
+    return w.block == (GROUP, GROUP) and w.qweight.shape[-1] % GROUP == 0
+
+
+def a8_code(w: Fp8Weight, acts: str) -> int:
+    """`acts` (one of ACTS) as the kernel's A8_OK: 0 where w admits no A8 config."""
+    if acts not in ACTS:
+        raise ValueError(f"acts must be one of {tuple(ACTS)}, got {acts!r}")
+    return ACTS[acts] if a8_admits(w) else 0
 
 
 def _worth_timing(c: triton.Config, n: int, k: int, sms: int) -> bool:
@@ -130,9 +187,9 @@ def _worth_timing(c: triton.Config, n: int, k: int, sms: int) -> bool:
 
 def _prune(configs, nargs, **kwargs) -> list[triton.Config]:
     one_row, n, k, block_k = nargs["M"] == 1, nargs["N"], nargs["K"], nargs["BK_W"]
-    x = nargs["x"]
+    x, a8 = nargs["x"], nargs["A8_OK"]
     sms = num_sms(x.device)
-    fits = [c for c in configs if _fits(c, one_row, k, block_k, x.dtype)]
+    fits = [c for c in configs if _fits(c, one_row, k, block_k, x.dtype, a8)]
     return [c for c in fits if _worth_timing(c, n, k, sms)]
 
 
@@ -185,7 +242,7 @@ def _widen(wt, dtype: tl.constexpr, BITS: tl.constexpr):  # dtype: x's
 
 @triton.autotune(
     CONFIGS,
-    key=["M_KEY", "N", "K", "BN_W", "BK_W"],
+    key=["M_KEY", "N", "K", "BN_W", "BK_W", "A8_OK"],
     prune_configs_by={"early_config_prune": _prune},
     post_hook=_reduce_hook,
     do_bench=graph_bench,
@@ -198,15 +255,17 @@ def _widen(wt, dtype: tl.constexpr, BITS: tl.constexpr):  # dtype: x's
 )
 @triton.jit
 def _fp8_skinny_kernel(
-    x, w, s, y, part, M, N, K, M_KEY, s_xm, s_ym, s_sn, BN_W, BK_W,
+    x, w, s, y, part, M, N, K, M_KEY, s_xm, s_ym, s_sn, BN_W, BK_W, A8_OK,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
-    SPLIT_K: tl.constexpr, GROUPS: tl.constexpr, BITS: tl.constexpr, EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUPS: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     """Program (nb, sk): y[:, nb * BLOCK_N : (nb + 1) * BLOCK_N] over the sk-th K range, into y
     (SPLIT_K == 1) or part[sk] (fp32 [SPLIT_K, M, N]). w [N, K] e4m3, s the scales
     [ceil(N / BN_W), ceil(K / BK_W)] fp32 with row stride s_sn. A step covers GROUPS tiles of
-    BLOCK_K columns, each inside one scale block. M_KEY is only an autotune key."""
+    BLOCK_K columns, each inside one scale block. A8: each [16, BLOCK_K] tile of x (BLOCK_K ==
+    GROUP) quantised as `_quant_groups_kernel` does, e4m3 products times both scales. M_KEY and
+    A8_OK are only autotune keys."""
     STEP: tl.constexpr = BLOCK_K * GROUPS
     nb, sk = tl.program_id(0), tl.program_id(1)
     n0 = nb * BLOCK_N
@@ -248,8 +307,16 @@ def _fp8_skinny_kernel(
                 if not EVEN_K:
                     x_ok = x_ok & k_ok[None, :]
                 xt = tl.load(x_ptrs + g * BLOCK_K, mask=x_ok, other=0.0)
-                prod = tl.dot(xt, tl.trans(_widen(wt, xt.dtype, BITS)))  # [16, BLOCK_N] fp32
-                acc += prod * sc[None, :]
+                if A8:
+                    xf = xt.to(tl.float32)
+                    xs = tl.maximum(tl.max(tl.abs(xf), axis=1), _ACT_EPS) * _INV_QMAX
+                    xq = tl.math.div_rn(xf, xs[:, None])
+                    xq = tl.minimum(tl.maximum(xq, -_QMAX), _QMAX).to(wt.dtype)
+                    prod = tl.dot(xq, tl.trans(wt))  # [16, BLOCK_N] fp32
+                    acc += prod * xs[:, None] * sc[None, :]
+                else:
+                    prod = tl.dot(xt, tl.trans(_widen(wt, xt.dtype, BITS)))  # [16, BLOCK_N]
+                    acc += prod * sc[None, :]
             else:
                 if EVEN_K:
                     xt = tl.load(x_ptrs + g * BLOCK_K)
@@ -360,25 +427,31 @@ def skinny_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
     return any(_fits(c, x.shape[0] == 1, k, block_k, x.dtype) for c in CONFIGS)
 
 
-def fp8_skinny(x: torch.Tensor, w: Fp8Weight, config: triton.Config | None = None) -> torch.Tensor:
-    """y = x @ dequantize(w)^T for x [M, K] (`skinny_fits`), in x.dtype. `config` forces one of
-    CONFIGS (tests); else the autotuned one (first call per key times the candidates)."""
+def fp8_skinny(
+    x: torch.Tensor, w: Fp8Weight, config: triton.Config | None = None, acts: str = "w8a16"
+) -> torch.Tensor:
+    """y = x @ dequantize(w)^T for x [M, K] (`skinny_fits`), in x.dtype. `acts` (ACTS) where
+    `a8_admits(w)`: "w8a8" runs A8 configs (x quantised per token per GROUP columns, as prefill
+    does), "fastest" whichever config the autotuner times fastest, A8 or not; elsewhere x stays
+    as it is. `config` forces one of CONFIGS (tests); else the autotuned one (first call per
+    key times the candidates)."""
     if not skinny_fits(x, w):
         raise ValueError(
             f"fp8_skinny needs x [1..{MAX_M}, K] bf16/fp16 and a contiguous FP8 weight, got x "
             f"{tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} block {w.block}"
         )
     (m, k), n = x.shape, w.qweight.shape[0]
+    a8 = a8_code(w, acts)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    key = (triton.next_power_of_2(m), n, k, w.block, x.dtype)
+    key = _key(x, w, acts)
     config = config or _TUNED.get(key)  # `tuned_config`
     if config is not None:
-        _launch(x, w.qweight, w.scale, w.block, y, config)
+        _launch(x, w.qweight, w.scale, w.block, y, config, a8)
         return y
     # first call for the key: the autotuner times the candidates, then runs the best
     sms = num_sms(x.device)
     split = max(c.kwargs["SPLIT_K"] for c in CONFIGS if _worth_timing(c, n, k, sms))
-    args = _args(x, w.qweight, w.scale, w.block, y, split)
+    args = _args(x, w.qweight, w.scale, w.block, y, split, a8)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
     _fp8_skinny_kernel.configs_timings = None
     _fp8_skinny_kernel[grid](*args)
@@ -390,38 +463,44 @@ def fp8_skinny(x: torch.Tensor, w: Fp8Weight, config: triton.Config | None = Non
     return y
 
 
-_TUNED: dict[tuple, triton.Config] = {}  # (M rounded up to a power of two, N, K, block, dtype)
+# (M rounded up to a power of two, N, K, block, dtype, `a8_code`)
+_TUNED: dict[tuple, triton.Config] = {}
 _TIMES: dict[tuple, dict[triton.Config, float]] = {}  # the same keys: `tuning_times`
 
 
-def tuned_config(x: torch.Tensor, w: Fp8Weight) -> triton.Config | None:
-    """The config `fp8_skinny(x, w)` runs (None until its first call for these shapes)."""
-    key = (triton.next_power_of_2(x.shape[0]), w.qweight.shape[0], x.shape[1], w.block, x.dtype)
-    return _TUNED.get(key)
+def _key(x: torch.Tensor, w: Fp8Weight, acts: str) -> tuple:
+    n, k = w.qweight.shape
+    return (triton.next_power_of_2(x.shape[0]), n, k, w.block, x.dtype, a8_code(w, acts))
 
 
-def tuning_times(x: torch.Tensor, w: Fp8Weight) -> dict[triton.Config, float]:
-    """The autotuner's ms per candidate config when `fp8_skinny` tuned these shapes (cold-L2
-    device time in a CUDA graph, a split config's reduce included); {} before, or when the
-    tuning came from Triton's disk cache."""
-    key = (triton.next_power_of_2(x.shape[0]), w.qweight.shape[0], x.shape[1], w.block, x.dtype)
-    return _TIMES.get(key, {})
+def tuned_config(x: torch.Tensor, w: Fp8Weight, acts: str = "w8a16") -> triton.Config | None:
+    """The config `fp8_skinny(x, w, acts=acts)` runs (None until its first call for these
+    shapes)."""
+    return _TUNED.get(_key(x, w, acts))
 
 
-def _args(x, qweight, scale, block, y, split: int) -> tuple:
+def tuning_times(x: torch.Tensor, w: Fp8Weight, acts: str = "w8a16") -> dict[triton.Config, float]:
+    """The autotuner's ms per candidate config when `fp8_skinny(x, w, acts=acts)` tuned these
+    shapes (cold-L2 device time in a CUDA graph, a split config's reduce included); {} before,
+    or when the tuning came from Triton's disk cache."""
+    return _TIMES.get(_key(x, w, acts), {})
+
+
+def _args(x, qweight, scale, block, y, split: int, a8: int) -> tuple:
     """The kernel's positional args, with a fp32 scratch for `split` partials (a 1-element
     stand-in when split == 1)."""
     (m, k), n = x.shape, qweight.shape[0]
     part = torch.empty(split * m * n if split > 1 else 1, dtype=torch.float32, device=x.device)
     return (x, qweight, scale, y, part, m, n, k, triton.next_power_of_2(m), x.stride(0),
-            y.stride(0), scale.stride(0), *block)  # fmt: skip
+            y.stride(0), scale.stride(0), *block, a8)  # fmt: skip
 
 
-def _launch(x, qweight, scale, block, y, config: triton.Config) -> None:
+def _launch(x, qweight, scale, block, y, config: triton.Config, a8: int = 0) -> None:
     """y = x @ (qweight * scale)^T with one config, no autotune (also under the Triton
-    interpreter, which takes `qweight` in x's dtype: e4m3 values are exact there)."""
+    interpreter, which takes `qweight` in x's dtype: e4m3 values are exact there; A8 configs
+    need e4m3, so the device)."""
     split = config.kwargs["SPLIT_K"]
-    args = _args(x, qweight, scale, block, y, split)
+    args = _args(x, qweight, scale, block, y, split, a8 or int(config.kwargs["A8"]))
     grid = (triton.cdiv(qweight.shape[0], config.kwargs["BLOCK_N"]), split)
     _fp8_skinny_kernel.fn[grid](*args, **config.all_kwargs())
     if split > 1:
@@ -526,17 +605,21 @@ def _dequantized(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
 
 
 class Fp8Gemm:
-    """y = x @ dequantize(w)^T on CUDA, by shape (module docstring). Probes the block-scaled
+    """y = x @ dequantize(w)^T on CUDA, by shape (module docstring); `acts` (ACTS) the decode
+    GEMV's activations. Probes the block-scaled
     and row-wise GEMMs once each, eagerly; a call during a CUDA-graph capture before its probe
     takes the dequantising fallback."""
 
-    def __init__(self) -> None:
+    def __init__(self, acts: str = "w8a16") -> None:
+        if acts not in ACTS:
+            raise ValueError(f"acts must be one of {tuple(ACTS)}, got {acts!r}")
+        self.acts = acts  # the decode GEMV's activations (`fp8_skinny`)
         self.support: dict[str, bool] = {}  # "blockwise" | "rowwise" -> works here
         self.tuned: set[tuple[int, int]] = set()  # (N, K) the Triton GEMM has tuned
 
     def __call__(self, x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
         if skinny_fits(x, w):
-            return fp8_skinny(x, w)
+            return fp8_skinny(x, w, acts=self.acts)
         kind = self._kind(x, w)
         if kind is not None and self._supported(kind, x.device):
             return (_blockwise if kind == "blockwise" else _rowwise)(x, w)

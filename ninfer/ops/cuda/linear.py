@@ -8,8 +8,9 @@ and keeps the faster for good; a tie goes to cuBLAS. The race measures what a de
 pays (`timing.cold_call_ms`: device time in a CUDA graph, cold L2). It runs outside any
 CUDA-graph capture (the engine's warm-up runs every decode batch size eagerly before capturing);
 a key first seen during a capture takes cuBLAS. An FP8 weight (`ninfer.ops.fp8.Fp8Weight`) goes
-to `fp8.Fp8Gemm` (its own skinny GEMV at decode, cuBLAS's FP8 GEMM for prefill), `enabled` or
-not. Every other call is F.linear. Knows nothing about the model.
+to `fp8.Fp8Gemm` (its own skinny GEMV at decode, its activations as `fp8_decode` says;
+cuBLAS's FP8 GEMM for prefill), `enabled` or not. Every other call is F.linear. Knows nothing
+about the model.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ MARGIN = 0.98  # the skinny kernel must be at least 2 % faster to be chosen
 class DecodeLinear:
     """y = x @ w^T (F.linear semantics, no bias). `enabled=False`: always F.linear."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, fp8_decode: str = "w8a16") -> None:
         self.enabled = enabled
         self.choice: dict[tuple, bool] = {}  # key -> skinny chosen
         self.timings: dict[tuple, tuple[float, float]] = {}  # key -> (cuBLAS ms, skinny ms)
-        self.fp8 = Fp8Gemm()
+        self.fp8 = Fp8Gemm(fp8_decode)
 
     def _eligible(self, x: torch.Tensor, w: torch.Tensor) -> bool:
         return (

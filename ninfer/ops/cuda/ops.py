@@ -107,7 +107,8 @@ class CudaOps(ReferenceOps):
         # (batch, key, PassMeta) of the latest prefill passes, newest first
         self._passes: list[tuple[ForwardBatch, tuple, object]] = []
         self.compiled = compile
-        self.linear = DecodeLinear(enabled=skinny)  # decode GEMMs: cuBLAS or Triton, raced
+        # decode GEMMs: cuBLAS or Triton, raced; FP8 weights by `Fp8Gemm`
+        self.linear = DecodeLinear(enabled=skinny, fp8_decode=choices.fp8_decode)
         # the prefill conv's launch shape, by `choices`
         self.conv_tile = conv.Tile(*choices.conv_tile) if choices.conv_tile else conv.TILE
         self._rms_norm = _compiled(rms_norm_ref, compile)
