@@ -116,11 +116,13 @@ _SHAPES = [
     _config(32, 128, 8, 3, dot=False, groups=2),
 ]
 # W8A8 (A8): each tile of x quantised to e4m3 in the kernel, as the prefill quantises it (per
-# token per GROUP columns), e4m3 x e4m3 products on the tensor cores: no widening of the weight.
-# The quantisation is redone by every column block, so wide BLOCK_N spreads it thinner.
+# token per GROUP columns), and the product taken as W x^T, the weight tile on the left: at 64
+# or more rows Triton gives it to sm_90's wgmma straight from shared memory, e4m3 x e4m3, the
+# weight never widened (under 64 rows it would widen both operands to f16). The quantisation
+# is redone by every column block, so wide BLOCK_N spreads it thinner.
 _A8 = [
-    _config(32, 128, 4, 4, a8=True),
     _config(64, 128, 4, 4, a8=True),
+    _config(64, 128, 4, 4, split=4, a8=True),
     _config(128, 128, 4, 4, a8=True),
     _config(128, 128, 8, 3, a8=True),
     _config(256, 128, 8, 3, a8=True),
@@ -277,7 +279,11 @@ def _fp8_skinny_kernel(
     n_ok = n0 + rows < N
     w_ptrs = w + n0.to(tl.int64) * K + rows[:, None] * K + (k_lo + cols)[None, :]
     s_ptrs = s + ((n0 + rows) // BN_W).to(tl.int64) * s_sn  # each row's scale row
-    if DOT:
+    if A8:  # W x^T: the weight tile is the product's left operand (64+ rows: wgmma)
+        xm = tl.arange(0, 16)
+        x_ptrs = x + xm[:, None] * s_xm + (k_lo + cols)[None, :]
+        acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    elif DOT:
         xm = tl.arange(0, 16)
         x_ptrs = x + xm[:, None] * s_xm + (k_lo + cols)[None, :]
         acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
@@ -312,8 +318,8 @@ def _fp8_skinny_kernel(
                     xs = tl.maximum(tl.max(tl.abs(xf), axis=1), _ACT_EPS) * _INV_QMAX
                     xq = tl.math.div_rn(xf, xs[:, None])
                     xq = tl.minimum(tl.maximum(xq, -_QMAX), _QMAX).to(wt.dtype)
-                    prod = tl.dot(xq, tl.trans(wt))  # [16, BLOCK_N] fp32
-                    acc += prod * xs[:, None] * sc[None, :]
+                    prod = tl.dot(wt, tl.trans(xq))  # [BLOCK_N, 16] fp32
+                    acc += prod * sc[:, None] * xs[None, :]
                 else:
                     prod = tl.dot(xt, tl.trans(_widen(wt, xt.dtype, BITS)))  # [16, BLOCK_N]
                     acc += prod * sc[None, :]
@@ -328,7 +334,14 @@ def _fp8_skinny_kernel(
         w_ptrs += STEP
         x_ptrs += STEP
     offs_n = n0 + rows
-    if DOT:
+    if A8:
+        ok = n_ok[:, None] & (xm < M)[None, :]
+        if SPLIT_K == 1:
+            out = y + xm[None, :] * s_ym + offs_n[:, None]
+            tl.store(out, acc.to(y.dtype.element_ty), mask=ok)
+        else:
+            tl.store(part + (sk * M + xm)[None, :] * N + offs_n[:, None], acc, mask=ok)
+    elif DOT:
         ok = (xm < M)[:, None] & n_ok[None, :]
         if SPLIT_K == 1:
             out = y + xm[:, None] * s_ym + offs_n[None, :]
