@@ -242,3 +242,43 @@ def test_moe_decode_kernels_tune_per_power_of_two(monkeypatch, n):
     pow2 = 1 << (n - 1).bit_length()
     keys = {f.__name__: v.get("pairs", v.get("tokens")) for f, v in launches}
     assert keys == {"_gate_up_silu_kernel": pow2 * top_k, "_down_sum_kernel": pow2}, keys
+
+
+def _ptx(kernel, values: dict, num_warps: int, num_stages: int) -> str:
+    """The whole compile of `kernel` for TARGET (front end, layouts, LLVM, ptxas), its PTX."""
+    constexprs, signature, attrs = {}, {}, {}
+    for idx, p in enumerate(kernel.params):
+        v = values[p.name]
+        if p.is_constexpr:
+            constexprs[p.name], signature[p.name] = v, "constexpr"
+            continue
+        signature[p.name] = _arg_type(v)
+        if isinstance(v, torch.Tensor) or (isinstance(v, int) and v % 16 == 0 and v > 1):
+            attrs[(idx,)] = [["tt.divisibility", 16]]  # as Triton's launcher hints them
+    src = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(src, target=TARGET, options=options).asm["ptx"]
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_fp8_gemv_a8_configs_multiply_e4m3_on_sm90_tensor_cores(m):
+    """The FP8 GEMV's A8 configs exist to multiply e4m3 by e4m3 without widening the weight:
+    for sm_90 their PTX must hold wgmma e4m3 products and no e4m3 -> f16 conversion (with x as
+    the left operand Triton widens both to f16 for mma.sync instead)."""
+    from ninfer.ops.cuda import fp8
+    from ninfer.ops.fp8 import quantize_fp8
+
+    n, k = 1024, 1024
+    w = quantize_fp8(torch.randn(n, k) * 0.02, (128, 128))
+    x = torch.randn(m, k).to(torch.bfloat16)
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    kernel = fp8._fp8_skinny_kernel.fn.fn  # autotuner -> heuristics -> JITFunction
+    configs = [c for c in fp8.CONFIGS if c.kwargs["A8"]]
+    assert configs
+    for c in (configs[0], configs[-1]):
+        args = fp8._args(x, w.qweight, w.scale, w.block, y, c.kwargs["SPLIT_K"], 2)
+        values = {**dict(zip(kernel.arg_names, args, strict=False)), **c.kwargs}
+        values["EVEN_N"] = values["EVEN_K"] = True
+        ptx = _ptx(kernel, values, c.num_warps, c.num_stages)
+        assert "e4m3.e4m3" in ptx and "wgmma.mma_async" in ptx, c
+        assert "cvt.rn.f16x2.e4m3x2" not in ptx, c
