@@ -15,8 +15,11 @@ decode, cuBLAS's block-scaled FP8 GEMM for prefill.
   across scale blocks (a 128 x 128-block weight caps BLOCK_K at 128: 128 bytes of a row, where the
   bf16 GEMV's tiles read 512). SPLIT_K > 1 (a layer with fewer column blocks than twice the SMs:
   more programs in flight) writes fp32 partials that a second launch sums in split order
-  (`skinny.reduce_split`: deterministic). The first call per (M rounded up to a power of two, N,
-  K, block, dtype) autotunes, timing each candidate as a decode graph runs it
+  (`skinny.reduce_split`: deterministic). Where the caller asks (`acts`, the op choice
+  `fp8_decode`) and the weight has 128 x 128 blocks, A8 configs (W8A8) take x quantised first as
+  the prefill quantises it and multiply e4m3 by e4m3 on sm_90's wgmma, the weight tile on the
+  left (W x^T). The first call per (M rounded up to a power of two, N, K, block, dtype, `acts`)
+  autotunes, timing each candidate as a decode graph runs it
   (`timing.graph_bench`: in a CUDA graph, cold L2; a split config with its reduce): keep it out of
   graph capture (the engine's eager warm-up runs it first); later calls launch the chosen config
   directly.
@@ -56,9 +59,6 @@ MAX_M = 8
 ACTS = {"w8a16": 0, "fastest": 1, "w8a8": 2}
 GROUP = 128  # activation quantisation group (columns) of the block-scaled GEMM
 ACT_EPS = 1e-12  # least amax of an activation group (an all-zero group gets a tiny scale)
-# the same as constants of the FP8 GEMV's A8 configs (fp32 in the kernel, as the quantisation
-# kernel's arguments)
-_ACT_EPS, _INV_QMAX, _QMAX = tl.constexpr(ACT_EPS), tl.constexpr(1 / FP8_MAX), tl.constexpr(FP8_MAX)
 
 
 def _config(
@@ -73,7 +73,13 @@ def _config(
 ) -> triton.Config:
     kw = {"BLOCK_N": bn, "BLOCK_K": bk, "DOT": dot, "STAGES": stages, "SPLIT_K": split}
     kw["GROUPS"], kw["BITS"], kw["A8"] = groups, False, a8
-    return triton.Config(kw, num_warps=warps, num_stages=stages)
+    hook = _quantize_hook if a8 else None  # timed with the config, run before its launch
+    return triton.Config(kw, num_warps=warps, num_stages=stages, pre_hook=hook)
+
+
+def _quantize_hook(nargs) -> None:
+    """An A8 config's pre-hook: x quantised per token per GROUP columns into its buffers."""
+    quant_groups_into(nargs["x"], nargs["xq"], GROUP, nargs["xs"])
 
 
 # (BLOCK_N, BLOCK_K, num_warps, stages[, DOT[, SPLIT_K[, GROUPS]]]). e4m3 tiles are half the
@@ -115,11 +121,11 @@ _SHAPES = [
     _config(16, 128, 4, 3, dot=False, groups=4),
     _config(32, 128, 8, 3, dot=False, groups=2),
 ]
-# W8A8 (A8): each tile of x quantised to e4m3 in the kernel, as the prefill quantises it (per
-# token per GROUP columns), and the product taken as W x^T, the weight tile on the left: at 64
-# or more rows Triton gives it to sm_90's wgmma straight from shared memory, e4m3 x e4m3, the
-# weight never widened (under 64 rows it would widen both operands to f16). The quantisation
-# is redone by every column block, so wide BLOCK_N spreads it thinner.
+# W8A8 (A8): x quantised to e4m3 first, as the prefill quantises it (per token per GROUP
+# columns; one `quant_groups_into` launch, the config's pre-hook), and the product taken as
+# W x^T, the weight tile on the left: at 64 or more rows Triton gives it to sm_90's wgmma
+# straight from shared memory, e4m3 x e4m3, the weight never widened (under 64 rows it would
+# widen both operands to f16).
 _A8 = [
     _config(64, 128, 4, 4, a8=True),
     _config(64, 128, 4, 4, split=4, a8=True),
@@ -257,7 +263,7 @@ def _widen(wt, dtype: tl.constexpr, BITS: tl.constexpr):  # dtype: x's
 )
 @triton.jit
 def _fp8_skinny_kernel(
-    x, w, s, y, part, M, N, K, M_KEY, s_xm, s_ym, s_sn, BN_W, BK_W, A8_OK,
+    x, w, s, y, part, xq, xs, M, N, K, M_KEY, s_xm, s_ym, s_sn, s_qm, s_xsg, BN_W, BK_W, A8_OK,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUPS: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
@@ -265,9 +271,9 @@ def _fp8_skinny_kernel(
     """Program (nb, sk): y[:, nb * BLOCK_N : (nb + 1) * BLOCK_N] over the sk-th K range, into y
     (SPLIT_K == 1) or part[sk] (fp32 [SPLIT_K, M, N]). w [N, K] e4m3, s the scales
     [ceil(N / BN_W), ceil(K / BK_W)] fp32 with row stride s_sn. A step covers GROUPS tiles of
-    BLOCK_K columns, each inside one scale block. A8: each [16, BLOCK_K] tile of x (BLOCK_K ==
-    GROUP) quantised as `_quant_groups_kernel` does, e4m3 products times both scales. M_KEY and
-    A8_OK are only autotune keys."""
+    BLOCK_K columns, each inside one scale block. A8: x quantised beforehand (BLOCK_K == GROUP):
+    xq [M, K] e4m3 (row stride s_qm) with scales xs [M, K / GROUP] (group stride s_xsg), e4m3
+    products times both scales. M_KEY and A8_OK are only autotune keys."""
     STEP: tl.constexpr = BLOCK_K * GROUPS
     nb, sk = tl.program_id(0), tl.program_id(1)
     n0 = nb * BLOCK_N
@@ -281,7 +287,7 @@ def _fp8_skinny_kernel(
     s_ptrs = s + ((n0 + rows) // BN_W).to(tl.int64) * s_sn  # each row's scale row
     if A8:  # W x^T: the weight tile is the product's left operand (64+ rows: wgmma)
         xm = tl.arange(0, 16)
-        x_ptrs = x + xm[:, None] * s_xm + (k_lo + cols)[None, :]
+        x_ptrs = xq + xm[:, None] * s_qm + (k_lo + cols)[None, :]
         acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     elif DOT:
         xm = tl.arange(0, 16)
@@ -313,13 +319,10 @@ def _fp8_skinny_kernel(
                 if not EVEN_K:
                     x_ok = x_ok & k_ok[None, :]
                 xt = tl.load(x_ptrs + g * BLOCK_K, mask=x_ok, other=0.0)
-                if A8:
-                    xf = xt.to(tl.float32)
-                    xs = tl.maximum(tl.max(tl.abs(xf), axis=1), _ACT_EPS) * _INV_QMAX
-                    xq = tl.math.div_rn(xf, xs[:, None])
-                    xq = tl.minimum(tl.maximum(xq, -_QMAX), _QMAX).to(wt.dtype)
-                    prod = tl.dot(wt, tl.trans(xq))  # [BLOCK_N, 16] fp32
-                    acc += prod * sc[:, None] * xs[None, :]
+                if A8:  # xt: e4m3, with one scale per row for the tile
+                    x_sc = tl.load(xs + xm + (kg // BLOCK_K) * s_xsg, mask=xm < M, other=0.0)
+                    prod = tl.dot(wt, tl.trans(xt.to(wt.dtype)))  # [BLOCK_N, 16] fp32
+                    acc += prod * sc[:, None] * x_sc[None, :]
                 else:
                     prod = tl.dot(xt, tl.trans(_widen(wt, xt.dtype, BITS)))  # [16, BLOCK_N]
                     acc += prod * sc[None, :]
@@ -501,11 +504,19 @@ def tuning_times(x: torch.Tensor, w: Fp8Weight, acts: str = "w8a16") -> dict[tri
 
 def _args(x, qweight, scale, block, y, split: int, a8: int) -> tuple:
     """The kernel's positional args, with a fp32 scratch for `split` partials (a 1-element
-    stand-in when split == 1)."""
+    stand-in when split == 1) and, where A8 configs may run (a8 > 0), the buffers x is
+    quantised into (e4m3, or fp32 under the interpreter, and the scales; else stand-ins)."""
     (m, k), n = x.shape, qweight.shape[0]
-    part = torch.empty(split * m * n if split > 1 else 1, dtype=torch.float32, device=x.device)
-    return (x, qweight, scale, y, part, m, n, k, triton.next_power_of_2(m), x.stride(0),
-            y.stride(0), scale.stride(0), *block, a8)  # fmt: skip
+    dev = x.device
+    part = torch.empty(split * m * n if split > 1 else 1, dtype=torch.float32, device=dev)
+    if a8 > 0:
+        xq = torch.empty(m, k, dtype=FP8_DTYPE if x.is_cuda else torch.float32, device=dev)
+        xs = torch.empty(k // GROUP, m, dtype=torch.float32, device=dev).t()
+    else:
+        xq = torch.empty(1, 1, dtype=FP8_DTYPE if x.is_cuda else torch.float32, device=dev)
+        xs = torch.empty(1, 1, dtype=torch.float32, device=dev)
+    return (x, qweight, scale, y, part, xq, xs, m, n, k, triton.next_power_of_2(m), x.stride(0),
+            y.stride(0), scale.stride(0), xq.stride(0), xs.stride(1), *block, a8)  # fmt: skip
 
 
 def _launch(x, qweight, scale, block, y, config: triton.Config, a8: int = 0) -> None:
@@ -514,6 +525,8 @@ def _launch(x, qweight, scale, block, y, config: triton.Config, a8: int = 0) -> 
     need e4m3, so the device)."""
     split = config.kwargs["SPLIT_K"]
     args = _args(x, qweight, scale, block, y, split, a8 or int(config.kwargs["A8"]))
+    if config.kwargs["A8"]:
+        quant_groups_into(x, args[5], GROUP, args[6])
     grid = (triton.cdiv(qweight.shape[0], config.kwargs["BLOCK_N"]), split)
     _fp8_skinny_kernel.fn[grid](*args, **config.all_kwargs())
     if split > 1:
@@ -545,17 +558,22 @@ def quantize_groups_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torc
 QUANT_ROWS = 16  # rows a `_quant_groups_kernel` program takes: a [16, group] tile
 
 
-def quant_groups_into(x: torch.Tensor, q: torch.Tensor, group: int) -> torch.Tensor:
+def quant_groups_into(
+    x: torch.Tensor, q: torch.Tensor, group: int, scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [M, K] quantised into q ([M, K], unit stride along K; e4m3, or fp32 under the Triton
     interpreter, which holds the unrounded quotients): returns the scales [M, K / group] fp32,
-    column-major."""
+    column-major (into `scale` when given: [M, K / group], unit stride along M)."""
     m, k = x.shape
     if k % group or x.stride(-1) != 1 or q.shape != x.shape or q.stride(-1) != 1:
         raise ValueError(
             f"quant_groups_into needs K a multiple of {group} and x, q of one shape with unit "
             f"stride along K: x {tuple(x.shape)} {x.stride()}, q {tuple(q.shape)} {q.stride()}"
         )
-    scale = torch.empty(k // group, m, dtype=torch.float32, device=x.device).t()
+    if scale is None:
+        scale = torch.empty(k // group, m, dtype=torch.float32, device=x.device).t()
+    elif scale.shape != (m, k // group) or scale.stride(0) != 1:
+        raise ValueError(f"quant_groups_into needs scale [{m}, {k // group}] column-major")
     if m == 0:
         return scale
     grid = (triton.cdiv(m, QUANT_ROWS), k // group)
