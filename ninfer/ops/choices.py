@@ -2,7 +2,7 @@
 than one. Fixed when the op set is built (`CudaOps(choices=...)`, from `OpsConfig.op_choices`
 through `ninfer.engine.executor.backend.select_ops`); the reference ops have one path per op and
 take none. Plain data, no torch: `ninfer.config` declares the matching engine options (no
-command-line flag: experiments and tests set them).
+command-line flag but `--fp8-decode`: experiments and tests set them).
 
     gather_min_rows  query rows per KV head, averaged over the KV tokens, from which an eager
                      prefill pass over a cached context takes the gathered path

@@ -282,3 +282,12 @@ def test_fp8_gemv_a8_configs_multiply_e4m3_on_sm90_tensor_cores(m):
         ptx = _ptx(kernel, values, c.num_warps, c.num_stages)
         assert "e4m3.e4m3" in ptx and "wgmma.mma_async" in ptx, c
         assert "cvt.rn.f16x2.e4m3x2" not in ptx, c
+
+
+def test_the_fp8_gemv_serves_every_fp8_decode_choice():
+    """The op choice's values (`OpChoices.fp8_decode`) are the GEMV's `acts`, each with its
+    own kernel code."""
+    from ninfer.ops.choices import FP8_DECODE
+    from ninfer.ops.cuda.fp8 import ACTS
+
+    assert set(ACTS) == set(FP8_DECODE) and len(set(ACTS.values())) == len(ACTS)

@@ -520,9 +520,10 @@ def _args(x, qweight, scale, block, y, split: int, a8: int) -> tuple:
 
 
 def _launch(x, qweight, scale, block, y, config: triton.Config, a8: int = 0) -> None:
-    """y = x @ (qweight * scale)^T with one config, no autotune (also under the Triton
-    interpreter, which takes `qweight` in x's dtype: e4m3 values are exact there; A8 configs
-    need e4m3, so the device)."""
+    """y = x @ (qweight * scale)^T with one config, no autotune; an A8 config's x quantised
+    first, as its pre-hook does. Also under the Triton interpreter, which takes `qweight` in
+    x's dtype (e4m3 values are exact there) and keeps an A8 config's quantised x unrounded in
+    fp32."""
     split = config.kwargs["SPLIT_K"]
     args = _args(x, qweight, scale, block, y, split, a8 or int(config.kwargs["A8"]))
     if config.kwargs["A8"]:
@@ -637,9 +638,8 @@ def _dequantized(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
 
 class Fp8Gemm:
     """y = x @ dequantize(w)^T on CUDA, by shape (module docstring); `acts` (ACTS) the decode
-    GEMV's activations. Probes the block-scaled
-    and row-wise GEMMs once each, eagerly; a call during a CUDA-graph capture before its probe
-    takes the dequantising fallback."""
+    GEMV's activations. Probes the block-scaled and row-wise GEMMs once each, eagerly; a call
+    during a CUDA-graph capture before its probe takes the dequantising fallback."""
 
     def __init__(self, acts: str = "w8a16") -> None:
         if acts not in ACTS:
