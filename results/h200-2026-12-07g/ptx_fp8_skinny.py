@@ -14,13 +14,10 @@ import tempfile
 from collections import Counter
 
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
 
 sys.path.insert(0, "tests/ops")
-import test_triton_frontend as frontend  # noqa: E402  (its argument types)
+import test_triton_frontend as frontend  # noqa: E402  (its compile to PTX for sm_90)
 
 from ninfer.ops.cuda import fp8  # noqa: E402
 from ninfer.ops.fp8 import quantize_fp8  # noqa: E402
@@ -48,19 +45,7 @@ for c in fp8.CONFIGS:
     values.update(c.kwargs)
     values["EVEN_N"] = n % c.kwargs["BLOCK_N"] == 0
     values["EVEN_K"] = k % (c.kwargs["BLOCK_K"] * c.kwargs["GROUPS"]) == 0
-    constexprs, sig, attrs = {}, {}, {}
-    for idx, p in enumerate(jit.params):
-        v = values[p.name]
-        if p.is_constexpr:
-            constexprs[p.name], sig[p.name] = v, "constexpr"
-            continue
-        sig[p.name] = frontend._arg_type(v)
-        hinted = isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0
-        if isinstance(v, torch.Tensor) or hinted:
-            attrs[(idx,)] = [["tt.divisibility", 16]]
-    options = {"num_warps": c.num_warps, "num_stages": c.num_stages}
-    src = ASTSource(jit, sig, constexprs=constexprs, attrs=attrs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    ptx = frontend._ptx(jit, values, c.num_warps, c.num_stages)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
