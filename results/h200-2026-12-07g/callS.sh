@@ -2,7 +2,7 @@
 # Device call S (carry .whl .fi_cache), for the next session: the A8 configs as the sixteenth
 # session leaves them: x quantised by one `quant_groups_into` launch (the config's pre-hook),
 # then e4m3 x e4m3 on wgmma, both operands streamed by cp.async (call R's in-kernel
-# quantisation read 0.21-0.60 of the copy rate against BITS's 0.62-0.86). Their GPU tests;
+# quantisation read 0.21-0.60 of the copy rate against BITS's 0.62-0.87). Their GPU tests;
 # the race of best A8 against best BITS at all six 27B shapes (bench_fp8 --a8, M = 1 and 8);
 # then the 27B FP8 decode at batch 1 and 8 with `--fp8-decode fastest`, and with the default
 # w8a16 beside it.
