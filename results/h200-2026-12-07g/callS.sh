@@ -10,7 +10,7 @@ set -uo pipefail
 source tools/device/env.sh  # B (default 570), lap, box
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout $(box 120) python3 -m pytest -q $XDIST -p no:cacheprovider -o addopts="" -rfE \
-  tests/ops/test_cuda_fp8.py -k "a8 or acts or fp8_decode or every_skinny or graph_replays" >$OUT/tests.log 2>&1
+  tests/ops/test_cuda_fp8.py -k "a8 or acts or fp8_decode or every_skinny or graph_replays or parts_at_40" >$OUT/tests.log 2>&1
 lap "tests rc=$?: $(grep -E 'passed|failed|error' $OUT/tests.log | tail -1)"
 grep -E "^(FAILED|ERROR)|^E  " $OUT/tests.log | cut -c1-300 | head -12
 timeout $(box 150) python3 tools/device/bench_fp8.py --no-prefill --rows 1,8 --a8 \

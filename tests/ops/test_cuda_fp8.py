@@ -367,6 +367,32 @@ def test_fp8_moe_block_with_its_shared_expert(ops, n, block):
 
 
 @pytest.mark.parametrize("block", BLOCKS)
+def test_fp8_moe_block_parts_at_40_tokens(ops, block):
+    """The block test's N40 inputs, part by part, each against the reference the block test
+    composes: the routed experts (320 pairs: the FP8 grouped GEMM) against `moe_ref`, the
+    shared expert's gated output (the prefill GEMM at 40 rows) against `prefill_linear_ref`'s.
+    Says which part carries the block's error where the block test fails."""
+    gen = torch.Generator(DEV).manual_seed(4)
+    e, h, i, top_k, n = 256, 2048, 512, 8, 40
+    x = torch.randn(n, h, device=DEV, generator=gen).to(torch.bfloat16)
+    router = (torch.randn(e + 1, h, device=DEV, generator=gen) * 0.02).to(torch.bfloat16)
+    gate_up, down = fp8_experts(e, h, i, block)
+    shared_gate_up, shared_down = (w.expert(0) for w in fp8_experts(1, h, i, block, seed=5))
+    ref_ops = ReferenceOps()
+
+    def shared(linear, silu_mul, sigmoid_mul):
+        gate, up = linear(x, shared_gate_up).chunk(2, dim=-1)
+        return sigmoid_mul(linear(silu_mul(gate, up), shared_down), linear(x, router[e:]))
+
+    with full_reductions():
+        routed_ref = moe_ref(x, router[:e], gate_up, down, top_k)
+        shared_ref = shared(prefill_linear_ref, ref_ops.silu_mul, ref_ops.sigmoid_mul)
+    routed = rel_err(ops.moe(x, router[:e], gate_up, down, top_k), routed_ref)
+    shared_err = rel_err(shared(ops.linear, ops.silu_mul, ops.sigmoid_mul), shared_ref)
+    assert routed < 1e-2 and shared_err < 1e-2, (routed, shared_err)
+
+
+@pytest.mark.parametrize("block", BLOCKS)
 def test_fp8_grouped_gemm_against_the_grouped_path_on_dequantised_experts(block):
     """`grouped_fp8` never rounds a dequantised weight, so its projections lie closer to the
     exact product than `torch._grouped_mm`'s over the experts dequantised to bf16 (which rounds
