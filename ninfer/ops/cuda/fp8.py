@@ -502,19 +502,18 @@ def tuning_times(x: torch.Tensor, w: Fp8Weight, acts: str = "w8a16") -> dict[tri
     return _TIMES.get(_key(x, w, acts), {})
 
 
-def _args(x, qweight, scale, block, y, split: int, a8: int) -> tuple:
+def _args(x, qweight, scale, block, y, split: int, a8: int, quantised: bool | None = None) -> tuple:
     """The kernel's positional args, with a fp32 scratch for `split` partials (a 1-element
-    stand-in when split == 1) and, where A8 configs may run (a8 > 0), the buffers x is
-    quantised into (e4m3, or fp32 under the interpreter, and the scales; else stand-ins)."""
+    stand-in when split == 1) and, where an A8 config may run (`quantised`, by default a8 > 0),
+    the buffers x is quantised into (e4m3, or fp32 under the interpreter, and the scales);
+    elsewhere the weight and its scales stand in for them (same dtypes, never read)."""
     (m, k), n = x.shape, qweight.shape[0]
     dev = x.device
     part = torch.empty(split * m * n if split > 1 else 1, dtype=torch.float32, device=dev)
-    if a8 > 0:
-        xq = torch.empty(m, k, dtype=FP8_DTYPE if x.is_cuda else torch.float32, device=dev)
+    xq, xs = qweight, scale
+    if a8 > 0 if quantised is None else quantised:
+        xq = torch.empty(m, k, dtype=qweight.dtype, device=dev)
         xs = torch.empty(k // GROUP, m, dtype=torch.float32, device=dev).t()
-    else:
-        xq = torch.empty(1, 1, dtype=FP8_DTYPE if x.is_cuda else torch.float32, device=dev)
-        xs = torch.empty(1, 1, dtype=torch.float32, device=dev)
     return (x, qweight, scale, y, part, xq, xs, m, n, k, triton.next_power_of_2(m), x.stride(0),
             y.stride(0), scale.stride(0), xq.stride(0), xs.stride(1), *block, a8)  # fmt: skip
 
@@ -525,8 +524,9 @@ def _launch(x, qweight, scale, block, y, config: triton.Config, a8: int = 0) -> 
     x's dtype (e4m3 values are exact there) and keeps an A8 config's quantised x unrounded in
     fp32."""
     split = config.kwargs["SPLIT_K"]
-    args = _args(x, qweight, scale, block, y, split, a8 or int(config.kwargs["A8"]))
-    if config.kwargs["A8"]:
+    quantised = config.kwargs["A8"]
+    args = _args(x, qweight, scale, block, y, split, a8 or int(quantised), quantised)
+    if quantised:
         quant_groups_into(x, args[5], GROUP, args[6])
     grid = (triton.cdiv(qweight.shape[0], config.kwargs["BLOCK_N"]), split)
     _fp8_skinny_kernel.fn[grid](*args, **config.all_kwargs())
