@@ -144,6 +144,17 @@ def _logprobs(
     return _LogprobTensors(wanted, top_lp, top_ids, chosen_lp, chosen)
 
 
+def token_logprobs(
+    logits: torch.Tensor, tokens: list[int], params: SamplingParams
+) -> list[dict[int, float]]:
+    """What `SampleResult.logprobs` gives a sampled row, for each of `tokens` in turn from
+    the rows of `logits` [>= len(tokens), V] (a verify row's accepted tokens: token j from
+    row j). Reads them to the host."""
+    n = len(tokens)
+    chosen = torch.tensor(tokens, dtype=torch.int64).to(logits.device)
+    return _logprobs(logits[:n], chosen, [params] * n).host()
+
+
 def apply_token_mask(logits: torch.Tensor, rows: list[int], bits: torch.Tensor) -> None:
     """In place: -inf on the tokens row `rows[i]` of `logits` [R, V] may not sample, bit t % 32
     of `bits[i, t // 32]` (int32, on the host) clear. A structured output's grammar: applied
@@ -249,7 +260,7 @@ def accept_on_device(
     u = torch.rand(k, generator=generator, device=generator.device if generator else p.device)
     cols = torch.arange(k, device=p.device)
     p_d, q_d = p[cols, drafts].double(), draft_probs[cols, drafts].double()
-    ok = (q_d > 0) & (u.double() * q_d <= p_d)
+    ok = (q_d > 0) & (u.double() * q_d < p_d)
     m = ok.long().cumprod(dim=0).sum()
     p_m = p.index_select(0, m.view(1))
     q = torch.cat([draft_probs[:k].float(), p.new_zeros(1, p.shape[1])])  # row k: after them
@@ -289,7 +300,7 @@ def accept_drafts(
     p_d = p[torch.arange(k), drafts].tolist() if k else []
     q_d = draft_probs[torch.arange(k), drafts].tolist() if k else []
     for j in range(k):
-        if q_d[j] > 0 and u[j].item() * q_d[j] <= p_d[j]:
+        if q_d[j] > 0 and u[j].item() * q_d[j] < p_d[j]:  # never a token p rules out
             continue
         residual = (p[j] - draft_probs[j]).clamp_min_(0)
         if not float(residual.sum()) > 0:  # q covers p exactly where they differ by rounding

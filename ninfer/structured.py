@@ -257,18 +257,54 @@ class Matcher:
     def accept(self, token: int) -> None:
         """Advance by a committed token; ValueError when the grammar rejects it, or when the
         spent budget forced `</think>` and the token is another."""
+        forced = self._close is not None and self._forcing()
+        if self._advance(token) is None:
+            if forced:
+                raise ValueError(f"thinking budget: token {token} where </think> was forced")
+            raise ValueError(f"structured output: the grammar rejects token {token}")
+
+    def _advance(self, token: int) -> int | None:
+        """Advance by `token`: None where the constraint rejects it (nothing changed), else
+        the steps the grammar's matcher took (0 or 1)."""
         if self._close is not None:
             if token == self._close:
                 self._close = None
             elif self._forcing():
-                raise ValueError(f"thinking budget: token {token} where </think> was forced")
+                return None
             else:
                 self._spent += 1
-            return
+            return 0
         if self._m is None or self._m.is_terminated():
-            return
-        if not self._m.accept_token(token):
-            raise ValueError(f"structured output: the grammar rejects token {token}")
+            return 0
+        return 1 if self._m.accept_token(token) else None
+
+    def fill_drafts(self, drafts: list[int], bits: torch.Tensor) -> bool:
+        """Speculative decoding: into bits[j] (j = 0 .. len(drafts); int32 [len(drafts) + 1,
+        W]) the allowed set of the token after drafts[:j], as if those had been accepted; all
+        ones where nothing constrains it, and past the first draft the constraint rejects (a
+        verification stops there: that draft is not allowed at its position). The matcher is
+        left as it was (its grammar rolled back). Returns whether any row constrains."""
+        close, spent = self._close, self._spent
+        advanced = 0  # steps the grammar's matcher took here: rolled back at the end
+        bits.fill_(-1)
+        constrained = False
+        try:
+            for j, token in enumerate([*drafts, None]):
+                active = self.active
+                if active:
+                    self.fill(bits, j)
+                    constrained = True
+                if token is None or (active and not _allows(bits[j], token)):
+                    break  # (the grammar's matcher is not asked: it logs each rejection)
+                step = self._advance(token)
+                if step is None:
+                    break
+                advanced += step
+        finally:
+            if advanced:
+                self._m.rollback(advanced)
+            self._close, self._spent = close, spent
+        return constrained
 
     def fill(self, bits: torch.Tensor, row: int) -> None:
         """Write the next token's allowed set into `bits[row]` (only when `active`)."""
@@ -278,6 +314,12 @@ class Matcher:
         bits[row].zero_()
         word, bit = divmod(self._close, 32)
         bits[row, word] = (1 << bit) - (1 << 32 if bit == 31 else 0)  # int32: bit 31 is the sign
+
+
+def _allows(bits: torch.Tensor, token: int) -> bool:
+    """Whether the bitmask row `bits` (int32 [W]) allows `token`."""
+    word, bit = divmod(token, 32)
+    return 0 <= word < bits.shape[0] and (int(bits[word]) >> bit) & 1 == 1
 
 
 def token_mask(matchers: list[Matcher | None], vocab_size: int, pin: bool) -> TokenMask | None:

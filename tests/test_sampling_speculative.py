@@ -95,6 +95,44 @@ def test_filters_and_temperature_are_the_targets():
     assert _chi_square(counts, target) < CHI2_4
 
 
+def test_a_masked_target_is_followed_and_its_masked_tokens_never_come():
+    """A structured output's mask on the target's logits (the speculator applies it before
+    acceptance: `Speculator._mask_drafts`): token 0 ruled out at position 0 and token 4 at
+    position 1, the draft proposing token 0 first 40 % of the time. Token 1 of a row follows
+    the masked target, and token 0 never comes (the chi-square's check)."""
+    gen = torch.Generator().manual_seed(5)
+    logits = TARGET[:3].log().clone()
+    logits[0, 0] = logits[1, 4] = float("-inf")
+    q = DRAFT[[1, 0]]
+    counts = torch.zeros(V)
+    for _ in range(8_000):
+        drafts = [int(torch.multinomial(q[j], 1, generator=gen)) for j in range(2)]
+        tokens = accept_drafts(logits, drafts, q, SAMPLED, gen)
+        assert len(tokens) < 2 or tokens[1] != 4
+        counts[tokens[0]] += 1
+    assert _chi_square(counts, logits[0].softmax(dim=-1)) < CHI2_4
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_a_draft_the_target_rules_out_is_rejected_even_at_a_zero_draw(monkeypatch, where):
+    """Draft kept iff u * q(d) < p(d): with u = 0 exactly (torch.rand's [0, 1) includes it)
+    a `<=` rule kept a draft of target probability 0, a token the grammar forbids, which
+    would then fail the request when its matcher saw it."""
+    from ninfer.sampling import accept_on_device
+
+    logits = TARGET[:2].log().clone()
+    logits[0, 3] = float("-inf")
+    q = DRAFT[3:4]  # proposes token 3 half the time
+    monkeypatch.setattr(torch, "rand", lambda n, **kw: torch.zeros(n))
+    gen = torch.Generator().manual_seed(0)
+    if where == "host":
+        first = accept_drafts(logits, [3], q, SAMPLED, gen)[0]
+    else:
+        m, token = accept_on_device(logits, torch.tensor([3]), q, SAMPLED, gen)
+        first = 3 if int(m) else int(token)
+    assert first != 3
+
+
 def test_seeded_draws_reproduce():
     logits = TARGET[:4].log()
     runs = []

@@ -217,3 +217,82 @@ def test_an_accepted_one_of_never_has_two_matching_branches(branches):
     for value in _INSTANCES:
         matches = sum(jsonschema.Draft202012Validator(b).is_valid(value) for b in branches)
         assert matches <= 1, (value, branches)
+
+
+def _masks_by_accepting(m, drafts: list[int], vocab: int) -> list[torch.Tensor | None]:
+    """The mask before each of drafts[:j] (j = 0 .. len(drafts)), None where none applies,
+    by accepting them one by one (`m` advances), to the first one rejected."""
+    out = []
+    for j in range(len(drafts) + 1):
+        mask = token_mask([m], vocab, pin=False)
+        out.append(None if mask is None else mask.bits[0].clone())
+        if j == len(drafts):
+            break
+        try:
+            m.accept(drafts[j])
+        except ValueError:
+            break
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    index=st.sampled_from([0, 2, 5, 8]),
+    seed=st.integers(0, 10**6),
+    walked=st.integers(0, 30),
+    drafts=st.integers(0, 5),
+    wrong=st.floats(0, 0.5),
+    budget=st.sampled_from([None, 0, 3, 12]),
+)
+def test_draft_masks_are_the_masks_after_accepting_the_drafts(
+    bpe, index, seed, walked, drafts, wrong, budget
+):
+    """`Matcher.fill_drafts` (speculative decoding's verify rows): row j is the mask after
+    drafts[:j] were accepted, up to the first draft the grammar (or a spent thinking budget)
+    rejects, all ones past it; and the matcher is left as it was, its grammar rolled back:
+    its masks and acceptances go on as those of a matcher that never saw the drafts. Drafts
+    mostly follow the mask, some are any token (a draft head proposes what it likes); with a
+    budget the prompt leaves a reasoning block open."""
+    vocab = len(bpe.token_bytes) + 7
+    spec = StructuredOutputsParams(json=SCHEMAS[index])
+    grammar = Grammars(bpe, vocab, bpe.eos_token_ids).compile(spec, thinking_budget=budget)
+    prompt = [] if budget is None else [bpe.token_to_id("<think>")]
+    rng = random.Random(seed)
+    shifts = torch.arange(32, dtype=torch.int32)
+
+    def pick(m) -> int:
+        mask = token_mask([m], vocab, pin=False)
+        if mask is None or rng.random() < wrong:
+            return rng.randrange(vocab)
+        allowed = ((mask.bits.unsqueeze(-1) >> shifts) & 1).view(-1)[:vocab].nonzero()
+        return rng.choice(allowed.flatten().tolist())
+
+    m, twin, control = (grammar.start(prompt) for _ in range(3))
+    for _ in range(walked):  # all three walk the same accepted tokens
+        t = pick(m)
+        try:
+            m.accept(t)
+        except ValueError:
+            continue
+        twin.accept(t)
+        control.accept(t)
+    props = [pick(m) for _ in range(drafts)]
+    bits = torch.zeros(drafts + 1, (vocab + 31) // 32, dtype=torch.int32)
+    constrained = m.fill_drafts(props, bits)
+    want = _masks_by_accepting(twin, props, vocab)
+    assert constrained == any(w is not None for w in want)
+    for j in range(drafts + 1):
+        w = want[j] if j < len(want) and want[j] is not None else torch.full_like(bits[j], -1)
+        assert torch.equal(bits[j], w), j
+    for _ in range(8):  # m goes on as the matcher that never saw the drafts
+        mask, expected = token_mask([m], vocab, pin=False), token_mask([control], vocab, False)
+        assert (mask is None) == (expected is None)
+        assert mask is None or torch.equal(mask.bits, expected.bits)
+        t = pick(control)
+        try:
+            control.accept(t)
+        except ValueError:
+            with pytest.raises(ValueError):
+                m.accept(t)
+            continue
+        m.accept(t)

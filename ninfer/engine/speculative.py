@@ -1,12 +1,15 @@
 """Speculative decoding with the checkpoint's MTP head: drafting, verification, acceptance and
 the exact roll-back of the rejected tokens (engine thread only).
 
-A lane that speculates (`speculates`: no grammar, no logprobs) decodes K + 1 tokens per step:
+Every decoding lane speculates: it decodes K + 1 tokens per step:
 
     step       verify row: [t_F, d_1 .. d_k] at positions F .. F+k (one target pass, logits of
                every token, StateTaps after 1 .. k tokens into scratch slots)
     accept     `sampling.accept_drafts`: greedy = the longest prefix of drafts the target's
-               argmax agrees with, plus the target's token after it; sampled = rejection sampling
+               argmax agrees with, plus the target's token after it; sampled = rejection
+               sampling. A structured output's grammar masks each position's logits first,
+               with the tokens it allows after the drafts before it (so a draft it rejects is
+               never accepted); a request with logprobs gets each token's from its position
     settle     the Stepper appends the n tokens (fewer when one stops the request, or at a
                chat's output boundary: `cut`); `settle_row` sets computed = F + n and copies
                the state after n tokens of the row into the lane's slot
@@ -61,7 +64,9 @@ and its one host sync is that read: the GPU idles only while the host settles, s
 and plans the next verify. No step is run further ahead (the next verify's rows depend on
 this one's acceptance). A lane the host cuts short (a stop, an output boundary) or that has
 room for fewer than K drafts drafts after the read instead, as does every lane of a step
-whose windows reach past a row's pages.
+whose windows reach past a row's pages. A step with a row accepted on the host (a grammar's
+masks depend on the drafts, logprobs are read per token: `_checked`) reads its drafts before
+the pass and bridges after the read.
 """
 
 from __future__ import annotations
@@ -80,9 +85,11 @@ from ninfer.sampling import (
     accept_drafts,
     accept_greedy,
     accept_on_device,
+    apply_token_mask,
     draw,
     greedy_outcome,
     probabilities,
+    token_logprobs,
 )
 
 
@@ -288,11 +295,6 @@ class Speculator:
         self.graphs = graphs
         return seconds
 
-    @staticmethod
-    def speculates(lane: KVLane) -> bool:
-        req = lane.request
-        return req.matcher is None and req.params.logprobs is None
-
     def verify_tokens(self, lane: KVLane) -> list[int]:
         """The drafts the lane's next decode row verifies ([] for none)."""
         draft = self.drafts.get(lane.lane_id)
@@ -314,8 +316,10 @@ class Speculator:
             i: self.drafts.pop(lanes[i].lane_id, None) for i, r in enumerate(rows) if r.verify
         }
         self.ahead = {}
+        # rows whose acceptance needs the host: a grammar's masks over the drafts, logprobs
+        checked = [i for i in drafts if self._checked(lanes[i], rows[i])]
         graph = self._verify_graph(rows)
-        fed = self._fed_drafts(rows, drafts) if graph else None
+        fed = self._fed_drafts(rows, drafts) if graph and not checked else None
         if fed is None:
             self._read_drafts(rows, drafts)
         for i, r in enumerate(rows):
@@ -334,7 +338,7 @@ class Speculator:
             logits, hidden = self.graphs.verify.run(meta, self.scratch[:used], fed)
             q_lens = [len(r.token_ids) for r in rows]
             known = all(r.sample.greedy or drafts[i].probs is not None for i, r in enumerate(rows))
-            if known and self.graphs.bridge.fits(meta):
+            if known and not checked and self.graphs.bridge.fits(meta):
                 ahead = self._bridge_ahead(rows, lanes, meta, drafts, logits, hidden, fed)
         else:
             batch = runner.build_batch(rows)
@@ -357,6 +361,8 @@ class Speculator:
                 if got is not None:  # the frontier that chain assumed
                     self.ahead[lanes[i].lane_id] = (got[0], r.ctx_len + m + 1, got[2])
             return SpecLaunched(rows, hidden, starts, step, taps, bridged)
+        if checked:  # before any argmax or draw: the targets follow the grammars
+            self._mask_drafts(rows, lanes, checked, logits)
         # the greedy verify rows' target tokens, read in one copy for all of them
         greedy = any(r.verify and r.sample is not None and r.sample.greedy for r in rows)
         if fed is not None:
@@ -375,6 +381,8 @@ class Speculator:
                 probs = None if draft is None or draft.probs is None else draft.probs
                 target = argmax[at : at + width] if r.sample.greedy else None
                 step.tokens[i] = self._accept(r, logits[at : at + width], probs, target)
+                if r.sample.logprobs is not None:  # one dict per token, from its own row
+                    step.logprobs[i] = token_logprobs(logits[at:], step.tokens[i], r.sample)
             else:
                 plain.append(at)
                 plain_rows.append(i)
@@ -388,6 +396,40 @@ class Speculator:
                 step.logprobs[i] = sampled.logprobs[j]
                 step.errors[i] = errors[j] if errors is not None else None
         return SpecLaunched(rows, hidden, starts, step, taps)
+
+    @staticmethod
+    def _checked(lane: KVLane, row: Row) -> bool:
+        """Whether a verify row is accepted on the host: its request has a grammar (or a
+        thinking budget) to mask the drafts with, or wants logprobs."""
+        return lane.request.matcher is not None or (
+            row.sample is not None and row.sample.logprobs is not None
+        )
+
+    def _mask_drafts(self, rows: list[Row], lanes: list[KVLane], checked: list[int], logits):
+        """In place, the structured outputs' masks on the `checked` verify rows' logits: at
+        position j of a row, the tokens its grammar allows after the row's first j drafts
+        (`structured.Matcher.fill_drafts`; a draft the grammar rejects is then never the
+        target's, so acceptance stops before it). `logits` holds K + 1 rows per sampling
+        verify row and one per other sampling row, in row order."""
+        starts, at = {}, 0
+        for i, r in enumerate(rows):
+            if r.sample is not None:
+                starts[i] = at
+                at += len(r.token_ids) if r.verify else 1
+        where, parts = [], []
+        width = (self.vocab_size + 31) // 32
+        for i in checked:
+            matcher = lanes[i].request.matcher
+            if matcher is None or i not in starts:
+                continue
+            drafted = rows[i].token_ids[1:]
+            bits = torch.empty(len(drafted) + 1, width, dtype=torch.int32)
+            if matcher.fill_drafts(drafted, bits):
+                where.extend(range(starts[i], starts[i] + len(drafted) + 1))
+                parts.append(bits)
+        if parts:
+            bits = torch.cat(parts)
+            apply_token_mask(logits, where, bits.pin_memory() if logits.is_cuda else bits)
 
     @staticmethod
     def _put_drafts(rows: list[Row], drafts: dict, ids: list[int], k: int) -> None:
@@ -581,7 +623,7 @@ class Speculator:
         for i, s in enumerate(slices):
             lane = s.lane
             n = lane.computed - s.start
-            if lane not in advanced or not self.speculates(lane) or n <= 0:
+            if lane not in advanced or n <= 0:
                 continue
             if len(lane.tokens) < lane.computed + 1:
                 continue  # the token after the frontier is not known

@@ -142,7 +142,7 @@ class Stepper:
         """(draft tokens, whether the row verifies them) of the lane's next row: a decode row
         of a lane the speculator serves verifies its drafts (perhaps none)."""
         spec = self.speculator
-        if spec is None or lane.prefilling or not spec.speculates(lane):
+        if spec is None or lane.prefilling:
             return [], False
         return spec.verify_tokens(lane), True
 
@@ -314,9 +314,11 @@ class Stepper:
                 if token is not None:
                     if not lane.prefilling and not req.prefill_done_t:
                         req.prefill_done_t = now
+                    lps = result.logprobs[i]  # a verify row's: one per token, or None
                     run = self.speculator.cut(lane, token) if verify[i] else [token]
-                    for t in run:
-                        self._append(req, t, result.logprobs[i], now)
+                    for j, t in enumerate(run):
+                        lp = lps[j] if verify[i] and lps is not None else lps
+                        self._append(req, t, lp, now)
                         appended += 1
                         if req.finish_reason is not None:
                             break  # a stop among a verify row's tokens: the rest is dropped

@@ -104,6 +104,60 @@ def test_greedy_matches_plain_decode_up_to_near_ties(k, rollback):
     spec.close()
 
 
+def test_grammar_and_logprobs_rows_verify_in_the_graphs():
+    """Rows with a grammar (a regex) and with logprobs speculate in the replayed verify graphs
+    (their drafts read before the pass, the grammar's masks applied to the graph's logits,
+    the bridge run after the read): greedy output as plain decode's up to
+    near-ties, replies that stop match the regex, and each token's logprob lies within bf16's
+    reach of plain decode's where the outputs agree."""
+    import re
+
+    from ninfer.chat_template import ChatTemplate
+    from ninfer.demo import DEMO_DIR
+    from ninfer.request import StructuredOutputsParams
+    from ninfer.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(DEMO_DIR)  # CUDA_TINY's vocabulary
+    model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=11, mtp=True)
+    opts = dict(device="cuda", compile=False, max_concurrency=4, kv_capacity=16384,
+                host_cache_mib=64, check_invariants=True)  # fmt: skip
+    pattern = r"[0-9]{2,6}(-[a-z]{1,4}){1,3}"
+    so = StructuredOutputsParams(regex=pattern)
+    params = [
+        SamplingParams(max_tokens=24, temperature=0.0, structured_outputs=so, logprobs=20),
+        SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=20),
+        SamplingParams(max_tokens=24, temperature=0.0, structured_outputs=so, logprobs=20),
+    ]
+    plain = LLM.from_model(model, tok, ChatTemplate(tok), **opts)
+    want = plain.generate(PROMPTS, params)
+    plain.close()
+    spec = LLM.from_model(model, tok, ChatTemplate(tok), speculative="mtp",
+                          num_speculative_tokens=3, **opts)  # fmt: skip
+    expected = {tuple(p): p + o.token_ids for p, o in zip(PROMPTS, want, strict=True)}
+    spec.engine.speculator.propose = controlled_draft(expected, 0.6, CUDA_TINY.vocab_size, 3)
+    got = spec.generate(PROMPTS, params)
+    for w, g in zip(want, got, strict=True):
+        assert g.error is None, g.error
+        pairs = zip(w.token_ids, g.token_ids, strict=False)
+        n = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+        if n is None:
+            assert g.token_ids == w.token_ids
+        else:
+            lp = w.logprobs[n]
+            assert lp[w.token_ids[n]] - lp.get(g.token_ids[n], float("-inf")) < NEAR_TIE, n
+        agree = len(g.token_ids) if n is None else n
+        for j in range(agree):
+            t = g.token_ids[j]
+            assert abs(g.logprobs[j][t] - w.logprobs[j][t]) < 0.05, (j, g.logprobs[j][t])
+        if g.finish_reason == "stop" and g is not got[1]:
+            assert re.fullmatch(pattern, g.text), g.text
+    st = spec.engine.speculator.stats
+    assert 0 < st.accepted < st.drafted
+    assert spec.engine.speculator.graphs.verify.replays > 5
+    spec.check_idle()
+    spec.close()
+
+
 def test_greedy_chain_fed_on_the_device_drafts_what_the_host_chain_does(monkeypatch):
     """With the speculator's graphs, the greedy draft chain fed on the device (the chain
     graph's input ids copied from the previous step's argmax, one read at the end) proposes
