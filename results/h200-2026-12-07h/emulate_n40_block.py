@@ -7,8 +7,11 @@ reference's silu_mul rounds silu's output to bf16 first (as transformers' MLP do
 the shared expert's and the block's relative error between the two roundings, against the
 spread of fp32 / fp64 sums and of rounded / unrounded expert weights.
 
-    python3 results/h200-2026-12-07h/emulate_n40_block.py   (about 40 s on 2 cores)
+    python3 results/h200-2026-12-07h/emulate_n40_block.py [block128 | per-channel]
+    (about 40 s on 2 cores; per-channel: one weight scale per row, x scaled per token)
 """
+
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +22,7 @@ from ninfer.ops.reference import moe_ref
 from ninfer.ops.reference.dense import route_ref
 
 E, H, INTER, TOP_K, N = 256, 2048, 512, 8, 40
+PER_CHANNEL = sys.argv[1:] == ["per-channel"]
 
 
 def rel(a, b):
@@ -29,6 +33,8 @@ def experts(e, seed):
     g = torch.Generator().manual_seed(seed)
     gu = torch.randn(e, 2 * INTER, H, generator=g) * 0.02
     d = torch.randn(e, H, INTER, generator=g) * 0.02
+    if PER_CHANNEL:
+        return quantize_fp8(gu, (1, H)), quantize_fp8(d, (1, INTER))
     return quantize_fp8(gu, (128, 128)), quantize_fp8(d, (128, 128))
 
 
@@ -41,8 +47,9 @@ s_gate_up, s_down = (w.expert(0) for w in experts(1, 5))
 
 def prefill_linear(a, w, acc):
     """x quantised per token per 128 columns, times the dequantised weight, sums in acc."""
-    q, xs = quantize_groups_ref(a, 128)
-    xq = q.to(acc) * xs.to(acc).repeat_interleave(128, 1)
+    group = a.shape[1] if PER_CHANNEL else 128  # per token, or per token per 128 columns
+    q, xs = quantize_groups_ref(a, group)
+    xq = q.to(acc) * xs.to(acc).repeat_interleave(group, 1)
     return F.linear(xq, w.dequantize(torch.float64).to(acc)).to(a.dtype)
 
 
