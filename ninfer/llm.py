@@ -464,8 +464,6 @@ class LLM:
         from ninfer.engine.images import PromptImages
         from ninfer.vision.parts import IMAGE_PAD, check_placeholders
 
-        if self._cfg.speculation.speculative is not None:  # its rows carry no image inputs
-            raise ValueError("messages: images are not served with speculative decoding")
         pad_id = self._template.tokenizer.token_to_id(IMAGE_PAD)
         check_placeholders(ids, pad_id, len(images))
         return PromptImages.build(ids, pad_id, images, self._image_processor)

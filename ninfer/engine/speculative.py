@@ -78,6 +78,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ninfer.engine.executor.runner import Feed, Row, Runner, StepResult, read_later
+from ninfer.engine.images import RowImages
 from ninfer.engine.kv.lane import KVLane
 from ninfer.memory.state_pool import StatePool
 from ninfer.page import PAGE_SIZE
@@ -605,6 +606,8 @@ class Speculator:
         self.states.copy_image(slots[0], lane.slot)
         tokens = row.token_ids[:offset]
         again = Row(tokens, start, lane.slot, lane.pages, row.sample, row.generator)
+        if row.images is not None:  # a decode row's: (t, h, w) positions, no embeddings
+            again.images = RowImages(row.images.positions[:, :offset])
         runner = self.runner
         runner.model(runner.build_batch([again]), runner.cache, runner.ops)
 

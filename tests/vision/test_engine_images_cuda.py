@@ -48,3 +48,33 @@ def test_images_on_cuda_cached_equals_cold(folder):
     assert st.encoder_cache_misses == 1 and st.encoder_cache_hits >= 1
     with LLM(str(folder), prefix_reuse=False, **OPTIONS) as fresh:
         assert fresh.chat(_ask(96, 64, 0, "Short?"), GREEDY)[0].token_ids == other.token_ids
+
+
+def test_images_with_mtp_speculation_on_cuda(folder, tmp_path):
+    """An image request and a text one speculating together (K = 3, the random head): the
+    image's verify rows carry its (t, h, w) positions (such steps run eagerly), greedy output
+    as plain decode's up to bf16 near-ties (plain decode's logprob gap at the first
+    difference under 0.1 nats)."""
+    import shutil
+
+    from tests.vision.vl_checkpoint import add_random_mtp_head
+
+    path = tmp_path / "vl_mtp"
+    shutil.copytree(folder, path)
+    add_random_mtp_head(path)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=20)
+    chats = [_ask(96, 64, 1, "What is in it?"), [{"role": "user", "content": "Plain text."}]]
+    with LLM(str(path), **OPTIONS) as plain:
+        want = plain.chat(chats, params)
+    with LLM(str(path), speculative="mtp", num_speculative_tokens=3, **OPTIONS) as spec:
+        got = spec.chat(chats, params)
+        assert spec.engine.speculator.stats.verify_rows > 0
+        spec.check_idle()
+    for w, g in zip(want, got, strict=True):
+        pairs = enumerate(zip(w.token_ids, g.token_ids, strict=True))
+        n = next((i for i, (a, b) in pairs if a != b), None)
+        if n is None:
+            assert g.token_ids == w.token_ids
+            continue
+        lp = w.logprobs[n]
+        assert lp[w.token_ids[n]] - lp.get(g.token_ids[n], float("-inf")) < 0.1, n

@@ -70,3 +70,20 @@ def hf_greedy(hf, ids: list[int], images, steps: int) -> list[int]:
     with _torch_kernels(hf.model.language_model):
         out = hf.generate(**inputs, max_new_tokens=steps, do_sample=False)
     return out[0, len(ids) :].tolist()
+
+
+def add_random_mtp_head(folder: Path, seed: int = 3) -> None:
+    """Adds `mtp.safetensors` to the checkpoint in `folder`: a random MTP head of its text
+    model's shape (the releases ship one; transformers writes none)."""
+    from safetensors.torch import save_file
+
+    from ninfer.models.mtp import add_mtp_head
+    from ninfer.models.weights import load_model
+
+    head = add_mtp_head(load_model(folder, torch.float32, "cpu"), torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for key, t in head.state_dict().items():
+        scale = t.shape[-1] ** -0.5 if t.dim() > 1 else 0.3
+        tensors[f"mtp.{key}"] = (torch.randn(t.shape, generator=gen) * scale).contiguous()
+    save_file(tensors, str(folder / "mtp.safetensors"))
