@@ -294,7 +294,7 @@ SCHEMA = {
 
 
 @settings(
-    max_examples=6,
+    max_examples=4,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -534,3 +534,68 @@ def test_a_trimmed_draft_over_an_fp8_lm_head_is_refused():
     head.data = head.data.to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="draft_vocab: the checkpoint's LM head is FP8"):
         LLM.from_model(model, device="cpu", kv_capacity=4096, speculative="mtp", draft_vocab=64)
+
+
+@pytest.fixture(scope="module")
+def demo_pair(mtp_models, demo_text):
+    """(plain, speculating K = 3) LLMs over the tiny dense model with the demo tokenizer,
+    shared by a property's examples."""
+    tok, template = demo_text
+    opts = dict(device="cpu", prefill_chunk=64, max_concurrency=4, kv_capacity=16384,
+                host_cache_mib=16, check_invariants=True)  # fmt: skip
+    plain = LLM.from_model(mtp_models["dense"], tok, template, **opts)
+    spec = LLM.from_model(mtp_models["dense"], tok, template, speculative="mtp",
+                          num_speculative_tokens=3, **opts)  # fmt: skip
+    yield plain, spec
+    plain.close()
+    spec.close()
+
+
+REGEXES = (r"[0-9]{2,8}", r"(yes|no)( [a-z]{1,6}){0,4}", r"[A-Z][a-z ]{3,30}\.")
+
+
+@st.composite
+def _request(draw):
+    from ninfer.request import StructuredOutputsParams
+
+    rng = random.Random(draw(st.integers(0, 10**6)))
+    prompt = rand_tokens(rng, draw(st.integers(3, 90)))
+    regex = draw(st.sampled_from((None, None, *REGEXES)))
+    params = SamplingParams(
+        max_tokens=draw(st.integers(1, 30)),
+        temperature=0,
+        ignore_eos=draw(st.booleans()) if regex is None else False,
+        logprobs=draw(st.sampled_from((None, None, 1, 3))),
+        stop_token_ids=draw(st.sampled_from((None, [rng.randrange(4, VOCAB - 60)]))),
+        stop=draw(st.sampled_from((None, "e", ["a", "o"]))),
+        structured_outputs=None if regex is None else StructuredOutputsParams(regex=regex),
+    )
+    return prompt, params
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(requests=st.lists(_request(), min_size=1, max_size=5),
+       accept=st.sampled_from([0.0, 0.5, 0.9]), seed=st.integers(0, 99))  # fmt: skip
+def test_any_request_mix_speculates_to_plain_decodes_output(demo_pair, requests, accept, seed):
+    """The property: any mix of greedy requests (grammars, logprobs, stop tokens and strings,
+    short and long max_tokens, EOS on or ignored) speculating together gives each request
+    plain decode's tokens, text, finish reason and logprobs, at any acceptance; nothing is
+    left pinned."""
+    plain, spec = demo_pair
+    prompts, params = [r[0] for r in requests], [r[1] for r in requests]
+    want = plain.generate(prompts, params)
+    expected = {tuple(p): p + o.token_ids for p, o in zip(prompts, want, strict=True)}
+    controlled(spec, expected, accept=accept, seed=seed)
+    got = spec.generate(prompts, params)
+    for w, g in zip(want, got, strict=True):
+        assert (g.token_ids, g.text, g.finish_reason, g.error) == (
+            w.token_ids, w.text, w.finish_reason, w.error)  # fmt: skip
+        assert (g.logprobs is None) == (w.logprobs is None)
+        for gd, wd in zip(g.logprobs or [], w.logprobs or [], strict=True):
+            assert gd.keys() == wd.keys()  # (a grammar's masked tokens: -inf on both)
+            assert all(gd[t] == wd[t] or abs(gd[t] - wd[t]) < 1e-4 for t in wd), (gd, wd)
+    assert_idle(spec)
