@@ -269,6 +269,12 @@ class LLM:
         """A copy of the prefix cache's CacheStats (all zero when prefix_reuse=False)."""
         return self._engine.cache_stats()
 
+    def speculation_stats(self):
+        """A copy of the speculation counters (`engine.speculative.SpeculationStats`: verify
+        rows, drafts proposed and accepted, tokens yielded; since the engine started), or None
+        without `speculative`."""
+        return self._engine.speculation_stats()
+
     def settle(self) -> None:
         """Block until every Host copy in flight (write-through, restores, prefetches) has
         landed and the cache knows it: what was served is then on the Host tier. The engine

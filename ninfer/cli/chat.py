@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import time
 
 from rich.console import Console
@@ -118,7 +117,7 @@ class Chat:
             max_tokens=self.max_tokens, temperature=self.args.temperature, top_p=self.args.top_p
         )
         console, split = self.console, ReasoningSplitter(thinking=self.thinking)
-        before = _speculation_stats(self.llm)
+        before = self.llm.speculation_stats()
         start, ttft, n_tokens, final = time.perf_counter(), None, 0, None
         try:
             stream = self.llm.stream(self.messages, params, enable_thinking=self.thinking)
@@ -148,7 +147,7 @@ class Chat:
         stopped = final is None or final.finish_reason == "abort"
         if not stopped:
             note = reuse_note(final, self.previous, self.cache_on)
-            spec = None if before is None else _speculation_stats(self.llm).since(before)
+            spec = None if before is None else self.llm.speculation_stats().since(before)
             line = turn_line(final, note, spec)
             console.print(line, style="cyan", highlight=False, soft_wrap=True)
         else:
@@ -159,12 +158,6 @@ class Chat:
             self.previous = [] if final is None else [*final.prompt_token_ids, *final.token_ids]
         else:
             self.messages.pop()
-
-
-def _speculation_stats(llm):
-    """A copy of the engine's speculation counters (None with speculation off)."""
-    spec = llm.engine.speculator
-    return None if spec is None else llm.engine.call(lambda: dataclasses.replace(spec.stats))
 
 
 def draw(console: Console, segments: list[tuple[str, bool]]) -> None:

@@ -22,6 +22,7 @@ Detokenizer.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import queue
@@ -205,6 +206,12 @@ class Engine:
     def cache_stats(self):
         """A CacheStats copy (`KVState.stats`), read on the engine thread."""
         return self.call(lambda: self.kv_state.stats())
+
+    def speculation_stats(self):
+        """A copy of the speculator's SpeculationStats (None with speculation off), read on
+        the engine thread."""
+        spec = self.speculator
+        return None if spec is None else self.call(lambda: dataclasses.replace(spec.stats))
 
     def memory_ledger(self) -> dict:
         """KV pages and bytes, state slots, Host slabs and bytes (`KVState.ledger`), read on

@@ -72,7 +72,7 @@ def create_app(
         raise ValueError(f"served model names must be non-empty strings, got {model_name!r}")
     model_name = names[0]
     demo = getattr(llm.engine_config, "model", "") is None
-    metrics = ServerMetrics(llm.cache_stats)
+    metrics = ServerMetrics(llm.cache_stats, llm.speculation_stats)
     driver = EngineDriver(llm, model_name, on_final=metrics.observe)
     metrics.loop_stats = lambda: driver.loop_stats
     app = FastAPI(title="ninfer", docs_url=None, redoc_url=None, openapi_url=None)

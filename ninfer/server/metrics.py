@@ -1,5 +1,6 @@
 """Prometheus metrics of one server: requests, tokens, TTFT and decode histograms, every field
-of the engine's `cache_stats()` (read at scrape time) as `ninfer_cache_<field>`, and the
+of the engine's `cache_stats()` (read at scrape time) as `ninfer_cache_<field>`, with
+speculative decoding its counters (`speculation_stats()`) as `ninfer_spec_*`, and the
 server's event-loop cost (`ninfer_server_*`)."""
 
 from __future__ import annotations
@@ -30,6 +31,33 @@ class _CacheCollector:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             yield GaugeMetricFamily(f"ninfer_cache_{f.name}", f"cache_stats().{f.name}", value)
+
+
+# SpeculationStats field -> (metric name, help): the counters vLLM exposes as
+# spec_decode_num_{drafts, draft_tokens, accepted_tokens}, and the tokens the rows yielded
+_SPEC_COUNTERS = {
+    "verify_rows": ("ninfer_spec_verify_rows", "speculative verify rows run"),
+    "drafted": ("ninfer_spec_draft_tokens", "draft tokens proposed"),
+    "accepted": ("ninfer_spec_accepted_tokens", "draft tokens accepted"),
+    "emitted": ("ninfer_spec_emitted_tokens", "tokens the verify rows yielded"),
+}
+
+
+class _SpecCollector:
+    """The speculation counters, read at scrape time (nothing with speculation off)."""
+
+    def __init__(self, stats) -> None:
+        self._stats = stats  # () -> SpeculationStats | None
+
+    def collect(self):
+        try:
+            stats = self._stats()
+        except RuntimeError:  # the engine is closed
+            return
+        if stats is None:
+            return
+        for field, (name, text) in _SPEC_COUNTERS.items():
+            yield CounterMetricFamily(name, text, getattr(stats, field))
 
 
 class _LoopCollector:
@@ -64,7 +92,7 @@ class _LoopCollector:
 
 
 class ServerMetrics:
-    def __init__(self, cache_stats) -> None:
+    def __init__(self, cache_stats, speculation_stats=lambda: None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -89,6 +117,7 @@ class ServerMetrics:
         )
         self.in_flight = Gauge("ninfer_requests_in_flight", "requests being served", registry=r)
         r.register(_CacheCollector(cache_stats))
+        r.register(_SpecCollector(speculation_stats))
         self.stream_writes = 0  # response body messages sent (counted by the app's middleware)
         self.loop_stats = None  # () -> (loop thread id, wake-ups) | None: the driver's
         r.register(_LoopCollector(self))

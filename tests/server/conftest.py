@@ -21,23 +21,11 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from server_helpers import BODY_LIMIT, MODEL  # noqa: E402
+from server_helpers import BODY_LIMIT, LLM_OPTIONS, MODEL  # noqa: E402
 
 from ninfer.llm import LLM  # noqa: E402
 from ninfer.server.app import create_app  # noqa: E402
 from ninfer.server.run import make_server  # noqa: E402
-
-# 16 MiB of Host tier is 128 demo-model slabs; a snapshot with a tail takes 5, so the tests
-# of one session together publish more than it holds, and it evicts (spec §9.3).
-LLM_OPTIONS = dict(
-    device="cpu",
-    max_model_len=2048,
-    kv_capacity=16384,
-    host_cache_mib=16,
-    max_concurrency=8,
-    prefill_chunk=256,
-    check_invariants=True,
-)
 
 
 @dataclass

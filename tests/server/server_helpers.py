@@ -8,6 +8,17 @@ from tests.engine.engine_helpers import assert_idle
 
 MODEL = "demo"
 BODY_LIMIT = 1 << 20  # small, so the over-limit case is cheap to send
+# 16 MiB of Host tier is 128 demo-model slabs; a snapshot with a tail takes 5, so the tests
+# of one session together publish more than it holds, and it evicts (spec §9.3).
+LLM_OPTIONS = dict(
+    device="cpu",
+    max_model_len=2048,
+    kv_capacity=16384,
+    host_cache_mib=16,
+    max_concurrency=8,
+    prefill_chunk=256,
+    check_invariants=True,
+)
 
 
 def engine_idle(llm, timeout_s: float = 10.0) -> None:
