@@ -6,8 +6,9 @@ holding the e4m3 values (the kernel converts each tile to x's dtype first: the s
 a BITS config, whose integer widening is for bf16 x, runs its twin's code here, so only the
 twins run: the widening's asm is checked by tests/ops/test_e4m3_asm.py);
 the e4m3 and bf16 loads themselves run on a GPU in tests/ops/test_cuda_fp8.py
-(`test_every_skinny_config`). TRITON_INTERPRET is read when a kernel
-is defined: the check runs in a fresh interpreter."""
+(`test_every_skinny_config`). An A8 config's x scales sit in a NaN-filled buffer, so a read
+past them shows. TRITON_INTERPRET is read when a kernel is defined: the check runs in a fresh
+interpreter."""
 
 from __future__ import annotations
 
@@ -23,9 +24,22 @@ pytest.importorskip("triton")
 CHECK = textwrap.dedent(
     """
     import torch
+    import ninfer.ops.cuda.fp8 as fp8
     from ninfer.ops.cuda.fp8 import CONFIGS, _fits, _launch
     from ninfer.ops.fp8 import quantize_fp8
 
+    plain_args = fp8._args
+
+    # an A8 config's x scales as the first columns of a NaN-filled buffer: a kernel that
+    # reads a scale column past K gets NaN, not whatever memory lies there
+    def nan_past_the_scales(x, qweight, scale, block, y, split, a8, quantised=None):
+        args = list(plain_args(x, qweight, scale, block, y, split, a8, quantised))
+        if a8 > 0 if quantised is None else quantised:
+            groups = x.shape[1] // fp8.GROUP
+            args[6] = torch.full((groups + 4, x.shape[0]), float("nan"))[:groups].t()
+        return tuple(args)
+
+    fp8._args = nan_past_the_scales
     torch.manual_seed(0)
     checked = set()
     for n, k, block in ((200, 640, (128, 128)), (96, 1024, (128, 128)), (72, 700, (1, 700))):

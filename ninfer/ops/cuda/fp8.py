@@ -319,8 +319,10 @@ def _fp8_skinny_kernel(
                 if not EVEN_K:
                     x_ok = x_ok & k_ok[None, :]
                 xt = tl.load(x_ptrs + g * BLOCK_K, mask=x_ok, other=0.0)
-                if A8:  # xt: e4m3, with one scale per row for the tile
-                    x_sc = tl.load(xs + xm + (kg // BLOCK_K) * s_xsg, mask=xm < M, other=0.0)
+                if A8:  # xt: e4m3, with one scale per row for the tile (0 past K: the
+                    # tile's scale column lies past xs's, and 0 * a stray NaN would be NaN)
+                    x_ok_k = (xm < M) & (kg + xm * 0 < K)  # (a block: the interpreter)
+                    x_sc = tl.load(xs + xm + (kg // BLOCK_K) * s_xsg, mask=x_ok_k, other=0.0)
                     prod = tl.dot(wt, tl.trans(xt.to(wt.dtype)))  # [BLOCK_N, 16] fp32
                     acc += prod * sc[:, None] * x_sc[None, :]
                 else:
