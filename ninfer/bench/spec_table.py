@@ -55,9 +55,14 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft-tokens", type=int, default=DEFAULT_SPECULATIVE_TOKENS,
                    help=f"K, 1..{MAX_SPECULATIVE_TOKENS}")  # fmt: skip
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens per lane")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="every request asks for N logprobs a token (MTP: verify rows then "
+                   "accepted on the host, as with a grammar)")  # fmt: skip
     p.add_argument("--json", help="write every row here")
     add_engine_flags(p)
     args = p.parse_args(argv)
+    if args.logprobs is not None and args.logprobs < 0:
+        p.error(f"--logprobs: 0 or more, got {args.logprobs}")
     if not 1 <= args.draft_tokens <= MAX_SPECULATIVE_TOKENS:
         p.error(f"--draft-tokens: 1..{MAX_SPECULATIVE_TOKENS}, got {args.draft_tokens}")
     return args
@@ -80,7 +85,7 @@ def measure(loaded, engine: dict, args, machine: dict) -> list[dict]:
                 for a in accepts:
                     got = bench_decode(
                         llm, cfg, counts, context, args.decode_tokens, args.batch_sizes,
-                        machine, *sizes, draft_acceptance=a,
+                        machine, *sizes, draft_acceptance=a, logprobs=args.logprobs,
                     )  # fmt: skip
                     for r in got:
                         rows.append({"engine": label, "context": context, **r})

@@ -184,12 +184,14 @@ def staggered_steps(batch: int, prompt_tokens: int, prefill_chunk: int) -> int:
 def bench_decode(
     llm, cfg: Qwen35Config, counts: ParamCounts, prompt_tokens: int, decode_tokens: int,
     batch_sizes: list[int], bounds: dict, itemsize: int, kv_itemsize: int, seed: int = 0,
-    draft_acceptance: float | None = None,
+    draft_acceptance: float | None = None, logprobs: int | None = None,
 ) -> list[dict]:  # fmt: skip
     """Decode throughput per batch size. With speculation on, each row also says the draft
     acceptance and the tokens per verify step; `draft_acceptance`: each draft position accepted
     with that probability until the first rejection (`bench.speculative.controlled_acceptance`),
-    so the figure does not depend on what the random weights' head proposes."""
+    so the figure does not depend on what the random weights' head proposes. `logprobs`: every
+    request asks for that many (with speculation, its verify rows are then accepted on the
+    host, `Speculator._checked`)."""
     rng = random.Random(seed)
     llm.generate(random_prompts(rng, cfg.vocab_size, 1, prompt_tokens), greedy(decode_tokens))
     # The copy figure is HBM traffic per second (each copied byte read and written): a decode
@@ -213,8 +215,9 @@ def bench_decode(
         context = prompt_tokens + steady_max // 2  # the bound at the streamed run's middle
         step_bytes = decode_step_bytes(cfg, counts, batch, context, itemsize, kv_itemsize)
         bound_tps = batch * read_bw / step_bytes
-        e2e, errors = _end_to_end(llm, e2e_prompts, decode_tokens, bound_tps)
-        steady, stream_errors = _steady_state(llm, prompts, steady_max, lanes, bound_tps)
+        params = (greedy(decode_tokens, logprobs), greedy(steady_max, logprobs))
+        e2e, errors = _end_to_end(llm, e2e_prompts, params[0], bound_tps)
+        steady, stream_errors = _steady_state(llm, prompts, params[1], lanes, bound_tps)
         rows.append({"batch": batch, "prompt_tokens": prompt_tokens, "step_bytes": step_bytes,
                      "bound_tokens_per_s": bound_tps, "bound_step_seconds": step_bytes / read_bw,
                      **steady, **e2e, "errors": errors + stream_errors})  # fmt: skip
@@ -224,10 +227,11 @@ def bench_decode(
     return rows
 
 
-def _end_to_end(llm, prompts: list[dict], max_tokens: int, bound_tps: float):
+def _end_to_end(llm, prompts: list[dict], params, bound_tps: float):
     """Decode through generate(), the staggered start included: the row's e2e_* figures and the
     outputs' errors."""
-    outs = llm.generate(prompts, greedy(max_tokens))
+    max_tokens = params.max_tokens
+    outs = llm.generate(prompts, params)
     seconds = max(o.metrics.decode_s for o in outs)
     tokens = sum(max(len(o.token_ids) - 1, 0) for o in outs)
     tps = tokens / seconds if seconds > 0 else 0.0
@@ -240,11 +244,12 @@ def _end_to_end(llm, prompts: list[dict], max_tokens: int, bound_tps: float):
     return figures, [o.error for o in outs if o.error]
 
 
-def _steady_state(llm, prompts: list[dict], max_tokens: int, lanes: int, bound_tps: float):
+def _steady_state(llm, prompts: list[dict], params, lanes: int, bound_tps: float):
     """Decode streamed, long enough for about `max_tokens` all-decoding steps, timed over the
     steps in which every lane decodes (`decode_window`): the row's steady_* figures and the
     streams' errors. A batch over `lanes` never decodes all at once: no figure."""
-    times, errors = stream_batch(llm, prompts, greedy(max_tokens))
+    max_tokens = params.max_tokens
+    times, errors = stream_batch(llm, prompts, params)
     window = decode_window(times)
     if len(prompts) > lanes:
         note = f"batch > max_concurrency {lanes}: never all decoding"
@@ -267,8 +272,11 @@ def _steady_state(llm, prompts: list[dict], max_tokens: int, lanes: int, bound_t
     return figures, errors
 
 
-def greedy(max_tokens: int):
-    """Greedy sampling of exactly `max_tokens` tokens (EOS ignored): every bench's params."""
+def greedy(max_tokens: int, logprobs: int | None = None):
+    """Greedy sampling of exactly `max_tokens` tokens (EOS ignored): every bench's params;
+    `logprobs`: that many top logprobs a token too."""
     from ninfer.request import SamplingParams
 
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=logprobs
+    )

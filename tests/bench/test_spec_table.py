@@ -36,7 +36,9 @@ def test_spec_table_rows_and_table(tmp_path, capsys):
 def test_spec_table_refuses_bad_values(capsys):
     import pytest
 
-    for bad in (["--acceptance", "1.5"], ["--batch-sizes", "0"], ["--draft-tokens", "9"]):
+    bads = (["--acceptance", "1.5"], ["--batch-sizes", "0"], ["--draft-tokens", "9"],
+            ["--logprobs", "-1"])  # fmt: skip
+    for bad in bads:
         with pytest.raises(SystemExit):
             spec_table.main(bad)
         assert "error" in capsys.readouterr().err
@@ -57,3 +59,16 @@ def test_a_staggered_start_leaves_a_steady_window_at_high_acceptance(tmp_path):
     for r in rows:
         assert not r["errors"] and r["steady_step_seconds"] is not None, r["steady_note"]
         assert r["steady_window_steps"] >= 8
+
+
+def test_logprobs_rows_speculate_at_the_acceptance_asked(tmp_path):
+    """`--logprobs 2`: every request asks for logprobs, so its verify rows are accepted on the
+    host (the path grammars take too); the rows still reach the acceptance asked for."""
+    out = tmp_path / "t.json"
+    spec_table.main([
+        "--contexts", "32", "--batch-sizes", "2", "--acceptance", "0.9", "--decode-tokens",
+        "20", "--draft-tokens", "3", "--logprobs", "2", "--json", str(out),
+    ])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["engine"] for r in rows] == ["plain", "mtp"] and not any(r["errors"] for r in rows)
+    assert rows[1]["spec_tokens_per_step"] > 2.6
