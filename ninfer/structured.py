@@ -278,12 +278,17 @@ class Matcher:
             return 0
         return 1 if self._m.accept_token(token) else None
 
-    def fill_drafts(self, drafts: list[int], bits: torch.Tensor) -> bool:
+    def fill_drafts(
+        self, drafts: list[int], bits: torch.Tensor, forced: list[int] | None = None
+    ) -> bool:
         """Speculative decoding: into bits[j] (j = 0 .. len(drafts); int32 [len(drafts) + 1,
         W]) the allowed set of the token after drafts[:j], as if those had been accepted; all
         ones where nothing constrains it, and past the first draft the constraint rejects (a
-        verification stops there: that draft is not allowed at its position). The matcher is
-        left as it was (its grammar rolled back). Returns whether any row constrains."""
+        verification stops there: that draft is not allowed at its position). With `forced`
+        (a list), a position where the constraint allows one token only gets that token as
+        its draft where the draft was another (written into `drafts`, its index appended to
+        `forced`): the target can yield nothing else there. The matcher is left as it was
+        (its grammar rolled back). Returns whether any row constrains."""
         close, spent = self._close, self._spent
         advanced = 0  # steps the grammar's matcher took here: rolled back at the end
         bits.fill_(-1)
@@ -294,6 +299,10 @@ class Matcher:
                 if active:
                     self.fill(bits, j)
                     constrained = True
+                    only = None if token is None or forced is None else _only(bits[j])
+                    if only is not None and only != token:
+                        drafts[j] = token = only
+                        forced.append(j)
                 if token is None or (active and not _allows(bits[j], token)):
                     break  # (the grammar's matcher is not asked: it logs each rejection)
                 step = self._advance(token)
@@ -320,6 +329,18 @@ def _allows(bits: torch.Tensor, token: int) -> bool:
     """Whether the bitmask row `bits` (int32 [W]) allows `token`."""
     word, bit = divmod(token, 32)
     return 0 <= word < bits.shape[0] and (int(bits[word]) >> bit) & 1 == 1
+
+
+def _only(bits: torch.Tensor) -> int | None:
+    """The one token the bitmask row `bits` (int32 [W]) allows, or None (none or several)."""
+    words = bits.nonzero()
+    if words.numel() != 1:
+        return None
+    word = int(words[0])
+    value = int(bits[word]) & 0xFFFFFFFF
+    if value & (value - 1):
+        return None
+    return word * 32 + value.bit_length() - 1
 
 
 def token_mask(matchers: list[Matcher | None], vocab_size: int, pin: bool) -> TokenMask | None:

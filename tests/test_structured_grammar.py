@@ -219,6 +219,11 @@ def test_an_accepted_one_of_never_has_two_matching_branches(branches):
         assert matches <= 1, (value, branches)
 
 
+def _allowed(bits: torch.Tensor, vocab: int) -> list[int]:
+    shifts = torch.arange(32, dtype=torch.int32)
+    return ((bits.unsqueeze(-1) >> shifts) & 1).view(-1)[:vocab].nonzero().flatten().tolist()
+
+
 def _masks_by_accepting(m, drafts: list[int], vocab: int) -> list[torch.Tensor | None]:
     """The mask before each of drafts[:j] (j = 0 .. len(drafts)), None where none applies,
     by accepting them one by one (`m` advances), to the first one rejected."""
@@ -243,16 +248,19 @@ def _masks_by_accepting(m, drafts: list[int], vocab: int) -> list[torch.Tensor |
     drafts=st.integers(0, 5),
     wrong=st.floats(0, 0.5),
     budget=st.sampled_from([None, 0, 3, 12]),
+    force=st.booleans(),
 )
 def test_draft_masks_are_the_masks_after_accepting_the_drafts(
-    bpe, index, seed, walked, drafts, wrong, budget
+    bpe, index, seed, walked, drafts, wrong, budget, force
 ):
     """`Matcher.fill_drafts` (speculative decoding's verify rows): row j is the mask after
     drafts[:j] were accepted, up to the first draft the grammar (or a spent thinking budget)
     rejects, all ones past it; and the matcher is left as it was, its grammar rolled back:
     its masks and acceptances go on as those of a matcher that never saw the drafts. Drafts
     mostly follow the mask, some are any token (a draft head proposes what it likes); with a
-    budget the prompt leaves a reasoning block open."""
+    budget the prompt leaves a reasoning block open. With `force`, a position whose mask
+    allows one token only gets that token as its draft (and is listed) where the draft was
+    another; the rest as proposed."""
     vocab = len(bpe.token_bytes) + 7
     spec = StructuredOutputsParams(json=SCHEMAS[index])
     grammar = Grammars(bpe, vocab, bpe.eos_token_ids).compile(spec, thinking_budget=budget)
@@ -277,9 +285,19 @@ def test_draft_masks_are_the_masks_after_accepting_the_drafts(
         twin.accept(t)
         control.accept(t)
     props = [pick(m) for _ in range(drafts)]
+    proposed, forced = list(props), [] if force else None
     bits = torch.zeros(drafts + 1, (vocab + 31) // 32, dtype=torch.int32)
-    constrained = m.fill_drafts(props, bits)
+    constrained = m.fill_drafts(props, bits, forced)
     want = _masks_by_accepting(twin, props, vocab)
+    for j in range(drafts):  # forced where the mask allows one token only, and only there
+        mask = want[j] if j < len(want) else None
+        one = None if mask is None else _allowed(mask, vocab)
+        if force and one is not None and len(one) == 1:
+            assert props[j] == one[0], j
+        if force and j in forced:
+            assert one == [props[j]] and props[j] != proposed[j], j
+        else:
+            assert props[j] == proposed[j], j
     assert constrained == any(w is not None for w in want)
     for j in range(drafts + 1):
         w = want[j] if j < len(want) and want[j] is not None else torch.full_like(bits[j], -1)

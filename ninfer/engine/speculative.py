@@ -9,7 +9,8 @@ Every decoding lane speculates: it decodes K + 1 tokens per step:
                argmax agrees with, plus the target's token after it; sampled = rejection
                sampling. A structured output's grammar masks each position's logits first,
                with the tokens it allows after the drafts before it (so a draft it rejects is
-               never accepted); a request with logprobs gets each token's from its position
+               never accepted; where it allows one token only, that is the draft); a request
+               with logprobs gets each token's from its position
     settle     the Stepper appends the n tokens (fewer when one stops the request, or at a
                chat's output boundary: `cut`); `settle_row` sets computed = F + n and copies
                the state after n tokens of the row into the lane's slot
@@ -323,6 +324,7 @@ class Speculator:
         fed = self._fed_drafts(rows, drafts) if graph and not checked else None
         if fed is None:
             self._read_drafts(rows, drafts)
+        masks = self._grammar_masks(rows, lanes, drafts, checked) if checked else None
         for i, r in enumerate(rows):
             if r.verify and len(r.token_ids) > 1:
                 n = 1 if self.replay else len(r.token_ids) - 1
@@ -362,8 +364,8 @@ class Speculator:
                 if got is not None:  # the frontier that chain assumed
                     self.ahead[lanes[i].lane_id] = (got[0], r.ctx_len + m + 1, got[2])
             return SpecLaunched(rows, hidden, starts, step, taps, bridged)
-        if checked:  # before any argmax or draw: the targets follow the grammars
-            self._mask_drafts(rows, lanes, checked, logits)
+        if masks is not None:  # before any argmax or draw: the targets follow the grammars
+            apply_token_mask(logits, *masks)
         # the greedy verify rows' target tokens, read in one copy for all of them
         greedy = any(r.verify and r.sample is not None and r.sample.greedy for r in rows)
         if fed is not None:
@@ -406,12 +408,17 @@ class Speculator:
             row.sample is not None and row.sample.logprobs is not None
         )
 
-    def _mask_drafts(self, rows: list[Row], lanes: list[KVLane], checked: list[int], logits):
-        """In place, the structured outputs' masks on the `checked` verify rows' logits: at
-        position j of a row, the tokens its grammar allows after the row's first j drafts
-        (`structured.Matcher.fill_drafts`; a draft the grammar rejects is then never the
-        target's, so acceptance stops before it). `logits` holds K + 1 rows per sampling
-        verify row and one per other sampling row, in row order."""
+    def _grammar_masks(self, rows: list[Row], lanes: list[KVLane], drafts: dict, checked: list):
+        """Before the pass: the structured outputs' masks of the `checked` verify rows, as
+        (logits rows, bitmask) for `sampling.apply_token_mask`, or None. At position j of a
+        row, the tokens its grammar allows after the row's first j drafts
+        (`structured.Matcher.fill_drafts`: a draft the grammar rejects is then never the
+        target's, so acceptance stops before it). Where the grammar allows one token only
+        (a JSON key's quotes, a forced tool call's name), that token becomes the draft, in
+        the row and its `Draft` (a sampled draft's distribution there one-hot on it: the
+        rejection rule stays exact for any proposal it draws from), so a forced stretch is
+        accepted whatever the head proposed. The logits hold K + 1 rows per sampling verify
+        row and one per other sampling row, in row order."""
         starts, at = {}, 0
         for i, r in enumerate(rows):
             if r.sample is not None:
@@ -423,14 +430,35 @@ class Speculator:
             matcher = lanes[i].request.matcher
             if matcher is None or i not in starts:
                 continue
-            drafted = rows[i].token_ids[1:]
+            row, forced = rows[i], []
+            drafted = row.token_ids[1:]
             bits = torch.empty(len(drafted) + 1, width, dtype=torch.int32)
-            if matcher.fill_drafts(drafted, bits):
-                where.extend(range(starts[i], starts[i] + len(drafted) + 1))
-                parts.append(bits)
-        if parts:
-            bits = torch.cat(parts)
-            apply_token_mask(logits, where, bits.pin_memory() if logits.is_cuda else bits)
+            if not matcher.fill_drafts(drafted, bits, forced):
+                continue
+            where.extend(range(starts[i], starts[i] + len(drafted) + 1))
+            parts.append(bits)
+            if forced:
+                self._force(row, drafts.get(i), drafted, forced)
+        if not parts:
+            return None
+        bits = torch.cat(parts)
+        return where, bits.pin_memory() if self.runner.device.type == "cuda" else bits
+
+    @staticmethod
+    def _force(row: Row, draft: Draft | None, drafted: list[int], forced: list[int]) -> None:
+        """The row's drafts become `drafted` (some `forced` by its grammar); a sampled draft's
+        distribution at those positions one-hot on the forced token."""
+        row.token_ids[1:] = drafted
+        if draft is None:
+            return
+        probs = draft.probs
+        if isinstance(probs, list) and probs:
+            probs = draft.probs = torch.stack(probs)
+        draft.tokens = list(drafted)
+        if isinstance(probs, torch.Tensor):
+            for j in forced:
+                probs[j].zero_()
+                probs[j, drafted[j]] = 1.0
 
     @staticmethod
     def _put_drafts(rows: list[Row], drafts: dict, ids: list[int], k: int) -> None:

@@ -536,6 +536,44 @@ def test_a_trimmed_draft_over_an_fp8_lm_head_is_refused():
         LLM.from_model(model, device="cpu", kv_capacity=4096, speculative="mtp", draft_vocab=64)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammars_forced_tokens_are_drafted_and_accepted(make_spec_llm, demo_text, temperature):
+    """Drafts that are always wrong (the controlled draft at acceptance 0) are still accepted
+    where the grammar allows one token only (an enum's rest, a key's quotes): the grammar
+    drafts those itself. Greedy output stays plain decode's; a seeded sampled reply (its
+    draft distribution one-hot at a forced position) is valid and reproduces."""
+    import json
+
+    from ninfer.request import StructuredOutputsParams
+
+    tok, template = demo_text
+    schema = {"type": "object", "properties": {"colour": {"enum": ["crimson", "turquoise"]},
+                                               "size": {"enum": ["enormous", "minuscule"]}},
+              "required": ["colour", "size"], "additionalProperties": False}  # fmt: skip
+    so = StructuredOutputsParams(json=schema)
+    chats = [[{"role": "user", "content": w}] for w in ("hi", "why 42")]
+    params = [SamplingParams(max_tokens=60, temperature=temperature, seed=j, structured_outputs=so)
+              for j in range(len(chats))]  # fmt: skip
+    plain = make_spec_llm(tokenizer=tok, chat_template=template)
+    want = plain.chat(chats, params, enable_thinking=False)
+    spec = make_spec_llm(tokenizer=tok, chat_template=template, speculative="mtp",
+                         num_speculative_tokens=3)  # fmt: skip
+    wrong = {tuple(o.prompt_token_ids): o.prompt_token_ids + o.token_ids for o in want}
+    runs = []
+    for _ in range(2):
+        controlled(spec, wrong, accept=0.0, seed=1)
+        runs.append(spec.chat(chats, params, enable_thinking=False))
+    st_ = spec.engine.call(lambda: spec.engine.speculator.stats)
+    assert st_.accepted > 0
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+    if temperature == 0:
+        assert [o.token_ids for o in runs[0]] == [o.token_ids for o in want]
+    for o in runs[0]:
+        assert o.finish_reason == "stop", o
+        assert json.loads(o.text).keys() == {"colour", "size"}
+    assert_idle(spec)
+
+
 @pytest.fixture(scope="module")
 def demo_pair(mtp_models, demo_text):
     """(plain, speculating K = 3) LLMs over the tiny dense model with the demo tokenizer,
