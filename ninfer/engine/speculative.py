@@ -119,6 +119,17 @@ def bridge_inputs(
     return ids, torch.arange(rows, device=drafts.device) * (k + 1) + m
 
 
+def _logit_starts(rows: list[Row]) -> dict[int, int]:
+    """Row index -> its first row in a step's logits, for the rows that sample: a verify row
+    has one per token (K + 1), any other sampling row one; in row order."""
+    starts, at = {}, 0
+    for i, r in enumerate(rows):
+        if r.sample is not None:
+            starts[i] = at
+            at += len(r.token_ids) if r.verify else 1
+    return starts
+
+
 class ChainIds:
     """The token ids a draft chain kept on the device (`Speculator._chain_fed`) proposed:
     `steps` (lane indices, ids [len(lanes)] int64 on the device) per chain step. `host()`
@@ -374,10 +385,9 @@ class Speculator:
             self._put_drafts(rows, drafts, flat[logits.shape[0] :], fed.shape[1])
         else:
             argmax = logits.argmax(dim=-1).tolist() if greedy else None
-        plain, plain_rows, at = [], [], 0
-        for i, r in enumerate(rows):
-            if r.sample is None:
-                continue
+        plain, plain_rows = [], []
+        for i, at in _logit_starts(rows).items():
+            r = rows[i]
             width = len(r.token_ids) if r.verify else 1
             if r.verify:
                 draft = drafts[i]
@@ -389,7 +399,6 @@ class Speculator:
             else:
                 plain.append(at)
                 plain_rows.append(i)
-            at += width
         if plain:
             sampled = runner.sample_rows(logits[plain], [rows[i] for i in plain_rows], mask)
             tokens = sampled.token_ids.tolist()
@@ -417,13 +426,8 @@ class Speculator:
         (a JSON key's quotes, a forced tool call's name), that token becomes the draft, in
         the row and its `Draft` (a sampled draft's distribution there one-hot on it: the
         rejection rule stays exact for any proposal it draws from), so a forced stretch is
-        accepted whatever the head proposed. The logits hold K + 1 rows per sampling verify
-        row and one per other sampling row, in row order."""
-        starts, at = {}, 0
-        for i, r in enumerate(rows):
-            if r.sample is not None:
-                starts[i] = at
-                at += len(r.token_ids) if r.verify else 1
+        accepted whatever the head proposed."""
+        starts = _logit_starts(rows)
         where, parts = [], []
         width = (self.vocab_size + 31) // 32
         for i in checked:

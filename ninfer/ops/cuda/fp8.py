@@ -176,11 +176,16 @@ def a8_admits(w: Fp8Weight) -> bool:
     return w.block == (GROUP, GROUP) and w.qweight.shape[-1] % GROUP == 0
 
 
-def a8_code(w: Fp8Weight, acts: str) -> int:
-    """`acts` (one of ACTS) as the kernel's A8_OK: 0 where w admits no A8 config."""
+def check_acts(acts: str) -> str:
+    """`acts` itself; ValueError unless it is one of ACTS."""
     if acts not in ACTS:
         raise ValueError(f"acts must be one of {tuple(ACTS)}, got {acts!r}")
-    return ACTS[acts] if a8_admits(w) else 0
+    return acts
+
+
+def a8_code(w: Fp8Weight, acts: str) -> int:
+    """`acts` (one of ACTS) as the kernel's A8_OK: 0 where w admits no A8 config."""
+    return ACTS[check_acts(acts)] if a8_admits(w) else 0
 
 
 def _worth_timing(c: triton.Config, n: int, k: int, sms: int) -> bool:
@@ -461,7 +466,7 @@ def fp8_skinny(
     (m, k), n = x.shape, w.qweight.shape[0]
     a8 = a8_code(w, acts)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    key = _key(x, w, acts)
+    key = _key(x, w, a8)
     config = config or _TUNED.get(key)  # `tuned_config`
     if config is not None:
         _launch(x, w.qweight, w.scale, w.block, y, config, a8)
@@ -486,22 +491,22 @@ _TUNED: dict[tuple, triton.Config] = {}
 _TIMES: dict[tuple, dict[triton.Config, float]] = {}  # the same keys: `tuning_times`
 
 
-def _key(x: torch.Tensor, w: Fp8Weight, acts: str) -> tuple:
+def _key(x: torch.Tensor, w: Fp8Weight, a8: int) -> tuple:
     n, k = w.qweight.shape
-    return (triton.next_power_of_2(x.shape[0]), n, k, w.block, x.dtype, a8_code(w, acts))
+    return (triton.next_power_of_2(x.shape[0]), n, k, w.block, x.dtype, a8)
 
 
 def tuned_config(x: torch.Tensor, w: Fp8Weight, acts: str = "w8a16") -> triton.Config | None:
     """The config `fp8_skinny(x, w, acts=acts)` runs (None until its first call for these
     shapes)."""
-    return _TUNED.get(_key(x, w, acts))
+    return _TUNED.get(_key(x, w, a8_code(w, acts)))
 
 
 def tuning_times(x: torch.Tensor, w: Fp8Weight, acts: str = "w8a16") -> dict[triton.Config, float]:
     """The autotuner's ms per candidate config when `fp8_skinny(x, w, acts=acts)` tuned these
     shapes (cold-L2 device time in a CUDA graph, a split config's reduce included); {} before,
     or when the tuning came from Triton's disk cache."""
-    return _TIMES.get(_key(x, w, acts), {})
+    return _TIMES.get(_key(x, w, a8_code(w, acts)), {})
 
 
 def _args(x, qweight, scale, block, y, split: int, a8: int, quantised: bool | None = None) -> tuple:
@@ -644,9 +649,7 @@ class Fp8Gemm:
     during a CUDA-graph capture before its probe takes the dequantising fallback."""
 
     def __init__(self, acts: str = "w8a16") -> None:
-        if acts not in ACTS:
-            raise ValueError(f"acts must be one of {tuple(ACTS)}, got {acts!r}")
-        self.acts = acts  # the decode GEMV's activations (`fp8_skinny`)
+        self.acts = check_acts(acts)  # the decode GEMV's activations (`fp8_skinny`)
         self.support: dict[str, bool] = {}  # "blockwise" | "rowwise" -> works here
         self.tuned: set[tuple[int, int]] = set()  # (N, K) the Triton GEMM has tuned
 
