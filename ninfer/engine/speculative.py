@@ -73,11 +73,13 @@ the pass and bridges after the read.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from ninfer.engine import faults
 from ninfer.engine.executor.runner import Feed, Row, Runner, StepResult, read_later
 from ninfer.engine.images import RowImages
 from ninfer.engine.kv.lane import KVLane
@@ -93,6 +95,8 @@ from ninfer.sampling import (
     probabilities,
     token_logprobs,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def draft_vocab(n: int | None, vocab_size: int, added: frozenset[int]) -> list[int] | None:
@@ -205,12 +209,14 @@ class Draft:
 class SpeculationStats:
     """Counters since the engine started: verify rows run, draft tokens proposed and accepted,
     tokens the verify rows yielded (accepted drafts plus the target's own, before a stop or
-    max_tokens cuts them)."""
+    max_tokens cuts them), and the head's passes that raised (`head_faults`: each cost its
+    lanes their next drafts, no output)."""
 
     verify_rows: int = 0
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
+    head_faults: int = 0
 
     @property
     def acceptance(self) -> float:
@@ -225,6 +231,7 @@ class SpeculationStats:
         return SpeculationStats(
             self.verify_rows - before.verify_rows, self.drafted - before.drafted,
             self.accepted - before.accepted, self.emitted - before.emitted,
+            self.head_faults - before.head_faults,
         )  # fmt: skip
 
 
@@ -393,9 +400,14 @@ class Speculator:
                 draft = drafts[i]
                 probs = None if draft is None or draft.probs is None else draft.probs
                 target = argmax[at : at + width] if r.sample.greedy else None
-                step.tokens[i] = self._accept(r, logits[at : at + width], probs, target)
-                if r.sample.logprobs is not None:  # one dict per token, from its own row
-                    step.logprobs[i] = token_logprobs(logits[at:], step.tokens[i], r.sample)
+                try:  # a fault in one row's acceptance fails its request alone
+                    step.tokens[i] = self._accept(r, logits[at : at + width], probs, target)
+                    if r.sample.logprobs is not None:  # one dict per token, from its own row
+                        step.logprobs[i] = token_logprobs(logits[at:], step.tokens[i], r.sample)
+                except Exception as e:
+                    if faults.is_fatal(e):
+                        raise
+                    step.tokens[i], step.errors[i] = None, f"{type(e).__name__}: {e}"
             else:
                 plain.append(at)
                 plain_rows.append(i)
@@ -650,7 +662,34 @@ class Speculator:
         head position p of the row reads the target's hidden state at p and token p + 1 (the
         last one sampled by the step, or a prompt token). Returns, per lane that decodes next,
         (lane, row, draft-1 logits, the head's hidden state at its last position). A step
-        bridged at launch (`_bridge_ahead`) only hands out what that bridge computed."""
+        bridged at launch (`_bridge_ahead`) only hands out what that bridge computed. A
+        non-fatal fault of the head costs the lanes their next drafts (`_head_fault`): none
+        is returned, and the head's K/V at those positions stays as it was (later drafts
+        there are worse; drafts are only proposals, so the output is unchanged)."""
+        try:
+            return self._bridge(launched, slices, advanced)
+        except Exception as e:
+            self._head_fault(e, advanced)
+            return []
+
+    def _head_fault(self, exc: Exception, lanes: list[KVLane]) -> None:
+        """A head pass raised: re-raised when fatal (`faults.is_fatal`), else counted and
+        logged (at 1, 2, 4, ... faults), and the lanes' drafts dropped: their next rows
+        decode plainly, and the step after bridges and drafts again."""
+        if faults.is_fatal(exc):
+            raise exc
+        st = self.stats
+        st.head_faults += 1
+        if st.head_faults & (st.head_faults - 1) == 0:
+            logger.warning(
+                "ninfer: the MTP draft head failed (%r, %d so far); %d lane(s) decode without "
+                "drafts this step", exc, st.head_faults, len(lanes),
+            )  # fmt: skip
+        for lane in lanes:
+            self.drafts.pop(lane.lane_id, None)
+        self.ahead = {}
+
+    def _bridge(self, launched: SpecLaunched, slices, advanced: list[KVLane]) -> list:
         if launched.bridged is not None:
             return self._bridged(launched, slices, advanced)
         rows, hidden, lanes, wide = [], [], [], []
@@ -738,7 +777,8 @@ class Speculator:
 
     def draft(self, pending: list, live: list[KVLane], max_model_len: int) -> None:
         """Draft the next verify row's tokens of each `pending` lane still running (`bridge`),
-        and forget the drafts of lanes that have ended."""
+        and forget the drafts of lanes that have ended. A non-fatal fault of the head drops
+        the drafts of the lanes being drafted (`_head_fault`)."""
         live_ids = {lane.lane_id for lane in live}
         for lane_id in [i for i in self.drafts if i not in live_ids]:
             del self.drafts[lane_id]
@@ -747,7 +787,10 @@ class Speculator:
             for lane, row, logits, hidden in pending
             if lane.lane_id in live_ids
         ]
-        self._chain(chain)
+        try:
+            self._chain(chain)
+        except Exception as e:  # as in `bridge`: the lanes decode their next row plainly
+            self._head_fault(e, [c[0] for c in chain])
 
     @staticmethod
     def cut(lane: KVLane, tokens: list[int]) -> list[int]:

@@ -40,6 +40,7 @@ _SPEC_COUNTERS = {
     "drafted": ("ninfer_spec_draft_tokens", "draft tokens proposed"),
     "accepted": ("ninfer_spec_accepted_tokens", "draft tokens accepted"),
     "emitted": ("ninfer_spec_emitted_tokens", "tokens the verify rows yielded"),
+    "head_faults": ("ninfer_spec_head_faults", "draft head passes that raised (drafts lost)"),
 }
 
 

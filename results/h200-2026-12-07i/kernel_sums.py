@@ -17,7 +17,8 @@ def main() -> None:
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
-    data = json.load(open(args.trace))
+    with open(args.trace) as f:
+        data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
     total = collections.Counter()
@@ -27,9 +28,11 @@ def main() -> None:
         calls[e["name"]] += 1
     all_us = sum(total.values())
     span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
-    print(f"kernels {len(kernels)}, {all_us / 1e3:.2f} ms of kernel time over a {span / 1e3:.2f} ms span")
+    print(f"kernels {len(kernels)}, {all_us / 1e3:.2f} ms of kernel time, span {span / 1e3:.2f} ms")
     for name, us in total.most_common(args.top):
-        print(f"{us / 1e3:8.3f} ms {100 * us / all_us:5.1f} % {calls[name]:6d} x {us / calls[name]:8.2f} us  {name[:100]}")
+        n = calls[name]
+        share = 100 * us / all_us
+        print(f"{us / 1e3:8.3f} ms {share:5.1f} % {n:6d} x {us / n:8.2f} us  {name[:100]}")
 
 
 if __name__ == "__main__":

@@ -72,4 +72,5 @@ def test_structured_replies_with_mtp_are_the_plain_servers(served, spec_url):
     metrics = httpx.get(url + "/metrics").text
     assert f"ninfer_spec_verify_rows_total {float(stats.verify_rows)}" in metrics
     assert "ninfer_spec_accepted_tokens_total" in metrics
+    assert "ninfer_spec_head_faults_total 0.0" in metrics
     assert "ninfer_spec_" not in httpx.get(served.url + "/metrics").text  # off: no counters
