@@ -617,18 +617,36 @@ def _request(draw):
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(requests=st.lists(_request(), min_size=1, max_size=5),
-       accept=st.sampled_from([0.0, 0.5, 0.9]), seed=st.integers(0, 99))  # fmt: skip
-def test_any_request_mix_speculates_to_plain_decodes_output(demo_pair, requests, accept, seed):
+       accept=st.sampled_from([0.0, 0.5, 0.9]), seed=st.integers(0, 99),
+       head_fault_every=st.sampled_from([0, 0, 2, 5]))  # fmt: skip
+def test_any_request_mix_speculates_to_plain_decodes_output(
+    demo_pair, requests, accept, seed, head_fault_every
+):
     """The property: any mix of greedy requests (grammars, logprobs, stop tokens and strings,
     short and long max_tokens, EOS on or ignored) speculating together gives each request
-    plain decode's tokens, text, finish reason and logprobs, at any acceptance; nothing is
-    left pinned."""
+    plain decode's tokens, text, finish reason and logprobs, at any acceptance, and whether
+    or not the draft head's passes raise (every 2nd or 5th: the lanes then lose drafts, no
+    request fails); nothing is left pinned."""
     plain, spec = demo_pair
     prompts, params = [r[0] for r in requests], [r[1] for r in requests]
     want = plain.generate(prompts, params)
     expected = {tuple(p): p + o.token_ids for p, o in zip(prompts, want, strict=True)}
     controlled(spec, expected, accept=accept, seed=seed)
-    got = spec.generate(prompts, params)
+    mtp = spec.engine.runner.model.mtp
+    if head_fault_every:
+        calls, real = [0], mtp.forward
+
+        def raising(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] % head_fault_every == 0:
+                raise RuntimeError("injected head fault")
+            return real(*args, **kwargs)
+
+        mtp.forward = raising
+    try:
+        got = spec.generate(prompts, params)
+    finally:
+        vars(mtp).pop("forward", None)  # the class's forward again
     for w, g in zip(want, got, strict=True):
         assert (g.token_ids, g.text, g.finish_reason, g.error) == (
             w.token_ids, w.text, w.finish_reason, w.error)  # fmt: skip
