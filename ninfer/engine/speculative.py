@@ -675,7 +675,9 @@ class Speculator:
     def _head_fault(self, exc: Exception, lanes: list[KVLane]) -> None:
         """A head pass raised: re-raised when fatal (`faults.is_fatal`), else counted and
         logged (at 1, 2, 4, ... faults), and the lanes' drafts dropped: their next rows
-        decode plainly, and the step after bridges and drafts again."""
+        decode plainly, and the step after bridges and drafts again. A chain run ahead for
+        one of them (`ahead`) is dropped too, a sampled lane's generator set back to before
+        its draws (as `_take_ahead` does)."""
         if faults.is_fatal(exc):
             raise exc
         st = self.stats
@@ -687,7 +689,9 @@ class Speculator:
             )  # fmt: skip
         for lane in lanes:
             self.drafts.pop(lane.lane_id, None)
-        self.ahead = {}
+            got = self.ahead.pop(lane.lane_id, None)
+            if got is not None and got[2] is not None:
+                lane.request.generator.set_state(got[2])
 
     def _bridge(self, launched: SpecLaunched, slices, advanced: list[KVLane]) -> list:
         if launched.bridged is not None:
