@@ -655,3 +655,84 @@ def test_any_request_mix_speculates_to_plain_decodes_output(
             assert gd.keys() == wd.keys()  # (a grammar's masked tokens: -inf on both)
             assert all(gd[t] == wd[t] or abs(gd[t] - wd[t]) < 1e-4 for t in wd), (gd, wd)
     assert_idle(spec)
+
+
+@st.composite
+def _sampled_request(draw):
+    """A seeded sampled request: temperature, top-p and top-k drawn; a regex grammar (then no
+    stop strings or ids, so a reply that stops is a whole match) or stops; logprobs or not."""
+    from ninfer.request import StructuredOutputsParams
+
+    rng = random.Random(draw(st.integers(0, 10**6)))
+    prompt = rand_tokens(rng, draw(st.integers(3, 90)))
+    regex = draw(st.sampled_from((None, *REGEXES)))
+    stops = regex is None and draw(st.booleans())
+    params = SamplingParams(
+        max_tokens=draw(st.integers(1, 30)),
+        temperature=draw(st.sampled_from((0.5, 1.0, 1.5))),
+        top_p=draw(st.sampled_from((1.0, 0.9))),
+        top_k=draw(st.sampled_from((-1, 20))),
+        seed=draw(st.integers(0, 10**6)),
+        ignore_eos=draw(st.booleans()) if regex is None else False,
+        logprobs=draw(st.sampled_from((None, 2))),
+        stop_token_ids=[rng.randrange(4, VOCAB - 60)] if stops else None,
+        stop=["a", "o"] if stops else None,
+        structured_outputs=None if regex is None else StructuredOutputsParams(regex=regex),
+    )
+    return prompt, params
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(requests=st.lists(_sampled_request(), min_size=1, max_size=4),
+       accept=st.sampled_from([0.0, 0.5, 0.9]), seed=st.integers(0, 99),
+       head_fault_every=st.sampled_from([0, 0, 3]))  # fmt: skip
+def test_any_sampled_mix_speculates_to_whole_reproducible_replies(
+    demo_pair, requests, accept, seed, head_fault_every
+):
+    """The property for seeded sampled requests speculating together (grammars, stops,
+    logprobs, top-p / top-k, at any acceptance, with or without the draft head failing every
+    3rd pass): no request fails, each reply is whole (max_tokens long, or stopped; a grammar's
+    reply that stops matches it in full), each token's logprob is finite and its own, and,
+    without faults, the same requests again (now resumed from the prefix cache) give the same
+    replies (a seeded request's draws follow its drafts, so a head fault changes them)."""
+    import re
+
+    _, spec = demo_pair
+    prompts, params = [r[0] for r in requests], [r[1] for r in requests]
+    mtp = spec.engine.runner.model.mtp
+    runs = []
+    for _ in range(2):
+        controlled(spec, {}, accept=accept, seed=seed)
+        if head_fault_every:
+            calls, real = [0], mtp.forward
+
+            def raising(*args, _calls=calls, _real=real, **kwargs):
+                _calls[0] += 1
+                if _calls[0] % head_fault_every == 0:
+                    raise RuntimeError("injected head fault")
+                return _real(*args, **kwargs)
+
+            mtp.forward = raising
+        try:
+            runs.append(spec.generate(prompts, params))
+        finally:
+            vars(mtp).pop("forward", None)
+    for out, p in zip(runs[0], params, strict=True):
+        assert out.error is None and out.finish_reason in ("length", "stop"), out
+        assert len(out.token_ids) <= p.max_tokens
+        if out.finish_reason == "length":
+            assert len(out.token_ids) == p.max_tokens
+        if p.structured_outputs is not None and out.finish_reason == "stop":
+            assert re.fullmatch(p.structured_outputs.regex, out.text), out.text
+        if p.logprobs is not None:
+            assert len(out.logprobs) == len(out.token_ids)
+            for t, lp in zip(out.token_ids, out.logprobs, strict=True):
+                assert t in lp and lp[t] > float("-inf"), (t, lp)
+    # a head fault counted by call lands elsewhere on the resumed run: other drafts, other draws
+    if not head_fault_every:
+        assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+    assert_idle(spec)
