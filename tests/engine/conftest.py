@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import TINY
+from engine_helpers import TINY, TINY_MOE
 
 from ninfer.llm import LLM
 from ninfer.models.presets import build_random_model
@@ -15,6 +15,16 @@ from ninfer.models.presets import build_random_model
 @pytest.fixture(scope="session")
 def tiny_model():
     return build_random_model(TINY, torch.float32, "cpu", seed=1)
+
+
+@pytest.fixture(scope="module")
+def mtp_models():
+    """Tiny dense and MoE models with a random MTP head (fp32, CPU), one pair per test module
+    (a test may quantise a head in place)."""
+    return {
+        "dense": build_random_model(TINY, torch.float32, "cpu", seed=1, mtp=True),
+        "moe": build_random_model(TINY_MOE, torch.float32, "cpu", seed=2, mtp=True),
+    }
 
 
 @pytest.fixture(scope="session")

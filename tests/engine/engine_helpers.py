@@ -3,6 +3,10 @@ oracle (one unchunked prefill, then one-token steps, on a private cache)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+
 import torch
 
 from ninfer.forward import ForwardBatch, ModelCache
@@ -29,6 +33,35 @@ TINY = Qwen35Config(
     max_position_embeddings=4096,
     eos_token_ids=(EOS,),
 )
+
+# TINY with routed experts and a shared expert (the speculative tests' MoE model)
+TINY_MOE = dataclasses.replace(
+    TINY, intermediate_size=0, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+)  # fmt: skip
+
+INJECTED = "injected fault"
+
+
+@contextlib.contextmanager
+def failing_forward(module: torch.nn.Module, due: Callable[[int], bool]) -> Iterator[dict]:
+    """Within the block, `module`'s forward raises RuntimeError(INJECTED) on the calls
+    `due(n)` picks (n counts its calls from 1; the yielded dict's "n"); after it, the class's
+    forward again."""
+    calls = {"n": 0}
+    real = module.forward
+
+    def forward(*args, **kwargs):
+        calls["n"] += 1
+        if due(calls["n"]):
+            raise RuntimeError(INJECTED)
+        return real(*args, **kwargs)
+
+    module.forward = forward
+    try:
+        yield calls
+    finally:
+        vars(module).pop("forward", None)
 
 
 # The engine's real kernel shapes (head_dim 256, GDN dk = dv = 128), small: the GPU tests' model

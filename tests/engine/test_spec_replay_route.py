@@ -16,7 +16,7 @@ import torch
 from engine_helpers import VOCAB, assert_idle, greedy
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_speculative import _prompts, controlled, make_spec_llm, mtp_models  # noqa: F401
+from test_speculative import _prompts, controlled, make_spec_llm  # noqa: F401
 
 from ninfer.bench.speculative import controlled_acceptance
 from ninfer.engine.executor.runner import Row

@@ -12,7 +12,15 @@ import random
 
 import pytest
 import torch
-from engine_helpers import TINY, VOCAB, assert_idle, greedy, rand_tokens
+from engine_helpers import (
+    TINY,
+    TINY_MOE,
+    VOCAB,
+    assert_idle,
+    failing_forward,
+    greedy,
+    rand_tokens,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,20 +28,6 @@ from ninfer.bench.speculative import controlled_draft
 from ninfer.llm import LLM
 from ninfer.models.presets import build_random_model
 from ninfer.request import SamplingParams
-
-TINY_MOE = dataclasses.replace(
-    TINY, intermediate_size=0, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-    shared_expert_intermediate_size=48,
-)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def mtp_models():
-    """Tiny dense and MoE models with a random MTP head (fp32, CPU)."""
-    return {
-        "dense": build_random_model(TINY, torch.float32, "cpu", seed=1, mtp=True),
-        "moe": build_random_model(TINY_MOE, torch.float32, "cpu", seed=2, mtp=True),
-    }
 
 
 @pytest.fixture
@@ -589,6 +583,11 @@ def demo_pair(mtp_models, demo_text):
     spec.close()
 
 
+def _every(n: int):
+    """A `failing_forward` schedule: every n-th call (0: none)."""
+    return lambda call: n > 0 and call % n == 0
+
+
 REGEXES = (r"[0-9]{2,8}", r"(yes|no)( [a-z]{1,6}){0,4}", r"[A-Z][a-z ]{3,30}\.")
 
 
@@ -632,21 +631,8 @@ def test_any_request_mix_speculates_to_plain_decodes_output(
     want = plain.generate(prompts, params)
     expected = {tuple(p): p + o.token_ids for p, o in zip(prompts, want, strict=True)}
     controlled(spec, expected, accept=accept, seed=seed)
-    mtp = spec.engine.runner.model.mtp
-    if head_fault_every:
-        calls, real = [0], mtp.forward
-
-        def raising(*args, **kwargs):
-            calls[0] += 1
-            if calls[0] % head_fault_every == 0:
-                raise RuntimeError("injected head fault")
-            return real(*args, **kwargs)
-
-        mtp.forward = raising
-    try:
+    with failing_forward(spec.engine.runner.model.mtp, _every(head_fault_every)):
         got = spec.generate(prompts, params)
-    finally:
-        vars(mtp).pop("forward", None)  # the class's forward again
     for w, g in zip(want, got, strict=True):
         assert (g.token_ids, g.text, g.finish_reason, g.error) == (
             w.token_ids, w.text, w.finish_reason, w.error)  # fmt: skip
@@ -703,24 +689,11 @@ def test_any_sampled_mix_speculates_to_whole_reproducible_replies(
 
     _, spec = demo_pair
     prompts, params = [r[0] for r in requests], [r[1] for r in requests]
-    mtp = spec.engine.runner.model.mtp
     runs = []
     for _ in range(2):
         controlled(spec, {}, accept=accept, seed=seed)
-        if head_fault_every:
-            calls, real = [0], mtp.forward
-
-            def raising(*args, _calls=calls, _real=real, **kwargs):
-                _calls[0] += 1
-                if _calls[0] % head_fault_every == 0:
-                    raise RuntimeError("injected head fault")
-                return _real(*args, **kwargs)
-
-            mtp.forward = raising
-        try:
+        with failing_forward(spec.engine.runner.model.mtp, _every(head_fault_every)):
             runs.append(spec.generate(prompts, params))
-        finally:
-            vars(mtp).pop("forward", None)
     for out, p in zip(runs[0], params, strict=True):
         assert out.error is None and out.finish_reason in ("length", "stop"), out
         assert len(out.token_ids) <= p.max_tokens
