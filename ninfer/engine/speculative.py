@@ -360,7 +360,7 @@ class Speculator:
             q_lens = [len(r.token_ids) for r in rows]
             known = all(r.sample.greedy or drafts[i].probs is not None for i, r in enumerate(rows))
             if known and not checked and self.graphs.bridge.fits(meta):
-                ahead = self._bridge_ahead(rows, lanes, meta, drafts, logits, hidden, fed)
+                ahead = self._contained_ahead(rows, lanes, meta, drafts, logits, hidden, fed)
         else:
             batch = runner.build_batch(rows)
             logits, hidden = runner.model.forward_hidden(batch, runner.cache, runner.ops)
@@ -482,6 +482,27 @@ class Speculator:
         (k per row, in row order), into the rows (which held placeholders) and drafts."""
         for j, i in enumerate(sorted(drafts)):
             drafts[i].tokens = rows[i].token_ids[1:] = ids[j * k : (j + 1) * k]
+
+    def _contained_ahead(
+        self, rows: list[Row], lanes: list[KVLane], meta: list, drafts: dict, logits, hidden, fed
+    ):
+        """`_bridge_ahead`, a non-fatal fault in it contained (`_head_fault`, no lane named):
+        the step then reads and accepts on the host as it does without a bridge run ahead
+        (its settle bridges again), each sampled row's generator set back to before the
+        draws made on the device (so the host draws what they drew), and any chain run ahead
+        dropped. Returns `_bridge_ahead`'s result, or None after a fault."""
+        # a generator's state is its seed and offset, on the host: no sync
+        saved = [None if r.sample.greedy or r.generator is None else r.generator.get_state()
+                 for r in rows]  # fmt: skip
+        try:
+            return self._bridge_ahead(rows, lanes, meta, drafts, logits, hidden, fed)
+        except Exception as e:
+            for r, state in zip(rows, saved, strict=True):
+                if state is not None:
+                    r.generator.set_state(state)
+            self.ahead = {}
+            self._head_fault(e, [])
+            return None
 
     def _bridge_ahead(
         self, rows: list[Row], lanes: list[KVLane], meta: list, drafts: dict, logits, hidden, fed

@@ -352,3 +352,65 @@ def test_an_fp8_draft_layer_in_the_graphs_keeps_plain_decode_output():
     g = spec.engine.speculator.graphs
     assert g is not None and g.verify.replays > 10 and g.bridge.replays > 10
     spec.close()
+
+
+def _fail_every_third(graphs, where: str) -> list[int]:
+    """Make the speculator's bridge graph (`where="bridge"`: run ahead at launch and at
+    settle) or its first chain window run ahead (`"window"`) raise a non-fatal error at
+    every third call; returns the one-element call counter."""
+    graph = graphs.bridge if where == "bridge" else graphs.ahead[0]
+    run, calls = graph.run, [0]
+
+    def failing(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] % 3 == 0:
+            raise RuntimeError("injected head fault")
+        return run(*args, **kwargs)
+
+    graph.run = failing
+    return calls
+
+
+@pytest.mark.parametrize("where", ["bridge", "window"])
+def test_head_faults_on_the_graph_route_fail_no_request(where):
+    """On the graph route, the head's passes queued behind the verify pass (the bridge, or a
+    chain window run ahead) raise at every third call: no request fails, greedy output is
+    plain decode's up to near-ties, the faults are counted, and the graphs go on replaying
+    between them. Seeded sampled lanes with the same fault schedule finish whole and give
+    the same tokens in two engines (a faulted step's draws are made again on the host)."""
+    model = build_random_model(CUDA_TINY, torch.bfloat16, "cuda", seed=11, mtp=True)
+    opts = dict(device="cuda", compile=False, max_concurrency=4, kv_capacity=16384,
+                host_cache_mib=64, check_invariants=True)  # fmt: skip
+    plain = LLM.from_model(model, **opts)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=20)
+    want = plain.generate(PROMPTS, params)
+    plain.close()
+    expected = {tuple(p): p + o.token_ids for p, o in zip(PROMPTS, want, strict=True)}
+    spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=3, **opts)
+    sp = spec.engine.speculator
+    calls = _fail_every_third(sp.graphs, where)
+    sp.propose = controlled_draft(expected, 0.7, CUDA_TINY.vocab_size, 3)
+    got = spec.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    assert all(o.finish_reason == "length" for o in got), [o.finish_reason for o in got]
+    _agree_up_to_near_ties(want, got, 40, 3)
+    assert calls[0] >= 6 and sp.stats.head_faults == calls[0] // 3, (calls, sp.stats)
+    assert 0 < sp.stats.accepted < sp.stats.drafted
+    assert sp.graphs.verify.replays > 10 and sp.ahead_runs > 5, sp.ahead_runs
+    spec.check_idle()
+    spec.close()
+
+    sampled = [
+        SamplingParams(max_tokens=n, temperature=t, seed=s, ignore_eos=True)
+        for n, t, s in ((36, 0.8, 1), (41, 1.1, 2), (30, 0.0, None))
+    ]
+    runs = []
+    for _ in range(2):
+        llm = LLM.from_model(model, speculative="mtp", num_speculative_tokens=3, **opts)
+        calls = _fail_every_third(llm.engine.speculator.graphs, where)
+        outs = llm.generate(PROMPTS, sampled)
+        assert [len(o.token_ids) for o in outs] == [36, 41, 30]
+        assert llm.engine.speculator.stats.head_faults == calls[0] // 3 > 0
+        runs.append([o.token_ids for o in outs])
+        llm.check_idle()
+        llm.close()
+    assert runs[0] == runs[1]
