@@ -221,3 +221,43 @@ def test_cancel_mid_speculation_from_another_thread(make):
         else:
             assert (out.finish_reason, out.token_ids) == ("length", want[i])
     assert_idle(llm)
+
+
+@pytest.mark.parametrize("fatal", [False, True])
+def test_a_fault_of_the_bridge_run_ahead_sets_the_step_back(make, monkeypatch, fatal):
+    """The graph route's bridge run ahead (`Speculator._bridge_ahead`: CUDA graphs only, so
+    called directly here) draws for sampled rows on the device, then a pass raises: the
+    step falls back to the host's acceptance (None), each sampled row's generator is back
+    where it was (the host then draws what the device drew), the chains it ran ahead are
+    dropped and the fault counted; a fatal fault (a sticky CUDA error) is re-raised."""
+    import torch
+
+    from ninfer.engine.executor.runner import Row
+
+    sp = make("dense").engine.speculator
+    gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    sampled = SamplingParams(temperature=1.0, seed=3)
+    rows = [Row([1, 2, 3], 10, 0, [], sampled, gens[0]),
+            Row([1, 2, 3], 10, 1, [], greedy(8), None),
+            Row([4, 5, 6], 10, 2, [], sampled, gens[1])]  # fmt: skip
+    before = [g.get_state() for g in gens]
+    want = [torch.rand(4, generator=g) for g in gens]
+    for g, state in zip(gens, before, strict=True):
+        g.set_state(state)
+    message = "CUDA error: an illegal memory access" if fatal else INJECTED
+
+    def drawing_then_raising(*args):
+        for g in gens:
+            torch.rand(7, generator=g)
+        sp.ahead = {"lane": "a chain run ahead"}
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(sp, "_bridge_ahead", drawing_then_raising)
+    if fatal:
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            sp._contained_ahead(rows, [], [], {}, None, None, None)
+        return
+    assert sp._contained_ahead(rows, [], [], {}, None, None, None) is None
+    assert sp.ahead == {} and sp.stats.head_faults == 1
+    for g, w in zip(gens, want, strict=True):
+        assert torch.equal(torch.rand(4, generator=g), w)
