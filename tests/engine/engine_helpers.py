@@ -128,7 +128,8 @@ def reference_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
 
 
 def rand_tokens(rng, n: int) -> list[int]:
-    """n random ordinary token ids of the demo vocabulary (no special ids 0..3)."""
+    """n random token ids of the demo vocabulary: no unk, EOS or chat markers (ids 0..3);
+    the reasoning and tool tags (`<think>` 4, `</think>` 5, 6..9) may come."""
     return [rng.randrange(4, VOCAB - 60) for _ in range(n)]
 
 

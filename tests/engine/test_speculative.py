@@ -668,6 +668,23 @@ def _sampled_request(draw):
     return prompt, params
 
 
+def _constrained_text(tok, prompt: list[int], out) -> str | None:
+    """The part of a reply that its grammar constrains (`ninfer.structured`): the whole text,
+    or, when the prompt leaves a `<think>` block open (its last `<think>` after its last
+    `</think>`; random prompts hold these ids), the text after the reply's first `</think>`,
+    without the EOS that ends it; None when the reply never closes the block."""
+    opened, closed = tok.token_to_id("<think>"), tok.token_to_id("</think>")
+    last = {t: i for i, t in enumerate(prompt)}
+    if last.get(opened, -1) <= last.get(closed, -1):
+        return out.text
+    if closed not in out.token_ids:
+        return None
+    after = out.token_ids[out.token_ids.index(closed) + 1 :]
+    if after and after[-1] in tok.eos_token_ids:
+        after = after[:-1]
+    return tok.decode(after)
+
+
 @settings(
     max_examples=8,
     deadline=None,
@@ -677,14 +694,15 @@ def _sampled_request(draw):
        accept=st.sampled_from([0.0, 0.5, 0.9]), seed=st.integers(0, 99),
        head_fault_every=st.sampled_from([0, 0, 3]))  # fmt: skip
 def test_any_sampled_mix_speculates_to_whole_reproducible_replies(
-    demo_pair, requests, accept, seed, head_fault_every
+    demo_pair, demo_text, requests, accept, seed, head_fault_every
 ):
     """The property for seeded sampled requests speculating together (grammars, stops,
     logprobs, top-p / top-k, at any acceptance, with or without the draft head failing every
     3rd pass): no request fails, each reply is whole (max_tokens long, or stopped; a grammar's
-    reply that stops matches it in full), each token's logprob is finite and its own, and,
-    without faults, the same requests again (now resumed from the prefix cache) give the same
-    replies (a seeded request's draws follow its drafts, so a head fault changes them)."""
+    reply that stops matches it in full, after the reply's `</think>` where the prompt leaves a
+    reasoning block open), each token's logprob is finite and its own, and, without faults,
+    the same requests again (now resumed from the prefix cache) give the same replies (a
+    seeded request's draws follow its drafts, so a head fault changes them)."""
     import re
 
     _, spec = demo_pair
@@ -694,13 +712,14 @@ def test_any_sampled_mix_speculates_to_whole_reproducible_replies(
         controlled(spec, {}, accept=accept, seed=seed)
         with failing_forward(spec.engine.runner.model.mtp, _every(head_fault_every)):
             runs.append(spec.generate(prompts, params))
-    for out, p in zip(runs[0], params, strict=True):
+    for prompt, out, p in zip(prompts, runs[0], params, strict=True):
         assert out.error is None and out.finish_reason in ("length", "stop"), out
         assert len(out.token_ids) <= p.max_tokens
         if out.finish_reason == "length":
             assert len(out.token_ids) == p.max_tokens
         if p.structured_outputs is not None and out.finish_reason == "stop":
-            assert re.fullmatch(p.structured_outputs.regex, out.text), out.text
+            text = _constrained_text(demo_text[0], prompt, out)
+            assert text is None or re.fullmatch(p.structured_outputs.regex, text), out
         if p.logprobs is not None:
             assert len(out.logprobs) == len(out.token_ids)
             for t, lp in zip(out.token_ids, out.logprobs, strict=True):
