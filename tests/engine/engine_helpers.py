@@ -44,24 +44,24 @@ INJECTED = "injected fault"
 
 
 @contextlib.contextmanager
-def failing_forward(module: torch.nn.Module, due: Callable[[int], bool]) -> Iterator[dict]:
-    """Within the block, `module`'s forward raises RuntimeError(INJECTED) on the calls
-    `due(n)` picks (n counts its calls from 1; the yielded dict's "n"); after it, the class's
-    forward again."""
+def failing_forward(obj, due: Callable[[int], bool], method: str = "forward") -> Iterator[dict]:
+    """Within the block, `obj`'s `method` (a module's forward, a graph's run) raises
+    RuntimeError(INJECTED) on the calls `due(n)` picks (n counts its calls from 1; the
+    yielded dict's "n"); after it, the class's method again."""
     calls = {"n": 0}
-    real = module.forward
+    real = getattr(obj, method)
 
-    def forward(*args, **kwargs):
+    def failing(*args, **kwargs):
         calls["n"] += 1
         if due(calls["n"]):
             raise RuntimeError(INJECTED)
         return real(*args, **kwargs)
 
-    module.forward = forward
+    setattr(obj, method, failing)
     try:
         yield calls
     finally:
-        vars(module).pop("forward", None)
+        vars(obj).pop(method, None)
 
 
 # The engine's real kernel shapes (head_dim 256, GDN dk = dv = 128), small: the GPU tests' model

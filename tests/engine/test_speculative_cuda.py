@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import CUDA_TINY
+from engine_helpers import CUDA_TINY, failing_forward
 
 from ninfer.bench.speculative import controlled_draft
 from ninfer.llm import LLM
@@ -354,21 +354,14 @@ def test_an_fp8_draft_layer_in_the_graphs_keeps_plain_decode_output():
     spec.close()
 
 
-def _fail_every_third(graphs, where: str) -> list[int]:
-    """Make the speculator's bridge graph (`where="bridge"`: run ahead at launch and at
-    settle) or its first chain window run ahead (`"window"`) raise a non-fatal error at
-    every third call; returns the one-element call counter."""
-    graph = graphs.bridge if where == "bridge" else graphs.ahead[0]
-    run, calls = graph.run, [0]
+def _every_third(call: int) -> bool:
+    return call % 3 == 0
 
-    def failing(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] % 3 == 0:
-            raise RuntimeError("injected head fault")
-        return run(*args, **kwargs)
 
-    graph.run = failing
-    return calls
+def _graph(graphs, where: str):
+    """The speculator's bridge graph (`where="bridge"`: run ahead at launch and at settle) or
+    its first chain window run ahead (`"window"`)."""
+    return graphs.bridge if where == "bridge" else graphs.ahead[0]
 
 
 @pytest.mark.parametrize("where", ["bridge", "window"])
@@ -388,12 +381,13 @@ def test_head_faults_on_the_graph_route_fail_no_request(where):
     expected = {tuple(p): p + o.token_ids for p, o in zip(PROMPTS, want, strict=True)}
     spec = LLM.from_model(model, speculative="mtp", num_speculative_tokens=3, **opts)
     sp = spec.engine.speculator
-    calls = _fail_every_third(sp.graphs, where)
     sp.propose = controlled_draft(expected, 0.7, CUDA_TINY.vocab_size, 3)
-    got = spec.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    with failing_forward(_graph(sp.graphs, where), _every_third, method="run") as calls:
+        got = spec.generate(PROMPTS, greedy)
     assert all(o.finish_reason == "length" for o in got), [o.finish_reason for o in got]
     _agree_up_to_near_ties(want, got, 40, 3)
-    assert calls[0] >= 6 and sp.stats.head_faults == calls[0] // 3, (calls, sp.stats)
+    assert calls["n"] >= 6 and sp.stats.head_faults == calls["n"] // 3, (calls, sp.stats)
     assert 0 < sp.stats.accepted < sp.stats.drafted
     assert sp.graphs.verify.replays > 10 and sp.ahead_runs > 5, sp.ahead_runs
     spec.check_idle()
@@ -406,10 +400,11 @@ def test_head_faults_on_the_graph_route_fail_no_request(where):
     runs = []
     for _ in range(2):
         llm = LLM.from_model(model, speculative="mtp", num_speculative_tokens=3, **opts)
-        calls = _fail_every_third(llm.engine.speculator.graphs, where)
-        outs = llm.generate(PROMPTS, sampled)
+        graph = _graph(llm.engine.speculator.graphs, where)
+        with failing_forward(graph, _every_third, method="run") as calls:
+            outs = llm.generate(PROMPTS, sampled)
         assert [len(o.token_ids) for o in outs] == [36, 41, 30]
-        assert llm.engine.speculator.stats.head_faults == calls[0] // 3 > 0
+        assert llm.engine.speculator.stats.head_faults == calls["n"] // 3 > 0
         runs.append([o.token_ids for o in outs])
         llm.check_idle()
         llm.close()
